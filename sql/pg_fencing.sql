@@ -1,0 +1,490 @@
+-- pg_fencing: the SQL surface. The fencing rule itself is in src/fence.rs; everything here either
+-- stores state, installs the guard trigger, or turns a jsonb call into one plain DML statement that
+-- the guard trigger then fences (so plain DML and the fenced_* functions share one rule).
+--
+-- Internal state lives in schema _pg_fencing: ordinary WAL-logged tables, so high-water marks
+-- survive DELETE, TRUNCATE, crashes and restarts and reach physical standbys. Ordinary roles may
+-- read them; only the extension owner writes them (the C functions switch to that role).
+
+CREATE SCHEMA _pg_fencing;
+COMMENT ON SCHEMA _pg_fencing IS 'pg_fencing internal state; do not write directly';
+REVOKE ALL ON SCHEMA _pg_fencing FROM PUBLIC;
+GRANT USAGE ON SCHEMA _pg_fencing TO PUBLIC;
+
+-- High-water mark of each resource: the highest token a committed write (or fencing_advance)
+-- carried. Never lowered except by fencing_reset.
+CREATE TABLE _pg_fencing.resource_high_water (
+    resource    text        PRIMARY KEY CHECK (resource <> ''),
+    high_water  bigint      NOT NULL CHECK (high_water > 0),
+    updated_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+);
+
+-- One row per table put under fencing. resource NULL = per-row mode.
+CREATE TABLE _pg_fencing.protected_table (
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    relid         regclass    NOT NULL UNIQUE,
+    resource      text        CHECK (resource <> ''),
+    token_column  name        NOT NULL,
+    protected     boolean     NOT NULL DEFAULT true,
+    protected_at  timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+
+-- Per-row mode: the high-water mark of a deleted key, so a stale writer cannot re-create it.
+-- key is the text of ROW(primary key columns), as record_out prints it.
+CREATE TABLE _pg_fencing.row_tombstone (
+    protection_id  bigint NOT NULL,
+    key            text   NOT NULL,
+    high_water     bigint NOT NULL CHECK (high_water > 0),
+    PRIMARY KEY (protection_id, key)
+);
+
+-- Audit trail of fencing_reset (who, when, old and new mark).
+CREATE TABLE _pg_fencing.reset_log (
+    reset_at        timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    reset_by        name        NOT NULL DEFAULT session_user,
+    resource        text        NOT NULL,
+    old_high_water  bigint,
+    new_high_water  bigint      NOT NULL
+);
+
+GRANT SELECT ON ALL TABLES IN SCHEMA _pg_fencing TO PUBLIC;
+
+-- pg_dump must carry the marks along with the tables they guard.
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.resource_high_water', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.row_tombstone', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.reset_log', '');
+
+-- ---------------------------------------------------------------------------------------------
+-- C functions (src/entry.rs)
+
+CREATE FUNCTION @extschema@.fencing_guard() RETURNS trigger
+LANGUAGE c AS 'MODULE_PATHNAME', 'fencing_guard';
+COMMENT ON FUNCTION @extschema@.fencing_guard() IS
+'Guard trigger installed by fencing_protect: refuses writes whose pg_fencing.token is below the high-water mark (FT001) or missing (FT002).';
+
+CREATE FUNCTION @extschema@.fencing_advance(resource text, token bigint) RETURNS bigint
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_advance';
+COMMENT ON FUNCTION @extschema@.fencing_advance(text, bigint) IS
+'A new lock holder announces its fencing token before it reads: raises the resource''s high-water mark to token (held under an exclusive lock until commit) and returns the mark. Errors: FT001 token below the mark; FT002 NULL token; 22023 token <= 0 or empty resource.';
+
+CREATE FUNCTION _pg_fencing.lock_resource(resource text) RETURNS bigint
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_lock_resource';
+REVOKE ALL ON FUNCTION _pg_fencing.lock_resource(text) FROM PUBLIC;
+
+CREATE FUNCTION _pg_fencing.register(relation regclass, resource text, token_column text) RETURNS bigint
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_register';
+
+CREATE FUNCTION _pg_fencing.unregister(relation regclass) RETURNS boolean
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_unregister';
+
+-- ---------------------------------------------------------------------------------------------
+-- Protection
+
+-- Why the protection of relation is not active right now (NULL = active): a guard trigger that is
+-- missing or disabled on the table or one of its partitions, or skipped because of
+-- session_replication_role.
+CREATE FUNCTION _pg_fencing.inactive_reason(relation regclass, resource text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    part regclass;
+    trig text;
+    state "char";
+    role text := current_setting('session_replication_role');
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = relation) THEN
+        RETURN 'table does not exist';
+    END IF;
+    FOR part IN SELECT t.relid FROM pg_partition_tree(relation) t LOOP
+        FOREACH trig IN ARRAY CASE WHEN resource IS NULL
+                                   THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_truncate']
+                                   ELSE ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_truncate'] END
+        LOOP
+            SELECT tg.tgenabled INTO state FROM pg_trigger tg WHERE tg.tgrelid = part AND tg.tgname = trig;
+            IF NOT FOUND THEN
+                RETURN format('trigger %s is missing on %s', trig, part);
+            ELSIF state = 'D' THEN
+                RETURN format('trigger %s is disabled on %s', trig, part);
+            ELSIF state = 'O' AND role = 'replica' THEN
+                RETURN format('session_replication_role = replica skips trigger %s on %s', trig, part);
+            ELSIF state = 'R' AND role <> 'replica' THEN
+                RETURN format('trigger %s on %s fires only in replica mode', trig, part);
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE FUNCTION @extschema@.fencing_protect(relation regclass, resource text DEFAULT NULL,
+                                            token_column name DEFAULT 'fence_token')
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    rel record;
+    pk name[];
+    col_type oid;
+    pid bigint;
+    part regclass;
+    args text;
+BEGIN
+    IF relation IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
+    END IF;
+    IF resource = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'resource must be NULL (per-row mode) or a non-empty name',
+            HINT = 'Pass the name of the lock that guards the table, e.g. ''settlement''.';
+    END IF;
+    IF token_column IS NULL OR token_column = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'token_column must be a column name';
+    END IF;
+    SELECT c.relkind, c.relowner INTO rel FROM pg_catalog.pg_class c WHERE c.oid = relation;
+    IF rel.relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', relation),
+            HINT = 'fencing_protect accepts plain and partitioned tables.';
+    END IF;
+    IF pg_catalog.pg_partition_root(relation) <> relation THEN
+        RAISE EXCEPTION USING ERRCODE = '42809',
+            MESSAGE = format('%s is a partition; protect its root table %s', relation, pg_catalog.pg_partition_root(relation));
+    END IF;
+    IF NOT pg_catalog.pg_has_role(current_user, rel.relowner, 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('must be owner of table %s', relation);
+    END IF;
+
+    SELECT array_agg(a.attname ORDER BY k.ord) INTO pk
+    FROM pg_catalog.pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = relation AND i.indisprimary;
+    IF resource IS NULL AND pk IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16', MESSAGE = format('table %s has no primary key', relation),
+            DETAIL = 'Per-row mode fences each row by its primary key.',
+            HINT = 'Add a primary key, or protect the table in resource mode: fencing_protect(table, ''resource-name'').';
+    END IF;
+    IF token_column = ANY (pk) THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('token column %I is part of the primary key of %s', token_column, relation);
+    END IF;
+
+    SELECT a.atttypid INTO col_type FROM pg_catalog.pg_attribute a
+    WHERE a.attrelid = relation AND a.attname = token_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        EXECUTE format('ALTER TABLE %s ADD COLUMN %I bigint', relation, token_column);
+    ELSIF col_type <> 'pg_catalog.int8'::pg_catalog.regtype THEN
+        RAISE EXCEPTION USING ERRCODE = '42804',
+            MESSAGE = format('token column %I of %s has type %s, not bigint', token_column, relation, col_type::pg_catalog.regtype);
+    END IF;
+
+    pid := _pg_fencing.register(relation, resource, token_column::text);
+    args := format('%L, %L, %L', pid, coalesce(resource, ''), token_column);
+
+    -- Row triggers on a partitioned table are cloned to its partitions, present and future.
+    -- They are named to sort last, so that no other BEFORE trigger runs after the guard.
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    IF resource IS NULL THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS zz_pg_fencing_after ON %s', relation);
+    ELSE
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON %s '
+                       'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    END IF;
+    -- Statement triggers are not cloned: every member of the partition tree gets its own.
+    FOR part IN SELECT t.relid FROM pg_catalog.pg_partition_tree(relation) t LOOP
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_truncate BEFORE TRUNCATE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', part, args);
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION @extschema@.fencing_protect(regclass, text, name) IS
+'Puts a plain or partitioned table under fencing. resource NULL: per-row mode (each row is its own fencing domain, deleted keys keep a tombstone); resource given: resource mode (one high-water mark fences every row). Adds token_column (bigint) if missing. Idempotent. Errors: 42501 not the owner; 42809 not a table; 42P16 no primary key in per-row mode; 42804 token column not bigint; 22023 empty resource.';
+
+CREATE FUNCTION @extschema@.fencing_unprotect(relation regclass) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    part regclass;
+BEGIN
+    IF NOT _pg_fencing.unregister(relation) THEN
+        RAISE NOTICE 'table % was not protected', relation;
+    END IF;
+    EXECUTE format('DROP TRIGGER IF EXISTS zz_pg_fencing_guard ON %s', relation);
+    EXECUTE format('DROP TRIGGER IF EXISTS zz_pg_fencing_after ON %s', relation);
+    FOR part IN SELECT t.relid FROM pg_catalog.pg_partition_tree(relation) t LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS zz_pg_fencing_truncate ON %s', part);
+    END LOOP;
+END
+$fn$;
+COMMENT ON FUNCTION @extschema@.fencing_unprotect(regclass) IS
+'Removes the protection of a table (owner only, 42501). The token column, the resource''s high-water mark and the table''s tombstones are kept.';
+
+-- A dropped table takes its protection and tombstones with it.
+CREATE FUNCTION _pg_fencing.on_sql_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    WITH gone AS (
+        DELETE FROM _pg_fencing.protected_table p
+        USING pg_event_trigger_dropped_objects() d
+        WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0 AND p.relid::oid = d.objid
+        RETURNING p.id
+    )
+    DELETE FROM _pg_fencing.row_tombstone t USING gone WHERE t.protection_id = gone.id;
+END
+$fn$;
+CREATE EVENT TRIGGER pg_fencing_sql_drop ON sql_drop EXECUTE FUNCTION _pg_fencing.on_sql_drop();
+
+-- ---------------------------------------------------------------------------------------------
+-- Marks
+
+CREATE FUNCTION @extschema@.fencing_high_water(resource text) RETURNS bigint
+LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $fn$
+    SELECT h.high_water FROM _pg_fencing.resource_high_water h WHERE h.resource = $1
+$fn$;
+COMMENT ON FUNCTION @extschema@.fencing_high_water(text) IS
+'Current high-water mark (highest committed fencing token) of a resource; NULL if never seen.';
+
+CREATE FUNCTION @extschema@.fencing_reset(resource text, token bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    old bigint;
+BEGIN
+    IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'permission denied for fencing_reset',
+            DETAIL = 'Only a superuser may lower or reset a high-water mark.';
+    END IF;
+    IF resource IS NULL OR resource = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'resource must be a non-empty name';
+    END IF;
+    IF token IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'token must not be NULL';
+    ELSIF token <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('fencing token %s is not positive', token);
+    END IF;
+    old := _pg_fencing.lock_resource(resource);
+    INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at)
+    VALUES (resource, token, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT resource_high_water_pkey
+    DO UPDATE SET high_water = excluded.high_water, updated_at = excluded.updated_at;
+    INSERT INTO _pg_fencing.reset_log (resource, old_high_water, new_high_water) VALUES (resource, old, token);
+    RAISE LOG 'pg_fencing: fencing_reset of resource "%" from % to % by role % (session user %)',
+        resource, coalesce(old::text, 'none'), token, current_user, session_user;
+END
+$fn$;
+COMMENT ON FUNCTION @extschema@.fencing_reset(text, bigint) IS
+'Superuser only (42501): sets a resource''s high-water mark to token, even lower, for recovery (e.g. an etcd restored from an old snapshot). Logged to the server log and _pg_fencing.reset_log.';
+
+-- ---------------------------------------------------------------------------------------------
+-- fenced_* functions: jsonb in, one plain DML statement out, fenced by the guard trigger with the
+-- token given here. The function-level SET makes the token local to the call: it is restored when
+-- the function returns or fails, and never leaks into the caller's session.
+
+-- The protection of relation, checked to be active (FT004 otherwise), its token column and its
+-- primary key columns (in key order; 42P16 if need_key and there is none).
+CREATE FUNCTION _pg_fencing.target(relation regclass, token bigint, need_key boolean,
+                                   OUT token_column name, OUT pk name[])
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    p record;
+    why text;
+BEGIN
+    IF token IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'FT002', MESSAGE = format('no fencing token for a write to %s', relation),
+            HINT = 'Pass the lock holder''s fencing token as the last argument.';
+    ELSIF token <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('fencing token %s is not positive', token),
+            HINT = 'A fencing token is a positive 64-bit integer, e.g. the revision etcd returned when it granted the lock.';
+    END IF;
+    IF relation IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
+    END IF;
+    SELECT pt.resource, pt.token_column, pt.relid INTO p FROM _pg_fencing.protected_table pt
+    WHERE pt.relid = coalesce(pg_catalog.pg_partition_root(relation), relation) AND pt.protected;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'FT004', MESSAGE = format('table %s is not protected by pg_fencing', relation),
+            HINT = 'Run SELECT fencing_protect(''table'') first; fenced writes refuse tables without an active protection.';
+    END IF;
+    why := _pg_fencing.inactive_reason(p.relid, p.resource);
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'FT004', MESSAGE = format('protection of table %s is not active', relation),
+            DETAIL = why, HINT = 'Re-enable the trigger or run fencing_protect again.';
+    END IF;
+    token_column := p.token_column;
+    SELECT array_agg(a.attname ORDER BY k.ord) INTO pk
+    FROM pg_catalog.pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = relation AND i.indisprimary;
+    IF need_key AND pk IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16', MESSAGE = format('table %s has no primary key', relation),
+            HINT = 'fenced_update and fenced_delete find the row by its primary key.';
+    END IF;
+END
+$fn$;
+
+-- Checks that obj is a JSON object whose keys are columns of relation (42703 otherwise) other
+-- than the token column; returns the keys.
+CREATE FUNCTION _pg_fencing.columns_of(relation regclass, obj jsonb, what text, token_column name)
+RETURNS name[]
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    cols name[];
+    bad text;
+BEGIN
+    IF obj IS NULL OR pg_catalog.jsonb_typeof(obj) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must be a JSON object of column names and values', what);
+    END IF;
+    SELECT array_agg(k ORDER BY k) INTO cols FROM pg_catalog.jsonb_object_keys(obj) k;
+    SELECT k INTO bad FROM unnest(cols) k
+    WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                      WHERE a.attrelid = relation AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped)
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '42703', MESSAGE = format('column %I of relation %s does not exist', bad, relation),
+            DETAIL = format('It is named in %s.', what);
+    END IF;
+    IF token_column = ANY (cols) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must not set the token column %I', what, token_column),
+            HINT = 'pg_fencing stamps the token column with the write''s fencing token.';
+    END IF;
+    RETURN coalesce(cols, '{}');
+END
+$fn$;
+
+-- The WHERE clause matching the row whose primary key is key (all key columns, nothing else).
+CREATE FUNCTION _pg_fencing.key_match(relation regclass, key jsonb, pk name[], token_column name) RETURNS text
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    cols name[] := _pg_fencing.columns_of(relation, key, 'key', token_column);
+    missing text;
+    extra text;
+BEGIN
+    SELECT string_agg(format('%I', c), ', ') INTO missing FROM unnest(pk) c WHERE c <> ALL (cols);
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('key lacks primary key column(s) %s of %s', missing, relation),
+            HINT = format('The key must name exactly the primary key columns: %s.', array_to_string(pk, ', '));
+    END IF;
+    SELECT string_agg(format('%I', c), ', ') INTO extra FROM unnest(cols) c WHERE c <> ALL (pk);
+    IF extra IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('key names column(s) %s that are not in the primary key of %s', extra, relation),
+            HINT = format('The key must name exactly the primary key columns: %s.', array_to_string(pk, ', '));
+    END IF;
+    SELECT string_agg(format('%I', c), ', ') INTO missing FROM unnest(pk) c WHERE key -> c::text = 'null'::jsonb;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('key column(s) %s must not be null', missing);
+    END IF;
+    RETURN (SELECT string_agg(format('t.%1$I = k.%1$I', c), ' AND ') FROM unnest(pk) c);
+END
+$fn$;
+
+CREATE FUNCTION @extschema@.fenced_update(relation regclass, key jsonb, changes jsonb, token bigint)
+RETURNS jsonb
+LANGUAGE plpgsql SET pg_fencing.token = '' AS $fn$
+DECLARE
+    tgt record;
+    cols name[];
+    match text;
+    result jsonb;
+BEGIN
+    tgt := _pg_fencing.target(relation, token, true);
+    match := _pg_fencing.key_match(relation, key, tgt.pk, tgt.token_column);
+    cols := _pg_fencing.columns_of(relation, changes, 'changes', tgt.token_column);
+    IF cardinality(cols) = 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'changes must name at least one column';
+    END IF;
+    PERFORM pg_catalog.set_config('pg_fencing.token', token::text, true);
+    EXECUTE format('UPDATE %1$s AS t SET (%2$s) = (SELECT %3$s FROM pg_catalog.jsonb_populate_record(NULL::%1$s, $2) AS r) '
+                   'FROM pg_catalog.jsonb_populate_record(NULL::%1$s, $1) AS k WHERE %4$s '
+                   'RETURNING pg_catalog.to_jsonb(t.*)',
+                   relation,
+                   (SELECT string_agg(format('%I', c), ', ') FROM unnest(cols) c),
+                   (SELECT string_agg(format('r.%I', c), ', ') FROM unnest(cols) c),
+                   match)
+    INTO result USING key, changes;
+    IF result IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = format('no row of %s has key %s', relation, key);
+    END IF;
+    RETURN result;
+END
+$fn$;
+COMMENT ON FUNCTION @extschema@.fenced_update(regclass, jsonb, jsonb, bigint) IS
+'Updates the one row whose primary key is key (a JSON object naming every key column) with changes (column -> new value, converted by each column''s type), fenced by token; returns the new row as jsonb. Errors: FT001 stale token; FT002 NULL token; FT004 table not protected or protection inactive; 22023 token <= 0, malformed key or changes; 42703 unknown column; 42P16 no primary key; P0002 no such row; 22P02 and friends from the column types.';
+
+CREATE FUNCTION @extschema@.fenced_insert(relation regclass, new_row jsonb, token bigint)
+RETURNS jsonb
+LANGUAGE plpgsql SET pg_fencing.token = '' AS $fn$
+DECLARE
+    tgt record;
+    cols name[];
+    result jsonb;
+BEGIN
+    tgt := _pg_fencing.target(relation, token, false);
+    cols := _pg_fencing.columns_of(relation, new_row, 'new_row', tgt.token_column);
+    PERFORM pg_catalog.set_config('pg_fencing.token', token::text, true);
+    IF cardinality(cols) = 0 THEN
+        EXECUTE format('INSERT INTO %s AS t DEFAULT VALUES RETURNING pg_catalog.to_jsonb(t.*)', relation) INTO result;
+    ELSE
+        EXECUTE format('INSERT INTO %1$s AS t (%2$s) SELECT %3$s FROM pg_catalog.jsonb_populate_record(NULL::%1$s, $1) AS r '
+                       'RETURNING pg_catalog.to_jsonb(t.*)',
+                       relation,
+                       (SELECT string_agg(format('%I', c), ', ') FROM unnest(cols) c),
+                       (SELECT string_agg(format('r.%I', c), ', ') FROM unnest(cols) c))
+        INTO result USING new_row;
+    END IF;
+    RETURN result;
+END
+$fn$;
+COMMENT ON FUNCTION @extschema@.fenced_insert(regclass, jsonb, bigint) IS
+'Inserts new_row (column -> value, converted by each column''s type; omitted columns take their defaults), fenced by token; returns the inserted row as jsonb. Errors: FT001 stale token (e.g. the key''s tombstone is newer); FT002 NULL token; FT004 not protected or inactive; 22023 token <= 0 or malformed new_row; 42703 unknown column; 23505 key exists.';
+
+CREATE FUNCTION @extschema@.fenced_delete(relation regclass, key jsonb, token bigint)
+RETURNS jsonb
+LANGUAGE plpgsql SET pg_fencing.token = '' AS $fn$
+DECLARE
+    tgt record;
+    match text;
+    result jsonb;
+BEGIN
+    tgt := _pg_fencing.target(relation, token, true);
+    match := _pg_fencing.key_match(relation, key, tgt.pk, tgt.token_column);
+    PERFORM pg_catalog.set_config('pg_fencing.token', token::text, true);
+    EXECUTE format('DELETE FROM %1$s AS t USING pg_catalog.jsonb_populate_record(NULL::%1$s, $1) AS k WHERE %2$s '
+                   'RETURNING pg_catalog.to_jsonb(t.*)', relation, match)
+    INTO result USING key;
+    IF result IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = format('no row of %s has key %s', relation, key);
+    END IF;
+    RETURN result;
+END
+$fn$;
+COMMENT ON FUNCTION @extschema@.fenced_delete(regclass, jsonb, bigint) IS
+'Deletes the one row whose primary key is key, fenced by token, leaving its tombstone in per-row mode; returns the old row as jsonb. Errors as fenced_update.';
+
+-- ---------------------------------------------------------------------------------------------
+-- Views
+
+CREATE VIEW @extschema@.fencing_resources AS
+SELECT coalesce(h.resource, p.resource) AS resource,
+       h.high_water,
+       h.updated_at AS high_water_updated_at,
+       p.tables
+FROM _pg_fencing.resource_high_water h
+FULL JOIN (SELECT pt.resource, array_agg(pt.relid ORDER BY pt.relid::text) AS tables
+           FROM _pg_fencing.protected_table pt
+           WHERE pt.protected AND pt.resource IS NOT NULL
+           GROUP BY pt.resource) p ON p.resource = h.resource;
+COMMENT ON VIEW @extschema@.fencing_resources IS
+'Every resource with a high-water mark or a protected table: its mark (NULL if never written) and the tables it guards.';
+
+CREATE VIEW @extschema@.fencing_protected_tables AS
+SELECT p.relid AS relation,
+       CASE WHEN p.resource IS NULL THEN 'per-row' ELSE 'resource' END AS mode,
+       p.resource,
+       p.token_column,
+       _pg_fencing.inactive_reason(p.relid, p.resource) IS NULL AS active,
+       _pg_fencing.inactive_reason(p.relid, p.resource) AS inactive_reason,
+       (SELECT count(*) FROM _pg_fencing.row_tombstone t WHERE t.protection_id = p.id) AS tombstones,
+       p.protected_at
+FROM _pg_fencing.protected_table p
+WHERE p.protected;
+COMMENT ON VIEW @extschema@.fencing_protected_tables IS
+'Tables under fencing, their mode, and whether the protection is actually active right now (inactive_reason says why not).';
+
+GRANT SELECT ON @extschema@.fencing_resources, @extschema@.fencing_protected_tables TO PUBLIC;

@@ -1,0 +1,175 @@
+//! C entry points that can raise our own SQLSTATEs (`FTxxx`).
+//!
+//! Each one runs its body inside pgrx's guard (so PostgreSQL errors and Rust panics inside it are
+//! handled the pgrx way) and gets back a `Result`. An `Err(FenceError)` is raised here, in the
+//! outermost frame, where no pgrx boundary can rewrite its SQLSTATE to `XX000` (see `error.rs`).
+//! The SQL declarations of these functions are in `sql/pg_fencing.sql`.
+
+use crate::error::{raise, FenceError};
+use crate::{fence, token, trigger};
+use pgrx::pg_sys::{self, FunctionCallInfo};
+use pgrx::prelude::*;
+
+unsafe fn run(fcinfo: FunctionCallInfo, body: impl FnOnce() -> Result<pg_sys::Datum, FenceError>) -> pg_sys::Datum {
+    let _ = fcinfo;
+    let outcome = unsafe { pg_sys::submodules::panic::pgrx_extern_c_guard(body) };
+    match outcome {
+        Ok(d) => d,
+        Err(e) => unsafe { raise(e) },
+    }
+}
+
+macro_rules! v1_finfo {
+    ($finfo:ident) => {
+        #[unsafe(no_mangle)]
+        #[doc(hidden)]
+        pub extern "C" fn $finfo() -> &'static pg_sys::Pg_finfo_record {
+            const V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+            &V1
+        }
+    };
+}
+
+v1_finfo!(pg_finfo_fencing_guard);
+/// `fencing_guard() RETURNS trigger`: the guard trigger of protected tables (see `trigger.rs`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_guard(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe { run(fcinfo, || trigger::fire(fcinfo)) }
+}
+
+v1_finfo!(pg_finfo_fencing_advance);
+/// `fencing_advance(resource text, token bigint) RETURNS bigint`: a new lock holder announces
+/// its token before it reads, so older holders are fenced off at once (not only when the new
+/// holder first writes). Raises the resource's high-water mark to `token` and returns the mark.
+/// Errors: `FT001` if `token` is below the mark (this caller is itself a stale holder), `FT002`
+/// for a NULL token, `22023` for a token <= 0 or an empty or NULL resource.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let tok: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            let resource = match resource {
+                Some(r) if !r.is_empty() => r,
+                _ => return Err(FenceError::InvalidArgument("resource must be a non-empty name".into())),
+            };
+            let tok = match tok {
+                Some(t) => token::check_token(t)?,
+                None => {
+                    return Err(FenceError::NoToken { target: format!("fencing_advance of resource \"{resource}\"") })
+                }
+            };
+            let hw = fence::admit_resource(&resource, tok, true)?;
+            Ok(pg_sys::Datum::from(hw))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_lock_resource);
+/// `_pg_fencing.lock_resource(resource text) RETURNS bigint`: takes the resource's exclusive lock
+/// until the end of the transaction and returns its current mark (NULL if none). Used by
+/// `fencing_reset`; not granted to PUBLIC.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_lock_resource(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let resource = resource.ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
+            match fence::lock_resource_exclusive(&resource) {
+                Some(hw) => Ok(pg_sys::Datum::from(hw)),
+                None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
+            }
+        })
+    }
+}
+
+/// 42501 unless the current user owns `relid` (or is a member of the owning role).
+fn require_owner(relid: pg_sys::Oid) -> Result<(), FenceError> {
+    let user = unsafe { pg_sys::GetUserId() };
+    #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+    let owner = unsafe { pg_sys::pg_class_ownercheck(relid, user) };
+    #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+    let owner = unsafe { pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, user) };
+    if owner {
+        Ok(())
+    } else {
+        let name = unsafe { pg_sys::get_rel_name(relid) };
+        let name = if name.is_null() {
+            relid.to_u32().to_string()
+        } else {
+            unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        };
+        Err(FenceError::NotAllowed(format!("must be owner of table {name}")))
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_register);
+/// `_pg_fencing.register(relation regclass, resource text, token_column text) RETURNS bigint`:
+/// records (or updates) a protection and returns its id. Owner only (`42501`); writes the
+/// internal table as the extension owner.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let relid: pg_sys::Oid = pgrx::fcinfo::pg_getarg(fcinfo, 0)
+                .ok_or_else(|| FenceError::InvalidArgument("relation must not be NULL".into()))?;
+            require_owner(relid)?;
+            let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            let column: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 2);
+            let column = column.ok_or_else(|| FenceError::InvalidArgument("token_column must not be NULL".into()))?;
+            let mut args = [
+                pg_sys::Datum::from(relid),
+                resource.as_deref().into_datum().unwrap_or(pg_sys::Datum::from(0usize)),
+                column.as_str().into_datum().unwrap(),
+            ];
+            let nulls_resource = resource.is_none();
+            let sql = if nulls_resource {
+                "INSERT INTO _pg_fencing.protected_table AS p (relid, resource, token_column) \
+                 VALUES ($1, NULL, $3::name) ON CONFLICT (relid) DO UPDATE \
+                 SET resource = NULL, token_column = excluded.token_column, protected = true \
+                 RETURNING id"
+            } else {
+                "INSERT INTO _pg_fencing.protected_table AS p (relid, resource, token_column) \
+                 VALUES ($1, $2, $3::name) ON CONFLICT (relid) DO UPDATE \
+                 SET resource = excluded.resource, token_column = excluded.token_column, protected = true \
+                 RETURNING id"
+            };
+            if nulls_resource {
+                args[1] = "".into_datum().unwrap();
+            }
+            let id = fence::exec_internal(
+                sql,
+                false,
+                &[pg_sys::REGCLASSOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+                &mut args,
+                false,
+                |d| d.value() as i64,
+            );
+            id.map(pg_sys::Datum::from)
+                .ok_or_else(|| FenceError::InvalidArgument("could not record the protection".into()))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_unregister);
+/// `_pg_fencing.unregister(relation regclass) RETURNS boolean`: marks a protection as removed
+/// (its id, and so its tombstones, are kept for a later `fencing_protect`). Owner only (`42501`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_unregister(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let relid: pg_sys::Oid = pgrx::fcinfo::pg_getarg(fcinfo, 0)
+                .ok_or_else(|| FenceError::InvalidArgument("relation must not be NULL".into()))?;
+            require_owner(relid)?;
+            let found = fence::exec_internal(
+                "UPDATE _pg_fencing.protected_table SET protected = false WHERE relid = $1 AND protected RETURNING true",
+                false,
+                &[pg_sys::REGCLASSOID],
+                &mut [pg_sys::Datum::from(relid)],
+                false,
+                |d| d.value() != 0,
+            );
+            Ok(pg_sys::Datum::from(found.unwrap_or(false)))
+        })
+    }
+}

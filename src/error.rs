@@ -1,0 +1,183 @@
+//! Errors raised by pg_fencing, and the one place where they become PostgreSQL errors.
+//!
+//! pgrx's `ErrorReport` only carries SQLSTATEs that PostgreSQL itself defines, and any error that
+//! crosses a pgrx FFI boundary is re-raised with `PgSqlErrorCode`, which turns an unknown class
+//! such as our `FTxxx` into `XX000`. So our errors are values (`FenceError`) until they reach the
+//! outermost frame of a C entry point (see `entry.rs`), and only there are they raised with
+//! `errstart`/`errcode`/`errfinish`, after every Rust value has been dropped.
+
+use std::ffi::{c_char, c_int, CString};
+use thiserror::Error;
+
+/// A 64-bit fencing token as stored and compared (PostgreSQL `bigint`).
+pub type Token = i64;
+
+/// Where a high-water mark lives: a resource (resource mode) or one row (per-row mode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Domain {
+    Resource(String),
+    Row { table: String, key: String },
+}
+
+impl std::fmt::Display for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Domain::Resource(r) => write!(f, "resource \"{r}\""),
+            Domain::Row { table, key } => write!(f, "row {key} of table {table}"),
+        }
+    }
+}
+
+/// Every error pg_fencing raises on purpose. Each maps to one SQLSTATE (`sqlstate()`).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum FenceError {
+    /// FT001: the token is lower than the high-water mark of what the write touches.
+    #[error("stale fencing token {token} for {domain}")]
+    StaleToken { domain: Domain, token: Token, high_water: Token },
+
+    /// FT002: a write to a protected table (or an advance) without a token.
+    #[error("no fencing token for {target}")]
+    NoToken { target: String },
+
+    /// 22P02: the token text is not an integer.
+    #[error("invalid fencing token \"{0}\": not an integer")]
+    TokenSyntax(String),
+
+    /// 22003: the token does not fit in a bigint.
+    #[error("fencing token \"{0}\" is out of range (1 .. 9223372036854775807)")]
+    TokenRange(String),
+
+    /// 22023: the token is zero or negative.
+    #[error("fencing token {0} is not positive")]
+    TokenNotPositive(String),
+
+    /// 22023: some other argument is unusable (empty resource name, NULL where not allowed).
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    /// 42501: the caller lacks a privilege (e.g. is not the table's owner).
+    #[error("{0}")]
+    NotAllowed(String),
+
+    /// 39P01: the trigger function was called outside a trigger, or with the wrong arguments.
+    #[error("{0}")]
+    TriggerProtocol(String),
+}
+
+impl FenceError {
+    /// The five-character SQLSTATE of this error (see the table in README.md).
+    pub fn sqlstate(&self) -> &'static str {
+        match self {
+            FenceError::StaleToken { .. } => "FT001",
+            FenceError::NoToken { .. } => "FT002",
+            FenceError::TokenSyntax(_) => "22P02",
+            FenceError::TokenRange(_) => "22003",
+            FenceError::TokenNotPositive(_) => "22023",
+            FenceError::InvalidArgument(_) => "22023",
+            FenceError::NotAllowed(_) => "42501",
+            FenceError::TriggerProtocol(_) => "39P01",
+        }
+    }
+
+    pub fn detail(&self) -> Option<String> {
+        match self {
+            FenceError::StaleToken { domain, token, high_water } => Some(format!(
+                "The write carries fencing token {token}, but the high-water mark of {domain} is {high_water}."
+            )),
+            FenceError::NoToken { .. } => Some(
+                "Writes to a table protected by pg_fencing must carry the lock holder's fencing token.".into(),
+            ),
+            _ => None,
+        }
+    }
+
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            FenceError::StaleToken { .. } => Some(
+                "A newer lock holder has written; this client's lock is no longer valid. Stop and \
+                 re-acquire the lock instead of retrying with the same token."
+                    .into(),
+            ),
+            FenceError::NoToken { .. } => Some(
+                "Run SET LOCAL pg_fencing.token = <token> in the transaction, or use fenced_insert/fenced_update/fenced_delete."
+                    .into(),
+            ),
+            FenceError::TokenSyntax(_) | FenceError::TokenRange(_) | FenceError::TokenNotPositive(_) => Some(
+                "A fencing token is a positive 64-bit integer, e.g. the revision etcd returned when it granted the lock.".into(),
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// PostgreSQL's MAKE_SQLSTATE for a five-character code.
+pub fn make_sqlstate(code: &str) -> c_int {
+    let b = code.as_bytes();
+    assert_eq!(b.len(), 5, "SQLSTATE must have five characters");
+    let mut v: c_int = 0;
+    for (i, ch) in b.iter().enumerate() {
+        v += (((*ch as c_int) - ('0' as c_int)) & 0x3F) << (6 * i);
+    }
+    v
+}
+
+// Declared here rather than taken from pgrx's bindings: pgrx keeps them out of `pg_sys` on purpose.
+unsafe extern "C-unwind" {
+    fn errstart(elevel: c_int, domain: *const c_char) -> bool;
+    fn errcode(sqlerrcode: c_int) -> c_int;
+    fn errmsg(fmt: *const c_char, ...) -> c_int;
+    fn errdetail(fmt: *const c_char, ...) -> c_int;
+    fn errhint(fmt: *const c_char, ...) -> c_int;
+    fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
+}
+
+fn to_pg_cstr(s: &str) -> *mut c_char {
+    let c = CString::new(s.replace('\0', "")).unwrap_or_default();
+    // SAFETY: pstrdup copies into the current memory context; the error machinery copies again.
+    unsafe { pgrx::pg_sys::pstrdup(c.as_ptr()) }
+}
+
+/// Raise `err` as a PostgreSQL ERROR with its own SQLSTATE. Never returns.
+///
+/// # Safety
+/// Must be called from the outermost frame of a C entry point, outside any pgrx guard, with no
+/// Rust value still alive that needs dropping (the longjmp skips destructors).
+pub unsafe fn raise(err: FenceError) -> ! {
+    let code = make_sqlstate(err.sqlstate());
+    let msg = to_pg_cstr(&err.to_string());
+    let detail = err.detail().map(|d| to_pg_cstr(&d));
+    let hint = err.hint().map(|h| to_pg_cstr(&h));
+    drop(err);
+    const PERCENT_S: &std::ffi::CStr = c"%s";
+    const FILE: &std::ffi::CStr = c"pg_fencing";
+    const FUNC: &std::ffi::CStr = c"pg_fencing";
+    unsafe {
+        if errstart(pgrx::PgLogLevel::ERROR as c_int, std::ptr::null()) {
+            errcode(code);
+            errmsg(PERCENT_S.as_ptr(), msg);
+            if let Some(d) = detail {
+                errdetail(PERCENT_S.as_ptr(), d);
+            }
+            if let Some(h) = hint {
+                errhint(PERCENT_S.as_ptr(), h);
+            }
+            errfinish(FILE.as_ptr(), 0, FUNC.as_ptr());
+        }
+        std::hint::unreachable_unchecked()
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn sqlstate_encoding_matches_postgres() {
+        // ERRCODE_UNIQUE_VIOLATION = MAKE_SQLSTATE('2','3','5','0','5') = 23505 in PostgreSQL.
+        assert_eq!(
+            make_sqlstate("23505"),
+            pgrx::pg_sys::PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION as c_int
+        );
+        assert_ne!(make_sqlstate("FT001"), make_sqlstate("FT002"));
+    }
+}

@@ -1,0 +1,445 @@
+//! The fencing rule, and the locking that makes it hold under concurrency.
+//!
+//! # The rule (SPEC.md, "The rule")
+//! A write carrying token `t` is accepted iff `t >= high-water` of everything it touches; equal
+//! tokens are accepted. On commit the high-water becomes `max(high-water, t)`. Otherwise the
+//! statement fails with `FT001`. This file is the only implementation of that rule: the trigger
+//! (plain DML, COPY, TRUNCATE, and the `fenced_*` functions, which run plain DML) and
+//! `fencing_advance` all come through [`admit_resource`], [`admit_row`], [`admit_row_insert`] and
+//! [`record_row_delete`].
+//!
+//! # Why it holds under concurrency
+//! Invariant: for each resource and each row, the tokens of committed writes, in commit order,
+//! never decrease. Each resource has a transaction-scoped lock in PostgreSQL's lock manager (an
+//! advisory-type lock tag of our own, so it never collides with `pg_advisory_lock` keys):
+//! * a write whose token equals the high-water mark holds it in **share** mode until commit;
+//! * a write (or `fencing_advance`) that raises the mark holds it in **exclusive** mode until commit.
+//!
+//! So a raise waits for every in-flight writer with the old token to commit or abort, and every
+//! later writer waits for the raise to commit before it reads the mark. The mark is read with the
+//! latest committed snapshot (not the transaction's), so the check is right in READ COMMITTED,
+//! REPEATABLE READ and SERIALIZABLE alike. Rows in per-row mode are guarded by PostgreSQL's own
+//! row lock (UPDATE/DELETE see the latest row version), and inserts of a key by a per-key lock
+//! that orders them against the delete that left the key's tombstone.
+
+use crate::error::{Domain, FenceError, Token};
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CString;
+
+/// Outcome of comparing a token with a high-water mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// `t >= high-water`; `raises` when `t > high-water` (or no mark yet).
+    Accept { raises: bool },
+    /// `t < high-water`.
+    Reject,
+}
+
+/// THE rule. `None` high-water: never seen, so any token is accepted and raises the mark.
+#[inline]
+pub fn rule(token: Token, high_water: Option<Token>) -> Verdict {
+    match high_water {
+        None => Verdict::Accept { raises: true },
+        Some(h) if token > h => Verdict::Accept { raises: true },
+        Some(h) if token == h => Verdict::Accept { raises: false },
+        Some(_) => Verdict::Reject,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    Share,
+    Exclusive,
+}
+
+/// What this transaction knows about a resource whose lock it holds. While we hold the lock in
+/// any mode nobody else can raise the mark, so `high_water` stays exact until our transaction
+/// (or the subtransaction that took it) ends. Cleared by the transaction callbacks in `lib.rs`.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    high_water: Option<Token>,
+    mode: Mode,
+}
+
+thread_local! {
+    static HELD: RefCell<HashMap<String, Held>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+}
+
+/// Forget all cached lock and mark state (end of transaction, subtransaction abort, reset).
+pub fn forget_all() {
+    HELD.with(|h| h.borrow_mut().clear());
+}
+
+/// Forget one resource (after `fencing_reset` changed its mark in this transaction).
+pub fn forget(resource: &str) {
+    HELD.with(|h| {
+        h.borrow_mut().remove(resource);
+    });
+}
+
+/// Admit a write (or an advance) carrying `token` on `resource`.
+///
+/// `store`: write the raised mark now. The `BEFORE INSERT` trigger passes `false` (an
+/// `INSERT … ON CONFLICT DO NOTHING` may not write at all, and a write that does not happen must
+/// not move a mark) and the `AFTER INSERT` trigger then stores it; everything else passes `true`.
+/// Returns the high-water mark after admission.
+pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token, FenceError> {
+    let stale = |h: Token| FenceError::StaleToken {
+        domain: Domain::Resource(resource.to_string()),
+        token,
+        high_water: h,
+    };
+    let held = HELD.with(|h| h.borrow().get(resource).copied());
+    let mut held = match held {
+        Some(h) => h,
+        None => {
+            // Unlocked peek, only to choose the lock mode (marks only go up, except by
+            // fencing_reset, which also takes the exclusive lock).
+            let peek = read_resource_mark(resource);
+            let mode = match rule(token, peek) {
+                Verdict::Reject => return Err(stale(peek.unwrap_or_default())),
+                Verdict::Accept { raises: true } => Mode::Exclusive,
+                Verdict::Accept { raises: false } => Mode::Share,
+            };
+            lock(resource_tag(resource), mode);
+            Held { high_water: read_resource_mark(resource), mode }
+        }
+    };
+    let result = match rule(token, held.high_water) {
+        Verdict::Reject => Err(stale(held.high_water.unwrap_or_default())),
+        Verdict::Accept { raises: false } => Ok(token),
+        Verdict::Accept { raises: true } => {
+            if held.mode < Mode::Exclusive {
+                // We held share mode all along, so the mark cannot have moved meanwhile.
+                lock(resource_tag(resource), Mode::Exclusive);
+                held.mode = Mode::Exclusive;
+            }
+            if store {
+                store_resource_mark(resource, token);
+                held.high_water = Some(token);
+            }
+            Ok(token)
+        }
+    };
+    HELD.with(|h| h.borrow_mut().insert(resource.to_string(), held));
+    result
+}
+
+/// Take the exclusive lock of `resource` and return its current mark (for `fencing_reset`).
+pub fn lock_resource_exclusive(resource: &str) -> Option<Token> {
+    lock(resource_tag(resource), Mode::Exclusive);
+    forget(resource);
+    read_resource_mark(resource)
+}
+
+/// Per-row mode, UPDATE/DELETE of an existing row: its own token column is its high-water mark.
+/// The executor holds the row lock and hands us the latest row version, so no lock is needed.
+pub fn admit_row(table: &str, key: &str, token: Token, row_token: Option<Token>) -> Result<(), FenceError> {
+    match rule(token, row_token) {
+        Verdict::Reject => Err(FenceError::StaleToken {
+            domain: Domain::Row { table: table.to_string(), key: key.to_string() },
+            token,
+            high_water: row_token.unwrap_or_default(),
+        }),
+        Verdict::Accept { .. } => Ok(()),
+    }
+}
+
+/// Per-row mode, INSERT of `key`: checked against the key's tombstone (left by a delete), under
+/// the key's lock so that a concurrent delete's tombstone is seen once that delete commits.
+pub fn admit_row_insert(protection: i64, table: &str, key: &str, token: Token) -> Result<(), FenceError> {
+    lock(row_tag(protection, key), Mode::Exclusive);
+    let tomb = read_tombstone(protection, key);
+    admit_row(table, key, token, tomb)
+}
+
+/// Per-row mode, DELETE of `key` (already admitted by [`admit_row`]): leave a tombstone so that a
+/// stale writer cannot re-create the key.
+pub fn record_row_delete(protection: i64, key: &str, token: Token) {
+    lock(row_tag(protection, key), Mode::Exclusive);
+    store_tombstone(protection, key, token);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Locks
+
+/// `locktag_field4` values of our lock tags. `pg_advisory_lock` uses 1 and 2, so ours never
+/// collide with an application's advisory locks; they show in `pg_locks` as advisory locks
+/// with `objsubid` 0xFE01 / 0xFE02.
+const TAG_RESOURCE: u16 = 0xFE01;
+const TAG_ROW: u16 = 0xFE02;
+
+/// FNV-1a, 64 bit: stable across builds and processes, so every backend (even one still running
+/// an older build during an upgrade) maps a name to the same lock. Collisions only make two
+/// resources share a lock (more waiting), never a wrong decision.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in parts {
+        for b in *p {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn tag(hash: u64, kind: u16) -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field2: (hash >> 32) as u32,
+        locktag_field3: hash as u32,
+        locktag_field4: kind,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    }
+}
+
+fn resource_tag(resource: &str) -> pg_sys::LOCKTAG {
+    tag(fnv1a(&[resource.as_bytes()]), TAG_RESOURCE)
+}
+
+fn row_tag(protection: i64, key: &str) -> pg_sys::LOCKTAG {
+    tag(fnv1a(&[&protection.to_le_bytes(), key.as_bytes()]), TAG_ROW)
+}
+
+/// Transaction-scoped lock; waits like any heavyweight lock: interruptible by query cancel,
+/// `statement_timeout` and `lock_timeout`, with deadlock detection.
+fn lock(t: pg_sys::LOCKTAG, mode: Mode) {
+    let lockmode = match mode {
+        Mode::Share => pg_sys::ShareLock,
+        Mode::Exclusive => pg_sys::ExclusiveLock,
+    } as pg_sys::LOCKMODE;
+    unsafe {
+        pg_sys::LockAcquire(&t, lockmode, false, false);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Storage of marks: ordinary tables in schema _pg_fencing (WAL-logged, replicated, crash-safe),
+// read with the latest committed snapshot and written as the extension's owner.
+
+const SQL_READ_RESOURCE: &str =
+    "SELECT high_water FROM _pg_fencing.resource_high_water WHERE resource = $1";
+const SQL_STORE_RESOURCE: &str = "INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at) \
+     VALUES ($1, $2, pg_catalog.clock_timestamp()) ON CONFLICT (resource) DO UPDATE \
+     SET high_water = excluded.high_water, updated_at = excluded.updated_at \
+     WHERE h.high_water < excluded.high_water";
+const SQL_READ_TOMB: &str =
+    "SELECT high_water FROM _pg_fencing.row_tombstone WHERE protection_id = $1 AND key = $2";
+const SQL_STORE_TOMB: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
+     VALUES ($1, $2, $3) ON CONFLICT (protection_id, key) DO UPDATE \
+     SET high_water = excluded.high_water WHERE h.high_water < excluded.high_water";
+
+fn as_token(d: pg_sys::Datum) -> Token {
+    d.value() as i64
+}
+
+fn read_resource_mark(resource: &str) -> Option<Token> {
+    let r = resource.into_datum().unwrap();
+    exec_internal(SQL_READ_RESOURCE, true, &[pg_sys::TEXTOID], &mut [r], true, as_token)
+}
+
+fn store_resource_mark(resource: &str, token: Token) {
+    let r = resource.into_datum().unwrap();
+    exec_internal(
+        SQL_STORE_RESOURCE,
+        true,
+        &[pg_sys::TEXTOID, pg_sys::INT8OID],
+        &mut [r, pg_sys::Datum::from(token)],
+        false,
+        as_token,
+    );
+}
+
+fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
+    let k = key.into_datum().unwrap();
+    exec_internal(
+        SQL_READ_TOMB,
+        true,
+        &[pg_sys::INT8OID, pg_sys::TEXTOID],
+        &mut [pg_sys::Datum::from(protection), k],
+        true,
+        as_token,
+    )
+}
+
+fn store_tombstone(protection: i64, key: &str, token: Token) {
+    let k = key.into_datum().unwrap();
+    exec_internal(
+        SQL_STORE_TOMB,
+        true,
+        &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection), k, pg_sys::Datum::from(token)],
+        false,
+        as_token,
+    );
+}
+
+/// Owner of schema `_pg_fencing` (the role that created the extension).
+fn internal_owner() -> pg_sys::Oid {
+    unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), false);
+        let tup = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::NAMESPACEOID as _,
+            pg_sys::Datum::from(nsp),
+        );
+        if tup.is_null() {
+            pgrx::error!("pg_fencing: schema _pg_fencing vanished");
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_namespace>(tup);
+        let owner = (*form).nspowner;
+        pg_sys::ReleaseSysCache(tup);
+        owner
+    }
+}
+
+/// Run a statement as the extension owner, with the latest committed snapshot, and decode the
+/// first column of the first row (if any, and not NULL) with `decode`. `cached`: keep the plan
+/// for the life of the backend (only for the fixed statements above).
+pub fn exec_internal<T>(
+    sql: &str,
+    cached: bool,
+    types: &[pg_sys::Oid],
+    args: &mut [pg_sys::Datum],
+    read_only: bool,
+    decode: impl FnOnce(pg_sys::Datum) -> T,
+) -> Option<T> {
+    unsafe {
+        let mut save_user = pg_sys::Oid::INVALID;
+        let mut save_sec: std::ffi::c_int = 0;
+        pg_sys::GetUserIdAndSecContext(&mut save_user, &mut save_sec);
+        let owner = internal_owner();
+        pg_sys::SetUserIdAndSecContext(
+            owner,
+            save_sec
+                | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
+                | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+        );
+        if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
+            pgrx::error!("pg_fencing: SPI_connect failed");
+        }
+        let plan = if cached { plan_for(sql, types) } else { prepare(sql, types) };
+        let nulls = vec![b' ' as std::ffi::c_char; args.len()];
+        let rc = pg_sys::SPI_execute_snapshot(
+            plan,
+            args.as_mut_ptr(),
+            nulls.as_ptr(),
+            pg_sys::GetLatestSnapshot(),
+            std::ptr::null_mut(),
+            read_only,
+            false,
+            if read_only { 1 } else { 0 },
+        );
+        if rc < 0 {
+            pgrx::error!("pg_fencing: internal statement failed: SPI code {rc}");
+        }
+        let mut out = None;
+        if pg_sys::SPI_processed > 0 && !pg_sys::SPI_tuptable.is_null() {
+            let tt = &*pg_sys::SPI_tuptable;
+            let mut isnull = false;
+            let d = pg_sys::SPI_getbinval(*tt.vals, tt.tupdesc, 1, &mut isnull);
+            if !isnull {
+                out = Some(decode(d));
+            }
+        }
+        pg_sys::SPI_finish();
+        pg_sys::SetUserIdAndSecContext(save_user, save_sec);
+        out
+    }
+}
+
+/// Prepared plans, kept for the life of the backend (the plan cache re-plans them if the
+/// extension's tables are dropped and re-created).
+fn plan_for(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+    if let Some(p) = PLANS.with(|p| p.borrow().get(sql).copied()) {
+        return p as pg_sys::SPIPlanPtr;
+    }
+    let plan = prepare(sql, types);
+    unsafe {
+        pg_sys::SPI_keepplan(plan);
+    }
+    PLANS.with(|p| p.borrow_mut().insert(sql.to_string(), plan as usize));
+    plan
+}
+
+/// A plan in the current SPI procedure's memory (freed by SPI_finish).
+fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+    let csql = CString::new(sql).unwrap();
+    let mut types = types.to_vec();
+    unsafe {
+        let plan = pg_sys::SPI_prepare(csql.as_ptr(), types.len() as i32, types.as_mut_ptr());
+        if plan.is_null() {
+            pgrx::error!("pg_fencing: could not prepare internal statement: {sql}");
+        }
+        plan
+    }
+}
+
+/// Per-row mode TRUNCATE of relation `relid`: refuse if any row carries a higher token than
+/// `token`, else leave a tombstone for every row. `pk_names` and `token_col` are quoted.
+pub fn truncate_rows(
+    protection: i64,
+    relid: pg_sys::Oid,
+    table: &str,
+    pk_names: &[String],
+    token_col: &str,
+    token: Token,
+) -> Result<(), FenceError> {
+    let row_key = format!("ROW({})::text", pk_names.join(", "));
+    let from = format!("ONLY {table}");
+    let _ = relid;
+    let check = format!(
+        "SELECT {row_key} || ' ' || {token_col} FROM {from} WHERE {token_col} > $1 ORDER BY {token_col} DESC LIMIT 1"
+    );
+    let newest = exec_internal(&check, false, &[pg_sys::INT8OID], &mut [pg_sys::Datum::from(token)], true, |d| unsafe {
+        String::from_datum(d, false).unwrap_or_default()
+    });
+    if let Some(found) = newest {
+        let (key, hw) = found.rsplit_once(' ').unwrap_or((&found, "0"));
+        return Err(FenceError::StaleToken {
+            domain: Domain::Row { table: table.to_string(), key: key.to_string() },
+            token,
+            high_water: hw.parse().unwrap_or_default(),
+        });
+    }
+    let store = format!(
+        "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
+         SELECT $1, {row_key}, $2 FROM {from} ON CONFLICT (protection_id, key) DO UPDATE \
+         SET high_water = excluded.high_water WHERE h.high_water < excluded.high_water"
+    );
+    exec_internal(
+        &store,
+        false,
+        &[pg_sys::INT8OID, pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection), pg_sys::Datum::from(token)],
+        false,
+        as_token,
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn the_rule() {
+        assert_eq!(rule(5, None), Verdict::Accept { raises: true });
+        assert_eq!(rule(5, Some(4)), Verdict::Accept { raises: true });
+        assert_eq!(rule(5, Some(5)), Verdict::Accept { raises: false });
+        assert_eq!(rule(5, Some(6)), Verdict::Reject);
+        assert_eq!(rule(i64::MAX, Some(i64::MAX)), Verdict::Accept { raises: false });
+    }
+
+    #[test]
+    fn lock_hash_is_stable() {
+        // Pinned value: changing the hash would let old and new backends lock different keys.
+        assert_eq!(fnv1a(&[b"settlement"]), fnv1a(&[b"settlement"]));
+        assert_ne!(fnv1a(&[b"a", b"b"]), fnv1a(&[b"ab"]));
+    }
+}

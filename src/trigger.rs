@@ -1,0 +1,264 @@
+//! The guard trigger `fencing_guard()` that `fencing_protect` installs on protected tables.
+//!
+//! Trigger arguments (set by `fencing_protect`, see `sql/pg_fencing.sql`):
+//! 0. the protection id (`_pg_fencing.protected_table.id`, keys the per-row tombstones),
+//! 1. the resource name (resource mode) or `''` (per-row mode),
+//! 2. the name of the token column (bigint).
+//!
+//! Row events: `BEFORE INSERT OR UPDATE OR DELETE FOR EACH ROW` checks the token and stamps the
+//! token column; in resource mode an `AFTER INSERT FOR EACH ROW` stores a raised mark only once
+//! the row really was inserted. Statement event: `BEFORE TRUNCATE`. The decision itself is in
+//! `fence.rs`.
+
+use crate::error::{FenceError, Token};
+use crate::fence;
+use crate::gucs::current_token;
+use pgrx::prelude::*;
+use std::ffi::{CStr, CString};
+
+struct Args {
+    protection: i64,
+    resource: Option<String>,
+    token_column: CString,
+}
+
+unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceError> {
+    let bad = || FenceError::TriggerProtocol(
+        "fencing_guard() must be installed by fencing_protect() (expected 3 arguments)".into(),
+    );
+    if trigger.tgnargs != 3 || trigger.tgargs.is_null() {
+        return Err(bad());
+    }
+    let arg = |i: usize| unsafe { CStr::from_ptr(*trigger.tgargs.add(i)) };
+    let protection = arg(0).to_str().ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(bad)?;
+    let resource = arg(1).to_string_lossy().into_owned();
+    Ok(Args {
+        protection,
+        resource: if resource.is_empty() { None } else { Some(resource) },
+        token_column: arg(2).to_owned(),
+    })
+}
+
+unsafe fn relation_name(rel: pg_sys::Relation) -> String {
+    unsafe {
+        let relid = (*rel).rd_id;
+        let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+        let name = pg_sys::get_rel_name(relid);
+        if nsp.is_null() || name.is_null() {
+            return format!("oid {}", relid.to_u32());
+        }
+        let q = pg_sys::quote_qualified_identifier(nsp, name);
+        CStr::from_ptr(q).to_string_lossy().into_owned()
+    }
+}
+
+/// 1-based attribute number of the token column, checked to be a bigint.
+unsafe fn token_attnum(rel: pg_sys::Relation, args: &Args, table: &str) -> Result<i32, FenceError> {
+    unsafe {
+        let tupdesc = (*rel).rd_att;
+        let n = pg_sys::SPI_fnumber(tupdesc, args.token_column.as_ptr());
+        let natts = (*tupdesc).natts as usize;
+        if n <= 0 || n as usize > natts {
+            return Err(FenceError::TriggerProtocol(format!(
+                "protected table {table} has no token column \"{}\"",
+                args.token_column.to_string_lossy()
+            )));
+        }
+        let att = &(*tupdesc).attrs.as_slice(natts)[(n - 1) as usize];
+        if att.atttypid != pg_sys::INT8OID {
+            return Err(FenceError::TriggerProtocol(format!(
+                "token column \"{}\" of {table} must be bigint",
+                args.token_column.to_string_lossy()
+            )));
+        }
+        Ok(n)
+    }
+}
+
+/// Primary key columns of `rel`, in key order.
+unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Vec<i16> {
+    unsafe {
+        let pk = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        if pk == pg_sys::Oid::INVALID {
+            return Vec::new();
+        }
+        let idx = pg_sys::index_open(pk, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let form = &*(*idx).rd_index;
+        let n = form.indnkeyatts as usize;
+        let cols = form.indkey.values.as_slice(n).to_vec();
+        pg_sys::index_close(idx, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        cols
+    }
+}
+
+/// Canonical text of a row's primary key: exactly what `ROW(pk1, pk2, ...)::text` prints
+/// (PostgreSQL's `record_out` quoting), so SQL (TRUNCATE) and Rust build the same tombstone key.
+unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i16]) -> String {
+    let mut out = String::from("(");
+    for (i, attnum) in pk.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let mut isnull = false;
+        let datum = unsafe { pg_sys::heap_getattr(tuple, *attnum as i32, tupdesc, &mut isnull) };
+        if isnull {
+            continue;
+        }
+        let typid = unsafe {
+            let natts = (*tupdesc).natts as usize;
+            (*tupdesc).attrs.as_slice(natts)[(*attnum - 1) as usize].atttypid
+        };
+        let value = unsafe {
+            let mut out_fn = pg_sys::Oid::INVALID;
+            let mut varlena = false;
+            pg_sys::getTypeOutputInfo(typid, &mut out_fn, &mut varlena);
+            let s = pg_sys::OidOutputFunctionCall(out_fn, datum);
+            let v = CStr::from_ptr(s).to_string_lossy().into_owned();
+            pg_sys::pfree(s.cast());
+            v
+        };
+        let needs_quotes = value.is_empty()
+            || value.chars().any(|c| matches!(c, '"' | '\\' | '(' | ')' | ',') || c.is_ascii_whitespace());
+        if needs_quotes {
+            out.push('"');
+            for c in value.chars() {
+                if c == '"' || c == '\\' {
+                    out.push(c);
+                }
+                out.push(c);
+            }
+            out.push('"');
+        } else {
+            out.push_str(&value);
+        }
+    }
+    out.push(')');
+    out
+}
+
+unsafe fn tuple_token(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, attnum: i32) -> Option<Token> {
+    let mut isnull = false;
+    let d = unsafe { pg_sys::heap_getattr(tuple, attnum, tupdesc, &mut isnull) };
+    if isnull { None } else { Some(d.value() as i64) }
+}
+
+unsafe fn stamp(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, attnum: i32, token: Token) -> pg_sys::HeapTuple {
+    let mut cols = [attnum];
+    let mut vals = [pg_sys::Datum::from(token)];
+    let mut nulls = [false];
+    unsafe {
+        pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, 1, cols.as_mut_ptr(), vals.as_mut_ptr(), nulls.as_mut_ptr())
+    }
+}
+
+/// Body of `fencing_guard()`. Returns the trigger's result datum, or the error to raise.
+pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, FenceError> {
+    unsafe {
+        if !pgrx::trigger_support::called_as_trigger(fcinfo) {
+            return Err(FenceError::TriggerProtocol("fencing_guard() can only be called as a trigger".into()));
+        }
+        let td = &*((*fcinfo).context as *mut pg_sys::TriggerData);
+        let args = trigger_args(&*td.tg_trigger)?;
+        let rel = td.tg_relation;
+        let event = td.tg_event;
+        let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
+        let row_level = event & pg_sys::TRIGGER_EVENT_ROW != 0;
+        let before = event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
+
+        let table = relation_name(rel);
+        let token = current_token().ok_or_else(|| FenceError::NoToken { target: format!("a write to protected table {table}") })?;
+
+        if !row_level {
+            if op == pg_sys::TRIGGER_EVENT_TRUNCATE && before {
+                truncate(rel, &args, &table, token)?;
+            }
+            return Ok(pg_sys::Datum::from(0usize));
+        }
+
+        let tupdesc = (*rel).rd_att;
+        let attnum = token_attnum(rel, &args, &table)?;
+
+        if !before {
+            // AFTER INSERT (resource mode): the row exists now, so the raised mark may be stored.
+            if let Some(resource) = &args.resource {
+                if op == pg_sys::TRIGGER_EVENT_INSERT {
+                    fence::admit_resource(resource, token, true)?;
+                }
+            }
+            return Ok(pg_sys::Datum::from(0usize));
+        }
+
+        match (&args.resource, op) {
+            (Some(resource), pg_sys::TRIGGER_EVENT_INSERT) => {
+                fence::admit_resource(resource, token, false)?;
+                Ok(pg_sys::Datum::from(stamp(td.tg_trigtuple, tupdesc, attnum, token)))
+            }
+            (Some(resource), pg_sys::TRIGGER_EVENT_UPDATE) => {
+                fence::admit_resource(resource, token, true)?;
+                Ok(pg_sys::Datum::from(stamp(td.tg_newtuple, tupdesc, attnum, token)))
+            }
+            (Some(resource), _delete) => {
+                fence::admit_resource(resource, token, true)?;
+                Ok(pg_sys::Datum::from(td.tg_trigtuple))
+            }
+            (None, pg_sys::TRIGGER_EVENT_INSERT) => {
+                let pk = primary_key_attnums(rel);
+                let key = key_text(td.tg_trigtuple, tupdesc, &pk);
+                fence::admit_row_insert(args.protection, &table, &key, token)?;
+                Ok(pg_sys::Datum::from(stamp(td.tg_trigtuple, tupdesc, attnum, token)))
+            }
+            (None, pg_sys::TRIGGER_EVENT_UPDATE) => {
+                let pk = primary_key_attnums(rel);
+                let old_key = key_text(td.tg_trigtuple, tupdesc, &pk);
+                let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
+                fence::admit_row(&table, &old_key, token, row_token)?;
+                let new_key = key_text(td.tg_newtuple, tupdesc, &pk);
+                if new_key != old_key {
+                    // The key changes: the old key is deleted, the new one is inserted.
+                    fence::admit_row_insert(args.protection, &table, &new_key, token)?;
+                    fence::record_row_delete(args.protection, &old_key, token);
+                }
+                Ok(pg_sys::Datum::from(stamp(td.tg_newtuple, tupdesc, attnum, token)))
+            }
+            (None, _delete) => {
+                let pk = primary_key_attnums(rel);
+                let key = key_text(td.tg_trigtuple, tupdesc, &pk);
+                let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
+                fence::admit_row(&table, &key, token, row_token)?;
+                fence::record_row_delete(args.protection, &key, token);
+                Ok(pg_sys::Datum::from(td.tg_trigtuple))
+            }
+        }
+    }
+}
+
+/// TRUNCATE removes every row at once. Resource mode: an ordinary admitted write. Per-row mode:
+/// the token must be at least every row's token, and every row leaves its tombstone. The table is
+/// held in ACCESS EXCLUSIVE mode by TRUNCATE, so no row can change meanwhile.
+unsafe fn truncate(rel: pg_sys::Relation, args: &Args, table: &str, token: Token) -> Result<(), FenceError> {
+    if let Some(resource) = &args.resource {
+        fence::admit_resource(resource, token, true)?;
+        return Ok(());
+    }
+    let (relid, pk_names) = unsafe {
+        let pk = primary_key_attnums(rel);
+        let tupdesc = (*rel).rd_att;
+        let natts = (*tupdesc).natts as usize;
+        let names: Vec<String> = pk
+            .iter()
+            .map(|a| {
+                let att = &(*tupdesc).attrs.as_slice(natts)[(*a - 1) as usize];
+                let name = CStr::from_ptr(att.attname.data.as_ptr()).to_string_lossy().into_owned();
+                spi::quote_identifier(name)
+            })
+            .collect();
+        ((*rel).rd_id, names)
+    };
+    if pk_names.is_empty() {
+        return Err(FenceError::TriggerProtocol(format!(
+            "per-row protected table {table} has no primary key"
+        )));
+    }
+    let token_col = spi::quote_identifier(args.token_column.to_string_lossy().into_owned());
+    fence::truncate_rows(args.protection, relid, table, &pk_names, &token_col, token)
+}

@@ -81,6 +81,13 @@ LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_unregister';
 -- ---------------------------------------------------------------------------------------------
 -- Protection
 
+-- relation and, if it is partitioned, all its partitions (pg_partition_tree alone returns
+-- nothing for a plain table).
+CREATE FUNCTION _pg_fencing.tree(relation regclass) RETURNS TABLE (relid regclass)
+LANGUAGE sql STABLE AS $fn$
+    SELECT relation UNION SELECT t.relid FROM pg_catalog.pg_partition_tree(relation) t
+$fn$;
+
 -- Why the protection of relation is not active right now (NULL = active): a guard trigger that is
 -- missing or disabled on the table or one of its partitions, or skipped because of
 -- session_replication_role.
@@ -95,7 +102,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = relation) THEN
         RETURN 'table does not exist';
     END IF;
-    FOR part IN SELECT t.relid FROM pg_partition_tree(relation) t LOOP
+    FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         FOREACH trig IN ARRAY CASE WHEN resource IS NULL
                                    THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_truncate']
                                    ELSE ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_truncate'] END
@@ -113,6 +120,15 @@ BEGIN
         END LOOP;
     END LOOP;
     RETURN NULL;
+END
+$fn$;
+
+CREATE FUNCTION _pg_fencing.drop_trigger(relation regclass, name name) RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = relation AND t.tgname = name) THEN
+        EXECUTE format('DROP TRIGGER %I ON %s', name, relation);
+    END IF;
 END
 $fn$;
 
@@ -183,13 +199,13 @@ BEGIN
     EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
     IF resource IS NULL THEN
-        EXECUTE format('DROP TRIGGER IF EXISTS zz_pg_fencing_after ON %s', relation);
+        PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_after');
     ELSE
         EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON %s '
                        'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
     END IF;
     -- Statement triggers are not cloned: every member of the partition tree gets its own.
-    FOR part IN SELECT t.relid FROM pg_catalog.pg_partition_tree(relation) t LOOP
+    FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_truncate BEFORE TRUNCATE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', part, args);
     END LOOP;
@@ -206,10 +222,10 @@ BEGIN
     IF NOT _pg_fencing.unregister(relation) THEN
         RAISE NOTICE 'table % was not protected', relation;
     END IF;
-    EXECUTE format('DROP TRIGGER IF EXISTS zz_pg_fencing_guard ON %s', relation);
-    EXECUTE format('DROP TRIGGER IF EXISTS zz_pg_fencing_after ON %s', relation);
-    FOR part IN SELECT t.relid FROM pg_catalog.pg_partition_tree(relation) t LOOP
-        EXECUTE format('DROP TRIGGER IF EXISTS zz_pg_fencing_truncate ON %s', part);
+    PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_guard');
+    PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_after');
+    FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
+        PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_truncate');
     END LOOP;
 END
 $fn$;

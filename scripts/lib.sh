@@ -1,0 +1,81 @@
+# Shared helpers for pg_fencing's scripts: a throwaway PostgreSQL cluster and a throwaway etcd,
+# both on 127.0.0.1, non-default ports, under a temp dir, removed by cleanup (also on Ctrl-C).
+# Source it; set WORK (temp dir) first or let fresh_workdir make one.
+
+PGBIN=/usr/lib/postgresql/15/bin
+: "${PGPORT_TEST:=54329}"
+: "${ETCD_CLIENT_PORT:=23790}"
+: "${ETCD_PEER_PORT:=23800}"
+export ETCDCTL_API=3
+
+fresh_workdir() {
+    WORK=$(mktemp -d /tmp/pg_fencing.XXXXXX)
+    chmod 755 "$WORK"
+}
+
+# Run a command as the postgres OS user when we are root (PostgreSQL refuses to run as root).
+as_pg() {
+    if [ "$(id -u)" -eq 0 ]; then
+        sudo -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+pg_start() {
+    PGDATA_TEST="$WORK/pgdata"
+    mkdir -p "$PGDATA_TEST"
+    [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$PGDATA_TEST" "$WORK"
+    as_pg "$PGBIN/initdb" -D "$PGDATA_TEST" -U postgres -A trust --no-sync >"$WORK/initdb.log" 2>&1
+    cat >>"$PGDATA_TEST/postgresql.conf" <<CONF
+port = $PGPORT_TEST
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$WORK'
+fsync = off
+log_min_messages = log
+${PG_EXTRA_CONF:-}
+CONF
+    as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null
+    export PGHOST=127.0.0.1 PGPORT=$PGPORT_TEST PGUSER=postgres PGDATABASE=postgres
+}
+
+pg_stop() {
+    if [ -n "${PGDATA_TEST:-}" ] && [ -f "$PGDATA_TEST/postmaster.pid" ]; then
+        as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+}
+
+etcd_start() {
+    mkdir -p "$WORK/etcd"
+    etcd --name pgf --data-dir "$WORK/etcd" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+        --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-cluster "pgf=http://127.0.0.1:$ETCD_PEER_PORT" \
+        >"$WORK/etcd.log" 2>&1 &
+    ETCD_PID=$!
+    export ETCDCTL_ENDPOINTS="127.0.0.1:$ETCD_CLIENT_PORT"
+    for _ in $(seq 1 100); do
+        etcdctl endpoint health >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "etcd did not start; see $WORK/etcd.log" >&2
+    return 1
+}
+
+etcd_stop() {
+    if [ -n "${ETCD_PID:-}" ]; then
+        kill "$ETCD_PID" 2>/dev/null || true
+        wait "$ETCD_PID" 2>/dev/null || true
+        ETCD_PID=""
+    fi
+}
+
+cleanup_all() {
+    # Resume anything we froze, so it can exit, then stop everything we started.
+    for p in ${CHILD_PIDS:-}; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
+    etcd_stop
+    pg_stop
+    if [ -n "${WORK:-}" ] && [ -z "${KEEP_WORK:-}" ]; then rm -rf "$WORK"; fi
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what pg_fencing needs on a fresh Debian 12 machine, skipping what is already there,
+# then builds and installs the extension into the system PostgreSQL 15.
+#   apt: postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client
+#   cargo: cargo-pgrx 0.18.1 (matches pgrx = "=0.18.1" in Cargo.toml), `cargo pgrx init --pg15`
+# Needs root (or passwordless sudo) for apt and for installing into /usr/lib/postgresql.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    log "apt-get install ${missing[*]}"
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# The Debian package starts a cluster on port 5432; we never use it, but leave it alone.
+
+if ! cargo pgrx --version 2>/dev/null | grep -q "0.18.1"; then
+    log "cargo install cargo-pgrx 0.18.1 (takes about 6 minutes)"
+    cargo install cargo-pgrx --version 0.18.1 --locked
+fi
+if ! grep -qs "pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+    log "cargo pgrx init --pg15 $PG_CONFIG"
+    cargo pgrx init --pg15 "$PG_CONFIG"
+fi
+
+log "building and installing pg_fencing into $($PG_CONFIG --pkglibdir)"
+if [ -n "$SUDO" ]; then
+    cargo pgrx install --pg-config "$PG_CONFIG" --sudo
+else
+    cargo pgrx install --pg-config "$PG_CONFIG"
+fi

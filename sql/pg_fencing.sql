@@ -247,6 +247,30 @@ END
 $fn$;
 CREATE EVENT TRIGGER pg_fencing_sql_drop ON sql_drop EXECUTE FUNCTION _pg_fencing.on_sql_drop();
 
+-- Row triggers reach new partitions by themselves; the TRUNCATE trigger (a statement trigger) does
+-- not, so a partition created or attached later gets it here.
+CREATE FUNCTION _pg_fencing.on_ddl_end() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    p record;
+    part regclass;
+BEGIN
+    FOR p IN SELECT pt.id, pt.relid, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
+             JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p' LOOP
+        FOR part IN SELECT t.relid FROM _pg_fencing.tree(p.relid) t
+                    WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = t.relid
+                                      AND tg.tgname = 'zz_pg_fencing_truncate') LOOP
+            EXECUTE format('CREATE TRIGGER zz_pg_fencing_truncate BEFORE TRUNCATE ON %s '
+                           'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%L, %L, %L)',
+                           part, p.id, coalesce(p.resource, ''), p.token_column);
+        END LOOP;
+    END LOOP;
+END
+$fn$;
+CREATE EVENT TRIGGER pg_fencing_ddl_end ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+    EXECUTE FUNCTION _pg_fencing.on_ddl_end();
+
 -- ---------------------------------------------------------------------------------------------
 -- Marks
 

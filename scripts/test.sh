@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs every test of pg_fencing: installs what is missing (scripts/setup.sh), then
+#   1. unit tests and #[pg_test] tests   (cargo pgrx test pg15, in pgrx's own test cluster)
+#   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster)
+#   3. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock)
+# Usage: scripts/test.sh [--no-setup]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+if [ "${1:-}" != "--no-setup" ]; then
+    ./scripts/setup.sh
+fi
+source scripts/lib.sh
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+CHILD_PIDS=""
+fresh_workdir
+trap 'cleanup_all' EXIT
+trap 'exit 130' INT TERM
+
+step "1/3 unit and #[pg_test] tests (cargo pgrx test pg15)"
+mkdir -p "$WORK/pgrx-data"
+[ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
+if [ "$(id -u)" -eq 0 ]; then
+    cargo pgrx test pg15 --runas postgres --pgdata "$WORK/pgrx-data"
+else
+    cargo pgrx test pg15
+fi
+
+step "2/3 pg_regress (tests/pg_regress)"
+pg_start
+REGRESS="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/regress/pg_regress"
+TESTS=$(sed -n 's/^test: //p' tests/pg_regress/schedule)
+mkdir -p "$WORK/regress"
+psql -X -q -c "CREATE DATABASE pg_fencing_regress"
+if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=postgres \
+        --dbname=pg_fencing_regress --inputdir=tests/pg_regress --outputdir="$WORK/regress" \
+        --schedule=tests/pg_regress/schedule; then
+    cat "$WORK/regress/regression.diffs" || true
+    exit 1
+fi
+pg_stop
+
+step "3/3 zombie-client demo with a real etcd (scripts/demo.sh)"
+./scripts/demo.sh --no-setup
+
+step "all tests passed"

@@ -1,0 +1,105 @@
+-- fenced_update / fenced_insert / fenced_delete: jsonb in and out, and every kind of bad input.
+\set SHOW_CONTEXT never
+CREATE TABLE item (sku text PRIMARY KEY, qty int NOT NULL, price numeric(10,2), tags text[], seen timestamptz);
+SELECT fencing_protect('item', 'warehouse');
+
+SELECT fenced_insert('item', '{"sku": "A-1", "qty": 3, "price": "9.99", "tags": ["x", "y"]}', 100);
+-- values are converted by each column's own type; the token was local to the call
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": "4", "seen": "2026-01-02 03:04:05+00"}', 100);
+SHOW pg_fencing.token;
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 5}', 101);
+-- stale
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 0}', 100);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_insert('item', '{"sku": "B-2", "qty": 1}', 99);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_delete('item', '{"sku": "A-1"}', 100);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM item;
+
+-- tokens: NULL, 0, negative, out of range, not an integer
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 0}', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 0}', 0);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 0}', -101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 0}', '9223372036854775808');
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 0}', '12abc');
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_insert('item', '{"sku": "C-3", "qty": 1}', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_delete('item', '{"sku": "A-1"}', 0);
+\echo :LAST_ERROR_SQLSTATE
+
+-- unknown columns, the token column, wrong keys, wrong shapes, wrong types
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"nope": 1}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_insert('item', '{"sku": "C-3", "qty": 1, "nope": 2}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"fence_token": 1}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"qty": 5}', '{"qty": 6}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1", "qty": 5}', '{"qty": 6}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": null}', '{"qty": 6}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "ZZZ"}', '{"qty": 6}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '["A-1"]', '{"qty": 6}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '"qty"', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": "many"}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": null}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_insert('item', '{"sku": "A-1", "qty": 1}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('no_such_table', '{"sku": "A-1"}', '{"qty": 6}', 101);
+\echo :LAST_ERROR_SQLSTATE
+-- nothing of the failed calls was written
+SELECT * FROM item;
+
+-- a table without a primary key (resource mode): update/delete need a key, insert does not
+CREATE TABLE log (msg text);
+SELECT fencing_protect('log', 'logger');
+SELECT fenced_update('log', '{"msg": "a"}', '{"msg": "b"}', 1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_delete('log', '{"msg": "a"}', 1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_insert('log', '{"msg": "hello"}', 1);
+
+-- an unprotected table
+CREATE TABLE plain (id int PRIMARY KEY, v int);
+INSERT INTO plain VALUES (1, 1);
+SELECT fenced_update('plain', '{"id": 1}', '{"v": 2}', 1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_insert('plain', '{"id": 2}', 1);
+\echo :LAST_ERROR_SQLSTATE
+
+-- protection switched off: fenced writes refuse with FT004
+ALTER TABLE item DISABLE TRIGGER zz_pg_fencing_guard;
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 7}', 101);
+\echo :LAST_ERROR_SQLSTATE
+ALTER TABLE item ENABLE TRIGGER zz_pg_fencing_guard;
+SET session_replication_role = replica;
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 7}', 101);
+\echo :LAST_ERROR_SQLSTATE
+RESET session_replication_role;
+
+-- per-row mode, identifiers that need quoting, delete and tombstone
+CREATE TABLE "Task List" ("Task Id" int, "Owner" text, note text, PRIMARY KEY ("Task Id", "Owner"));
+SELECT fencing_protect('"Task List"', NULL, 'Fence');
+SELECT fenced_insert('"Task List"', '{"Task Id": 1, "Owner": "o''brien", "note": "n"}', 5);
+SELECT fenced_update('"Task List"', '{"Owner": "o''brien", "Task Id": 1}', '{"note": "m"}', 6);
+SELECT fenced_delete('"Task List"', '{"Task Id": 1, "Owner": "o''brien"}', 6);
+SELECT fenced_insert('"Task List"', '{"Task Id": 1, "Owner": "o''brien", "note": "zombie"}', 5);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_insert('"Task List"', '{"Task Id": 1, "Owner": "o''brien", "note": "back"}', 6);
+SELECT fenced_delete('"Task List"', '{"Task Id": 2, "Owner": "x"}', 6);
+\echo :LAST_ERROR_SQLSTATE

@@ -2,7 +2,8 @@
 # Runs every test of pg_fencing: installs what is missing (scripts/setup.sh), then
 #   1. unit tests and #[pg_test] tests   (cargo pgrx test pg15, in pgrx's own test cluster)
 #   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster)
-#   3. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock)
+#   3. isolation specs                    (tests/isolation, concurrent interleavings)
+#   4. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock)
 # Usage: scripts/test.sh [--no-setup]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ fresh_workdir
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
 
-step "1/3 unit and #[pg_test] tests (cargo pgrx test pg15)"
+step "1/4 unit and #[pg_test] tests (cargo pgrx test pg15)"
 mkdir -p "$WORK/pgrx-data"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
 if [ "$(id -u)" -eq 0 ]; then
@@ -28,7 +29,7 @@ else
     cargo pgrx test pg15
 fi
 
-step "2/3 pg_regress (tests/pg_regress)"
+step "2/4 pg_regress (tests/pg_regress)"
 pg_start
 REGRESS="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/regress/pg_regress"
 TESTS=$(sed -n 's/^test: //p' tests/pg_regress/schedule)
@@ -40,9 +41,21 @@ if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=pos
     cat "$WORK/regress/regression.diffs" || true
     exit 1
 fi
+
+step "3/4 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
+ISOLATION="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress"
+mkdir -p "$WORK/isolation"
+psql -X -q -c "CREATE DATABASE pg_fencing_isolation"
+psql -X -q -d pg_fencing_isolation -c "CREATE EXTENSION pg_fencing"
+if ! "$ISOLATION" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=postgres \
+        --dbname=pg_fencing_isolation --inputdir=tests/isolation --outputdir="$WORK/isolation" \
+        --schedule=tests/isolation/schedule; then
+    cat "$WORK/isolation/regression.diffs" || true
+    exit 1
+fi
 pg_stop
 
-step "3/3 zombie-client demo with a real etcd (scripts/demo.sh)"
+step "4/4 zombie-client demo with a real etcd (scripts/demo.sh)"
 ./scripts/demo.sh --no-setup
 
 step "all tests passed"

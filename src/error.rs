@@ -176,7 +176,7 @@ mod unit {
         // ERRCODE_UNIQUE_VIOLATION = MAKE_SQLSTATE('2','3','5','0','5') = 23505 in PostgreSQL.
         assert_eq!(
             make_sqlstate("23505"),
-            pgrx::pg_sys::PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION as c_int
+            pgrx::PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION as c_int
         );
         assert_ne!(make_sqlstate("FT001"), make_sqlstate("FT002"));
     }

@@ -240,5 +240,7 @@ REVOKE ALL ON acct FROM fencing_app;
 DROP ROLE fencing_app;
 
 -- ===== dropping a protected table drops its protection =====
+SELECT count(*) AS protections, (SELECT count(*) FROM _pg_fencing.row_tombstone) AS tombstones FROM _pg_fencing.protected_table;
 DROP TABLE job;
-SELECT count(*) FROM _pg_fencing.protected_table WHERE relid::text = 'job';
+SELECT count(*) AS protections, (SELECT count(*) FROM _pg_fencing.row_tombstone) AS tombstones FROM _pg_fencing.protected_table;
+SELECT count(*) AS orphans FROM _pg_fencing.protected_table p WHERE NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = p.relid);

@@ -2,6 +2,8 @@
 # Installs what pg_fencing needs on a fresh Debian 12 machine, skipping what is already there,
 # then builds and installs the extension into the system PostgreSQL 15.
 #   apt: postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client
+#        build-essential pkg-config
+#   (a Rust toolchain with cargo must already be there, as on every machine of this kind: rustup)
 #   cargo: cargo-pgrx 0.18.1 (matches pgrx = "=0.18.1" in Cargo.toml), `cargo pgrx init --pg15`
 # Needs root (or passwordless sudo) for apt and for installing into /usr/lib/postgresql.
 set -euo pipefail
@@ -13,7 +15,14 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
-pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client)
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo not found. pg_fencing needs a Rust toolchain (1.95 is what this project is" >&2
+    echo "built with; install it with rustup: https://rustup.rs), then run this again." >&2
+    exit 1
+fi
+
+pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client
+      build-essential pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,6 +29,15 @@ else
     cargo pgrx test pg15
 fi
 
+# cargo pgrx test installs its own build (with the #[pg_test] functions) into the system
+# PostgreSQL; put the normal build back so the suites below test what users install.
+step "reinstalling the normal build (cargo pgrx install)"
+if [ "$(id -u)" -eq 0 ]; then
+    cargo pgrx install --pg-config "$PGBIN/pg_config"
+else
+    cargo pgrx install --pg-config "$PGBIN/pg_config" --sudo
+fi
+
 step "2/4 pg_regress (tests/pg_regress)"
 pg_start
 REGRESS="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/regress/pg_regress"

@@ -155,6 +155,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'token_column must be a column name';
     END IF;
     SELECT c.relkind, c.relowner INTO rel FROM pg_catalog.pg_class c WHERE c.oid = relation;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('relation with OID %s does not exist', relation::oid);
+    END IF;
     IF rel.relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', relation),
             HINT = 'fencing_protect accepts plain and partitioned tables.';
@@ -176,6 +179,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '42P16', MESSAGE = format('table %s has no primary key', relation),
             DETAIL = 'Per-row mode fences each row by its primary key.',
             HINT = 'Add a primary key, or protect the table in resource mode: fencing_protect(table, ''resource-name'').';
+    END IF;
+    IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                                    WHERE a.attrelid = relation AND a.attname = ANY (pk) AND a.attgenerated <> '') THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('the primary key of %s contains a generated column', relation),
+            DETAIL = 'Per-row mode identifies a row by its primary key before generated columns are computed.',
+            HINT = 'Protect the table in resource mode, or use a primary key without generated columns.';
     END IF;
     IF token_column = ANY (pk) THEN
         RAISE EXCEPTION USING ERRCODE = '42P16',
@@ -268,7 +278,7 @@ BEGIN
 END
 $fn$;
 CREATE EVENT TRIGGER pg_fencing_ddl_end ON ddl_command_end
-    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA')
     EXECUTE FUNCTION _pg_fencing.on_ddl_end();
 
 -- ---------------------------------------------------------------------------------------------

@@ -280,6 +280,44 @@ fn store_tombstone(protection: i64, key: &str, token: Token) {
     );
 }
 
+/// Settings pinned while pg_fencing runs its internal statements as the extension owner and
+/// while it prints primary keys into tombstone keys:
+/// * `search_path`: an ordinary role must not be able to put its own operators or functions in
+///   front of `pg_catalog` and have them run with the owner's privileges;
+/// * the output settings: a key's text must not depend on the session (a `timestamptz` key
+///   printed in another `TimeZone` would name another tombstone).
+const PINNED_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 6] = [
+    (c"search_path", c"pg_catalog, pg_temp"),
+    (c"TimeZone", c"UTC"),
+    (c"DateStyle", c"ISO, YMD"),
+    (c"IntervalStyle", c"postgres"),
+    (c"extra_float_digits", c"1"),
+    (c"bytea_output", c"hex"),
+];
+
+/// Run `f` with [`PINNED_SETTINGS`] in force; they are restored afterwards (and by the
+/// transaction machinery if `f` raises an error).
+pub fn with_pinned_settings<T>(f: impl FnOnce() -> T) -> T {
+    unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        for (name, value) in PINNED_SETTINGS {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        let out = f();
+        pg_sys::AtEOXact_GUC(true, level);
+        out
+    }
+}
+
 /// Owner of schema `_pg_fencing` (the role that created the extension).
 fn internal_owner() -> pg_sys::Oid {
     unsafe {
@@ -302,6 +340,17 @@ fn internal_owner() -> pg_sys::Oid {
 /// first column of the first row (if any, and not NULL) with `decode`. `cached`: keep the plan
 /// for the life of the backend (only for the fixed statements above).
 pub fn exec_internal<T>(
+    sql: &str,
+    cached: bool,
+    types: &[pg_sys::Oid],
+    args: &mut [pg_sys::Datum],
+    read_only: bool,
+    decode: impl FnOnce(pg_sys::Datum) -> T,
+) -> Option<T> {
+    with_pinned_settings(|| exec_internal_pinned(sql, cached, types, args, read_only, decode))
+}
+
+fn exec_internal_pinned<T>(
     sql: &str,
     cached: bool,
     types: &[pg_sys::Oid],

@@ -94,6 +94,10 @@ unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Vec<i16> {
 /// Canonical text of a row's primary key: exactly what `ROW(pk1, pk2, ...)::text` prints
 /// (PostgreSQL's `record_out` quoting), so SQL (TRUNCATE) and Rust build the same tombstone key.
 unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i16]) -> String {
+    fence::with_pinned_settings(|| unsafe { key_text_pinned(tuple, tupdesc, pk) })
+}
+
+unsafe fn key_text_pinned(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i16]) -> String {
     let mut out = String::from("(");
     for (i, attnum) in pk.iter().enumerate() {
         if i > 0 {
@@ -118,7 +122,7 @@ unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i
             v
         };
         let needs_quotes = value.is_empty()
-            || value.chars().any(|c| matches!(c, '"' | '\\' | '(' | ')' | ',') || c.is_ascii_whitespace());
+            || value.chars().any(|c| matches!(c, '"' | '\\' | '(' | ')' | ',' | ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'));
         if needs_quotes {
             out.push('"');
             for c in value.chars() {
@@ -180,9 +184,12 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
 
         if !before {
             // AFTER INSERT (resource mode): the row exists now, so the raised mark may be stored.
+            // The token is the one the BEFORE trigger stamped into the row, even if the session's
+            // setting changed later in the statement.
             if let Some(resource) = &args.resource {
                 if op == pg_sys::TRIGGER_EVENT_INSERT {
-                    fence::admit_resource(resource, token, true)?;
+                    let stamped = tuple_token(td.tg_trigtuple, tupdesc, attnum).unwrap_or(token);
+                    fence::admit_resource(resource, stamped, true)?;
                 }
             }
             return Ok(pg_sys::Datum::from(0usize));

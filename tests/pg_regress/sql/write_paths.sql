@@ -61,3 +61,54 @@ SELECT * FROM task;
 -- a write through a data-modifying CTE is fenced too
 WITH w AS (UPDATE stock SET qty = 0 WHERE sku = 1 RETURNING sku) SELECT count(*) FROM w;
 \echo :LAST_ERROR_SQLSTATE
+
+-- tombstone keys do not depend on the session's output settings
+CREATE TABLE slot (at timestamptz PRIMARY KEY, v text);
+SELECT fencing_protect('slot');
+SET TimeZone = 'UTC';
+SELECT fenced_insert('slot', '{"at": "2024-01-01 00:00:00+00"}', 10) IS NOT NULL AS inserted;
+SELECT fenced_delete('slot', '{"at": "2024-01-01 00:00:00+00"}', 20) IS NOT NULL AS deleted;
+SET TimeZone = 'America/New_York';
+SELECT fenced_insert('slot', '{"at": "2024-01-01 00:00:00+00", "v": "zombie"}', 15);
+\echo :LAST_ERROR_SQLSTATE
+SET DateStyle = 'SQL, DMY';
+BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO slot VALUES ('2024-01-01 00:00:00+00', 'zombie'); ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+RESET DateStyle;
+RESET TimeZone;
+
+-- keys with characters record_out quotes (vertical tab), through TRUNCATE and back
+CREATE TABLE vt (k text PRIMARY KEY);
+SELECT fencing_protect('vt');
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO vt VALUES (E'a\vb'); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '20'; TRUNCATE vt; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO vt VALUES (E'a\vb'); ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+
+-- a generated column in the primary key cannot identify a row in BEFORE INSERT: refused
+CREATE TABLE gen (a int, b int GENERATED ALWAYS AS (a * 2) STORED, PRIMARY KEY (a, b));
+SELECT fencing_protect('gen');
+\echo :LAST_ERROR_SQLSTATE
+
+-- the mark stored after an INSERT is the token stamped into the row
+CREATE TABLE stamp (id int PRIMARY KEY, v text);
+SELECT fencing_protect('stamp', 'stamp-res');
+BEGIN; SET LOCAL pg_fencing.token = '10';
+WITH ins AS (INSERT INTO stamp VALUES (1, 'x') RETURNING 1) SELECT set_config('pg_fencing.token', '7', true) FROM ins;
+COMMIT;
+SELECT id, fence_token, fencing_high_water('stamp-res') FROM stamp;
+BEGIN; SET LOCAL pg_fencing.token = '8'; UPDATE stamp SET v = 'stale'; ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+
+-- a partition created by CREATE SCHEMA ... CREATE TABLE gets the TRUNCATE guard too
+CREATE TABLE part (k int, id int, PRIMARY KEY (k, id)) PARTITION BY LIST (k);
+CREATE TABLE part1 PARTITION OF part FOR VALUES IN (1);
+SELECT fencing_protect('part');
+CREATE SCHEMA s2 CREATE TABLE p2 PARTITION OF public.part FOR VALUES IN (2);
+SELECT relation, active FROM fencing_protected_tables WHERE relation = 'part'::regclass;
+TRUNCATE s2.p2;
+\echo :LAST_ERROR_SQLSTATE
+
+-- a relation that does not exist
+SELECT fencing_protect(999999::regclass, 'x');
+\echo :LAST_ERROR_SQLSTATE

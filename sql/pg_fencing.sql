@@ -104,7 +104,8 @@ BEGIN
     END IF;
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         FOREACH trig IN ARRAY CASE WHEN resource IS NULL
-                                   THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_truncate']
+                                   THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
+                                              'zz_pg_fencing_truncate']
                                    ELSE ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_truncate'] END
         LOOP
             SELECT tg.tgenabled INTO state FROM pg_trigger tg WHERE tg.tgrelid = part AND tg.tgname = trig;
@@ -208,11 +209,20 @@ BEGIN
     -- They are named to sort last, so that no other BEFORE trigger runs after the guard.
     EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    -- AFTER INSERT: resource mode stores a raised mark once a row really was inserted (not for
+    -- ON CONFLICT DO NOTHING); per-row mode checks the key's tombstone once the row is in the
+    -- unique index. Per-row mode also re-checks a key that an UPDATE changed.
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
     IF resource IS NULL THEN
-        PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_after');
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_rekey AFTER UPDATE ON %s FOR EACH ROW '
+                       'WHEN (ROW(%s) IS DISTINCT FROM ROW(%s)) EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
+                       relation,
+                       (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(pk) c),
+                       (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(pk) c),
+                       args);
     ELSE
-        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+        PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     END IF;
     -- Statement triggers are not cloned: every member of the partition tree gets its own.
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
@@ -234,6 +244,7 @@ BEGIN
     END IF;
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_guard');
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_after');
+    PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_truncate');
     END LOOP;

@@ -18,9 +18,14 @@
 //! So a raise waits for every in-flight writer with the old token to commit or abort, and every
 //! later writer waits for the raise to commit before it reads the mark. The mark is read with the
 //! latest committed snapshot (not the transaction's), so the check is right in READ COMMITTED,
-//! REPEATABLE READ and SERIALIZABLE alike. Rows in per-row mode are guarded by PostgreSQL's own
-//! row lock (UPDATE/DELETE see the latest row version), and inserts of a key by a per-key lock
-//! that orders them against the delete that left the key's tombstone.
+//! REPEATABLE READ and SERIALIZABLE alike.
+//!
+//! Rows in per-row mode are guarded by PostgreSQL's own locks, so per-row mode takes no lock of
+//! its own (and a bulk write cannot exhaust the lock table): UPDATE and DELETE hold the row lock
+//! and see the latest row version; an INSERT of a key whose delete is still in flight waits in
+//! the primary key's unique check until that delete commits, and only then (in the `AFTER
+//! INSERT` trigger) is the key's tombstone read, with the latest snapshot. The `BEFORE INSERT`
+//! check of the tombstone is only an early refusal.
 
 use crate::error::{Domain, FenceError, Token};
 use pgrx::prelude::*;
@@ -148,29 +153,27 @@ pub fn admit_row(table: &str, key: &str, token: Token, row_token: Option<Token>)
     }
 }
 
-/// Per-row mode, INSERT of `key`: checked against the key's tombstone (left by a delete), under
-/// the key's lock so that a concurrent delete's tombstone is seen once that delete commits.
+/// Per-row mode, INSERT of `key` (or an UPDATE that gives a row this key): checked against the
+/// key's tombstone, left by a delete. Authoritative when called after the row is in the unique
+/// index (the `AFTER` trigger, see the module comment); an early refusal before that.
 pub fn admit_row_insert(protection: i64, table: &str, key: &str, token: Token) -> Result<(), FenceError> {
-    lock(row_tag(protection, key), Mode::Exclusive);
     let tomb = read_tombstone(protection, key);
     admit_row(table, key, token, tomb)
 }
 
-/// Per-row mode, DELETE of `key` (already admitted by [`admit_row`]): leave a tombstone so that a
-/// stale writer cannot re-create the key.
+/// Per-row mode, DELETE of `key` (already admitted by [`admit_row`], under the row lock): leave a
+/// tombstone so that a stale writer cannot re-create the key.
 pub fn record_row_delete(protection: i64, key: &str, token: Token) {
-    lock(row_tag(protection, key), Mode::Exclusive);
     store_tombstone(protection, key, token);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Locks
 
-/// `locktag_field4` values of our lock tags. `pg_advisory_lock` uses 1 and 2, so ours never
+/// `locktag_field4` of our resource locks. `pg_advisory_lock` uses 1 and 2, so ours never
 /// collide with an application's advisory locks; they show in `pg_locks` as advisory locks
-/// with `objsubid` 0xFE01 / 0xFE02.
+/// with `objsubid` 65025 (0xFE01).
 const TAG_RESOURCE: u16 = 0xFE01;
-const TAG_ROW: u16 = 0xFE02;
 
 /// FNV-1a, 64 bit: stable across builds and processes, so every backend (even one still running
 /// an older build during an upgrade) maps a name to the same lock. Collisions only make two
@@ -203,9 +206,6 @@ fn resource_tag(resource: &str) -> pg_sys::LOCKTAG {
     tag(fnv1a(&[resource.as_bytes()]), TAG_RESOURCE)
 }
 
-fn row_tag(protection: i64, key: &str) -> pg_sys::LOCKTAG {
-    tag(fnv1a(&[&protection.to_le_bytes(), key.as_bytes()]), TAG_ROW)
-}
 
 /// Transaction-scoped lock; waits like any heavyweight lock: interruptible by query cancel,
 /// `statement_timeout` and `lock_timeout`, with deadlock detection.

@@ -6,8 +6,10 @@
 //! 2. the name of the token column (bigint).
 //!
 //! Row events: `BEFORE INSERT OR UPDATE OR DELETE FOR EACH ROW` checks the token and stamps the
-//! token column; in resource mode an `AFTER INSERT FOR EACH ROW` stores a raised mark only once
-//! the row really was inserted. Statement event: `BEFORE TRUNCATE`. The decision itself is in
+//! token column; `AFTER INSERT FOR EACH ROW` stores a raised resource mark only once the row really
+//! was inserted (resource mode) or checks the key's tombstone once the row is in the unique index
+//! (per-row mode); in per-row mode `AFTER UPDATE FOR EACH ROW WHEN (the key changed)` does the
+//! same for the new key. Statement event: `BEFORE TRUNCATE`. The decision itself is in
 //! `fence.rs`.
 
 use crate::error::{FenceError, Token};
@@ -183,14 +185,22 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         let attnum = token_attnum(rel, &args, &table)?;
 
         if !before {
-            // AFTER INSERT (resource mode): the row exists now, so the raised mark may be stored.
-            // The token is the one the BEFORE trigger stamped into the row, even if the session's
-            // setting changed later in the statement.
-            if let Some(resource) = &args.resource {
-                if op == pg_sys::TRIGGER_EVENT_INSERT {
-                    let stamped = tuple_token(td.tg_trigtuple, tupdesc, attnum).unwrap_or(token);
+            // AFTER INSERT (both modes) and, in per-row mode, AFTER UPDATE of a row whose key
+            // changed (the trigger's WHEN clause): the row is in the table and in its unique
+            // index now. The token is the one the BEFORE trigger stamped into the row, even if
+            // the session's setting changed later in the statement.
+            let row = if op == pg_sys::TRIGGER_EVENT_UPDATE { td.tg_newtuple } else { td.tg_trigtuple };
+            let stamped = tuple_token(row, tupdesc, attnum).unwrap_or(token);
+            match &args.resource {
+                Some(resource) if op == pg_sys::TRIGGER_EVENT_INSERT => {
                     fence::admit_resource(resource, stamped, true)?;
                 }
+                None if op == pg_sys::TRIGGER_EVENT_INSERT || op == pg_sys::TRIGGER_EVENT_UPDATE => {
+                    let pk = primary_key_attnums(rel);
+                    let key = key_text(row, tupdesc, &pk);
+                    fence::admit_row_insert(args.protection, &table, &key, stamped)?;
+                }
+                _ => {}
             }
             return Ok(pg_sys::Datum::from(0usize));
         }

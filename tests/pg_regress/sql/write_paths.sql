@@ -112,3 +112,14 @@ TRUNCATE s2.p2;
 -- a relation that does not exist
 SELECT fencing_protect(999999::regclass, 'x');
 \echo :LAST_ERROR_SQLSTATE
+
+-- per-row mode takes no lock per key: a bulk write does not exhaust the lock table
+CREATE TABLE bulk (id int PRIMARY KEY);
+SELECT fencing_protect('bulk');
+BEGIN;
+SET LOCAL pg_fencing.token = '3';
+INSERT INTO bulk SELECT g FROM generate_series(1, 20000) g;
+DELETE FROM bulk;
+COMMIT;
+SELECT tombstones FROM fencing_protected_tables WHERE relation = 'bulk'::regclass;
+SELECT count(*) AS locks_left FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid();

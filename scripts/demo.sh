@@ -34,7 +34,7 @@ t0=$(date +%s.%N)
 say() { printf '  [%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')" "$*"; }
 
 echo "== starting a throwaway PostgreSQL 15 (127.0.0.1:$PGPORT_TEST) and etcd (127.0.0.1:$ETCD_CLIENT_PORT) in $WORK"
-pg_start
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
 etcd_start
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 "${PSQL[@]}" -c "CREATE EXTENSION pg_fencing"
@@ -126,7 +126,8 @@ z_unprot=$(cat "$WORK/holder1.ledger_unprotected.result")
 z_prot=$(cat "$WORK/holder1.ledger_protected.result")
 echo "  without pg_fencing: zombie write $z_unprot; final row written by $unprot"
 echo "  with pg_fencing:    zombie write $z_prot"
-echo "                      final row written by $prot; high-water mark of 'settlement' = $("${PSQL[@]}" -Atc "SELECT fencing_high_water('settlement')")"
+echo "                      final row written by $prot"
+"${PSQL[@]}" -c "SELECT resource, high_water, accepted, rejected, last_rejected_token, last_rejection_high_water FROM fencing_resources"
 if [ "$z_unprot" != "accepted" ] || [ "$unprot" != "holder1" ]; then
     echo "scenario broken: without protection the zombie write should have landed" >&2
     exit 2

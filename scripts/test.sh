@@ -39,7 +39,9 @@ else
 fi
 
 step "2/4 pg_regress (tests/pg_regress)"
-pg_start
+# The #[pg_test] cluster above runs without preloading; this one preloads the library, so both
+# ways are tested (the statistics need it).
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
 REGRESS="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/regress/pg_regress"
 TESTS=$(sed -n 's/^test: //p' tests/pg_regress/schedule)
 mkdir -p "$WORK/regress"

@@ -525,14 +525,21 @@ CREATE VIEW @extschema@.fencing_resources AS
 SELECT coalesce(h.resource, p.resource) AS resource,
        h.high_water,
        h.updated_at AS high_water_updated_at,
-       p.tables
+       p.tables,
+       s.accepted,
+       s.rejected,
+       s.last_rejection_at,
+       s.last_rejected_token,
+       s.last_rejection_high_water,
+       s.last_rejection_pid
 FROM _pg_fencing.resource_high_water h
 FULL JOIN (SELECT pt.resource, array_agg(pt.relid ORDER BY pt.relid::text) AS tables
            FROM _pg_fencing.protected_table pt
            WHERE pt.protected AND pt.resource IS NOT NULL
-           GROUP BY pt.resource) p ON p.resource = h.resource;
+           GROUP BY pt.resource) p ON p.resource = h.resource
+LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'resource' AND s.name = coalesce(h.resource, p.resource);
 COMMENT ON VIEW @extschema@.fencing_resources IS
-'Every resource with a high-water mark or a protected table: its mark (NULL if never written) and the tables it guards.';
+'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection.';
 
 CREATE VIEW @extschema@.fencing_protected_tables AS
 SELECT p.relid AS relation,
@@ -542,10 +549,16 @@ SELECT p.relid AS relation,
        _pg_fencing.inactive_reason(p.relid, p.resource) IS NULL AS active,
        _pg_fencing.inactive_reason(p.relid, p.resource) AS inactive_reason,
        (SELECT count(*) FROM _pg_fencing.row_tombstone t WHERE t.protection_id = p.id) AS tombstones,
+       s.accepted,
+       s.rejected,
+       s.last_rejection_at,
+       s.last_rejected_token,
+       s.last_rejection_high_water,
        p.protected_at
 FROM _pg_fencing.protected_table p
+LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'table' AND s.name = p.id::text
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, and whether the protection is actually active right now (inactive_reason says why not).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
 
 GRANT SELECT ON @extschema@.fencing_resources, @extschema@.fencing_protected_tables TO PUBLIC;

@@ -28,6 +28,7 @@
 //! check of the tombstone is only an early refusal.
 
 use crate::error::{Domain, FenceError, Token};
+use crate::stats;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -92,10 +93,9 @@ pub fn forget(resource: &str) {
 /// not move a mark) and the `AFTER INSERT` trigger then stores it; everything else passes `true`.
 /// Returns the high-water mark after admission.
 pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token, FenceError> {
-    let stale = |h: Token| FenceError::StaleToken {
-        domain: Domain::Resource(resource.to_string()),
-        token,
-        high_water: h,
+    let stale = |h: Token| {
+        stats::rejected(stats::Kind::Resource, resource, token, h);
+        FenceError::StaleToken { domain: Domain::Resource(resource.to_string()), token, high_water: h }
     };
     let held = HELD.with(|h| h.borrow().get(resource).copied());
     let mut held = match held {
@@ -130,6 +130,9 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
         }
     };
     HELD.with(|h| h.borrow_mut().insert(resource.to_string(), held));
+    if store && result.is_ok() {
+        stats::accepted(stats::Kind::Resource, resource);
+    }
     result
 }
 
@@ -142,23 +145,40 @@ pub fn lock_resource_exclusive(resource: &str) -> Option<Token> {
 
 /// Per-row mode, UPDATE/DELETE of an existing row: its own token column is its high-water mark.
 /// The executor holds the row lock and hands us the latest row version, so no lock is needed.
-pub fn admit_row(table: &str, key: &str, token: Token, row_token: Option<Token>) -> Result<(), FenceError> {
+/// `count`: count an accepted write in the statistics (false for early checks that are repeated).
+pub fn admit_row(
+    protection: i64,
+    table: &str,
+    key: &str,
+    token: Token,
+    row_token: Option<Token>,
+    count: bool,
+) -> Result<(), FenceError> {
     match rule(token, row_token) {
-        Verdict::Reject => Err(FenceError::StaleToken {
-            domain: Domain::Row { table: table.to_string(), key: key.to_string() },
-            token,
-            high_water: row_token.unwrap_or_default(),
-        }),
-        Verdict::Accept { .. } => Ok(()),
+        Verdict::Reject => {
+            let high_water = row_token.unwrap_or_default();
+            stats::rejected(stats::Kind::Table, &protection.to_string(), token, high_water);
+            Err(FenceError::StaleToken {
+                domain: Domain::Row { table: table.to_string(), key: key.to_string() },
+                token,
+                high_water,
+            })
+        }
+        Verdict::Accept { .. } => {
+            if count {
+                stats::accepted(stats::Kind::Table, &protection.to_string());
+            }
+            Ok(())
+        }
     }
 }
 
 /// Per-row mode, INSERT of `key` (or an UPDATE that gives a row this key): checked against the
 /// key's tombstone, left by a delete. Authoritative when called after the row is in the unique
 /// index (the `AFTER` trigger, see the module comment); an early refusal before that.
-pub fn admit_row_insert(protection: i64, table: &str, key: &str, token: Token) -> Result<(), FenceError> {
+pub fn admit_row_insert(protection: i64, table: &str, key: &str, token: Token, count: bool) -> Result<(), FenceError> {
     let tomb = read_tombstone(protection, key);
-    admit_row(table, key, token, tomb)
+    admit_row(protection, table, key, token, tomb, count)
 }
 
 /// Per-row mode, DELETE of `key` (already admitted by [`admit_row`], under the row lock): leave a
@@ -450,10 +470,12 @@ pub fn truncate_rows(
     });
     if let Some(found) = newest {
         let (key, hw) = found.rsplit_once(' ').unwrap_or((&found, "0"));
+        let high_water = hw.parse().unwrap_or_default();
+        stats::rejected(stats::Kind::Table, &protection.to_string(), token, high_water);
         return Err(FenceError::StaleToken {
             domain: Domain::Row { table: table.to_string(), key: key.to_string() },
             token,
-            high_water: hw.parse().unwrap_or_default(),
+            high_water,
         });
     }
     let store = format!(

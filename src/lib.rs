@@ -11,18 +11,20 @@ mod entry;
 mod error;
 mod fence;
 mod gucs;
+mod stats;
 mod token;
 mod trigger;
 
 ::pgrx::pg_module_magic!();
 
-pgrx::extension_sql_file!("../sql/pg_fencing.sql", name = "pg_fencing_api", finalize);
+pgrx::extension_sql_file!("../sql/pg_fencing.sql", name = "pg_fencing_api", requires = [stats::fencing_stats], finalize);
 
 /// Runs when the library is loaded: with `shared_preload_libraries`, or on the first call of
 /// one of its functions in a backend.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
+    stats::init_if_preloading();
     unsafe {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());

@@ -198,7 +198,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 None if op == pg_sys::TRIGGER_EVENT_INSERT || op == pg_sys::TRIGGER_EVENT_UPDATE => {
                     let pk = primary_key_attnums(rel);
                     let key = key_text(row, tupdesc, &pk);
-                    fence::admit_row_insert(args.protection, &table, &key, stamped)?;
+                    fence::admit_row_insert(args.protection, &table, &key, stamped, true)?;
                 }
                 _ => {}
             }
@@ -221,18 +221,18 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
             (None, pg_sys::TRIGGER_EVENT_INSERT) => {
                 let pk = primary_key_attnums(rel);
                 let key = key_text(td.tg_trigtuple, tupdesc, &pk);
-                fence::admit_row_insert(args.protection, &table, &key, token)?;
+                fence::admit_row_insert(args.protection, &table, &key, token, false)?;
                 Ok(pg_sys::Datum::from(stamp(td.tg_trigtuple, tupdesc, attnum, token)))
             }
             (None, pg_sys::TRIGGER_EVENT_UPDATE) => {
                 let pk = primary_key_attnums(rel);
                 let old_key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
-                fence::admit_row(&table, &old_key, token, row_token)?;
+                fence::admit_row(args.protection, &table, &old_key, token, row_token, true)?;
                 let new_key = key_text(td.tg_newtuple, tupdesc, &pk);
                 if new_key != old_key {
                     // The key changes: the old key is deleted, the new one is inserted.
-                    fence::admit_row_insert(args.protection, &table, &new_key, token)?;
+                    fence::admit_row_insert(args.protection, &table, &new_key, token, false)?;
                     fence::record_row_delete(args.protection, &old_key, token);
                 }
                 Ok(pg_sys::Datum::from(stamp(td.tg_newtuple, tupdesc, attnum, token)))
@@ -241,7 +241,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 let pk = primary_key_attnums(rel);
                 let key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
-                fence::admit_row(&table, &key, token, row_token)?;
+                fence::admit_row(args.protection, &table, &key, token, row_token, true)?;
                 fence::record_row_delete(args.protection, &key, token);
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }

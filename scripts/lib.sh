@@ -32,7 +32,6 @@ port = $PGPORT_TEST
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$WORK'
 fsync = off
-log_min_messages = log
 ${PG_EXTRA_CONF:-}
 CONF
     as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null

@@ -2,7 +2,7 @@
 # Installs what pg_fencing needs on a fresh Debian 12 machine, skipping what is already there,
 # then builds and installs the extension into the system PostgreSQL 15.
 #   apt: postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client
-#        build-essential pkg-config
+#        build-essential pkg-config python3-psycopg2 (for the stress checker)
 #   (a Rust toolchain with cargo must already be there, as on every machine of this kind: rustup)
 #   cargo: cargo-pgrx 0.18.1 (matches pgrx = "=0.18.1" in Cargo.toml), `cargo pgrx init --pg15`
 # Needs root (or passwordless sudo) for apt and for installing into /usr/lib/postgresql.
@@ -22,7 +22,7 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client
-      build-essential pkg-config)
+      build-essential pkg-config python3-psycopg2)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -106,7 +106,8 @@ BEGIN
         FOREACH trig IN ARRAY CASE WHEN resource IS NULL
                                    THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
                                               'zz_pg_fencing_truncate']
-                                   ELSE ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_truncate'] END
+                                   ELSE ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_truncate',
+                                              'zz_pg_fencing_stmt'] END
         LOOP
             SELECT tg.tgenabled INTO state FROM pg_trigger tg WHERE tg.tgrelid = part AND tg.tgname = trig;
             IF NOT FOUND THEN
@@ -129,6 +130,26 @@ LANGUAGE plpgsql AS $fn$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = relation AND t.tgname = name) THEN
         EXECUTE format('DROP TRIGGER %I ON %s', name, relation);
+    END IF;
+END
+$fn$;
+
+-- The statement-level guard triggers of one member of a protected table's partition tree:
+-- BEFORE TRUNCATE (both modes) and, in resource mode, BEFORE INSERT OR UPDATE OR DELETE, which
+-- takes the resource lock before the executor locks any row (see src/trigger.rs).
+CREATE FUNCTION _pg_fencing.add_statement_triggers(part regclass, pid bigint, resource text, token_column name)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    args text := format('%L, %L, %L', pid, coalesce(resource, ''), token_column);
+BEGIN
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_truncate BEFORE TRUNCATE ON %s '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', part, args);
+    IF resource IS NULL THEN
+        PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_stmt');
+    ELSE
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', part, args);
     END IF;
 END
 $fn$;
@@ -226,8 +247,7 @@ BEGIN
     END IF;
     -- Statement triggers are not cloned: every member of the partition tree gets its own.
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
-        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_truncate BEFORE TRUNCATE ON %s '
-                       'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', part, args);
+        PERFORM _pg_fencing.add_statement_triggers(part, pid, resource, token_column);
     END LOOP;
 END
 $fn$;
@@ -247,6 +267,7 @@ BEGIN
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_truncate');
+        PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_stmt');
     END LOOP;
 END
 $fn$;
@@ -268,8 +289,8 @@ END
 $fn$;
 CREATE EVENT TRIGGER pg_fencing_sql_drop ON sql_drop EXECUTE FUNCTION _pg_fencing.on_sql_drop();
 
--- Row triggers reach new partitions by themselves; the TRUNCATE trigger (a statement trigger) does
--- not, so a partition created or attached later gets it here.
+-- Row triggers reach new partitions by themselves; statement triggers do not, so a partition
+-- created or attached later gets them here.
 CREATE FUNCTION _pg_fencing.on_ddl_end() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -281,9 +302,7 @@ BEGIN
         FOR part IN SELECT t.relid FROM _pg_fencing.tree(p.relid) t
                     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = t.relid
                                       AND tg.tgname = 'zz_pg_fencing_truncate') LOOP
-            EXECUTE format('CREATE TRIGGER zz_pg_fencing_truncate BEFORE TRUNCATE ON %s '
-                           'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%L, %L, %L)',
-                           part, p.id, coalesce(p.resource, ''), p.token_column);
+            PERFORM _pg_fencing.add_statement_triggers(part, p.id, p.resource, p.token_column);
         END LOOP;
     END LOOP;
 END

@@ -9,8 +9,9 @@
 //! token column; `AFTER INSERT FOR EACH ROW` stores a raised resource mark only once the row really
 //! was inserted (resource mode) or checks the key's tombstone once the row is in the unique index
 //! (per-row mode); in per-row mode `AFTER UPDATE FOR EACH ROW WHEN (the key changed)` does the
-//! same for the new key. Statement event: `BEFORE TRUNCATE`. The decision itself is in
-//! `fence.rs`.
+//! same for the new key. Statement events: `BEFORE TRUNCATE`, and in resource mode `BEFORE INSERT
+//! OR UPDATE OR DELETE FOR EACH STATEMENT`, which takes the resource lock before any row lock.
+//! The decision itself is in `fence.rs`.
 
 use crate::error::{FenceError, Token};
 use crate::fence;
@@ -172,10 +173,21 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         let before = event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
 
         let table = relation_name(rel);
+        if !row_level && op != pg_sys::TRIGGER_EVENT_TRUNCATE {
+            // BEFORE INSERT/UPDATE/DELETE FOR EACH STATEMENT (resource mode): take the resource's
+            // lock before the executor locks any row, so that every transaction takes resource
+            // lock, then row locks, in that order (a row trigger runs after its row is locked;
+            // taking the resource lock there first could deadlock against a holder of the
+            // resource lock that waits for that row). Without a token the row triggers raise FT002.
+            if let (Some(resource), Some(token)) = (&args.resource, current_token()) {
+                fence::admit_resource(resource, token, false)?;
+            }
+            return Ok(pg_sys::Datum::from(0usize));
+        }
         let token = current_token().ok_or_else(|| FenceError::NoToken { target: format!("a write to protected table {table}") })?;
 
         if !row_level {
-            if op == pg_sys::TRIGGER_EVENT_TRUNCATE && before {
+            if before {
                 truncate(rel, &args, &table, token)?;
             }
             return Ok(pg_sys::Datum::from(0usize));

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Randomized stress test of the fencing invariant against a throwaway cluster, checked by the
+# independent checker in stress.py.
+#
+#   tests/stress/run.sh [--clients N] [--writes N] [--seconds S] [--seed S] [--crash]
+#
+# --crash: kill -9 the postmaster in the middle of the load, restart it, and check that no
+#          committed write was lost and no high-water mark went down (the checker asks the
+#          server which transactions committed).
+# Defaults: 16 clients, 20000 write attempts, at most 300 s. The long run in README.md:
+#   tests/stress/run.sh --writes 100000 --seconds 1800
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/lib.sh
+
+CLIENTS=16 WRITES=20000 SECONDS_MAX=300 SEED=$RANDOM CRASH=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --clients) CLIENTS=$2; shift 2 ;;
+        --writes) WRITES=$2; shift 2 ;;
+        --seconds) SECONDS_MAX=$2; shift 2 ;;
+        --seed) SEED=$2; shift 2 ;;
+        --crash) CRASH=1; shift ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+done
+
+CHILD_PIDS=""
+fresh_workdir
+trap 'cleanup_all' EXIT
+trap 'exit 130' INT TERM
+PGPORT_TEST=${PGPORT_STRESS:-54339}
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+track_commit_timestamp = on
+max_connections = 100
+fsync = on
+deadlock_timeout = 100ms" pg_start
+DSN="host=127.0.0.1 port=$PGPORT_TEST user=postgres dbname=postgres"
+PY=/usr/bin/python3
+LOG="$WORK/stress.log"
+
+echo "stress: $CLIENTS clients, $WRITES write attempts, seed $SEED${CRASH:+, with a crash}"
+$PY tests/stress/stress.py setup --dsn "$DSN"
+if [ -z "$CRASH" ]; then
+    $PY tests/stress/stress.py run --dsn "$DSN" --log "$LOG" --clients "$CLIENTS" --writes "$WRITES" \
+        --seconds "$SECONDS_MAX" --seed "$SEED"
+    $PY tests/stress/stress.py check --dsn "$DSN" --log "$LOG"
+    exit $?
+fi
+
+# Crash run: marks before, load, kill -9 the postmaster mid-load, restart, marks after, check.
+$PY tests/stress/stress.py run --dsn "$DSN" --log "$LOG" --clients "$CLIENTS" --writes "$WRITES" \
+    --seconds "$SECONDS_MAX" --seed "$SEED" &
+RUN_PID=$!
+sleep 4
+psql -X -Atc "SELECT resource || '=' || high_water FROM fencing_resources WHERE resource LIKE 'stress-%' ORDER BY 1" \
+    > "$WORK/marks.before" || true
+PM_PID=$(head -1 "$PGDATA_TEST/postmaster.pid")
+echo "stress: kill -9 postmaster $PM_PID under load"
+kill -9 "$PM_PID"
+sleep 1
+# Backends exit when their postmaster is gone; wait for them before restarting.
+for _ in $(seq 1 50); do pgrep -u postgres -f "postgres: .*$PGPORT_TEST" >/dev/null || break; sleep 0.1; done
+pkill -9 -u postgres -f "$PGDATA_TEST" 2>/dev/null || true
+rm -f "$PGDATA_TEST/postmaster.pid"
+as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 120 start >/dev/null
+echo "stress: restarted after crash recovery"
+wait "$RUN_PID" || true
+psql -X -Atc "SELECT resource || '=' || high_water FROM fencing_resources WHERE resource LIKE 'stress-%' ORDER BY 1" \
+    > "$WORK/marks.after"
+status=0
+while IFS== read -r res before; do
+    after=$(grep "^$res=" "$WORK/marks.after" | cut -d= -f2)
+    if [ -z "$after" ] || [ "$after" -lt "$before" ]; then
+        echo "PROBLEM: high-water mark of $res went down across the crash: $before -> ${after:-none}"
+        status=1
+    else
+        echo "  mark $res: $before before the crash, $after after restart and more load"
+    fi
+done < "$WORK/marks.before"
+$PY tests/stress/stress.py check --dsn "$DSN" --log "$LOG" --after-crash || status=1
+exit $status

@@ -1,0 +1,437 @@
+#!/usr/bin/python3
+"""Randomized stress test and independent checker for pg_fencing's invariant.
+
+    for each resource and each row, the tokens of committed writes, taken in commit order,
+    never decrease; every rejection (FT001) was justified; high-water marks never go down.
+
+The checker below does not use pg_fencing's code: it reads the clients' own log, the server's
+commit status and commit timestamps of every logged transaction (txid_status,
+pg_xact_commit_timestamp; the cluster needs track_commit_timestamp = on) and the final table
+contents, and recomputes everything from those.
+
+Workload: N client threads on 127.0.0.1. Each repeatedly "acquires a lock" on a fencing domain
+(a token from one increasing counter, standing in for a lock service such as etcd), sometimes
+announces it with fencing_advance, then runs one transaction of 1-3 writes with random pauses
+(sometimes long, so that newer holders overtake it and it becomes a zombie), in a random
+isolation level. Domains: three resource-mode tables (one resource each, 4 rows) and one per-row
+table (8 keys) that also sees deletes and re-inserts. Writes use UPDATE, INSERT ... ON CONFLICT
+DO UPDATE / DO NOTHING, MERGE, DELETE, and fenced_update / fenced_insert / fenced_delete.
+
+    stress.py setup  --dsn DSN
+    stress.py run    --dsn DSN --log FILE [--clients 16] [--writes 20000] [--seconds 120] [--seed S]
+    stress.py check  --dsn DSN --log FILE [--after-crash]
+
+Exit status of `check`: 0 if no violation was found, 1 otherwise.
+"""
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+
+RESOURCE_TABLES = {"stress_a": "stress-a", "stress_b": "stress-b", "stress_c": "stress-c"}
+ROW_TABLE = "stress_jobs"
+ROWS_PER_RESOURCE_TABLE = 4
+ROW_KEYS = 8
+LEVELS = [
+    psycopg2.extensions.ISOLATION_LEVEL_READ_COMMITTED,
+    psycopg2.extensions.ISOLATION_LEVEL_REPEATABLE_READ,
+    psycopg2.extensions.ISOLATION_LEVEL_SERIALIZABLE,
+]
+LEVEL_NAMES = {1: "read committed", 2: "repeatable read", 3: "serializable"}
+# Errors a client may legitimately meet; anything else is reported as unexpected.
+EXPECTED_ERRORS = {"FT001", "40001", "40P01", "23505", "P0002"}
+
+
+def connect(dsn):
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = False
+    return conn
+
+
+# ---------------------------------------------------------------------------------------------
+# setup
+
+def setup(dsn):
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    cur = conn.cursor()
+    cur.execute("CREATE EXTENSION IF NOT EXISTS pg_fencing")
+    for table, resource in RESOURCE_TABLES.items():
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
+        cur.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v bigint NOT NULL, writer text)")
+        cur.execute("SELECT fencing_protect(%s, %s)", (table, resource))
+        cur.execute("BEGIN")
+        cur.execute("SET LOCAL pg_fencing.token = '1'")
+        cur.execute(f"INSERT INTO {table} SELECT g, 0, 'setup' FROM generate_series(1, %s) g",
+                    (ROWS_PER_RESOURCE_TABLE,))
+        cur.execute("COMMIT")
+    cur.execute(f"DROP TABLE IF EXISTS {ROW_TABLE}")
+    cur.execute(f"CREATE TABLE {ROW_TABLE} (id int PRIMARY KEY, v bigint NOT NULL, writer text)")
+    cur.execute("SELECT fencing_protect(%s)", (ROW_TABLE,))
+    cur.execute("BEGIN")
+    cur.execute("SET LOCAL pg_fencing.token = '1'")
+    cur.execute(f"INSERT INTO {ROW_TABLE} SELECT g, 0, 'setup' FROM generate_series(1, %s) g", (ROW_KEYS,))
+    cur.execute("COMMIT")
+    conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# workload
+
+class Tokens:
+    """Stands in for a lock service: every grant gets a token higher than all earlier grants."""
+
+    def __init__(self, start):
+        self.next = start
+        self.lock = threading.Lock()
+
+    def grant(self):
+        with self.lock:
+            self.next += 1
+            return self.next
+
+
+def sqlstate_of(exc):
+    return getattr(exc, "pgcode", None) or "CONN"
+
+
+class Client(threading.Thread):
+    def __init__(self, idx, args, tokens, budget, log, log_lock, deadline):
+        super().__init__(daemon=True)
+        self.idx = idx
+        self.args = args
+        self.tokens = tokens
+        self.budget = budget
+        self.log = log
+        self.log_lock = log_lock
+        self.deadline = deadline
+        self.rng = random.Random(args.seed * 1000 + idx)
+        self.conn = None
+
+    def emit(self, rec):
+        with self.log_lock:
+            self.log.write(json.dumps(rec) + "\n")
+
+    def pause(self):
+        r = self.rng.random()
+        if r < 0.05:
+            time.sleep(self.rng.uniform(0.02, 0.08))   # a "GC pause": newer holders overtake us
+        elif r < 0.5:
+            time.sleep(self.rng.uniform(0, 0.003))
+
+    def take_budget(self):
+        with self.budget["lock"]:
+            if self.budget["left"] <= 0 or time.time() > self.deadline:
+                return False
+            self.budget["left"] -= 1
+            return True
+
+    def statement(self, cur, domain):
+        """One write; returns (sql, params, kind, table) where kind says what the rows mean."""
+        rng = self.rng
+        if domain in RESOURCE_TABLES:
+            t = domain
+            rid = rng.randint(1, ROWS_PER_RESOURCE_TABLE)
+            choice = rng.random()
+            if choice < 0.45:
+                return (f"UPDATE {t} SET v = v + 1, writer = %s WHERE id = %s RETURNING id", (self.name, rid))
+            if choice < 0.65:
+                return (f"INSERT INTO {t} VALUES (%s, 1, %s) ON CONFLICT (id) DO UPDATE "
+                        f"SET v = {t}.v + 1, writer = excluded.writer RETURNING id", (rid, self.name))
+            if choice < 0.8:
+                return (f"MERGE INTO {t} s USING (VALUES (%s)) x(id) ON s.id = x.id "
+                        f"WHEN MATCHED THEN UPDATE SET v = s.v + 1, writer = %s", (rid, self.name))
+            return ("SELECT (fenced_update(%s::regclass, jsonb_build_object('id', %s), "
+                    "jsonb_build_object('writer', %s), %s) ->> 'id')::int",
+                    (t, rid, self.name, "TOKEN"))
+        key = domain[1]
+        t = ROW_TABLE
+        choice = rng.random()
+        if choice < 0.35:
+            return (f"UPDATE {t} SET v = v + 1, writer = %s WHERE id = %s RETURNING id", (self.name, key))
+        if choice < 0.5:
+            return (f"DELETE FROM {t} WHERE id = %s RETURNING id", (key,))
+        if choice < 0.7:
+            return (f"INSERT INTO {t} VALUES (%s, 1, %s) ON CONFLICT (id) DO NOTHING RETURNING id",
+                    (key, self.name))
+        if choice < 0.8:
+            return (f"INSERT INTO {t} VALUES (%s, 1, %s) ON CONFLICT (id) DO UPDATE "
+                    f"SET v = {t}.v + 1, writer = excluded.writer RETURNING id", (key, self.name))
+        if choice < 0.9:
+            return ("SELECT (fenced_update(%s::regclass, jsonb_build_object('id', %s), "
+                    "jsonb_build_object('writer', %s), %s) ->> 'id')::int", (t, key, self.name, "TOKEN"))
+        return ("SELECT (fenced_delete(%s::regclass, jsonb_build_object('id', %s), %s) ->> 'id')::int",
+                (t, key, "TOKEN"))
+
+    def run(self):
+        rng = self.rng
+        txn = 0
+        while time.time() < self.deadline:
+            if self.conn is None:
+                try:
+                    self.conn = connect(self.args.dsn)
+                except psycopg2.Error:
+                    time.sleep(0.2)
+                    continue
+            if rng.random() < 0.75:
+                domain = rng.choice(list(RESOURCE_TABLES))
+            else:
+                domain = ("row", rng.randint(1, ROW_KEYS))
+            token = self.tokens.grant()
+            level = rng.choice(LEVELS)
+            txn += 1
+            tag = f"{self.idx}.{txn}"
+            cur = None
+            xid = None
+            try:
+                self.conn.set_session(isolation_level=level)
+                cur = self.conn.cursor()
+                cur.execute("SELECT txid_current()")
+                xid = cur.fetchone()[0]
+                self.emit({"ev": "begin", "txn": tag, "xid": xid, "token": token, "level": LEVEL_NAMES[level]})
+                if domain in RESOURCE_TABLES and rng.random() < 0.15:
+                    t0 = time.time()
+                    try:
+                        cur.execute("SELECT fencing_advance(%s, %s)", (RESOURCE_TABLES[domain], token))
+                        self.emit({"ev": "write", "txn": tag, "op": "advance", "resource": RESOURCE_TABLES[domain],
+                                   "table": domain, "rows": [], "token": token, "outcome": "ok",
+                                   "t0": t0, "t1": time.time()})
+                    except psycopg2.Error as e:
+                        self.emit({"ev": "write", "txn": tag, "op": "advance", "resource": RESOURCE_TABLES[domain],
+                                   "table": domain, "rows": [], "token": token, "outcome": sqlstate_of(e),
+                                   "t0": t0, "t1": time.time()})
+                        raise
+                cur.execute("SET LOCAL pg_fencing.token = %s", (str(token),))
+                for _ in range(rng.randint(1, 3)):
+                    if not self.take_budget():
+                        break
+                    self.pause()
+                    sql, params = self.statement(cur, domain)
+                    params = tuple(token if p == "TOKEN" else p for p in params)
+                    table = domain if domain in RESOURCE_TABLES else ROW_TABLE
+                    t0 = time.time()
+                    try:
+                        cur.execute(sql, params)
+                        rows = [r[0] for r in cur.fetchall()] if cur.description else []
+                        if sql.startswith("MERGE"):
+                            rows = [params[0]] if cur.rowcount > 0 else []
+                        rows = [r for r in rows if r is not None]
+                        op = "delete" if ("DELETE" in sql or "fenced_delete" in sql) else "write"
+                        self.emit({"ev": "write", "txn": tag, "op": op, "table": table,
+                                   "resource": RESOURCE_TABLES.get(table), "rows": rows, "token": token,
+                                   "outcome": "ok", "t0": t0, "t1": time.time()})
+                    except psycopg2.Error as e:
+                        self.emit({"ev": "write", "txn": tag, "op": "write", "table": table,
+                                   "resource": RESOURCE_TABLES.get(table),
+                                   "rows": [params[0] if domain in RESOURCE_TABLES else domain[1]],
+                                   "token": token, "outcome": sqlstate_of(e), "t0": t0, "t1": time.time(),
+                                   "message": str(e).splitlines()[0] if str(e) else ""})
+                        raise
+                self.pause()
+                self.conn.commit()
+                self.emit({"ev": "commit", "txn": tag, "xid": xid, "outcome": "ok", "t": time.time()})
+            except psycopg2.Error as e:
+                state = sqlstate_of(e)
+                try:
+                    self.conn.rollback()
+                    self.emit({"ev": "commit", "txn": tag, "xid": xid, "outcome": "rolled back:" + str(state),
+                               "t": time.time()})
+                except psycopg2.Error:
+                    # Connection lost (e.g. the server crashed): the outcome is unknown to us;
+                    # the checker asks the server (txid_status).
+                    self.emit({"ev": "commit", "txn": tag, "xid": xid, "outcome": "unknown", "t": time.time()})
+                    try:
+                        self.conn.close()
+                    except psycopg2.Error:
+                        pass
+                    self.conn = None
+            if self.budget["left"] <= 0:
+                break
+
+
+def run(args):
+    conn = psycopg2.connect(args.dsn)
+    cur = conn.cursor()
+    cur.execute("SELECT coalesce(max(high_water), 1) FROM fencing_resources")
+    start = cur.fetchone()[0]
+    conn.close()
+    tokens = Tokens(start + 1)
+    budget = {"left": args.writes, "lock": threading.Lock()}
+    log_lock = threading.Lock()
+    deadline = time.time() + args.seconds
+    with open(args.log, "a", buffering=1) as log:
+        clients = [Client(i, args, tokens, budget, log, log_lock, deadline) for i in range(args.clients)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+    print(f"run: {args.clients} clients, {args.writes - max(budget['left'], 0)} write attempts, log {args.log}")
+
+
+# ---------------------------------------------------------------------------------------------
+# independent checker
+
+def check(args):
+    begins, writes, commits = {}, [], {}
+    with open(args.log) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec["ev"] == "begin":
+                begins[rec["txn"]] = rec
+            elif rec["ev"] == "write":
+                writes.append(rec)
+            elif rec["ev"] == "commit":
+                commits[rec["txn"]] = rec
+
+    conn = psycopg2.connect(args.dsn)
+    conn.autocommit = True
+    cur = conn.cursor()
+    # The server decides what committed and when; the client's log says what was attempted.
+    status, commit_ts = {}, {}
+    xids = [b["xid"] for b in begins.values() if b.get("xid") is not None]
+    for i in range(0, len(xids), 5000):
+        chunk = xids[i:i + 5000]
+        cur.execute("SELECT x, txid_status(x), extract(epoch FROM pg_xact_commit_timestamp((x %% 4294967296)::text::xid)) "
+                    "FROM unnest(%s::bigint[]) x", (chunk,))
+        for x, st, ts in cur.fetchall():
+            status[x] = st
+            commit_ts[x] = float(ts) if ts is not None else None
+
+    problems = []
+    counts = {"transactions": len(begins), "attempted writes": 0, "accepted": 0, "rejected (FT001)": 0}
+    other_errors = {}
+    committed_txn = {}
+    for tag, b in begins.items():
+        st = status.get(b["xid"])
+        claimed = commits.get(tag, {}).get("outcome")
+        if claimed == "ok" and st != "committed":
+            problems.append(f"LOST: client saw transaction {tag} (xid {b['xid']}) commit, server says {st}")
+        if claimed and claimed.startswith("rolled back") and st == "committed":
+            problems.append(f"transaction {tag} was rolled back by the client but is committed")
+        committed_txn[tag] = st == "committed"
+    counts["committed transactions"] = sum(committed_txn.values())
+
+    # Per domain: (commit_ts, token, txn) of committed writes, and rejections to justify.
+    domain_writes = {}
+    row_last = {}      # (table, id) -> (commit_ts, token, op)
+    rejections = []
+    for w in writes:
+        counts["attempted writes"] += 1 if w["op"] != "advance" else 0
+        if w["outcome"] == "ok":
+            if w["op"] != "advance":
+                counts["accepted"] += 1
+        elif w["outcome"] == "FT001":
+            counts["rejected (FT001)"] += 1
+            rejections.append(w)
+        else:
+            other_errors[w["outcome"]] = other_errors.get(w["outcome"], 0) + 1
+            if w["outcome"] not in EXPECTED_ERRORS and not (args.after_crash and w["outcome"] in ("CONN", "57P01", "57P02", "57P03", "08006", "08003", "25P02")):
+                problems.append(f"unexpected error {w['outcome']} in {w['txn']}: {w.get('message', '')}")
+        if w["outcome"] != "ok" or not committed_txn.get(w["txn"]):
+            continue
+        ts = commit_ts.get(begins[w["txn"]]["xid"])
+        if ts is None:
+            problems.append(f"committed transaction {w['txn']} has no commit timestamp (track_commit_timestamp off?)")
+            continue
+        if w["resource"]:
+            domain_writes.setdefault(("resource", w["resource"]), []).append((ts, w["token"], w["txn"]))
+        for r in w["rows"]:
+            if not w["resource"]:
+                domain_writes.setdefault(("row", r), []).append((ts, w["token"], w["txn"]))
+            prev = row_last.get((w["table"], r))
+            if prev is None or prev[0] <= ts:
+                row_last[(w["table"], r)] = (ts, w["token"], w["op"])
+
+    violations = 0
+    ties = 0
+    for dom, seq in domain_writes.items():
+        seq.sort()
+        high = None
+        for i, (ts, tok, tag) in enumerate(seq):
+            if high is not None and tok < high[1]:
+                if ts == high[0]:
+                    ties += 1
+                else:
+                    violations += 1
+                    problems.append(f"VIOLATION on {dom}: token {tok} ({tag}) committed at {ts:.6f} after "
+                                    f"token {high[1]} ({high[2]}) committed at {high[0]:.6f}")
+            if high is None or tok > high[1]:
+                high = (ts, tok, tag)
+
+    # Every rejection must be explained by a committed write/advance with a higher token that
+    # committed before the rejected statement returned.
+    unjustified = 0
+    for w in rejections:
+        dom = ("resource", w["resource"]) if w["resource"] else ("row", w["rows"][0])
+        ok = any(tok > w["token"] and ts <= w["t1"] + 0.001 for ts, tok, _ in domain_writes.get(dom, []))
+        if not ok:
+            unjustified += 1
+            problems.append(f"UNJUSTIFIED rejection of token {w['token']} on {dom} ({w['txn']})")
+
+    # Final state: marks never below the committed history, rows carry their last committed token.
+    cur.execute("SELECT resource, high_water FROM fencing_resources WHERE resource LIKE 'stress-%'")
+    marks = dict(cur.fetchall())
+    for (kind, name), seq in domain_writes.items():
+        if kind == "resource":
+            top = max(t for _, t, _ in seq)
+            if marks.get(name) is None or marks[name] < top:
+                problems.append(f"high-water mark of {name} is {marks.get(name)}, below committed token {top}")
+    for table in list(RESOURCE_TABLES) + [ROW_TABLE]:
+        cur.execute(f"SELECT id, fence_token FROM {table}")
+        present = dict(cur.fetchall())
+        for (t, r), (ts, tok, op) in row_last.items():
+            if t != table:
+                continue
+            if op == "delete":
+                if r in present and present[r] < tok:
+                    problems.append(f"{table} row {r}: deleted at token {tok} but present with token {present[r]}")
+            elif present.get(r) != tok:
+                problems.append(f"{table} row {r}: last committed write carried token {tok}, row has {present.get(r)}")
+    cur.execute("SELECT t.key, t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p "
+                "ON p.id = t.protection_id WHERE p.relid = %s::regclass", (ROW_TABLE,))
+    tombs = dict(cur.fetchall())
+    for (t, r), (ts, tok, op) in row_last.items():
+        if t == ROW_TABLE and op == "delete" and tombs.get(f"({r})", 0) < tok:
+            problems.append(f"tombstone of {ROW_TABLE} key {r} is {tombs.get(f'({r})')}, below delete token {tok}")
+
+    counts["other errors"] = other_errors
+    counts["same-timestamp ties (not orderable)"] = ties
+    counts["violations"] = violations
+    counts["unjustified rejections"] = unjustified
+    print("stress check:")
+    for k, v in counts.items():
+        print(f"  {k:40} {v}")
+    for p in problems[:50]:
+        print("  PROBLEM:", p)
+    if len(problems) > 50:
+        print(f"  ... and {len(problems) - 50} more problems")
+    return 1 if problems else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["setup", "run", "check"])
+    ap.add_argument("--dsn", required=True)
+    ap.add_argument("--log")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--writes", type=int, default=20000)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--after-crash", action="store_true")
+    args = ap.parse_args()
+    if args.command == "setup":
+        setup(args.dsn)
+    elif args.command == "run":
+        run(args)
+    else:
+        sys.exit(check(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,7 @@ table (8 keys) that also sees deletes and re-inserts. Writes use UPDATE, INSERT 
 DO UPDATE / DO NOTHING, MERGE, DELETE, and fenced_update / fenced_insert / fenced_delete.
 
     stress.py setup  --dsn DSN
-    stress.py run    --dsn DSN --log FILE [--clients 16] [--writes 20000] [--seconds 120] [--seed S]
+    stress.py run    --dsn DSN --log FILE [--clients 16] [--writes 20000] [--seconds 120] [--seed S] [--unfenced]
     stress.py check  --dsn DSN --log FILE [--after-crash]
 
 Exit status of `check`: 0 if no violation was found, 1 otherwise.
@@ -147,6 +147,8 @@ class Client(threading.Thread):
             if choice < 0.8:
                 return (f"MERGE INTO {t} s USING (VALUES (%s)) x(id) ON s.id = x.id "
                         f"WHEN MATCHED THEN UPDATE SET v = s.v + 1, writer = %s", (rid, self.name))
+            if self.args.unfenced:
+                return (f"UPDATE {t} SET v = v + 1, writer = %s WHERE id = %s RETURNING id", (self.name, rid))
             return ("SELECT (fenced_update(%s::regclass, jsonb_build_object('id', %s), "
                     "jsonb_build_object('writer', %s), %s) ->> 'id')::int",
                     (t, rid, self.name, "TOKEN"))
@@ -163,6 +165,8 @@ class Client(threading.Thread):
         if choice < 0.8:
             return (f"INSERT INTO {t} VALUES (%s, 1, %s) ON CONFLICT (id) DO UPDATE "
                     f"SET v = {t}.v + 1, writer = excluded.writer RETURNING id", (key, self.name))
+        if self.args.unfenced:
+            return (f"UPDATE {t} SET v = v + 1, writer = %s WHERE id = %s RETURNING id", (self.name, key))
         if choice < 0.9:
             return ("SELECT (fenced_update(%s::regclass, jsonb_build_object('id', %s), "
                     "jsonb_build_object('writer', %s), %s) ->> 'id')::int", (t, key, self.name, "TOKEN"))
@@ -176,6 +180,12 @@ class Client(threading.Thread):
             if self.conn is None:
                 try:
                     self.conn = connect(self.args.dsn)
+                    if self.args.unfenced:
+                        # Negative control: the guard triggers do not fire, so the checker must
+                        # find violations.
+                        with self.conn.cursor() as c:
+                            c.execute("SET session_replication_role = replica")
+                        self.conn.commit()
                 except psycopg2.Error:
                     time.sleep(0.2)
                     continue
@@ -424,6 +434,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--after-crash", action="store_true")
+    ap.add_argument("--unfenced", action="store_true",
+                    help="negative control: run the load with the guard triggers skipped")
     args = ap.parse_args()
     if args.command == "setup":
         setup(args.dsn)

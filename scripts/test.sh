@@ -4,6 +4,10 @@
 #   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster)
 #   3. isolation specs                    (tests/isolation, concurrent interleavings)
 #   4. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock)
+#   5. randomized stress test             (tests/stress, 16 clients, independent checker)
+#   6. crash under load                   (tests/stress --crash: kill -9 of the postmaster)
+#   7. negative control                   (tests/stress --unfenced must be caught)
+#   8. streaming standby and promotion    (tests/replication)
 # Usage: scripts/test.sh [--no-setup]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +24,7 @@ fresh_workdir
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
 
-step "1/4 unit and #[pg_test] tests (cargo pgrx test pg15)"
+step "1/8 unit and #[pg_test] tests (cargo pgrx test pg15)"
 mkdir -p "$WORK/pgrx-data"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
 if [ "$(id -u)" -eq 0 ]; then
@@ -38,7 +42,7 @@ else
     cargo pgrx install --pg-config "$PGBIN/pg_config" --sudo
 fi
 
-step "2/4 pg_regress (tests/pg_regress)"
+step "2/8 pg_regress (tests/pg_regress)"
 # The #[pg_test] cluster above runs without preloading; this one preloads the library, so both
 # ways are tested (the statistics need it).
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
@@ -53,7 +57,7 @@ if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=pos
     exit 1
 fi
 
-step "3/4 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
+step "3/8 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
 ISOLATION="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress"
 mkdir -p "$WORK/isolation"
 psql -X -q -c "CREATE DATABASE pg_fencing_isolation"
@@ -66,7 +70,25 @@ if ! "$ISOLATION" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=p
 fi
 pg_stop
 
-step "4/4 zombie-client demo with a real etcd (scripts/demo.sh)"
+step "4/8 zombie-client demo with a real etcd (scripts/demo.sh)"
 ./scripts/demo.sh --no-setup
+
+step "5/8 randomized stress test, 16 clients, checked by an independent checker (tests/stress)"
+tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1
+
+step "6/8 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
+tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
+
+step "7/8 negative control: the same checker must catch violations when fencing is switched off"
+if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
+    echo "$out" | tail -15
+    echo "FAIL: the checker found no violation in an unfenced run" >&2
+    exit 1
+fi
+echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run failed without a VIOLATION" >&2; exit 1; }
+echo "  (expected: the checker reports violations when the guard is off)"
+
+step "8/8 streaming standby and promotion (tests/replication)"
+tests/replication/standby.sh
 
 step "all tests passed"

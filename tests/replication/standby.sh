@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# High-water marks reach a physical standby, and after promotion a stale write is still refused.
+#   primary (127.0.0.1:54349) --streaming--> standby (127.0.0.1:54350), both throwaway clusters.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/lib.sh
+
+CHILD_PIDS=""
+fresh_workdir
+STANDBY="$WORK/standby"
+stop_standby() {
+    [ -f "$STANDBY/postmaster.pid" ] && as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m immediate -w stop >/dev/null 2>&1 || true
+}
+trap 'stop_standby; cleanup_all' EXIT
+trap 'exit 130' INT TERM
+
+PGPORT_TEST=${PGPORT_PRIMARY:-54349}
+SPORT=$((PGPORT_TEST + 1))
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+wal_level = replica" pg_start
+P=(psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT_TEST")
+S=(psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$SPORT")
+fail=0
+expect() {  # expect <what> <expected> <actual>
+    if [ "$2" = "$3" ]; then echo "  ok: $1 = $3"; else echo "  FAIL: $1: expected $2, got $3"; fail=1; fi
+}
+sqlstate_of() {  # run SQL on a server, print the SQLSTATE it fails with (or "ok")
+    local out
+    if out=$("$@" -v VERBOSITY=verbose 2>&1); then echo ok; else echo "$out" | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1; fi
+}
+
+echo "== primary: protected tables and marks"
+"${P[@]}" -o /dev/null <<'SQL'
+CREATE EXTENSION pg_fencing;
+CREATE TABLE ledger (id int PRIMARY KEY, v int);
+SELECT fencing_protect('ledger', 'repl');
+CREATE TABLE job (id int PRIMARY KEY, v int);
+SELECT fencing_protect('job');
+BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO ledger VALUES (1, 1), (2, 2); INSERT INTO job VALUES (1, 1), (2, 2); COMMIT;
+SELECT fencing_advance('repl', 20);
+BEGIN; SET LOCAL pg_fencing.token = '15'; DELETE FROM job WHERE id = 1; COMMIT;
+SQL
+
+echo "== standby: pg_basebackup -R, streaming"
+mkdir -p "$STANDBY"; chown postgres:postgres "$STANDBY"; chmod 700 "$STANDBY"
+as_pg "$PGBIN/pg_basebackup" -h 127.0.0.1 -p "$PGPORT_TEST" -U postgres -D "$STANDBY" -R -X stream -c fast
+cat >>"$STANDBY/postgresql.conf" <<CONF
+port = $SPORT
+unix_socket_directories = '$WORK'
+hot_standby = on
+CONF
+as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -l "$WORK/standby.log" -w -t 60 start >/dev/null
+
+# Written after the standby started: must arrive by streaming.
+"${P[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '25'; UPDATE ledger SET v = 25 WHERE id = 1; COMMIT;"
+target=$("${P[@]}" -Atc "SELECT pg_current_wal_lsn()")
+for _ in $(seq 1 100); do
+    caught=$("${S[@]}" -Atc "SELECT pg_last_wal_replay_lsn() >= '$target'::pg_lsn")
+    [ "$caught" = t ] && break
+    sleep 0.1
+done
+expect "standby caught up" t "$caught"
+expect "standby: high-water mark of repl" 25 "$("${S[@]}" -Atc "SELECT fencing_high_water('repl')")"
+expect "standby: tombstone of job key 1" 15 "$("${S[@]}" -Atc "SELECT high_water FROM _pg_fencing.row_tombstone WHERE key = '(1)'")"
+expect "standby: writes refused (read-only)" 25006 "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '30'; UPDATE ledger SET v = 0; COMMIT;")"
+
+echo "== promote the standby; the old primary stops"
+pg_stop
+as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -w promote >/dev/null
+expect "promoted: stale write to a row the newer holder never touched" FT001 \
+    "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '24'; UPDATE ledger SET v = 0 WHERE id = 2; COMMIT;")"
+expect "promoted: stale re-insert of a deleted key" FT001 \
+    "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '14'; INSERT INTO job VALUES (1, 0); COMMIT;")"
+expect "promoted: current holder writes" ok \
+    "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '26'; UPDATE ledger SET v = 26 WHERE id = 2; COMMIT;")"
+expect "promoted: high-water mark" 26 "$("${S[@]}" -Atc "SELECT fencing_high_water('repl')")"
+exit $fail

@@ -123,3 +123,39 @@ DELETE FROM bulk;
 COMMIT;
 SELECT tombstones FROM fencing_protected_tables WHERE relation = 'bulk'::regclass;
 SELECT count(*) AS locks_left FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+
+-- TRUNCATE ... CASCADE reaching a protected table is fenced
+CREATE TABLE parent (id int PRIMARY KEY);
+CREATE TABLE child (id int PRIMARY KEY, parent_id int REFERENCES parent);
+SELECT fencing_protect('child', 'child-res');
+INSERT INTO parent VALUES (1);
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO child VALUES (1, 1); COMMIT;
+TRUNCATE parent CASCADE;
+\echo :LAST_ERROR_SQLSTATE
+BEGIN; SET LOCAL pg_fencing.token = '4'; TRUNCATE parent CASCADE; ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+BEGIN; SET LOCAL pg_fencing.token = '5'; TRUNCATE parent CASCADE; COMMIT;
+SELECT count(*) FROM child;
+
+-- a partition attached after fencing_protect is guarded, TRUNCATE included
+CREATE TABLE att (k int, id int, PRIMARY KEY (k, id)) PARTITION BY LIST (k);
+SELECT fencing_protect('att', 'att-res');
+CREATE TABLE att1 (k int, id int, PRIMARY KEY (k, id));
+-- a table to attach needs the token column, like any partition needs the parent's columns
+ALTER TABLE att ATTACH PARTITION att1 FOR VALUES IN (1);
+\echo :LAST_ERROR_SQLSTATE
+ALTER TABLE att1 ADD COLUMN fence_token bigint;
+INSERT INTO att1 VALUES (1, 1);
+ALTER TABLE att ATTACH PARTITION att1 FOR VALUES IN (1);
+SELECT relation, active FROM fencing_protected_tables WHERE relation = 'att'::regclass;
+BEGIN; SET LOCAL pg_fencing.token = '9'; UPDATE att1 SET id = 2; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '8'; UPDATE att SET id = 3; ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+TRUNCATE att1;
+\echo :LAST_ERROR_SQLSTATE
+-- resource mode: a row moving between partitions is one fenced write
+CREATE TABLE att2 PARTITION OF att FOR VALUES IN (2);
+BEGIN; SET LOCAL pg_fencing.token = '8'; UPDATE att SET k = 2; ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE att SET k = 2; COMMIT;
+SELECT tableoid::regclass, *, fencing_high_water('att-res') FROM att;

@@ -102,6 +102,10 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = relation) THEN
         RETURN 'table does not exist';
     END IF;
+    IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_index i
+                                    WHERE i.indrelid = relation AND i.indisprimary AND NOT i.indimmediate) THEN
+        RETURN format('the primary key of %s is DEFERRABLE; per-row writes are refused', relation);
+    END IF;
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         FOREACH trig IN ARRAY CASE WHEN resource IS NULL
                                    THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
@@ -201,6 +205,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '42P16', MESSAGE = format('table %s has no primary key', relation),
             DETAIL = 'Per-row mode fences each row by its primary key.',
             HINT = 'Add a primary key, or protect the table in resource mode: fencing_protect(table, ''resource-name'').';
+    END IF;
+    IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                                    WHERE i.indrelid = relation AND i.indisprimary AND NOT i.indimmediate) THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('the primary key of %s is DEFERRABLE', relation),
+            DETAIL = 'Per-row mode relies on the primary key being checked when each row is written.',
+            HINT = 'Make the primary key NOT DEFERRABLE, or protect the table in resource mode.';
     END IF;
     IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
                                     WHERE a.attrelid = relation AND a.attname = ANY (pk) AND a.attgenerated <> '') THEN
@@ -384,7 +395,7 @@ BEGIN
     why := _pg_fencing.inactive_reason(p.relid, p.resource);
     IF why IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'FT004', MESSAGE = format('protection of table %s is not active', relation),
-            DETAIL = why, HINT = 'Re-enable the trigger or run fencing_protect again.';
+            DETAIL = why, HINT = 'Fix what the detail names (e.g. re-enable the trigger, reset session_replication_role), then retry; fencing_protect re-creates missing triggers.';
     END IF;
     token_column := p.token_column;
     SELECT array_agg(a.attname ORDER BY k.ord) INTO pk

@@ -55,6 +55,11 @@ pub enum FenceError {
     #[error("{0}")]
     InvalidArgument(String),
 
+    /// 42P16: the table's definition does not allow the protection (e.g. a deferrable primary
+    /// key in per-row mode).
+    #[error("{0}")]
+    InvalidTableDefinition(String),
+
     /// 42501: the caller lacks a privilege (e.g. is not the table's owner).
     #[error("{0}")]
     NotAllowed(String),
@@ -75,6 +80,7 @@ impl FenceError {
             FenceError::TokenNotPositive(_) => "22023",
             FenceError::InvalidArgument(_) => "22023",
             FenceError::NotAllowed(_) => "42501",
+            FenceError::InvalidTableDefinition(_) => "42P16",
             FenceError::TriggerProtocol(_) => "39P01",
         }
     }

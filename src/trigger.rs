@@ -78,20 +78,38 @@ unsafe fn token_attnum(rel: pg_sys::Relation, args: &Args, table: &str) -> Resul
     }
 }
 
-/// Primary key columns of `rel`, in key order.
-unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Vec<i16> {
+/// Primary key columns of `rel`, in key order, and whether the key is checked immediately
+/// (not DEFERRABLE).
+unsafe fn primary_key(rel: pg_sys::Relation) -> (Vec<i16>, bool) {
     unsafe {
         let pk = pg_sys::RelationGetPrimaryKeyIndex(rel);
         if pk == pg_sys::Oid::INVALID {
-            return Vec::new();
+            return (Vec::new(), true);
         }
         let idx = pg_sys::index_open(pk, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let form = &*(*idx).rd_index;
         let n = form.indnkeyatts as usize;
         let cols = form.indkey.values.as_slice(n).to_vec();
+        let immediate = form.indimmediate;
         pg_sys::index_close(idx, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        cols
+        (cols, immediate)
     }
+}
+
+/// Primary key columns of a per-row protected table. Per-row mode relies on the primary key's
+/// unique check waiting for an in-flight delete of the same key (see `fence.rs`); a DEFERRABLE
+/// key does not wait there, so it is refused (42P16).
+unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Result<Vec<i16>, FenceError> {
+    let (cols, immediate) = unsafe { primary_key(rel) };
+    if cols.is_empty() || !immediate {
+        let table = unsafe { relation_name(rel) };
+        return Err(FenceError::InvalidTableDefinition(if cols.is_empty() {
+            format!("per-row protected table {table} has no usable primary key (none, or DEFERRABLE)")
+        } else {
+            format!("per-row protected table {table} has a DEFERRABLE primary key")
+        }));
+    }
+    Ok(cols)
 }
 
 /// Canonical text of a row's primary key: exactly what `ROW(pk1, pk2, ...)::text` prints
@@ -208,7 +226,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                     fence::admit_resource(resource, stamped, true)?;
                 }
                 None if op == pg_sys::TRIGGER_EVENT_INSERT || op == pg_sys::TRIGGER_EVENT_UPDATE => {
-                    let pk = primary_key_attnums(rel);
+                    let pk = primary_key_attnums(rel)?;
                     let key = key_text(row, tupdesc, &pk);
                     fence::admit_row_insert(args.protection, &table, &key, stamped, true)?;
                 }
@@ -231,13 +249,13 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }
             (None, pg_sys::TRIGGER_EVENT_INSERT) => {
-                let pk = primary_key_attnums(rel);
+                let pk = primary_key_attnums(rel)?;
                 let key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 fence::admit_row_insert(args.protection, &table, &key, token, false)?;
                 Ok(pg_sys::Datum::from(stamp(td.tg_trigtuple, tupdesc, attnum, token)))
             }
             (None, pg_sys::TRIGGER_EVENT_UPDATE) => {
-                let pk = primary_key_attnums(rel);
+                let pk = primary_key_attnums(rel)?;
                 let old_key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
                 fence::admit_row(args.protection, &table, &old_key, token, row_token, true)?;
@@ -250,7 +268,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 Ok(pg_sys::Datum::from(stamp(td.tg_newtuple, tupdesc, attnum, token)))
             }
             (None, _delete) => {
-                let pk = primary_key_attnums(rel);
+                let pk = primary_key_attnums(rel)?;
                 let key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
                 fence::admit_row(args.protection, &table, &key, token, row_token, true)?;
@@ -270,7 +288,7 @@ unsafe fn truncate(rel: pg_sys::Relation, args: &Args, table: &str, token: Token
         return Ok(());
     }
     let (relid, pk_names) = unsafe {
-        let pk = primary_key_attnums(rel);
+        let pk = primary_key_attnums(rel)?;
         let tupdesc = (*rel).rd_att;
         let natts = (*tupdesc).natts as usize;
         let names: Vec<String> = pk
@@ -283,11 +301,6 @@ unsafe fn truncate(rel: pg_sys::Relation, args: &Args, table: &str, token: Token
             .collect();
         ((*rel).rd_id, names)
     };
-    if pk_names.is_empty() {
-        return Err(FenceError::TriggerProtocol(format!(
-            "per-row protected table {table} has no primary key"
-        )));
-    }
     let token_col = spi::quote_identifier(args.token_column.to_string_lossy().into_owned());
     fence::truncate_rows(args.protection, relid, table, &pk_names, &token_col, token)
 }

@@ -159,3 +159,17 @@ BEGIN; SET LOCAL pg_fencing.token = '8'; UPDATE att SET k = 2; ROLLBACK;
 \echo :LAST_ERROR_SQLSTATE
 BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE att SET k = 2; COMMIT;
 SELECT tableoid::regclass, *, fencing_high_water('att-res') FROM att;
+
+-- per-row mode needs a primary key that is checked when each row is written (not DEFERRABLE):
+-- refused at protect time, and refused at write time if made DEFERRABLE later
+CREATE TABLE dk (id int PRIMARY KEY DEFERRABLE, v text);
+SELECT fencing_protect('dk');
+\echo :LAST_ERROR_SQLSTATE
+CREATE TABLE dk2 (id int, v text, CONSTRAINT dk2_pkey PRIMARY KEY (id));
+SELECT fencing_protect('dk2');
+ALTER TABLE dk2 DROP CONSTRAINT dk2_pkey, ADD CONSTRAINT dk2_pkey PRIMARY KEY (id) DEFERRABLE;
+SELECT relation, active, inactive_reason FROM fencing_protected_tables WHERE relation = 'dk2'::regclass;
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO dk2 VALUES (1, 'x'); ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_insert('dk2', '{"id": 1}', 5);
+\echo :LAST_ERROR_SQLSTATE

@@ -6,6 +6,16 @@
 -- survive DELETE, TRUNCATE, crashes and restarts and reach physical standbys. Ordinary roles may
 -- read them; only the extension owner writes them (the C functions switch to that role).
 
+DO $$
+BEGIN
+    IF pg_catalog.getdatabaseencoding() <> 'UTF8' THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('pg_fencing needs a UTF8 database; this one is %s', pg_catalog.getdatabaseencoding()),
+            HINT = 'Create the database with ENCODING ''UTF8''.';
+    END IF;
+END
+$$;
+
 CREATE SCHEMA _pg_fencing;
 COMMENT ON SCHEMA _pg_fencing IS 'pg_fencing internal state; do not write directly';
 REVOKE ALL ON SCHEMA _pg_fencing FROM PUBLIC;
@@ -102,11 +112,23 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = relation) THEN
         RETURN 'table does not exist';
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute a JOIN _pg_fencing.protected_table p ON p.relid = relation
+                   WHERE a.attrelid = relation AND a.attname = p.token_column AND a.attnum > 0
+                     AND NOT a.attisdropped AND a.atttypid = 'int8'::regtype AND a.attgenerated = '') THEN
+        RETURN format('the token column of %s is missing, renamed, not bigint, or generated', relation);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhparent
+               WHERE i.inhparent = relation AND c.relkind = 'r') THEN
+        RETURN format('%s has inheritance children, which are not fenced', relation);
+    END IF;
     IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_index i
                                     WHERE i.indrelid = relation AND i.indisprimary AND NOT i.indimmediate) THEN
         RETURN format('the primary key of %s is DEFERRABLE; per-row writes are refused', relation);
     END IF;
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
+        IF (SELECT c.relkind FROM pg_class c WHERE c.oid = part) = 'f' THEN
+            RETURN format('%s is a foreign partition: it cannot carry a TRUNCATE trigger, so TRUNCATE of it is not fenced', part);
+        END IF;
         FOREACH trig IN ARRAY CASE WHEN resource IS NULL
                                    THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
                                               'zz_pg_fencing_truncate']
@@ -147,8 +169,11 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     args text := format('%L, %L, %L', pid, coalesce(resource, ''), token_column);
 BEGIN
-    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_truncate BEFORE TRUNCATE ON %s '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', part, args);
+    -- Foreign tables cannot have TRUNCATE triggers (inactive_reason reports it).
+    IF (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = part) <> 'f' THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_truncate BEFORE TRUNCATE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', part, args);
+    END IF;
     IF resource IS NULL THEN
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_stmt');
     ELSE
@@ -225,6 +250,18 @@ BEGIN
             MESSAGE = format('token column %I is part of the primary key of %s', token_column, relation);
     END IF;
 
+    IF rel.relkind = 'r' AND EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhparent = relation) THEN
+        RAISE EXCEPTION USING ERRCODE = '42809',
+            MESSAGE = format('%s has inheritance children', relation),
+            DETAIL = 'Writes through the parent to rows of its children would not be fenced.',
+            HINT = 'Use declarative partitioning, or protect each table on its own.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = relation AND a.attname = token_column
+               AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> '') THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('token column %I of %s is a generated column', token_column, relation),
+            HINT = 'pg_fencing stamps the token column itself; use a plain bigint column.';
+    END IF;
     SELECT a.atttypid INTO col_type FROM pg_catalog.pg_attribute a
     WHERE a.attrelid = relation AND a.attname = token_column AND a.attnum > 0 AND NOT a.attisdropped;
     IF NOT FOUND THEN
@@ -238,7 +275,7 @@ BEGIN
     args := format('%L, %L, %L', pid, coalesce(resource, ''), token_column);
 
     -- Row triggers on a partitioned table are cloned to its partitions, present and future.
-    -- They are named to sort last, so that no other BEFORE trigger runs after the guard.
+    -- They are named to sort after triggers with ordinary names (BEFORE triggers fire in name order).
     EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
     -- AFTER INSERT: resource mode stores a raised mark once a row really was inserted (not for
@@ -311,9 +348,18 @@ BEGIN
     FOR p IN SELECT pt.id, pt.relid, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
              JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p' LOOP
         FOR part IN SELECT t.relid FROM _pg_fencing.tree(p.relid) t
+                    JOIN pg_class c ON c.oid = t.relid
                     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = t.relid
-                                      AND tg.tgname = 'zz_pg_fencing_truncate') LOOP
-            PERFORM _pg_fencing.add_statement_triggers(part, p.id, p.resource, p.token_column);
+                                      AND tg.tgname = CASE WHEN c.relkind = 'f' AND p.resource IS NOT NULL
+                                                           THEN 'zz_pg_fencing_stmt' ELSE 'zz_pg_fencing_truncate' END)
+                      AND NOT (c.relkind = 'f' AND p.resource IS NULL) LOOP
+            -- Never let this block the user's DDL: a partition we cannot guard shows up as
+            -- inactive in fencing_protected_tables instead.
+            BEGIN
+                PERFORM _pg_fencing.add_statement_triggers(part, p.id, p.resource, p.token_column);
+            EXCEPTION WHEN OTHERS THEN
+                RAISE WARNING 'pg_fencing: could not add statement triggers to %: %', part, SQLERRM;
+            END;
         END LOOP;
     END LOOP;
 END

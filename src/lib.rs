@@ -35,6 +35,7 @@ pub extern "C-unwind" fn _PG_init() {
 #[pg_guard]
 unsafe extern "C-unwind" fn xact_callback(_event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     fence::forget_all();
+    trigger::forget_verified();
 }
 
 /// A subtransaction abort releases the locks it took and undoes the marks it wrote.
@@ -47,6 +48,7 @@ unsafe extern "C-unwind" fn subxact_callback(
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         fence::forget_all();
+        trigger::forget_verified();
     }
 }
 

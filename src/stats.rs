@@ -20,8 +20,10 @@ const NAME_LEN: usize = 64;
 
 #[repr(C)]
 pub struct Slot {
-    /// FNV-1a hash of kind and name; 0 = free.
+    /// FNV-1a hash of database, kind and name; 0 = free.
     key: AtomicU64,
+    /// Database the domain belongs to (marks are per database).
+    database: AtomicU32,
     /// Set (release) once `kind` and `name` are written.
     ready: AtomicU32,
     kind: UnsafeCell<u8>,
@@ -48,6 +50,7 @@ impl Default for Table {
         Table {
             slots: std::array::from_fn(|_| Slot {
                 key: AtomicU64::new(0),
+                database: AtomicU32::new(0),
                 ready: AtomicU32::new(0),
                 kind: UnsafeCell::new(0),
                 name: UnsafeCell::new([0; NAME_LEN]),
@@ -84,6 +87,10 @@ pub fn init_if_preloading() {
 
 fn hash(kind: Kind, name: &str) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325 ^ (kind as u64);
+    for b in unsafe { pg_sys::MyDatabaseId }.to_u32().to_le_bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
     for b in name.as_bytes() {
         h ^= *b as u64;
         h = h.wrapping_mul(0x100000001b3);
@@ -105,6 +112,7 @@ fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
             return Some(s);
         }
         if current == 0 && s.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            s.database.store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Relaxed);
             unsafe {
                 *s.kind.get() = kind as u8;
                 let buf = &mut *s.name.get();
@@ -143,12 +151,13 @@ pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
     }
 }
 
-/// `fencing_stats()`: one row per counted fencing domain since server start: `kind`
+/// `fencing_stats()`: one row per counted fencing domain of the current database since server
+/// start: `kind`
 /// (`resource` or `table`), `name` (the resource, or the protection id of a per-row table),
 /// `accepted` and `rejected` (row writes and advances admitted / refused with FT001), and the
 /// last rejection (time, token, high-water mark, backend pid). Empty unless pg_fencing is in
-/// `shared_preload_libraries`. A last row of kind `dropped` counts domains that found no free
-/// slot (1024 slots).
+/// `shared_preload_libraries`. A last row of kind `dropped` counts counter updates that found no
+/// free slot (1024 slots for all databases together).
 #[pg_extern(volatile, parallel_safe)]
 fn fencing_stats() -> TableIterator<
     'static,
@@ -167,7 +176,9 @@ fn fencing_stats() -> TableIterator<
     if ENABLED.load(Ordering::Relaxed) {
         let table = STATS.get();
         for s in table.slots.iter() {
-            if s.ready.load(Ordering::Acquire) == 0 {
+            if s.ready.load(Ordering::Acquire) == 0
+                || s.database.load(Ordering::Relaxed) != unsafe { pg_sys::MyDatabaseId }.to_u32()
+            {
                 continue;
             }
             let (kind, name) = unsafe {

@@ -17,7 +17,56 @@ use crate::error::{FenceError, Token};
 use crate::fence;
 use crate::gucs::current_token;
 use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::ffi::{CStr, CString};
+
+thread_local! {
+    /// Relations whose trigger arguments were checked against `_pg_fencing.protected_table` in
+    /// this transaction (cleared at transaction end, see `lib.rs`).
+    static VERIFIED: RefCell<HashSet<u32>> = RefCell::new(HashSet::new());
+}
+
+/// Forget the verified relations (end of transaction).
+pub fn forget_verified() {
+    VERIFIED.with(|v| v.borrow_mut().clear());
+}
+
+/// `fencing_guard()` is an ordinary trigger function, so anyone may attach it to a table of
+/// their own with made-up arguments. Its arguments are trusted only if they are exactly what
+/// `fencing_protect` recorded for this table (or the root of its partition tree); otherwise a
+/// role could write tombstones or marks into another table's protection.
+unsafe fn verify_protection(rel: pg_sys::Relation, args: &Args, table: &str) -> Result<(), FenceError> {
+    let relid = unsafe { (*rel).rd_id };
+    if VERIFIED.with(|v| v.borrow().contains(&relid.to_u32())) {
+        return Ok(());
+    }
+    let resource = args.resource.clone().unwrap_or_default();
+    let column = args.token_column.to_string_lossy().into_owned();
+    let ok = fence::exec_internal(
+        "SELECT true FROM _pg_fencing.protected_table p WHERE p.id = $1 AND p.protected \
+         AND p.relid = coalesce(pg_catalog.pg_partition_root($2), $2) \
+         AND p.resource IS NOT DISTINCT FROM nullif($3, '') AND p.token_column = $4::name",
+        true,
+        &[pg_sys::INT8OID, pg_sys::REGCLASSOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        &mut [
+            pg_sys::Datum::from(args.protection),
+            pg_sys::Datum::from(relid),
+            resource.as_str().into_datum().unwrap(),
+            column.as_str().into_datum().unwrap(),
+        ],
+        true,
+        |d| d.value() != 0,
+    )
+    .unwrap_or(false);
+    if !ok {
+        return Err(FenceError::NotAllowed(format!(
+            "fencing_guard() on {table} does not match a protection made by fencing_protect()"
+        )));
+    }
+    VERIFIED.with(|v| v.borrow_mut().insert(relid.to_u32()));
+    Ok(())
+}
 
 struct Args {
     protection: i64,
@@ -191,6 +240,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         let before = event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
 
         let table = relation_name(rel);
+        verify_protection(rel, &args, &table)?;
         if !row_level && op != pg_sys::TRIGGER_EVENT_TRUNCATE {
             // BEFORE INSERT/UPDATE/DELETE FOR EACH STATEMENT (resource mode): take the resource's
             // lock before the executor locks any row, so that every transaction takes resource
@@ -229,6 +279,14 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                     let pk = primary_key_attnums(rel)?;
                     let key = key_text(row, tupdesc, &pk);
                     fence::admit_row_insert(args.protection, &table, &key, stamped, true)?;
+                    if op == pg_sys::TRIGGER_EVENT_UPDATE {
+                        // The key changed (the trigger's WHEN clause), possibly by a BEFORE trigger
+                        // that ran after the guard: the old key is gone, so it keeps a tombstone.
+                        let old_key = key_text(td.tg_trigtuple, tupdesc, &pk);
+                        if old_key != key {
+                            fence::record_row_delete(args.protection, &old_key, stamped);
+                        }
+                    }
                 }
                 _ => {}
             }

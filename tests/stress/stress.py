@@ -361,7 +361,7 @@ def check(args):
     violations = 0
     ties = 0
     for dom, seq in domain_writes.items():
-        seq.sort()
+        seq[:] = sorted(set(seq))   # one entry per transaction and domain
         high = None
         for i, (ts, tok, tag) in enumerate(seq):
             if high is not None and tok < high[1]:

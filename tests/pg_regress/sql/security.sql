@@ -31,3 +31,32 @@ SELECT fencing_high_water('mal-res'), fencing_high_water('victim-res');
 DROP TABLE victim;
 DROP SCHEMA mal CASCADE;
 DROP ROLE mallory;
+
+-- fencing_guard() attached by hand, with made-up arguments, cannot write into a protection
+CREATE TABLE guarded (id int PRIMARY KEY, v text);
+SELECT fencing_protect('guarded');
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO guarded VALUES (1, 'x'); COMMIT;
+CREATE ROLE eve LOGIN;
+CREATE SCHEMA evil AUTHORIZATION eve;
+SET ROLE eve;
+CREATE TABLE evil.forged (id int PRIMARY KEY, fence_token bigint);
+INSERT INTO evil.forged VALUES (1, NULL);
+SELECT format('CREATE TRIGGER g BEFORE DELETE ON evil.forged FOR EACH ROW EXECUTE FUNCTION fencing_guard(%L, %L, %L)',
+              (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'guarded'::regclass), '', 'fence_token') AS ddl \gset
+:ddl;
+BEGIN; SET LOCAL pg_fencing.token = '9223372036854775807'; DELETE FROM evil.forged; COMMIT;
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+DROP SCHEMA evil CASCADE;
+DROP ROLE eve;
+SELECT count(*) AS tombstones_of_guarded FROM _pg_fencing.row_tombstone t
+JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'guarded'::regclass;
+SELECT fenced_update('guarded', '{"id": 1}', '{"v": "y"}', 6);
+
+-- pg_fencing needs a UTF8 database (keys and names are handled as UTF-8)
+CREATE DATABASE fencing_latin1 TEMPLATE template0 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C';
+\c fencing_latin1
+CREATE EXTENSION pg_fencing;
+\echo :LAST_ERROR_SQLSTATE
+\c pg_fencing_regress
+DROP DATABASE fencing_latin1;

@@ -173,3 +173,31 @@ BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO dk2 VALUES (1, 'x'); ROLLBA
 \echo :LAST_ERROR_SQLSTATE
 SELECT fenced_insert('dk2', '{"id": 1}', 5);
 \echo :LAST_ERROR_SQLSTATE
+
+-- tables whose rows could escape the guard are refused or shown inactive
+CREATE TABLE inh_parent (id int PRIMARY KEY, v text);
+CREATE TABLE inh_child () INHERITS (inh_parent);
+SELECT fencing_protect('inh_parent');
+\echo :LAST_ERROR_SQLSTATE
+CREATE TABLE inh2 (id int PRIMARY KEY, v text);
+SELECT fencing_protect('inh2', 'inh2-res');
+CREATE TABLE inh2_child () INHERITS (inh2);
+SELECT relation, active, inactive_reason FROM fencing_protected_tables WHERE relation = 'inh2'::regclass;
+CREATE TABLE gtok (id int PRIMARY KEY, fence_token bigint GENERATED ALWAYS AS (1) STORED);
+SELECT fencing_protect('gtok');
+\echo :LAST_ERROR_SQLSTATE
+CREATE TABLE ren (id int PRIMARY KEY);
+SELECT fencing_protect('ren');
+ALTER TABLE ren RENAME COLUMN fence_token TO old_token;
+SELECT relation, active, inactive_reason FROM fencing_protected_tables WHERE relation = 'ren'::regclass;
+
+-- a foreign partition cannot carry a TRUNCATE trigger: shown inactive, and other DDL still works
+CREATE EXTENSION postgres_fdw;
+CREATE SERVER nowhere FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '127.0.0.1', port '1');
+CREATE TABLE fp (k int, id int) PARTITION BY LIST (k);
+CREATE TABLE fp1 PARTITION OF fp FOR VALUES IN (1);
+SELECT fencing_protect('fp', 'fp-res');
+CREATE FOREIGN TABLE fp2 PARTITION OF fp FOR VALUES IN (2) SERVER nowhere;
+CREATE TABLE after_foreign (i int);
+SELECT relation, active, inactive_reason FROM fencing_protected_tables WHERE relation = 'fp'::regclass;
+SELECT tgname FROM pg_trigger WHERE tgrelid = 'fp2'::regclass ORDER BY 1;

@@ -638,3 +638,21 @@ COMMENT ON VIEW @extschema@.fencing_protected_tables IS
 'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
 
 GRANT SELECT ON @extschema@.fencing_resources, @extschema@.fencing_protected_tables TO PUBLIC;
+
+-- ---------------------------------------------------------------------------------------------
+-- Background worker (shared_preload_libraries = 'pg_fencing', pg_fencing.etcd_endpoints)
+
+CREATE FUNCTION @extschema@.fencing_acquire(lock_name text, timeout interval DEFAULT '10s') RETURNS bigint
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_acquire';
+COMMENT ON FUNCTION @extschema@.fencing_acquire(text, interval) IS
+'The background worker takes etcd lock lock_name (after pg_fencing.lock_prefix; same key layout as etcdctl lock and Go concurrency.Mutex) under a lease of its own and returns the fencing token: the etcd revision at which the lock was granted (ETCD_LOCK_REV, Mutex.Header().Revision). Also sets it as this session''s pg_fencing.token. Errors: 55P03 timeout; FT005 etcd unreachable; FT003 lease lost before the grant; 55000 worker not available.';
+
+CREATE FUNCTION @extschema@.fencing_release(lock_name text) RETURNS boolean
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_release';
+COMMENT ON FUNCTION @extschema@.fencing_release(text) IS
+'Releases a lock this session took with fencing_acquire (true) or returns false. Locks are also released when the session ends. Error: 55000 worker not available.';
+
+CREATE VIEW @extschema@.fencing_locks AS SELECT * FROM @extschema@.fencing_lock_status();
+COMMENT ON VIEW @extschema@.fencing_locks IS
+'Locks of the background worker: lock, etcd key, token, lease id, ttl_left (seconds), state (acquiring, held, lost, releasing, failed) and the holding backend pid.';
+GRANT SELECT ON @extschema@.fencing_locks TO PUBLIC;

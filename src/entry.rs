@@ -59,6 +59,7 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                     return Err(FenceError::NoToken { target: format!("fencing_advance of resource \"{resource}\"") })
                 }
             };
+            crate::worker::check_token(tok)?;
             let hw = fence::admit_resource(&resource, tok, true)?;
             Ok(pg_sys::Datum::from(hw))
         })
@@ -172,4 +173,67 @@ pub unsafe extern "C-unwind" fn pg_fencing_unregister(fcinfo: FunctionCallInfo) 
             Ok(pg_sys::Datum::from(found.unwrap_or(false)))
         })
     }
+}
+
+v1_finfo!(pg_finfo_fencing_acquire);
+/// `fencing_acquire(lock_name text, timeout interval DEFAULT '10s') RETURNS bigint`: the
+/// background worker takes etcd lock `pg_fencing.lock_prefix || lock_name` under a lease of its
+/// own and returns the fencing token (the etcd revision at which the lock was granted); the token
+/// also becomes this session's `pg_fencing.token`. Waits at most `timeout`, honouring query
+/// cancel and `statement_timeout`. Errors: `55P03` timeout, `FT005` etcd unreachable, `FT003`
+/// lease lost before the grant, `55000` worker not available (not preloaded, no endpoints),
+/// `22023` bad name or timeout.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_acquire(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let timeout: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            let name = name.ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
+            let micros = match timeout {
+                None => return Err(FenceError::InvalidArgument("timeout must not be NULL".into())),
+                Some(iv) => iv.micros() as i128 + iv.days() as i128 * 86_400_000_000 + iv.months() as i128 * 30 * 86_400_000_000,
+            };
+            if micros < 0 || micros > 86_400_000_000 * 365 {
+                return Err(FenceError::InvalidArgument("timeout must be between 0 and 1 year".into()));
+            }
+            let token = crate::worker::acquire(&name, std::time::Duration::from_micros(micros as u64))?;
+            crate::gucs::set_session_token(Some(token));
+            Ok(pg_sys::Datum::from(token))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_fencing_release);
+/// `fencing_release(lock_name text) RETURNS boolean`: releases a lock this session took with
+/// `fencing_acquire` (true), or returns false if it holds no such lock. Clears
+/// `pg_fencing.token` if it was this lock's token. Error: `55000` worker not available.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_release(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let name = name.ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
+            Ok(pg_sys::Datum::from(crate::worker::release(&name)?))
+        })
+    }
+}
+
+/// `fencing_lock_status()`: the rows of view `fencing_locks`: locks of the background worker,
+/// their etcd key, token, lease id, TTL left in seconds, state (`acquiring`, `held`, `lost`,
+/// `releasing`, ...) and the holding backend's pid. Empty without `shared_preload_libraries`.
+#[pg_extern(volatile)]
+pub fn fencing_lock_status() -> TableIterator<
+    'static,
+    (
+        name!(lock, String),
+        name!(key, String),
+        name!(token, Option<i64>),
+        name!(lease_id, Option<i64>),
+        name!(ttl_left, Option<f64>),
+        name!(state, String),
+        name!(pid, i32),
+    ),
+> {
+    TableIterator::new(crate::worker::lock_rows())
 }

@@ -64,6 +64,22 @@ pub enum FenceError {
     #[error("{0}")]
     NotAllowed(String),
 
+    /// FT003: the token belongs to a lock whose lease was lost (expired or revoked).
+    #[error("fencing token {token} belongs to lock \"{lock}\", which was lost")]
+    LockLost { lock: String, token: Token, why: String },
+
+    /// FT005: the lock service is unreachable (or answered with an error).
+    #[error("the lock service is unavailable: {0}")]
+    LockServiceUnavailable(String),
+
+    /// 55P03: `fencing_acquire` timed out.
+    #[error("could not obtain lock \"{0}\" within the timeout")]
+    LockTimeout(String),
+
+    /// 55000: the background worker is not available (not preloaded, not configured, full).
+    #[error("{0}")]
+    WorkerUnavailable(String),
+
     /// 39P01: the trigger function was called outside a trigger, or with the wrong arguments.
     #[error("{0}")]
     TriggerProtocol(String),
@@ -81,6 +97,10 @@ impl FenceError {
             FenceError::InvalidArgument(_) => "22023",
             FenceError::NotAllowed(_) => "42501",
             FenceError::InvalidTableDefinition(_) => "42P16",
+            FenceError::LockLost { .. } => "FT003",
+            FenceError::LockServiceUnavailable(_) => "FT005",
+            FenceError::LockTimeout(_) => "55P03",
+            FenceError::WorkerUnavailable(_) => "55000",
             FenceError::TriggerProtocol(_) => "39P01",
         }
     }
@@ -93,6 +113,7 @@ impl FenceError {
             FenceError::NoToken { .. } => Some(
                 "Writes to a table protected by pg_fencing must carry the lock holder's fencing token.".into(),
             ),
+            FenceError::LockLost { why, .. } if !why.is_empty() => Some(format!("{why}.")),
             _ => None,
         }
     }
@@ -107,6 +128,18 @@ impl FenceError {
             FenceError::NoToken { .. } => Some(
                 "Run SET LOCAL pg_fencing.token = <token> in the transaction, or use fenced_insert/fenced_update/fenced_delete."
                     .into(),
+            ),
+            FenceError::LockLost { .. } => Some(
+                "Another client may hold the lock now. Stop; call fencing_acquire again for a new token.".into(),
+            ),
+            FenceError::LockServiceUnavailable(_) => Some(
+                "Check pg_fencing.etcd_endpoints and that etcd is running; the worker reconnects by itself.".into(),
+            ),
+            FenceError::LockTimeout(_) => Some(
+                "Another client holds the lock. Retry later or pass a longer timeout.".into(),
+            ),
+            FenceError::WorkerUnavailable(_) => Some(
+                "Set shared_preload_libraries = 'pg_fencing' and pg_fencing.etcd_endpoints, then restart the server.".into(),
             ),
             FenceError::TokenSyntax(_) | FenceError::TokenRange(_) | FenceError::TokenNotPositive(_) => Some(
                 "A fencing token is a positive 64-bit integer, e.g. the revision etcd returned when it granted the lock.".into(),

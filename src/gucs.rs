@@ -15,6 +15,42 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicI64, Ordering};
 
 static TOKEN_SETTING: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static ETCD_ENDPOINTS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static LOCK_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(10);
+
+/// `pg_fencing.etcd_endpoints`: comma-separated etcd endpoints (`host:port` or URLs); empty means
+/// the worker takes no locks.
+pub fn etcd_endpoints() -> String {
+    ETCD_ENDPOINTS.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// `pg_fencing.lock_prefix`: etcd key prefix put in front of every lock name.
+pub fn lock_prefix() -> String {
+    LOCK_PREFIX.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// `pg_fencing.lease_ttl`: lease TTL in seconds.
+pub fn lease_ttl() -> i32 {
+    LEASE_TTL.get()
+}
+
+/// Set (or clear) this session's `pg_fencing.token` at session level, as `SET` would.
+pub fn set_session_token(token: Option<Token>) {
+    let value = CString::new(token.map(|t| t.to_string()).unwrap_or_default()).unwrap();
+    unsafe {
+        pg_sys::set_config_option(
+            c"pg_fencing.token".as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SET,
+            true,
+            0,
+            false,
+        );
+    }
+}
 
 /// The parsed value of `pg_fencing.token`; 0 means "no token". Written by the assign hook only.
 static CURRENT_TOKEN: AtomicI64 = AtomicI64::new(0);
@@ -84,4 +120,30 @@ pub fn init() {
             None,
         );
     }
+    GucRegistry::define_string_guc(
+        c"pg_fencing.etcd_endpoints",
+        c"Comma-separated etcd endpoints of the pg_fencing worker; empty = worker idle.",
+        c"For example 127.0.0.1:2379,127.0.0.1:22379. Only loopback or trusted networks: no TLS yet.",
+        &ETCD_ENDPOINTS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_fencing.lease_ttl",
+        c"TTL in seconds of the etcd lease behind each lock the worker holds.",
+        c"The worker renews it every TTL/3 seconds; writes carrying a lock's token fail with FT003 once its lease was not confirmed within the TTL.",
+        &LEASE_TTL,
+        2,
+        3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_string_guc(
+        c"pg_fencing.lock_prefix",
+        c"etcd key prefix put in front of the lock names of fencing_acquire.",
+        c"Default '' so that lock 'settlement' is the same lock as `etcdctl lock settlement`.",
+        &LOCK_PREFIX,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
 }

@@ -14,10 +14,11 @@ mod gucs;
 mod stats;
 mod token;
 mod trigger;
+mod worker;
 
 ::pgrx::pg_module_magic!();
 
-pgrx::extension_sql_file!("../sql/pg_fencing.sql", name = "pg_fencing_api", requires = [stats::fencing_stats], finalize);
+pgrx::extension_sql_file!("../sql/pg_fencing.sql", name = "pg_fencing_api", requires = [stats::fencing_stats, entry::fencing_lock_status], finalize);
 
 /// Runs when the library is loaded: with `shared_preload_libraries`, or on the first call of
 /// one of its functions in a backend.
@@ -25,6 +26,7 @@ pgrx::extension_sql_file!("../sql/pg_fencing.sql", name = "pg_fencing_api", requ
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     stats::init_if_preloading();
+    worker::init_if_preloading();
     unsafe {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
@@ -33,9 +35,12 @@ pub extern "C-unwind" fn _PG_init() {
 
 /// Locks taken by the fencing rule end with the transaction; so does what we know about them.
 #[pg_guard]
-unsafe extern "C-unwind" fn xact_callback(_event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     fence::forget_all();
     trigger::forget_verified();
+    if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
+        worker::abort_pending();
+    }
 }
 
 /// A subtransaction abort releases the locks it took and undoes the marks it wrote.

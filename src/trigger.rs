@@ -248,11 +248,13 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
             // taking the resource lock there first could deadlock against a holder of the
             // resource lock that waits for that row). Without a token the row triggers raise FT002.
             if let (Some(resource), Some(token)) = (&args.resource, current_token()) {
+                crate::worker::check_token(token)?;
                 fence::admit_resource(resource, token, false)?;
             }
             return Ok(pg_sys::Datum::from(0usize));
         }
         let token = current_token().ok_or_else(|| FenceError::NoToken { target: format!("a write to protected table {table}") })?;
+        crate::worker::check_token(token)?;
 
         if !row_level {
             if before {

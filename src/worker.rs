@@ -1,0 +1,822 @@
+//! The optional background worker: etcd locks and leases taken from inside PostgreSQL.
+//!
+//! Processes and threads:
+//! * a **backend** calling `fencing_acquire` writes a request into a slot of shared memory, sets
+//!   the worker's latch and waits on its own latch (checking for interrupts, its timeout and the
+//!   slot's state every millisecond);
+//! * the **worker's main thread** (the only one that calls PostgreSQL) waits on its latch, handles
+//!   SIGHUP/SIGTERM/postmaster death, and forwards requests to the etcd thread over a channel;
+//! * the **etcd thread** runs tokio and `etcd-client`, never calls PostgreSQL, blocks all
+//!   signals, and reports results by writing the slot's atomics (the waiting backend sees them).
+//!
+//! Lock protocol (SPEC.md, worker section): each acquisition gets its own lease (TTL
+//! `pg_fencing.lease_ttl`) kept alive every TTL/3, and takes the lock with etcd's lock service,
+//! which uses the concurrency-mutex layout (`<prefix><name>/<lease id in hex>`) exactly as
+//! `etcdctl lock` and Go's `concurrency.Mutex` do, so all three exclude each other. The token is
+//! the response-header revision of the grant (what `etcdctl lock` exports as `ETCD_LOCK_REV` and
+//! `Mutex.Header().Revision` returns). Before a token is returned, the lease is checked to be
+//! alive (etcd 3.4 can grant the lock to a waiter whose lease just expired).
+//!
+//! Lease loss: every slot carries `valid_until` (wall-clock ms): the send time of the last
+//! keepalive that etcd answered plus the TTL it granted. A write carrying the token of a slot
+//! that is past `valid_until` (or marked lost) fails with FT003 in the backend itself, even if
+//! the worker is frozen, so it fails before etcd can have given the lock to anyone else.
+
+use crate::error::FenceError;
+use crate::gucs;
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub const SLOTS: usize = 64;
+const NAME_LEN: usize = 256;
+const KEY_LEN: usize = 320;
+const MSG_LEN: usize = 256;
+
+// Slot states.
+const FREE: u32 = 0;
+const RESERVED: u32 = 1; // a backend is filling in a request
+const REQUESTED: u32 = 2; // waiting for the worker
+const ACQUIRING: u32 = 3; // the etcd thread works on it
+const HELD: u32 = 4;
+const FAILED: u32 = 5; // see `error`; the requesting backend frees the slot
+const CANCELLED: u32 = 6; // the backend gave up; the etcd thread cleans up and frees it
+const RELEASE_REQUESTED: u32 = 7;
+const RELEASING: u32 = 8;
+const LOST: u32 = 9;
+
+// Failure codes.
+const ERR_UNREACHABLE: u32 = 1; // FT005
+const ERR_TIMEOUT: u32 = 2; // 55P03
+const ERR_LEASE: u32 = 3; // FT003
+const ERR_OTHER: u32 = 4; // FT005 with the message
+
+#[repr(C)]
+pub struct Slot {
+    state: AtomicU32,
+    generation: AtomicU64,
+    owner_pid: AtomicI32,
+    token: AtomicI64,
+    lease: AtomicI64,
+    ttl: AtomicI64,
+    valid_until_ms: AtomicI64,
+    deadline_ms: AtomicI64,
+    error: AtomicU32,
+    name: UnsafeCell<[u8; NAME_LEN]>,
+    key: UnsafeCell<[u8; KEY_LEN]>,
+    message: UnsafeCell<[u8; MSG_LEN]>,
+}
+
+#[repr(C)]
+pub struct Shared {
+    worker_latch: AtomicUsize,
+    worker_pid: AtomicI32,
+    /// 0 unknown, 1 connected, 2 unreachable.
+    etcd: AtomicU32,
+    slots: [Slot; SLOTS],
+}
+
+unsafe impl PGRXSharedMemory for Shared {}
+unsafe impl Sync for Shared {}
+// Text fields are written by one side before a release store of `state` and read after an
+// acquire load of it.
+unsafe impl Sync for Slot {}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            worker_latch: AtomicUsize::new(0),
+            worker_pid: AtomicI32::new(0),
+            etcd: AtomicU32::new(0),
+            slots: std::array::from_fn(|_| Slot {
+                state: AtomicU32::new(FREE),
+                generation: AtomicU64::new(0),
+                owner_pid: AtomicI32::new(0),
+                token: AtomicI64::new(0),
+                lease: AtomicI64::new(0),
+                ttl: AtomicI64::new(0),
+                valid_until_ms: AtomicI64::new(0),
+                deadline_ms: AtomicI64::new(0),
+                error: AtomicU32::new(0),
+                name: UnsafeCell::new([0; NAME_LEN]),
+                key: UnsafeCell::new([0; KEY_LEN]),
+                message: UnsafeCell::new([0; MSG_LEN]),
+            }),
+        }
+    }
+}
+
+static SHARED: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_fencing worker") };
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+unsafe fn put(buf: *mut u8, cap: usize, s: &[u8]) {
+    let n = s.len().min(cap - 1);
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf, n);
+        *buf.add(n) = 0;
+    }
+}
+
+unsafe fn get(buf: *const u8, cap: usize) -> String {
+    let bytes = unsafe { std::slice::from_raw_parts(buf, cap) };
+    let len = bytes.iter().position(|b| *b == 0).unwrap_or(cap);
+    String::from_utf8_lossy(&bytes[..len]).into_owned()
+}
+
+impl Slot {
+    fn name(&self) -> String {
+        unsafe { get(self.name.get() as *const u8, NAME_LEN) }
+    }
+    fn key(&self) -> String {
+        unsafe { get(self.key.get() as *const u8, KEY_LEN) }
+    }
+    fn message(&self) -> String {
+        unsafe { get(self.message.get() as *const u8, MSG_LEN) }
+    }
+    fn set_key(&self, k: &[u8]) {
+        unsafe { put(self.key.get() as *mut u8, KEY_LEN, k) }
+    }
+    fn set_message(&self, m: &str) {
+        unsafe { put(self.message.get() as *mut u8, MSG_LEN, m.as_bytes()) }
+    }
+    fn transition(&self, from: u32, to: u32) -> bool {
+        self.state.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+    fn fail(&self, code: u32, msg: &str) {
+        self.set_message(msg);
+        self.error.store(code, Ordering::Relaxed);
+        // Only a slot still being acquired fails; a cancelled one is freed by its cleanup.
+        let _ = self.transition(ACQUIRING, FAILED);
+    }
+}
+
+/// Register the shared memory and the worker. Only possible while preloading.
+pub fn init_if_preloading() {
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    pg_shmem_init!(SHARED);
+    ENABLED.store(true, Ordering::Relaxed);
+    BackgroundWorkerBuilder::new("pg_fencing etcd worker")
+        .set_type("pg_fencing etcd worker")
+        .set_function("pg_fencing_worker_main")
+        .set_library("pg_fencing")
+        .enable_shmem_access(None)
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load();
+}
+
+fn shared() -> Result<&'static Shared, FenceError> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Err(FenceError::WorkerUnavailable(
+            "the pg_fencing background worker is not running: pg_fencing is not in shared_preload_libraries".into(),
+        ));
+    }
+    Ok(SHARED.get())
+}
+
+fn wake_worker(sh: &Shared) {
+    let latch = sh.worker_latch.load(Ordering::Acquire);
+    if latch != 0 {
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
+
+fn lock_key_name(name: &str) -> String {
+    format!("{}{}", gucs::lock_prefix(), name)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backend side
+
+/// `fencing_acquire(lock_name, timeout)`: see `entry.rs`.
+pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
+    let sh = shared()?;
+    if gucs::etcd_endpoints().trim().is_empty() {
+        return Err(FenceError::WorkerUnavailable(
+            "pg_fencing.etcd_endpoints is empty, so the worker takes no locks".into(),
+        ));
+    }
+    if name.is_empty() || name.len() >= NAME_LEN - 64 {
+        return Err(FenceError::InvalidArgument(format!(
+            "lock_name must have 1 to {} bytes",
+            NAME_LEN - 65
+        )));
+    }
+    let me = unsafe { pg_sys::MyProcPid };
+    for s in sh.slots.iter() {
+        let st = s.state.load(Ordering::Acquire);
+        if s.owner_pid.load(Ordering::Relaxed) == me && (st == HELD || st == LOST) && s.name() == name {
+            return Err(FenceError::InvalidArgument(format!(
+                "this session already holds lock \"{name}\" (token {}); release it first",
+                s.token.load(Ordering::Relaxed)
+            )));
+        }
+    }
+    let slot = sh
+        .slots
+        .iter()
+        .find(|s| s.transition(FREE, RESERVED))
+        .ok_or_else(|| FenceError::WorkerUnavailable(format!("all {SLOTS} lock slots are in use")))?;
+    let deadline = now_ms() + timeout.as_millis() as i64;
+    slot.generation.fetch_add(1, Ordering::AcqRel);
+    slot.owner_pid.store(me, Ordering::Relaxed);
+    slot.token.store(0, Ordering::Relaxed);
+    slot.lease.store(0, Ordering::Relaxed);
+    slot.error.store(0, Ordering::Relaxed);
+    slot.deadline_ms.store(deadline, Ordering::Relaxed);
+    slot.valid_until_ms.store(0, Ordering::Relaxed);
+    unsafe { put(slot.name.get() as *mut u8, NAME_LEN, name.as_bytes()) };
+    slot.set_key(lock_key_name(name).as_bytes());
+    slot.set_message("");
+    slot.state.store(REQUESTED, Ordering::Release);
+    register_exit_callback();
+    wake_worker(sh);
+
+    loop {
+        let st = slot.state.load(Ordering::Acquire);
+        if st == HELD {
+            return Ok(slot.token.load(Ordering::Relaxed));
+        }
+        if st == FAILED {
+            let code = slot.error.load(Ordering::Relaxed);
+            let msg = slot.message();
+            slot.state.store(FREE, Ordering::Release);
+            return Err(match code {
+                ERR_TIMEOUT => FenceError::LockTimeout(name.to_string()),
+                ERR_LEASE => FenceError::LockLost { lock: name.to_string(), token: 0, why: msg },
+                _ => FenceError::LockServiceUnavailable(msg),
+            });
+        }
+        if now_ms() >= deadline {
+            cancel_slot(sh, slot);
+            return Err(FenceError::LockTimeout(name.to_string()));
+        }
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                1,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
+    }
+}
+
+fn cancel_slot(sh: &Shared, slot: &Slot) {
+    loop {
+        let st = slot.state.load(Ordering::Acquire);
+        match st {
+            REQUESTED | ACQUIRING | RESERVED => {
+                if slot.transition(st, CANCELLED) {
+                    break;
+                }
+            }
+            HELD | LOST => {
+                if slot.transition(st, RELEASE_REQUESTED) {
+                    break;
+                }
+            }
+            FAILED => {
+                if slot.transition(FAILED, FREE) {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    wake_worker(sh);
+}
+
+/// `fencing_release(lock_name)`: true if this session held (or had lost) the lock.
+pub fn release(name: &str) -> Result<bool, FenceError> {
+    let sh = shared()?;
+    let me = unsafe { pg_sys::MyProcPid };
+    let mut found = false;
+    for s in sh.slots.iter() {
+        let st = s.state.load(Ordering::Acquire);
+        if s.owner_pid.load(Ordering::Relaxed) == me && (st == HELD || st == LOST) && s.name() == name {
+            if s.transition(st, RELEASE_REQUESTED) {
+                found = true;
+                forget_session_token(s.token.load(Ordering::Relaxed));
+            }
+        }
+    }
+    if found {
+        wake_worker(sh);
+        // Wait (briefly) until etcd has deleted our key, so that the next holder, in or outside
+        // PostgreSQL, can have the lock as soon as this returns.
+        let deadline = now_ms() + 3000;
+        while now_ms() < deadline
+            && sh.slots.iter().any(|s| {
+                s.owner_pid.load(Ordering::Relaxed) == me
+                    && matches!(s.state.load(Ordering::Acquire), RELEASE_REQUESTED | RELEASING)
+                    && s.name() == name
+            })
+        {
+            unsafe {
+                pg_sys::WaitLatch(
+                    pg_sys::MyLatch,
+                    (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                    1,
+                    pg_sys::PG_WAIT_EXTENSION,
+                );
+                pg_sys::ResetLatch(pg_sys::MyLatch);
+            }
+            pgrx::check_for_interrupts!();
+        }
+    }
+    Ok(found)
+}
+
+/// If the session's `pg_fencing.token` is this token, clear it.
+fn forget_session_token(token: i64) {
+    if gucs::current_token() == Some(token) {
+        gucs::set_session_token(None);
+    }
+}
+
+/// Backend exit: release held locks and cancel pending requests.
+#[pg_guard]
+unsafe extern "C-unwind" fn on_backend_exit(_code: i32, _arg: pg_sys::Datum) {
+    release_all_of_mine(true);
+}
+
+/// Transaction abort (e.g. `fencing_acquire` interrupted by a cancel or `statement_timeout`):
+/// cancel this session's pending requests. Held locks stay held (they are session-scoped).
+pub fn abort_pending() {
+    release_all_of_mine(false);
+}
+
+fn release_all_of_mine(including_held: bool) {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    let sh = SHARED.get();
+    let me = unsafe { pg_sys::MyProcPid };
+    let mut any = false;
+    for s in sh.slots.iter() {
+        if s.owner_pid.load(Ordering::Relaxed) != me {
+            continue;
+        }
+        let st = s.state.load(Ordering::Acquire);
+        let pending = matches!(st, REQUESTED | ACQUIRING | RESERVED | FAILED);
+        if pending || (including_held && matches!(st, HELD | LOST)) {
+            cancel_slot(sh, s);
+            any = true;
+        }
+    }
+    if any {
+        wake_worker(sh);
+    }
+}
+
+fn register_exit_callback() {
+    use std::sync::Once;
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| unsafe {
+        pg_sys::before_shmem_exit(Some(on_backend_exit), pg_sys::Datum::from(0usize));
+    });
+}
+
+/// FT003 if `token` is the token of a lock this session took through the worker and that lock is
+/// lost: marked lost by the worker, or past the end of its lease as last confirmed by etcd.
+pub fn check_token(token: i64) -> Result<(), FenceError> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let sh = SHARED.get();
+    let me = unsafe { pg_sys::MyProcPid };
+    for s in sh.slots.iter() {
+        if s.token.load(Ordering::Relaxed) != token || s.owner_pid.load(Ordering::Relaxed) != me {
+            continue;
+        }
+        let st = s.state.load(Ordering::Acquire);
+        let expired = st == HELD && now_ms() >= s.valid_until_ms.load(Ordering::Relaxed);
+        if st == LOST || expired {
+            return Err(FenceError::LockLost {
+                lock: s.name(),
+                token,
+                why: if expired {
+                    "its lease has not been confirmed by etcd within its TTL".into()
+                } else {
+                    s.message()
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Rows of the `fencing_locks` view.
+pub fn lock_rows() -> Vec<(String, String, Option<i64>, Option<i64>, Option<f64>, String, i32)> {
+    let mut out = Vec::new();
+    if !ENABLED.load(Ordering::Relaxed) {
+        return out;
+    }
+    let sh = SHARED.get();
+    let now = now_ms();
+    for s in sh.slots.iter() {
+        let st = s.state.load(Ordering::Acquire);
+        let state = match st {
+            FREE | RESERVED => continue,
+            REQUESTED | ACQUIRING => "acquiring",
+            HELD if now >= s.valid_until_ms.load(Ordering::Relaxed) => "lost",
+            HELD => "held",
+            FAILED => "failed",
+            CANCELLED => "cancelling",
+            RELEASE_REQUESTED | RELEASING => "releasing",
+            LOST => "lost",
+            _ => "unknown",
+        };
+        let token = s.token.load(Ordering::Relaxed);
+        let lease = s.lease.load(Ordering::Relaxed);
+        let valid = s.valid_until_ms.load(Ordering::Relaxed);
+        out.push((
+            s.name(),
+            s.key(),
+            (token > 0).then_some(token),
+            (lease != 0).then_some(lease),
+            (st == HELD).then(|| ((valid - now).max(0) as f64) / 1000.0),
+            state.to_string(),
+            s.owner_pid.load(Ordering::Relaxed),
+        ));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker main thread
+
+#[derive(Clone, Debug)]
+struct Config {
+    endpoints: Vec<String>,
+    ttl: i64,
+}
+
+fn read_config() -> Config {
+    Config {
+        endpoints: gucs::etcd_endpoints()
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        ttl: gucs::lease_ttl() as i64,
+    }
+}
+
+enum Cmd {
+    Config(Config),
+    Acquire(usize, u64),
+    Release(usize, u64),
+    Cancel(usize, u64),
+    Shutdown(std::sync::mpsc::Sender<()>),
+}
+
+/// Entry point of the background worker.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let sh = SHARED.get();
+    // A previous incarnation of the worker died: its leases are no longer kept alive.
+    for s in sh.slots.iter() {
+        let _ = s.transition(HELD, LOST);
+        if s.transition(ACQUIRING, FAILED) || s.transition(REQUESTED, FAILED) {
+            s.error.store(ERR_UNREACHABLE, Ordering::Relaxed);
+            s.set_message("the pg_fencing worker restarted");
+        }
+        let _ = s.transition(RELEASE_REQUESTED, FREE);
+        let _ = s.transition(RELEASING, FREE);
+        let _ = s.transition(CANCELLED, FREE);
+    }
+    sh.worker_pid.store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
+    sh.worker_latch.store(unsafe { pg_sys::MyLatch } as usize, Ordering::Release);
+    log!("pg_fencing worker started (etcd endpoints: \"{}\")", gucs::etcd_endpoints());
+
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
+    let cfg = read_config();
+    let thread = std::thread::Builder::new()
+        .name("pg_fencing etcd".into())
+        .spawn(move || {
+            block_signals();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            match rt {
+                Ok(rt) => rt.block_on(etcd::run(rx, cfg, sh)),
+                Err(e) => eprintln!("pg_fencing: could not start the etcd runtime: {e}"),
+            }
+        });
+    if let Err(e) = thread {
+        pgrx::error!("pg_fencing: could not start the etcd thread: {e}");
+    }
+
+    let mut dispatched: [u64; SLOTS] = [0; SLOTS];
+    while BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            let _ = tx.send(Cmd::Config(read_config()));
+        }
+        for (i, s) in sh.slots.iter().enumerate() {
+            let generation = s.generation.load(Ordering::Acquire);
+            match s.state.load(Ordering::Acquire) {
+                REQUESTED => {
+                    if s.transition(REQUESTED, ACQUIRING) {
+                        let _ = tx.send(Cmd::Acquire(i, generation));
+                    }
+                }
+                RELEASE_REQUESTED => {
+                    if s.transition(RELEASE_REQUESTED, RELEASING) {
+                        let _ = tx.send(Cmd::Release(i, generation));
+                    }
+                }
+                CANCELLED if dispatched[i] != generation => {
+                    dispatched[i] = generation;
+                    let _ = tx.send(Cmd::Cancel(i, generation));
+                }
+                _ => {}
+            }
+        }
+    }
+    // SIGTERM or postmaster death: revoke our leases if etcd answers quickly, never wait long.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    if tx.send(Cmd::Shutdown(done_tx)).is_ok() {
+        let _ = done_rx.recv_timeout(Duration::from_millis(700));
+    }
+    log!("pg_fencing worker stopped");
+}
+
+/// The etcd thread must not receive PostgreSQL's signals: they belong to the main thread.
+fn block_signals() {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The etcd thread: tokio + etcd-client, no PostgreSQL calls.
+
+mod etcd {
+    use super::*;
+    use etcd_client::{Client, ConnectOptions, LockOptions};
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    pub(super) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'static Shared) {
+        let mut client: Option<Client> = None;
+        let mut backoff = Duration::from_millis(100);
+        let mut next_try = tokio::time::Instant::now();
+        while let Some(cmd) = rx.recv().await {
+            match cmd {
+                Cmd::Config(c) => {
+                    if c.endpoints != cfg.endpoints {
+                        client = None;
+                    }
+                    cfg = c;
+                }
+                Cmd::Acquire(i, generation) => {
+                    let slot = &sh.slots[i];
+                    if client.is_none() {
+                        if tokio::time::Instant::now() < next_try {
+                            // Back off between reconnection attempts, but never fail a request
+                            // only because of the backoff: wait for the next attempt.
+                            tokio::time::sleep_until(next_try).await;
+                        }
+                        match connect(&cfg).await {
+                            Ok(c) => {
+                                client = Some(c);
+                                backoff = Duration::from_millis(100);
+                                sh.etcd.store(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                sh.etcd.store(2, Ordering::Relaxed);
+                                next_try = tokio::time::Instant::now() + backoff;
+                                backoff = (backoff * 2).min(Duration::from_secs(5));
+                                slot.fail(ERR_UNREACHABLE, &format!("etcd is unreachable at {}: {e}", cfg.endpoints.join(",")));
+                                continue;
+                            }
+                        }
+                    }
+                    let c = client.clone().unwrap();
+                    let ttl = cfg.ttl;
+                    tokio::spawn(acquire(c, slot, generation, ttl));
+                }
+                Cmd::Release(i, generation) => {
+                    if let Some(c) = client.clone() {
+                        tokio::spawn(release(c, &sh.slots[i], generation));
+                    } else {
+                        // Without a connection the lease cannot be revoked; it expires by itself.
+                        let _ = sh.slots[i].transition(RELEASING, FREE);
+                    }
+                }
+                Cmd::Cancel(i, generation) => {
+                    // The acquire task sees CANCELLED and cleans up; if there is none (lost
+                    // connection), free the slot here.
+                    let slot = &sh.slots[i];
+                    if client.is_none() && slot.generation.load(Ordering::Acquire) == generation {
+                        let _ = slot.transition(CANCELLED, FREE);
+                    }
+                }
+                Cmd::Shutdown(done) => {
+                    if let Some(mut c) = client.clone() {
+                        let leases: Vec<i64> = sh
+                            .slots
+                            .iter()
+                            .filter(|s| matches!(s.state.load(Ordering::Acquire), HELD | RELEASING | RELEASE_REQUESTED))
+                            .map(|s| s.lease.load(Ordering::Relaxed))
+                            .filter(|l| *l != 0)
+                            .collect();
+                        let _ = tokio::time::timeout(Duration::from_millis(500), async {
+                            for l in leases {
+                                let _ = c.lease_revoke(l).await;
+                            }
+                        })
+                        .await;
+                    }
+                    let _ = done.send(());
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn connect(cfg: &Config) -> Result<Client, String> {
+        if cfg.endpoints.is_empty() {
+            return Err("pg_fencing.etcd_endpoints is empty".into());
+        }
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        let mut c = tokio::time::timeout(Duration::from_secs(2), Client::connect(cfg.endpoints.clone(), Some(opts)))
+            .await
+            .map_err(|_| "connection timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        // A connection is only established lazily; make sure somebody answers.
+        tokio::time::timeout(Duration::from_secs(2), c.status())
+            .await
+            .map_err(|_| "status request timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    fn current(slot: &Slot, generation: u64) -> bool {
+        slot.generation.load(Ordering::Acquire) == generation
+    }
+
+    async fn acquire(mut c: Client, slot: &'static Slot, generation: u64, ttl: i64) {
+        let name = slot.key();
+        let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
+        let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
+        let sent = now_ms();
+        let lease = match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return fail_or_free(slot, ERR_UNREACHABLE, &format!("lease grant failed: {e}")),
+            Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
+        };
+        let lease_id = lease.id();
+        slot.lease.store(lease_id, Ordering::Relaxed);
+        slot.ttl.store(lease.ttl(), Ordering::Relaxed);
+        slot.valid_until_ms.store(sent + lease.ttl() * 1000, Ordering::Relaxed);
+        tokio::spawn(keep_alive(c.clone(), slot, generation, lease_id, lease.ttl()));
+
+        let lock = c.lock(name.as_bytes(), Some(LockOptions::new().with_lease(lease_id)));
+        let cancelled = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                if !current(slot, generation) || slot.state.load(Ordering::Acquire) == CANCELLED {
+                    return;
+                }
+            }
+        };
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(remaining, lock) => Some(r),
+            _ = cancelled => None,
+        };
+        let resp = match outcome {
+            None => return give_up(c, slot, generation, lease_id).await,
+            Some(Err(_)) => {
+                slot.fail(ERR_TIMEOUT, "timed out");
+                return give_up(c, slot, generation, lease_id).await;
+            }
+            Some(Ok(Err(e))) => {
+                slot.fail(ERR_OTHER, &format!("etcd lock failed: {e}"));
+                return give_up(c, slot, generation, lease_id).await;
+            }
+            Some(Ok(Ok(r))) => r,
+        };
+        let token = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let key = resp.key().to_vec();
+        // etcd 3.4 can grant the lock to a waiter whose lease has just expired: check it is alive.
+        let alive = match tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(lease_id, None)).await {
+            Ok(Ok(r)) => r.ttl() > 0,
+            _ => false,
+        };
+        if !alive {
+            slot.fail(ERR_LEASE, "the lease expired before the lock was granted");
+            return give_up(c, slot, generation, lease_id).await;
+        }
+        slot.set_key(&key);
+        slot.token.store(token, Ordering::Relaxed);
+        if !slot.transition(ACQUIRING, HELD) {
+            // Cancelled meanwhile: undo.
+            let _ = c.unlock(key).await;
+            give_up(c, slot, generation, lease_id).await;
+        }
+    }
+
+    fn fail_or_free(slot: &Slot, code: u32, msg: &str) {
+        slot.fail(code, msg);
+        let _ = slot.transition(CANCELLED, FREE);
+    }
+
+    /// Revoke the lease (deleting any key under it) and free a cancelled slot.
+    async fn give_up(mut c: Client, slot: &Slot, generation: u64, lease: i64) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
+        if current(slot, generation) {
+            let _ = slot.transition(CANCELLED, FREE);
+        }
+    }
+
+    async fn release(mut c: Client, slot: &'static Slot, generation: u64) {
+        let key = slot.key();
+        let lease = slot.lease.load(Ordering::Relaxed);
+        // Our key carries our lease id, so this never deletes another holder's key.
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.unlock(key.as_bytes())).await;
+        if lease != 0 {
+            let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
+        }
+        if current(slot, generation) {
+            slot.token.store(0, Ordering::Relaxed);
+            let _ = slot.transition(RELEASING, FREE);
+        }
+    }
+
+    fn mark_lost(slot: &Slot, generation: u64, why: &str) {
+        if current(slot, generation) {
+            slot.set_message(why);
+            let _ = slot.transition(HELD, LOST);
+        }
+    }
+
+    /// Keep one lease alive every TTL/3 until its slot moves on; mark the lock lost when etcd
+    /// says the lease is gone or when it could not be confirmed within its TTL.
+    async fn keep_alive(mut c: Client, slot: &'static Slot, generation: u64, lease: i64, ttl: i64) {
+        let period = Duration::from_millis((ttl.max(1) * 1000 / 3) as u64);
+        let mut stream = None;
+        loop {
+            tokio::time::sleep(period).await;
+            if !current(slot, generation) {
+                return;
+            }
+            match slot.state.load(Ordering::Acquire) {
+                ACQUIRING | HELD => {}
+                _ => return,
+            }
+            if stream.is_none() {
+                stream = match tokio::time::timeout(Duration::from_secs(2), c.lease_keep_alive(lease)).await {
+                    Ok(Ok(s)) => Some(s),
+                    _ => None,
+                };
+            }
+            let sent = now_ms();
+            let answer = match stream.as_mut() {
+                Some((keeper, responses)) => {
+                    tokio::time::timeout(period, async {
+                        keeper.keep_alive().await.ok()?;
+                        responses.message().await.ok().flatten()
+                    })
+                    .await
+                    .ok()
+                    .flatten()
+                }
+                None => None,
+            };
+            match answer {
+                Some(r) if r.ttl() > 0 => {
+                    slot.valid_until_ms.store(sent + r.ttl() * 1000, Ordering::Relaxed);
+                }
+                Some(_) => {
+                    mark_lost(slot, generation, "etcd reports the lease expired or was revoked");
+                    return;
+                }
+                None => {
+                    stream = None; // reconnect the keepalive stream on the next round
+                    if now_ms() >= slot.valid_until_ms.load(Ordering::Relaxed) {
+                        mark_lost(slot, generation, "the lease could not be kept alive within its TTL");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

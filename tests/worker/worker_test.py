@@ -1,0 +1,437 @@
+#!/usr/bin/python3
+"""Tests of the pg_fencing background worker against real etcd 3.4 processes on 127.0.0.1.
+
+Each scenario prints "ok: ..." or "FAIL: ..."; the exit status is 1 if any failed.
+Run by tests/worker/run.sh (which is part of scripts/test.sh).
+
+Scenarios (issue "Background worker", SPEC.md worker section):
+  interop        a PostgreSQL session holds `orders`; `etcdctl lock orders` waits until release and
+                 then gets a higher token; and the reverse
+  timeout        fencing_acquire honours its timeout (55P03), statement_timeout (57014) and
+                 leaves nothing behind
+  revoke         lease revoked from outside: fencing_locks says lost, the next write gets FT003
+  freeze         worker frozen with SIGSTOP past the TTL: writes with its token get FT003
+  etcd_down      etcd down when PostgreSQL starts: server serves, stored marks still enforced,
+                 fencing_acquire fails with FT005; when etcd comes up the worker reconnects
+  kill9          kill -9 of the postmaster: the worker's lock key disappears within TTL + a bit
+  cluster        three-member etcd cluster: the leader stops while a lock is held; lease and
+                 lock survive, writes with the token keep working
+  shutdown       pg_ctl stop -m fast takes at most about a second, etcd reachable or not
+  no_preload     without shared_preload_libraries the worker functions fail with 55000
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psycopg2
+
+PGBIN = "/usr/lib/postgresql/15/bin"
+PGPORT = int(os.environ.get("PGPORT_WORKER", "54369"))
+ETCD_BASE = int(os.environ.get("ETCD_WORKER_PORT", "23900"))
+TTL = 3
+FAILED = []
+WORK = tempfile.mkdtemp(prefix="pg_fencing_worker.")
+os.chmod(WORK, 0o755)
+if os.getuid() == 0:
+    shutil.chown(WORK, "postgres", "postgres")
+PROCS = []
+
+
+def ok(cond, what, detail=""):
+    if cond:
+        print(f"  ok: {what}")
+    else:
+        print(f"  FAIL: {what} {detail}")
+        FAILED.append(what)
+
+
+def as_pg(args, **kw):
+    if os.getuid() == 0:
+        args = ["sudo", "-u", "postgres", "--"] + args
+    return subprocess.run(args, check=True, capture_output=True, text=True, **kw)
+
+
+# ------------------------------------------------------------------------------------------ etcd
+
+class Etcd:
+    def __init__(self, members=1, base=ETCD_BASE, tag="e"):
+        self.procs = {}
+        self.members = [f"{tag}{i}" for i in range(members)]
+        self.client = {m: base + 10 * i for i, m in enumerate(self.members)}
+        self.peer = {m: base + 10 * i + 1 for i, m in enumerate(self.members)}
+        self.cluster = ",".join(f"{m}=http://127.0.0.1:{self.peer[m]}" for m in self.members)
+        self.dirs = {m: os.path.join(WORK, f"etcd-{m}") for m in self.members}
+
+    def endpoints(self):
+        return ",".join(f"127.0.0.1:{self.client[m]}" for m in self.members)
+
+    def start(self, member=None):
+        for m in ([member] if member else self.members):
+            log = open(os.path.join(WORK, f"etcd-{m}.log"), "a")
+            p = subprocess.Popen(
+                ["etcd", "--name", m, "--data-dir", self.dirs[m],
+                 "--listen-client-urls", f"http://127.0.0.1:{self.client[m]}",
+                 "--advertise-client-urls", f"http://127.0.0.1:{self.client[m]}",
+                 "--listen-peer-urls", f"http://127.0.0.1:{self.peer[m]}",
+                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer[m]}",
+                 "--initial-cluster", self.cluster, "--initial-cluster-state", "new",
+                 "--heartbeat-interval", "50", "--election-timeout", "500"],
+                stdout=log, stderr=log)
+            self.procs[m] = p
+            PROCS.append(p)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.ctl("endpoint", "health", check=False).returncode == 0:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("etcd did not become healthy")
+
+    def stop(self, member=None):
+        for m in ([member] if member else list(self.procs)):
+            p = self.procs.pop(m, None)
+            if p:
+                p.terminate()
+                p.wait(timeout=10)
+
+    def ctl(self, *args, check=True, endpoints=None, timeout=30):
+        env = dict(os.environ, ETCDCTL_API="3")
+        return subprocess.run(["etcdctl", "--endpoints", endpoints or self.endpoints(), *args],
+                              capture_output=True, text=True, env=env, check=check, timeout=timeout)
+
+    def leader(self):
+        for m in self.procs:
+            out = self.ctl("endpoint", "status", "-w", "fields", endpoints=f"127.0.0.1:{self.client[m]}",
+                           check=False).stdout
+            mid = lead = None
+            for line in out.splitlines():
+                if line.startswith('"MemberID"'):
+                    mid = line.split(":")[1].strip()
+                if line.startswith('"Leader"'):
+                    lead = line.split(":")[1].strip()
+            if mid and mid == lead:
+                return m
+        return None
+
+    def keys(self, prefix):
+        return [k for k in self.ctl("get", "--prefix", prefix, "--keys-only").stdout.split() if k]
+
+
+# ------------------------------------------------------------------------------------ PostgreSQL
+
+class Pg:
+    def __init__(self, name, port, conf):
+        self.data = os.path.join(WORK, name)
+        self.port = port
+        self.log = os.path.join(WORK, name + ".log")
+        os.makedirs(self.data)
+        if os.getuid() == 0:
+            shutil.chown(self.data, "postgres", "postgres")
+        as_pg([f"{PGBIN}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "--no-sync"])
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+            f.write(f"port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{WORK}'\n"
+                    f"fsync = off\n{conf}\n")
+
+    def start(self):
+        as_pg([f"{PGBIN}/pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start"])
+
+    def stop(self, mode="fast"):
+        t0 = time.time()
+        as_pg([f"{PGBIN}/pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "60", "stop"])
+        return time.time() - t0
+
+    def connect(self):
+        c = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres")
+        c.autocommit = True
+        return c
+
+    def pid(self):
+        with open(os.path.join(self.data, "postmaster.pid")) as f:
+            return int(f.readline())
+
+
+def sqlstate(cur, sql, params=None):
+    try:
+        cur.execute(sql, params)
+        return "ok"
+    except psycopg2.Error as e:
+        return e.pgcode
+
+
+def worker_pid(pg):
+    out = subprocess.run(["pgrep", "-P", str(pg.pid()), "-f", "pg_fencing etcd worker"],
+                         capture_output=True, text=True).stdout.split()
+    return int(out[0]) if out else None
+
+
+def setup_schema(cur):
+    cur.execute("CREATE EXTENSION IF NOT EXISTS pg_fencing")
+    cur.execute("DROP TABLE IF EXISTS orders_t")
+    cur.execute("CREATE TABLE orders_t (id int PRIMARY KEY, v int)")
+    cur.execute("SELECT fencing_protect('orders_t', 'orders')")
+
+
+def lock_state(cur, name):
+    cur.execute("SELECT state, token FROM fencing_locks WHERE lock = %s", (name,))
+    return cur.fetchone()
+
+
+# ------------------------------------------------------------------------------------- scenarios
+
+def scenarios_single(etcd, pg):
+    c1 = pg.connect()
+    cur = c1.cursor()
+    setup_schema(cur)
+
+    print("== interop with etcdctl lock")
+    cur.execute("SELECT fencing_acquire('orders')")
+    pg_token = cur.fetchone()[0]
+    cur.execute("SHOW pg_fencing.token")
+    ok(cur.fetchone()[0] == str(pg_token), "fencing_acquire sets the session's pg_fencing.token")
+    ok(any(k.startswith("orders/") for k in etcd.keys("orders/")), "the lock key uses the concurrency-mutex layout orders/<lease>")
+    env = dict(os.environ, ETCDCTL_API="3")
+    other = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "orders", "--",
+                              "sh", "-c", "echo $ETCD_LOCK_REV"], stdout=subprocess.PIPE, text=True, env=env)
+    time.sleep(1.0)
+    ok(other.poll() is None, "etcdctl lock orders waits while the PostgreSQL session holds it")
+    cur.execute("INSERT INTO orders_t VALUES (1, 1)")
+    cur.execute("SELECT fencing_release('orders')")
+    ok(cur.fetchone()[0] is True, "fencing_release returns true")
+    out, _ = other.communicate(timeout=10)
+    rev = int(out.strip() or 0)
+    ok(rev > pg_token, f"etcdctl then gets a higher token ({rev} > {pg_token})")
+    cur.execute("SELECT fencing_release('orders')")
+    ok(cur.fetchone()[0] is False, "releasing a lock not held returns false")
+
+    holder = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "orders", "--",
+                               "sh", "-c", "echo $ETCD_LOCK_REV; sleep 2"], stdout=subprocess.PIPE, text=True, env=env)
+    line = holder.stdout.readline()
+    ext_rev = int(line.strip())
+    t0 = time.time()
+    cur.execute("SELECT fencing_acquire('orders', '10s')")
+    tok2 = cur.fetchone()[0]
+    waited = time.time() - t0
+    holder.wait(timeout=10)
+    ok(waited > 1.0 and tok2 > ext_rev,
+       f"fencing_acquire waits for etcdctl's holder, then gets a higher token ({tok2} > {ext_rev}, waited {waited:.1f}s)")
+    cur.execute("SET pg_fencing.token = %s", (str(tok2),))
+    ok(sqlstate(cur, "UPDATE orders_t SET v = 2 WHERE id = 1") == "ok", "writes with the acquired token are accepted")
+    cur.execute("SELECT fencing_release('orders')")
+
+    print("== timeout, statement_timeout, cancel")
+    holder = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "orders", "--",
+                               "sh", "-c", "echo go; sleep 4"], stdout=subprocess.PIPE, text=True, env=env)
+    holder.stdout.readline()
+    t0 = time.time()
+    st = sqlstate(cur, "SELECT fencing_acquire('orders', '1s')")
+    ok(st == "55P03" and time.time() - t0 < 2.5, f"fencing_acquire times out with 55P03 ({st}, {time.time() - t0:.1f}s)")
+    cur.execute("SET statement_timeout = '500ms'")
+    st = sqlstate(cur, "SELECT fencing_acquire('orders', '10s')")
+    cur.execute("RESET statement_timeout")
+    ok(st == "57014", f"statement_timeout interrupts fencing_acquire ({st})")
+    time.sleep(0.3)
+    cur.execute("SELECT count(*) FROM fencing_locks")
+    ok(cur.fetchone()[0] == 0, "nothing is left in fencing_locks after a timeout or cancel")
+    holder.wait(timeout=10)
+    time.sleep(0.5)
+    ok([k for k in etcd.keys("orders/")] == [], "no waiter key of ours is left in etcd")
+
+    print("== lease revoked from outside")
+    cur.execute("SELECT fencing_acquire('orders')")
+    tok = cur.fetchone()[0]
+    cur.execute("SELECT lease_id FROM fencing_locks WHERE lock = 'orders'")
+    lease = cur.fetchone()[0]
+    etcd.ctl("lease", "revoke", format(lease, "x"))
+    deadline = time.time() + TTL + 3
+    state = None
+    while time.time() < deadline:
+        state = lock_state(cur, "orders")
+        if state and state[0] == "lost":
+            break
+        time.sleep(0.1)
+    ok(state and state[0] == "lost", f"fencing_locks shows lost after the revoke ({state})")
+    st = sqlstate(cur, "UPDATE orders_t SET v = 3 WHERE id = 1")
+    ok(st == "FT003", f"a write with the lost lock's token gets FT003 ({st})")
+    cur.execute("SELECT fencing_release('orders')")
+
+    print("== worker frozen (SIGSTOP) past the TTL")
+    cur.execute("SELECT fencing_acquire('orders')")
+    wpid = worker_pid(pg)
+    ok(wpid is not None, f"found the worker process ({wpid})")
+    os.kill(wpid, signal.SIGSTOP)
+    try:
+        time.sleep(TTL + 1)
+        st = sqlstate(cur, "UPDATE orders_t SET v = 4 WHERE id = 1")
+        ok(st == "FT003", f"with the worker frozen past the TTL, a write with its token gets FT003 ({st})")
+        state = lock_state(cur, "orders")
+        ok(state and state[0] == "lost", f"fencing_locks shows lost ({state})")
+    finally:
+        os.kill(wpid, signal.SIGCONT)
+    cur.execute("SELECT fencing_release('orders')")
+    cur.execute("SELECT fencing_acquire('orders')")
+    ok(sqlstate(cur, "UPDATE orders_t SET v = 5 WHERE id = 1") == "ok", "after SIGCONT a new lock works")
+    cur.execute("SELECT fencing_release('orders')")
+
+    print("== session exit releases")
+    c2 = pg.connect()
+    c2.cursor().execute("SELECT fencing_acquire('orders')")
+    c2.close()
+    deadline = time.time() + 5
+    while time.time() < deadline and etcd.keys("orders/"):
+        time.sleep(0.1)
+    ok(etcd.keys("orders/") == [], "the lock key is deleted when the holding session ends")
+    c1.close()
+
+
+def scenario_etcd_down(etcd, pg):
+    print("== etcd down when PostgreSQL starts")
+    pg.stop()
+    etcd.stop()
+    pg.start()
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("SELECT fencing_high_water('orders')")
+    hw = cur.fetchone()[0]
+    ok(hw is not None, "the server serves without etcd")
+    st = sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{hw - 1}'; UPDATE orders_t SET v = 9; COMMIT")
+    cur.execute("ROLLBACK") if st != "ok" else None
+    ok(st == "FT001", f"stored high-water marks are still enforced ({st})")
+    t0 = time.time()
+    st = sqlstate(cur, "SELECT fencing_acquire('orders', '5s')")
+    ok(st == "FT005" and time.time() - t0 < 5, f"fencing_acquire fails with FT005 ({st}, {time.time() - t0:.1f}s)")
+    etcd.start()
+    deadline = time.time() + 20
+    st = None
+    while time.time() < deadline:
+        st = sqlstate(cur, "SELECT fencing_acquire('orders', '5s')")
+        if st == "ok":
+            break
+        time.sleep(0.5)
+    ok(st == "ok", f"after etcd comes up the worker reconnects without a restart ({st})")
+    cur.execute("SELECT fencing_release('orders')")
+
+    print("== pg_ctl stop -m fast is quick")
+    cur.execute("SELECT fencing_acquire('orders')")
+    c.close()
+    took = pg.stop()
+    ok(took < 2.5, f"stop with etcd reachable took {took:.1f}s")
+    etcd.stop()
+    pg.start()
+    took = pg.stop()
+    ok(took < 2.5, f"stop with etcd unreachable took {took:.1f}s")
+    etcd.start()
+    pg.start()
+
+
+def scenario_kill9(etcd, pg):
+    print("== kill -9 of the postmaster (and of the worker, as in a machine crash)")
+    c = pg.connect()
+    c.cursor().execute("SELECT fencing_acquire('orders')")
+    pid = pg.pid()
+    wpid = worker_pid(pg)
+    ok(bool(etcd.keys("orders/")), "the lock key exists before the crash")
+    # Without the worker, nothing revokes the lease: etcd must expire it.
+    os.kill(wpid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.time()
+    while time.time() - t0 < TTL + 5 and etcd.keys("orders/"):
+        time.sleep(0.1)
+    gone = time.time() - t0
+    ok(not etcd.keys("orders/") and gone <= TTL + TTL / 3 + 1.5,
+       f"the worker's lock key disappears within TTL + one keepalive interval ({gone:.1f}s, TTL {TTL}s)")
+    # Restart: the dead postmaster may linger as a zombie; its lock files would look live.
+    time.sleep(1)
+    for f in (os.path.join(pg.data, "postmaster.pid"), os.path.join(WORK, f".s.PGSQL.{pg.port}.lock")):
+        if os.path.exists(f):
+            os.unlink(f)
+    pg.start()
+
+
+def scenario_cluster():
+    print("== three-member etcd cluster: the leader stops while a lock is held")
+    etcd3 = Etcd(members=3, base=ETCD_BASE + 100, tag="m")
+    etcd3.start()
+    pg = Pg("pg3", PGPORT + 1, f"shared_preload_libraries = 'pg_fencing'\npg_fencing.etcd_endpoints = '{etcd3.endpoints()}'\n"
+                               f"pg_fencing.lease_ttl = {TTL}")
+    pg.start()
+    try:
+        c = pg.connect()
+        cur = c.cursor()
+        setup_schema(cur)
+        cur.execute("SELECT fencing_acquire('orders')")
+        tok = cur.fetchone()[0]
+        leader = etcd3.leader()
+        ok(leader is not None, f"found the leader ({leader})")
+        etcd3.stop(leader)
+        time.sleep(TTL * 2)
+        state = lock_state(cur, "orders")
+        ok(state and state[0] == "held" and state[1] == tok, f"lock still held after the leader stopped ({state})")
+        ok(sqlstate(cur, "INSERT INTO orders_t VALUES (10, 10)") == "ok", "writes with the token keep working")
+        remaining = [m for m in etcd3.procs]
+        keys = etcd3.ctl("get", "--prefix", "orders/", "--keys-only",
+                         endpoints=",".join(f"127.0.0.1:{etcd3.client[m]}" for m in remaining)).stdout.split()
+        ok(len([k for k in keys if k]) == 1, "the lock key survives in the remaining members")
+        cur.execute("SELECT fencing_release('orders')")
+        c.close()
+    finally:
+        pg.stop("immediate")
+        etcd3.stop()
+
+
+def scenario_no_preload():
+    print("== without shared_preload_libraries")
+    pg = Pg("pg_nopreload", PGPORT + 2, "")
+    pg.start()
+    try:
+        c = pg.connect()
+        cur = c.cursor()
+        cur.execute("CREATE EXTENSION pg_fencing")
+        ok(sqlstate(cur, "SELECT fencing_acquire('orders')") == "55000", "fencing_acquire fails with 55000")
+        ok(sqlstate(cur, "SELECT fencing_release('orders')") == "55000", "fencing_release fails with 55000")
+        cur.execute("SELECT count(*) FROM fencing_locks")
+        ok(cur.fetchone()[0] == 0, "fencing_locks is empty")
+        cur.execute("CREATE TABLE np (id int PRIMARY KEY)")
+        cur.execute("SELECT fencing_protect('np', 'np')")
+        ok(sqlstate(cur, "BEGIN; SET LOCAL pg_fencing.token = '3'; INSERT INTO np VALUES (1); COMMIT") == "ok",
+           "fencing works without the worker")
+        c.close()
+    finally:
+        pg.stop("immediate")
+
+
+def main():
+    etcd = Etcd()
+    etcd.start()
+    pg = Pg("pg", PGPORT, f"shared_preload_libraries = 'pg_fencing'\npg_fencing.etcd_endpoints = '{etcd.endpoints()}'\n"
+                          f"pg_fencing.lease_ttl = {TTL}")
+    pg.start()
+    try:
+        scenarios_single(etcd, pg)
+        scenario_etcd_down(etcd, pg)
+        scenario_kill9(etcd, pg)
+        pg.stop("immediate")
+        etcd.stop()
+        scenario_cluster()
+        scenario_no_preload()
+    finally:
+        for p in PROCS:
+            if p.poll() is None:
+                p.kill()
+        for d in os.listdir(WORK):
+            full = os.path.join(WORK, d)
+            if os.path.exists(os.path.join(full, "postmaster.pid")):
+                subprocess.run(["sudo", "-u", "postgres", f"{PGBIN}/pg_ctl", "-D", full, "-m", "immediate", "stop"],
+                               capture_output=True)
+        if not os.environ.get("KEEP_WORK"):
+            shutil.rmtree(WORK, ignore_errors=True)
+    if FAILED:
+        print(f"{len(FAILED)} worker checks FAILED")
+        sys.exit(1)
+    print("all worker checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -17,7 +17,7 @@
 //! `Mutex.Header().Revision` returns). Before a token is returned, the lease is checked to be
 //! alive (etcd 3.4 can grant the lock to a waiter whose lease just expired).
 //!
-//! Lease loss: every slot carries `valid_until` (wall-clock ms): the send time of the last
+//! Lease loss: every slot carries `valid_until` (CLOCK_MONOTONIC ms): the send time of the last
 //! keepalive that etcd answered plus the TTL it granted. A write carrying the token of a slot
 //! that is past `valid_until` (or marked lost) fails with FT003 in the backend itself, even if
 //! the worker is frozen, so it fails before etcd can have given the lock to anyone else.
@@ -29,7 +29,7 @@ use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 pub const SLOTS: usize = 64;
 const NAME_LEN: usize = 256;
@@ -112,8 +112,12 @@ impl Default for Shared {
 static SHARED: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_fencing worker") };
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
+/// Milliseconds on CLOCK_MONOTONIC: one clock for all processes of the machine, and unlike the
+/// wall clock it never jumps back (which would make an expired lease look valid).
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
 }
 
 unsafe fn put(buf: *mut u8, cap: usize, s: &[u8]) {

@@ -24,8 +24,7 @@
 //! its own (and a bulk write cannot exhaust the lock table): UPDATE and DELETE hold the row lock
 //! and see the latest row version; an INSERT of a key whose delete is still in flight waits in
 //! the primary key's unique check until that delete commits, and only then (in the `AFTER
-//! INSERT` trigger) is the key's tombstone read, with the latest snapshot. The `BEFORE INSERT`
-//! check of the tombstone is only an early refusal.
+//! INSERT` trigger) is the key's tombstone read, with the latest snapshot.
 
 use crate::error::{Domain, FenceError, Token};
 use crate::stats;
@@ -72,6 +71,9 @@ struct Held {
 thread_local! {
     static HELD: RefCell<HashMap<String, Held>> = RefCell::new(HashMap::new());
     static PLANS: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+    /// The mark this backend last read for each resource, kept across transactions. Only a hint
+    /// for choosing the lock mode; every decision uses the mark read under the lock.
+    static LAST_SEEN: RefCell<HashMap<String, Option<Token>>> = RefCell::new(HashMap::new());
 }
 
 /// Forget all cached lock and mark state (end of transaction, subtransaction abort, reset).
@@ -101,16 +103,28 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
     let mut held = match held {
         Some(h) => h,
         None => {
-            // Unlocked peek, only to choose the lock mode (marks only go up, except by
-            // fencing_reset, which also takes the exclusive lock).
-            let peek = read_resource_mark(resource);
+            // Choose the lock mode from the mark this backend saw last (or an unlocked read):
+            // exclusive if the token looks like it raises the mark, share otherwise. Marks only
+            // go up, except by fencing_reset, which takes the exclusive lock; either way the
+            // decision below uses the mark read under the lock.
+            let peek = match LAST_SEEN.with(|l| l.borrow().get(resource).copied()) {
+                Some(seen) => seen,
+                None => read_resource_mark(resource),
+            };
             let mode = match rule(token, peek) {
-                Verdict::Reject => return Err(stale(peek.unwrap_or_default())),
                 Verdict::Accept { raises: true } => Mode::Exclusive,
-                Verdict::Accept { raises: false } => Mode::Share,
+                _ => Mode::Share,
             };
             lock(resource_tag(resource), mode);
-            Held { high_water: read_resource_mark(resource), mode }
+            let high_water = read_resource_mark(resource);
+            LAST_SEEN.with(|l| {
+                let mut l = l.borrow_mut();
+                if l.len() > 10_000 {
+                    l.clear();
+                }
+                l.insert(resource.to_string(), high_water);
+            });
+            Held { high_water, mode }
         }
     };
     let result = match rule(token, held.high_water) {
@@ -125,6 +139,7 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
             if store {
                 store_resource_mark(resource, token);
                 held.high_water = Some(token);
+                LAST_SEEN.with(|l| l.borrow_mut().insert(resource.to_string(), Some(token)));
             }
             Ok(token)
         }
@@ -146,10 +161,11 @@ pub fn lock_resource_exclusive(resource: &str) -> Option<Token> {
 /// Per-row mode, UPDATE/DELETE of an existing row: its own token column is its high-water mark.
 /// The executor holds the row lock and hands us the latest row version, so no lock is needed.
 /// `count`: count an accepted write in the statistics (false for early checks that are repeated).
+/// `key` prints the row's key; it is only called for the error message.
 pub fn admit_row(
     protection: i64,
     table: &str,
-    key: &str,
+    key: &dyn Fn() -> String,
     token: Token,
     row_token: Option<Token>,
     count: bool,
@@ -159,7 +175,7 @@ pub fn admit_row(
             let high_water = row_token.unwrap_or_default();
             stats::rejected(stats::Kind::Table, &protection.to_string(), token, high_water);
             Err(FenceError::StaleToken {
-                domain: Domain::Row { table: table.to_string(), key: key.to_string() },
+                domain: Domain::Row { table: table.to_string(), key: key() },
                 token,
                 high_water,
             })
@@ -175,10 +191,10 @@ pub fn admit_row(
 
 /// Per-row mode, INSERT of `key` (or an UPDATE that gives a row this key): checked against the
 /// key's tombstone, left by a delete. Authoritative when called after the row is in the unique
-/// index (the `AFTER` trigger, see the module comment); an early refusal before that.
+/// index (the `AFTER` triggers, see the module comment); an early refusal before that.
 pub fn admit_row_insert(protection: i64, table: &str, key: &str, token: Token, count: bool) -> Result<(), FenceError> {
     let tomb = read_tombstone(protection, key);
-    admit_row(protection, table, key, token, tomb, count)
+    admit_row(protection, table, &|| key.to_string(), token, tomb, count)
 }
 
 /// Per-row mode, DELETE of `key` (already admitted by [`admit_row`], under the row lock): leave a

@@ -37,8 +37,8 @@ pub extern "C-unwind" fn _PG_init() {
 #[pg_guard]
 unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     fence::forget_all();
-    trigger::forget_verified();
     if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
+        trigger::forget_verified();
         worker::abort_pending();
     }
 }

@@ -22,12 +22,15 @@ use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 
 thread_local! {
-    /// Relations whose trigger arguments were checked against `_pg_fencing.protected_table` in
-    /// this transaction (cleared at transaction end, see `lib.rs`).
-    static VERIFIED: RefCell<HashSet<u32>> = RefCell::new(HashSet::new());
+    /// (relation, protection id, resource, token column) combinations whose trigger arguments
+    /// were found to match `_pg_fencing.protected_table`. Kept for the life of the backend: a
+    /// protection's arguments only change through fencing_protect/fencing_unprotect, which
+    /// re-create or drop the triggers (and only the table's owner can attach triggers to it).
+    static VERIFIED: RefCell<HashSet<(u32, i64, String, String)>> = RefCell::new(HashSet::new());
 }
 
-/// Forget the verified relations (end of transaction).
+/// Forget the verified relations (subtransaction abort: a check may have read rows that are
+/// now rolled back).
 pub fn forget_verified() {
     VERIFIED.with(|v| v.borrow_mut().clear());
 }
@@ -38,11 +41,12 @@ pub fn forget_verified() {
 /// role could write tombstones or marks into another table's protection.
 unsafe fn verify_protection(rel: pg_sys::Relation, args: &Args, table: &str) -> Result<(), FenceError> {
     let relid = unsafe { (*rel).rd_id };
-    if VERIFIED.with(|v| v.borrow().contains(&relid.to_u32())) {
-        return Ok(());
-    }
     let resource = args.resource.clone().unwrap_or_default();
     let column = args.token_column.to_string_lossy().into_owned();
+    let cache_key = (relid.to_u32(), args.protection, resource.clone(), column.clone());
+    if VERIFIED.with(|v| v.borrow().contains(&cache_key)) {
+        return Ok(());
+    }
     let ok = fence::exec_internal(
         "SELECT true FROM _pg_fencing.protected_table p WHERE p.id = $1 AND p.protected \
          AND p.relid = coalesce(pg_catalog.pg_partition_root($2), $2) \
@@ -64,7 +68,13 @@ unsafe fn verify_protection(rel: pg_sys::Relation, args: &Args, table: &str) -> 
             "fencing_guard() on {table} does not match a protection made by fencing_protect()"
         )));
     }
-    VERIFIED.with(|v| v.borrow_mut().insert(relid.to_u32()));
+    VERIFIED.with(|v| {
+        let mut v = v.borrow_mut();
+        if v.len() > 10_000 {
+            v.clear();
+        }
+        v.insert(cache_key);
+    });
     Ok(())
 }
 
@@ -164,7 +174,24 @@ unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Result<Vec<i16>, FenceEr
 /// Canonical text of a row's primary key: exactly what `ROW(pk1, pk2, ...)::text` prints
 /// (PostgreSQL's `record_out` quoting), so SQL (TRUNCATE) and Rust build the same tombstone key.
 unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i16]) -> String {
-    fence::with_pinned_settings(|| unsafe { key_text_pinned(tuple, tupdesc, pk) })
+    // Types whose text form depends on no setting need no pinning (the common, cheap case).
+    let independent = pk.iter().all(|a| {
+        let typid = unsafe {
+            let natts = (*tupdesc).natts as usize;
+            (*tupdesc).attrs.as_slice(natts)[(*a - 1) as usize].atttypid
+        };
+        [
+            pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::VARCHAROID,
+            pg_sys::BPCHAROID, pg_sys::UUIDOID, pg_sys::BOOLOID, pg_sys::OIDOID, pg_sys::NUMERICOID,
+            pg_sys::NAMEOID, pg_sys::CHAROID,
+        ]
+        .contains(&typid)
+    });
+    if independent {
+        unsafe { key_text_pinned(tuple, tupdesc, pk) }
+    } else {
+        fence::with_pinned_settings(|| unsafe { key_text_pinned(tuple, tupdesc, pk) })
+    }
 }
 
 unsafe fn key_text_pinned(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i16]) -> String {
@@ -309,21 +336,29 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }
             (None, pg_sys::TRIGGER_EVENT_INSERT) => {
-                let pk = primary_key_attnums(rel)?;
-                let key = key_text(td.tg_trigtuple, tupdesc, &pk);
-                fence::admit_row_insert(args.protection, &table, &key, token, false)?;
+                // The key's tombstone is checked by the AFTER INSERT trigger, once the row is in
+                // the unique index (see fence.rs); here the row only gets its token.
+                primary_key_attnums(rel)?;
                 Ok(pg_sys::Datum::from(stamp(td.tg_trigtuple, tupdesc, attnum, token)))
             }
             (None, pg_sys::TRIGGER_EVENT_UPDATE) => {
                 let pk = primary_key_attnums(rel)?;
-                let old_key = key_text(td.tg_trigtuple, tupdesc, &pk);
-                let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
-                fence::admit_row(args.protection, &table, &old_key, token, row_token, true)?;
-                let new_key = key_text(td.tg_newtuple, tupdesc, &pk);
-                if new_key != old_key {
-                    // The key changes: the old key is deleted, the new one is inserted.
-                    fence::admit_row_insert(args.protection, &table, &new_key, token, false)?;
-                    fence::record_row_delete(args.protection, &old_key, token);
+                let old = td.tg_trigtuple;
+                let row_token = tuple_token(old, tupdesc, attnum);
+                fence::admit_row(args.protection, &table, &|| key_text(old, tupdesc, &pk), token, row_token, true)?;
+                // Only an UPDATE that sets a key column can change the key (a key changed by a
+                // later BEFORE trigger is caught by the AFTER UPDATE trigger).
+                let sets_key = pk.iter().any(|a| {
+                    pg_sys::bms_is_member(*a as i32 - pg_sys::FirstLowInvalidHeapAttributeNumber, td.tg_updatedcols)
+                });
+                if sets_key {
+                    let old_key = key_text(old, tupdesc, &pk);
+                    let new_key = key_text(td.tg_newtuple, tupdesc, &pk);
+                    if new_key != old_key {
+                        // The key changes: the old key is deleted, the new one is inserted.
+                        fence::admit_row_insert(args.protection, &table, &new_key, token, false)?;
+                        fence::record_row_delete(args.protection, &old_key, token);
+                    }
                 }
                 Ok(pg_sys::Datum::from(stamp(td.tg_newtuple, tupdesc, attnum, token)))
             }
@@ -331,7 +366,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 let pk = primary_key_attnums(rel)?;
                 let key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
-                fence::admit_row(args.protection, &table, &key, token, row_token, true)?;
+                fence::admit_row(args.protection, &table, &|| key.clone(), token, row_token, true)?;
                 fence::record_row_delete(args.protection, &key, token);
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }

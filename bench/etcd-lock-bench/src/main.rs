@@ -1,0 +1,22 @@
+//! Lock round trip with `etcd-client` directly, as a service would do it: grant a lease, lock
+//! under it, (the service would write here), unlock, revoke. Prints one latency in microseconds
+//! per line. Usage: etcd-lock-bench ENDPOINT LOCK_NAME ITERATIONS
+use etcd_client::{Client, LockOptions};
+use std::time::Instant;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let (endpoint, name, n) = (&args[1], &args[2], args[3].parse::<usize>()?);
+    let mut c = Client::connect([endpoint.as_str()], None).await?;
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let lease = c.lease_grant(10, None).await?.id();
+        let resp = c.lock(name.as_bytes(), Some(LockOptions::new().with_lease(lease))).await?;
+        let _token = resp.header().map(|h| h.revision());
+        c.unlock(resp.key()).await?;
+        c.lease_revoke(lease).await?;
+        println!("{}", t0.elapsed().as_micros());
+    }
+    Ok(())
+}

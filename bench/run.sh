@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# pg_fencing benchmarks: builds the extension in release mode, starts a throwaway PostgreSQL 15
+# (127.0.0.1:54379, preloaded) and etcd (127.0.0.1:23990), runs bench/bench.py and prints a
+# markdown report (also written to bench/latest.md).
+#   bench/run.sh [--no-setup]          BENCH_ROUNDS=3 BENCH_SECONDS=10 BENCH_ROWS_BIG=1000000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" != "--no-setup" ]; then
+    ./scripts/setup.sh
+fi
+echo "building the release build of pg_fencing and the etcd-client baseline"
+cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
+(cd bench/etcd-lock-bench && cargo build --release -q)
+
+source scripts/lib.sh
+CHILD_PIDS=""
+fresh_workdir
+trap 'cleanup_all' EXIT
+trap 'exit 130' INT TERM
+PGPORT_TEST=${PGPORT_BENCH:-54379}
+ETCD_CLIENT_PORT=${ETCD_BENCH_PORT:-23990}
+ETCD_PEER_PORT=$((ETCD_CLIENT_PORT + 1))
+etcd_start
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+pg_fencing.etcd_endpoints = '127.0.0.1:$ETCD_CLIENT_PORT'
+shared_buffers = '512MB'
+max_wal_size = '4GB'" pg_start
+
+{
+    echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB RAM, $(. /etc/os-release; echo "$PRETTY_NAME"), PostgreSQL $(psql -X -Atc 'SHOW server_version'), etcd $(etcd --version | head -1 | awk '{print $3}'), pg_fencing release build, fsync off, date $(date -u +%F)."
+    echo "Command: bench/run.sh (BENCH_ROUNDS=${BENCH_ROUNDS:-3} BENCH_SECONDS=${BENCH_SECONDS:-10} BENCH_ROWS_BIG=${BENCH_ROWS_BIG:-1000000})"
+    echo
+    ETCD_ENDPOINT="127.0.0.1:$ETCD_CLIENT_PORT" ETCD_BENCH_BIN=bench/etcd-lock-bench/target/release/etcd-lock-bench \
+        /usr/bin/python3 bench/bench.py
+} | tee bench/latest.md

@@ -76,6 +76,10 @@ pub enum FenceError {
     #[error("could not obtain lock \"{0}\" within the timeout")]
     LockTimeout(String),
 
+    /// 53400: every lock slot of the worker is in use.
+    #[error("all {0} lock slots of the pg_fencing worker are in use")]
+    TooManyLocks(usize),
+
     /// 55000: the background worker is not available (not preloaded, not configured, full).
     #[error("{0}")]
     WorkerUnavailable(String),
@@ -101,6 +105,7 @@ impl FenceError {
             FenceError::LockServiceUnavailable(_) => "FT005",
             FenceError::LockTimeout(_) => "55P03",
             FenceError::WorkerUnavailable(_) => "55000",
+            FenceError::TooManyLocks(_) => "53400",
             FenceError::TriggerProtocol(_) => "39P01",
         }
     }
@@ -137,6 +142,9 @@ impl FenceError {
             ),
             FenceError::LockTimeout(_) => Some(
                 "Another client holds the lock. Retry later or pass a longer timeout.".into(),
+            ),
+            FenceError::TooManyLocks(_) => Some(
+                "Release locks that are no longer needed (fencing_release, or end the sessions holding them); see fencing_locks.".into(),
             ),
             FenceError::WorkerUnavailable(_) => Some(
                 "Set shared_preload_libraries = 'pg_fencing' and pg_fencing.etcd_endpoints, then restart the server.".into(),

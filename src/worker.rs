@@ -214,6 +214,14 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             NAME_LEN - 65
         )));
     }
+    // The etcd key is <prefix><name>/<lease id in hex>; it must fit, never be cut.
+    if lock_key_name(name).len() + 17 >= KEY_LEN {
+        return Err(FenceError::InvalidArgument(format!(
+            "pg_fencing.lock_prefix and lock_name together must have fewer than {} bytes",
+            KEY_LEN - 17
+        )));
+    }
+    wait_for_worker(sh)?;
     let me = unsafe { pg_sys::MyProcPid };
     for s in sh.slots.iter() {
         let st = s.state.load(Ordering::Acquire);
@@ -228,7 +236,7 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
         .slots
         .iter()
         .find(|s| s.transition(FREE, RESERVED))
-        .ok_or_else(|| FenceError::WorkerUnavailable(format!("all {SLOTS} lock slots are in use")))?;
+        .ok_or_else(|| FenceError::TooManyLocks(SLOTS))?;
     let deadline = now_ms() + timeout.as_millis() as i64;
     slot.generation.fetch_add(1, Ordering::AcqRel);
     slot.owner_pid.store(me, Ordering::Relaxed);
@@ -263,6 +271,9 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             cancel_slot(sh, slot);
             return Err(FenceError::LockTimeout(name.to_string()));
         }
+        if sh.worker_latch.load(Ordering::Acquire) == 0 && slot.transition(REQUESTED, FREE) {
+            return Err(FenceError::LockServiceUnavailable("the pg_fencing worker stopped".into()));
+        }
         unsafe {
             pg_sys::WaitLatch(
                 pg_sys::MyLatch,
@@ -274,6 +285,27 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
         }
         pgrx::check_for_interrupts!();
     }
+}
+
+/// FT005 unless the worker is running (it may be restarting: wait up to two seconds).
+fn wait_for_worker(sh: &Shared) -> Result<(), FenceError> {
+    let deadline = now_ms() + 2000;
+    while sh.worker_latch.load(Ordering::Acquire) == 0 {
+        if now_ms() >= deadline {
+            return Err(FenceError::LockServiceUnavailable("the pg_fencing worker is not running".into()));
+        }
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                10,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
+    }
+    Ok(())
 }
 
 fn cancel_slot(sh: &Shared, slot: &Slot) {
@@ -392,16 +424,16 @@ fn register_exit_callback() {
     });
 }
 
-/// FT003 if `token` is the token of a lock this session took through the worker and that lock is
-/// lost: marked lost by the worker, or past the end of its lease as last confirmed by etcd.
+/// FT003 if `token` is the token of a lock taken through the worker (by any session) and that lock
+/// is lost: marked lost by the worker, or past the end of its lease as last confirmed by etcd.
 pub fn check_token(token: i64) -> Result<(), FenceError> {
     if !ENABLED.load(Ordering::Relaxed) {
         return Ok(());
     }
     let sh = SHARED.get();
-    let me = unsafe { pg_sys::MyProcPid };
     for s in sh.slots.iter() {
-        if s.token.load(Ordering::Relaxed) != token || s.owner_pid.load(Ordering::Relaxed) != me {
+        // Any session's write carrying a lost lock's token fails, not only the holder's.
+        if s.token.load(Ordering::Relaxed) != token {
             continue;
         }
         let st = s.state.load(Ordering::Acquire);
@@ -524,6 +556,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     }
 
     let mut dispatched: [u64; SLOTS] = [0; SLOTS];
+    let mut acquiring: [u64; SLOTS] = [u64::MAX; SLOTS];
     while BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
@@ -534,8 +567,13 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
             match s.state.load(Ordering::Acquire) {
                 REQUESTED => {
                     if s.transition(REQUESTED, ACQUIRING) {
+                        acquiring[i] = generation;
                         let _ = tx.send(Cmd::Acquire(i, generation));
                     }
+                }
+                // Cancelled before the request reached the etcd thread: nothing to clean up.
+                CANCELLED if acquiring[i] != generation => {
+                    let _ = s.transition(CANCELLED, FREE);
                 }
                 RELEASE_REQUESTED => {
                     if s.transition(RELEASE_REQUESTED, RELEASING) {
@@ -550,12 +588,26 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
             }
         }
     }
-    // SIGTERM or postmaster death: revoke our leases if etcd answers quickly, never wait long.
+    // SIGTERM or postmaster death. First make every held lock lost, so that writes with their
+    // tokens fail at once (FT003): nobody keeps their leases alive from now on. Then revoke the
+    // leases if etcd answers quickly, never waiting long.
+    sh.worker_latch.store(0, Ordering::Release);
+    for s in sh.slots.iter() {
+        if s.transition(HELD, LOST) {
+            s.set_message("the pg_fencing worker stopped");
+        }
+        if s.transition(ACQUIRING, FAILED) || s.transition(REQUESTED, FAILED) {
+            s.error.store(ERR_UNREACHABLE, Ordering::Relaxed);
+            s.set_message("the pg_fencing worker stopped");
+        }
+    }
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     if tx.send(Cmd::Shutdown(done_tx)).is_ok() {
         let _ = done_rx.recv_timeout(Duration::from_millis(700));
     }
     log!("pg_fencing worker stopped");
+    // Exit code 1: if only the worker was stopped (not the server), the postmaster restarts it.
+    unsafe { pg_sys::proc_exit(1) };
 }
 
 /// The etcd thread must not receive PostgreSQL's signals: they belong to the main thread.
@@ -572,10 +624,15 @@ fn block_signals() {
 
 mod etcd {
     use super::*;
-    use etcd_client::{Client, ConnectOptions, LockOptions};
+    use etcd_client::{Client, ConnectOptions, EventType, LockOptions, WatchOptions};
     use tokio::sync::mpsc::UnboundedReceiver;
 
+    /// The client each held lock was taken with: a release must reach the etcd cluster that
+    /// holds the key, even after `pg_fencing.etcd_endpoints` changed.
+    type Owners = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<usize, Client>>>;
+
     pub(super) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'static Shared) {
+        let owners: Owners = Default::default();
         let mut client: Option<Client> = None;
         let mut backoff = Duration::from_millis(100);
         let mut next_try = tokio::time::Instant::now();
@@ -612,10 +669,11 @@ mod etcd {
                     }
                     let c = client.clone().unwrap();
                     let ttl = cfg.ttl;
-                    tokio::spawn(acquire(c, slot, generation, ttl));
+                    tokio::spawn(acquire(c, slot, i, generation, ttl, owners.clone()));
                 }
                 Cmd::Release(i, generation) => {
-                    if let Some(c) = client.clone() {
+                    let own = owners.lock().map(|mut o| o.remove(&i)).ok().flatten();
+                    if let Some(c) = own.or_else(|| client.clone()) {
                         tokio::spawn(release(c, &sh.slots[i], generation));
                     } else {
                         // Without a connection the lease cannot be revoked; it expires by itself.
@@ -631,21 +689,27 @@ mod etcd {
                     }
                 }
                 Cmd::Shutdown(done) => {
-                    if let Some(mut c) = client.clone() {
-                        let leases: Vec<i64> = sh
-                            .slots
+                    let held: Vec<(Client, i64)> = {
+                        let o = owners.lock().map(|o| o.clone()).unwrap_or_default();
+                        sh.slots
                             .iter()
-                            .filter(|s| matches!(s.state.load(Ordering::Acquire), HELD | RELEASING | RELEASE_REQUESTED))
-                            .map(|s| s.lease.load(Ordering::Relaxed))
-                            .filter(|l| *l != 0)
-                            .collect();
-                        let _ = tokio::time::timeout(Duration::from_millis(500), async {
-                            for l in leases {
-                                let _ = c.lease_revoke(l).await;
-                            }
-                        })
-                        .await;
-                    }
+                            .enumerate()
+                            .filter(|(_, s)| {
+                                matches!(s.state.load(Ordering::Acquire), HELD | LOST | RELEASING | RELEASE_REQUESTED)
+                            })
+                            .filter_map(|(i, s)| {
+                                let lease = s.lease.load(Ordering::Relaxed);
+                                let c = o.get(&i).cloned().or_else(|| client.clone())?;
+                                (lease != 0).then_some((c, lease))
+                            })
+                            .collect()
+                    };
+                    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+                        for (mut c, l) in held {
+                            let _ = c.lease_revoke(l).await;
+                        }
+                    })
+                    .await;
                     let _ = done.send(());
                     return;
                 }
@@ -657,9 +721,10 @@ mod etcd {
         if cfg.endpoints.is_empty() {
             return Err("pg_fencing.etcd_endpoints is empty".into());
         }
+        // No per-request timeout: a Lock request legitimately waits as long as the caller's
+        // timeout; every call below has its own deadline.
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
-            .with_timeout(Duration::from_secs(5))
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
         let mut c = tokio::time::timeout(Duration::from_secs(2), Client::connect(cfg.endpoints.clone(), Some(opts)))
             .await
@@ -677,7 +742,7 @@ mod etcd {
         slot.generation.load(Ordering::Acquire) == generation
     }
 
-    async fn acquire(mut c: Client, slot: &'static Slot, generation: u64, ttl: i64) {
+    async fn acquire(mut c: Client, slot: &'static Slot, index: usize, generation: u64, ttl: i64, owners: Owners) {
         let name = slot.key();
         let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
         let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
@@ -729,12 +794,56 @@ mod etcd {
             slot.fail(ERR_LEASE, "the lease expired before the lock was granted");
             return give_up(c, slot, generation, lease_id).await;
         }
+        // Watch our key from the grant on: its deletion (lease revoked or expired, key deleted by
+        // someone) means the lock is gone, and is reported at once.
+        let watch = tokio::time::timeout(
+            Duration::from_secs(2),
+            c.watch(key.clone(), Some(WatchOptions::new().with_start_revision(token + 1))),
+        )
+        .await;
         slot.set_key(&key);
         slot.token.store(token, Ordering::Relaxed);
+        if let Ok(mut o) = owners.lock() {
+            o.insert(index, c.clone());
+        }
         if !slot.transition(ACQUIRING, HELD) {
             // Cancelled meanwhile: undo.
+            if let Ok(mut o) = owners.lock() {
+                o.remove(&index);
+            }
             let _ = c.unlock(key).await;
             give_up(c, slot, generation, lease_id).await;
+            return;
+        }
+        match watch {
+            Ok(Ok(stream)) => {
+                tokio::spawn(watch_key(stream, slot, generation));
+            }
+            _ => {
+                // Without a watch, loss is still detected by the keepalive (within TTL/3) and
+                // by the lease's validity time.
+            }
+        }
+    }
+
+    async fn watch_key(mut stream: etcd_client::WatchStream, slot: &'static Slot, generation: u64) {
+        loop {
+            if !current(slot, generation) || !matches!(slot.state.load(Ordering::Acquire), HELD) {
+                return;
+            }
+            match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
+                Err(_) => continue,
+                Ok(Ok(Some(resp))) => {
+                    if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                        mark_lost(slot, generation, "its etcd key was deleted (lease revoked or expired)");
+                        return;
+                    }
+                    if resp.canceled() {
+                        return;
+                    }
+                }
+                Ok(_) => return,
+            }
         }
     }
 
@@ -815,6 +924,15 @@ mod etcd {
                 }
                 None => {
                     stream = None; // reconnect the keepalive stream on the next round
+                    // Is the lease gone (revoked), or is etcd just not answering?
+                    if let Ok(Ok(r)) =
+                        tokio::time::timeout(Duration::from_secs(1), c.lease_time_to_live(lease, None)).await
+                    {
+                        if r.ttl() <= 0 {
+                            mark_lost(slot, generation, "etcd reports the lease expired or was revoked");
+                            return;
+                        }
+                    }
                     if now_ms() >= slot.valid_until_ms.load(Ordering::Relaxed) {
                         mark_lost(slot, generation, "the lease could not be kept alive within its TTL");
                         return;

@@ -244,6 +244,7 @@ def scenarios_single(etcd, pg):
     tok = cur.fetchone()[0]
     cur.execute("SELECT lease_id FROM fencing_locks WHERE lock = 'orders'")
     lease = cur.fetchone()[0]
+    t0 = time.time()
     etcd.ctl("lease", "revoke", format(lease, "x"))
     deadline = time.time() + TTL + 3
     state = None
@@ -251,10 +252,63 @@ def scenarios_single(etcd, pg):
         state = lock_state(cur, "orders")
         if state and state[0] == "lost":
             break
-        time.sleep(0.1)
-    ok(state and state[0] == "lost", f"fencing_locks shows lost after the revoke ({state})")
+        time.sleep(0.02)
+    noticed = time.time() - t0
+    ok(state and state[0] == "lost" and noticed < 0.5,
+       f"fencing_locks shows lost right after the revoke ({state}, after {noticed:.2f}s; TTL {TTL}s)")
     st = sqlstate(cur, "UPDATE orders_t SET v = 3 WHERE id = 1")
     ok(st == "FT003", f"a write with the lost lock's token gets FT003 ({st})")
+    other = pg.connect().cursor()
+    other.execute("SET pg_fencing.token = %s", (str(tok),))
+    st = sqlstate(other, "UPDATE orders_t SET v = 3 WHERE id = 1")
+    ok(st == "FT003", f"another session carrying the lost token gets FT003 too ({st})")
+    other.connection.close()
+    cur.execute("SELECT fencing_release('orders')")
+
+    print("== waits longer than 5 s, cancelled requests leave no slot behind")
+    holder = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "longwait", "--",
+                               "sh", "-c", "echo go; sleep 6"], stdout=subprocess.PIPE, text=True, env=env)
+    holder.stdout.readline()
+    t0 = time.time()
+    st = sqlstate(cur, "SELECT fencing_acquire('longwait', '15s')")
+    ok(st == "ok" and time.time() - t0 > 5, f"fencing_acquire waits 6 s for the holder ({st}, {time.time() - t0:.1f}s)")
+    cur.execute("SELECT fencing_release('longwait')")
+    holder.wait(timeout=10)
+    for _ in range(100):
+        sqlstate(cur, "SELECT fencing_acquire('z', '0s')")
+    cur.execute("SET statement_timeout = '1ms'")
+    for _ in range(50):
+        sqlstate(cur, "SELECT fencing_acquire('z', '10s')")
+    cur.execute("RESET statement_timeout")
+    time.sleep(1.0)
+    cur.execute("SELECT count(*) FROM fencing_locks")
+    ok(cur.fetchone()[0] == 0, "150 timed-out or cancelled requests leave no slot behind")
+    st = sqlstate(cur, "SELECT fencing_acquire('z', '1s')")
+    ok(st == "ok", f"and the next acquire works ({st})")
+    cur.execute("SELECT fencing_release('z')")
+    cur.execute("ALTER SYSTEM SET pg_fencing.lock_prefix = %s", ("p" * 300,))
+    cur.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)
+    st = sqlstate(cur, "SELECT fencing_acquire('name')")
+    ok(st == "22023", f"a prefix and name too long for the key are refused, not cut ({st})")
+    cur.execute("ALTER SYSTEM RESET pg_fencing.lock_prefix")
+    cur.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)
+
+    print("== worker stopped with SIGTERM")
+    cur.execute("SELECT fencing_acquire('orders')")
+    wpid = worker_pid(pg)
+    os.kill(wpid, signal.SIGTERM)
+    time.sleep(0.3)
+    st = sqlstate(cur, "UPDATE orders_t SET v = 6 WHERE id = 1")
+    ok(st == "FT003", f"writes with its locks' tokens get FT003 at once ({st})")
+    deadline = time.time() + 10
+    while time.time() < deadline and worker_pid(pg) in (None, wpid):
+        time.sleep(0.2)
+    ok(worker_pid(pg) not in (None, wpid), "the postmaster restarts the worker")
+    cur.execute("SELECT fencing_release('orders')")
+    st = sqlstate(cur, "SELECT fencing_acquire('orders', '5s')")
+    ok(st == "ok", f"the restarted worker takes locks ({st})")
     cur.execute("SELECT fencing_release('orders')")
 
     print("== worker frozen (SIGSTOP) past the TTL")

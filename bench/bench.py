@@ -106,7 +106,7 @@ SINGLE_ROW = [
     ("application-side conditional UPDATE",
      SET_ID + f"UPDATE b_app SET v = v + 1, fence_token = {TOKEN} WHERE id = :id AND fence_token <= {TOKEN};\n", ""),
     ("fenced_update(...)",
-     SET_ID + f"SELECT fenced_update('b_fenced', jsonb_build_object('id', :id), jsonb_build_object('v', :id), {TOKEN});\n", ""),
+     SET_ID + f"SELECT fenced_update('b_fenced', jsonb_build_object('id', :id::int), jsonb_build_object('v', :id::int), {TOKEN});\n", ""),
 ]
 
 

@@ -164,7 +164,7 @@ pub fn lock_resource_exclusive(resource: &str) -> Option<Token> {
 /// `key` prints the row's key; it is only called for the error message.
 pub fn admit_row(
     protection: i64,
-    table: &str,
+    table: &dyn Fn() -> String,
     key: &dyn Fn() -> String,
     token: Token,
     row_token: Option<Token>,
@@ -175,7 +175,7 @@ pub fn admit_row(
             let high_water = row_token.unwrap_or_default();
             stats::rejected(stats::Kind::Table, &protection.to_string(), token, high_water);
             Err(FenceError::StaleToken {
-                domain: Domain::Row { table: table.to_string(), key: key() },
+                domain: Domain::Row { table: table(), key: key() },
                 token,
                 high_water,
             })
@@ -192,7 +192,13 @@ pub fn admit_row(
 /// Per-row mode, INSERT of `key` (or an UPDATE that gives a row this key): checked against the
 /// key's tombstone, left by a delete. Authoritative when called after the row is in the unique
 /// index (the `AFTER` triggers, see the module comment); an early refusal before that.
-pub fn admit_row_insert(protection: i64, table: &str, key: &str, token: Token, count: bool) -> Result<(), FenceError> {
+pub fn admit_row_insert(
+    protection: i64,
+    table: &dyn Fn() -> String,
+    key: &str,
+    token: Token,
+    count: bool,
+) -> Result<(), FenceError> {
     let tomb = read_tombstone(protection, key);
     admit_row(protection, table, &|| key.to_string(), token, tomb, count)
 }
@@ -258,18 +264,23 @@ fn lock(t: pg_sys::LOCKTAG, mode: Mode) {
 // ---------------------------------------------------------------------------------------------
 // Storage of marks: ordinary tables in schema _pg_fencing (WAL-logged, replicated, crash-safe),
 // read with the latest committed snapshot and written as the extension's owner.
+//
+// The cached statements run as the extension owner with the caller's search_path (the plan cache
+// re-analyzes a plan under the current search_path), so every name in them is schema-qualified,
+// operators included: a role's own operators can never be picked up.
 
 const SQL_READ_RESOURCE: &str =
-    "SELECT high_water FROM _pg_fencing.resource_high_water WHERE resource = $1";
+    "SELECT high_water FROM _pg_fencing.resource_high_water WHERE resource OPERATOR(pg_catalog.=) $1";
 const SQL_STORE_RESOURCE: &str = "INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at) \
      VALUES ($1, $2, pg_catalog.clock_timestamp()) ON CONFLICT (resource) DO UPDATE \
      SET high_water = excluded.high_water, updated_at = excluded.updated_at \
-     WHERE h.high_water < excluded.high_water";
+     WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
 const SQL_READ_TOMB: &str =
-    "SELECT high_water FROM _pg_fencing.row_tombstone WHERE protection_id = $1 AND key = $2";
+    "SELECT high_water FROM _pg_fencing.row_tombstone \
+     WHERE protection_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
 const SQL_STORE_TOMB: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
      VALUES ($1, $2, $3) ON CONFLICT (protection_id, key) DO UPDATE \
-     SET high_water = excluded.high_water WHERE h.high_water < excluded.high_water";
+     SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
 
 fn as_token(d: pg_sys::Datum) -> Token {
     d.value() as i64
@@ -354,10 +365,18 @@ pub fn with_pinned_settings<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Owner of schema `_pg_fencing` (the role that created the extension).
+thread_local! {
+    static OWNER: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Owner of schema `_pg_fencing` (the role that created the extension), remembered per schema OID.
 fn internal_owner() -> pg_sys::Oid {
     unsafe {
         let nsp = pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), false);
+        let (cached_nsp, cached_owner) = OWNER.with(|o| o.get());
+        if cached_nsp == nsp.to_u32() && cached_owner != 0 {
+            return pg_sys::Oid::from(cached_owner);
+        }
         let tup = pg_sys::SearchSysCache1(
             pg_sys::SysCacheIdentifier::NAMESPACEOID as _,
             pg_sys::Datum::from(nsp),
@@ -368,6 +387,7 @@ fn internal_owner() -> pg_sys::Oid {
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_namespace>(tup);
         let owner = (*form).nspowner;
         pg_sys::ReleaseSysCache(tup);
+        OWNER.with(|o| o.set((nsp.to_u32(), owner.to_u32())));
         owner
     }
 }
@@ -383,7 +403,15 @@ pub fn exec_internal<T>(
     read_only: bool,
     decode: impl FnOnce(pg_sys::Datum) -> T,
 ) -> Option<T> {
-    with_pinned_settings(|| exec_internal_pinned(sql, cached, types, args, read_only, decode))
+    // The cached statements qualify every name, operators included (see above), and return
+    // bigints, so neither search_path nor output settings matter to them once prepared. A plan
+    // not yet prepared, and one-off statements (which print keys), run with pinned settings.
+    let prepared = cached && PLANS.with(|p| p.borrow().contains_key(sql));
+    if prepared {
+        exec_internal_pinned(sql, cached, types, args, read_only, decode)
+    } else {
+        with_pinned_settings(|| exec_internal_pinned(sql, cached, types, args, read_only, decode))
+    }
 }
 
 fn exec_internal_pinned<T>(

@@ -27,6 +27,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     stats::init_if_preloading();
     worker::init_if_preloading();
+    trigger::register_relcache_callback();
     unsafe {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());

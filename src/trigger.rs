@@ -18,7 +18,7 @@ use crate::fence;
 use crate::gucs::current_token;
 use pgrx::prelude::*;
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 
 thread_local! {
@@ -26,7 +26,69 @@ thread_local! {
     /// were found to match `_pg_fencing.protected_table`. Kept for the life of the backend: a
     /// protection's arguments only change through fencing_protect/fencing_unprotect, which
     /// re-create or drop the triggers (and only the table's owner can attach triggers to it).
-    static VERIFIED: RefCell<HashSet<(u32, i64, String, String)>> = RefCell::new(HashSet::new());
+    static VERIFIED: RefCell<HashSet<(u32, u64)>> = RefCell::new(HashSet::new());
+    /// Per relation (and token column): the token column's attribute number and the primary
+    /// key. Dropped on relcache invalidation of the relation (see `register_relcache_callback`).
+    static RELINFO: RefCell<HashMap<(u32, u64), RelInfo>> = RefCell::new(HashMap::new());
+}
+
+#[derive(Clone)]
+struct RelInfo {
+    token_attnum: i32,
+    pk: Vec<i16>,
+    pk_immediate: bool,
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    RELINFO.with(|r| {
+        let mut r = r.borrow_mut();
+        if relid == pg_sys::Oid::INVALID {
+            r.clear();
+        } else {
+            r.retain(|(id, _), _| *id != relid.to_u32());
+        }
+    });
+}
+
+/// Called once from `_PG_init`.
+pub fn register_relcache_callback() {
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0usize)) };
+}
+
+fn args_hash(args: &Args) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100000001b3);
+    };
+    eat(&args.protection.to_le_bytes());
+    eat(args.resource.as_deref().unwrap_or("").as_bytes());
+    eat(args.token_column.as_bytes());
+    h
+}
+
+/// Token column and primary key of `rel`, from the per-backend cache.
+unsafe fn relinfo(rel: pg_sys::Relation, args: &Args, table: &dyn Fn() -> String) -> Result<RelInfo, FenceError> {
+    let key = (unsafe { (*rel).rd_id }.to_u32(), args_hash(args));
+    if let Some(info) = RELINFO.with(|r| r.borrow().get(&key).cloned()) {
+        return Ok(info);
+    }
+    let token_attnum = unsafe { token_attnum(rel, args, &table())? };
+    let (pk, pk_immediate) = unsafe { primary_key(rel) };
+    let info = RelInfo { token_attnum, pk, pk_immediate };
+    RELINFO.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.len() > 10_000 {
+            r.clear();
+        }
+        r.insert(key, info.clone());
+    });
+    Ok(info)
 }
 
 /// Forget the verified relations (subtransaction abort: a check may have read rows that are
@@ -39,18 +101,19 @@ pub fn forget_verified() {
 /// their own with made-up arguments. Its arguments are trusted only if they are exactly what
 /// `fencing_protect` recorded for this table (or the root of its partition tree); otherwise a
 /// role could write tombstones or marks into another table's protection.
-unsafe fn verify_protection(rel: pg_sys::Relation, args: &Args, table: &str) -> Result<(), FenceError> {
+unsafe fn verify_protection(rel: pg_sys::Relation, args: &Args, table: &dyn Fn() -> String) -> Result<(), FenceError> {
     let relid = unsafe { (*rel).rd_id };
-    let resource = args.resource.clone().unwrap_or_default();
-    let column = args.token_column.to_string_lossy().into_owned();
-    let cache_key = (relid.to_u32(), args.protection, resource.clone(), column.clone());
+    let cache_key = (relid.to_u32(), args_hash(args));
     if VERIFIED.with(|v| v.borrow().contains(&cache_key)) {
         return Ok(());
     }
+    let resource = args.resource.clone().unwrap_or_default();
+    let column = args.token_column.to_string_lossy().into_owned();
     let ok = fence::exec_internal(
-        "SELECT true FROM _pg_fencing.protected_table p WHERE p.id = $1 AND p.protected \
-         AND p.relid = coalesce(pg_catalog.pg_partition_root($2), $2) \
-         AND p.resource IS NOT DISTINCT FROM nullif($3, '') AND p.token_column = $4::name",
+        "SELECT true FROM _pg_fencing.protected_table p WHERE p.id OPERATOR(pg_catalog.=) $1 AND p.protected \
+         AND p.relid OPERATOR(pg_catalog.=) coalesce(pg_catalog.pg_partition_root($2), $2) \
+         AND (p.resource OPERATOR(pg_catalog.=) $3 OR (p.resource IS NULL AND $3 OPERATOR(pg_catalog.=) '')) \
+         AND p.token_column OPERATOR(pg_catalog.=) $4::pg_catalog.name",
         true,
         &[pg_sys::INT8OID, pg_sys::REGCLASSOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
         &mut [
@@ -65,7 +128,8 @@ unsafe fn verify_protection(rel: pg_sys::Relation, args: &Args, table: &str) -> 
     .unwrap_or(false);
     if !ok {
         return Err(FenceError::NotAllowed(format!(
-            "fencing_guard() on {table} does not match a protection made by fencing_protect()"
+            "fencing_guard() on {} does not match a protection made by fencing_protect()",
+            table()
         )));
     }
     VERIFIED.with(|v| {
@@ -160,6 +224,10 @@ unsafe fn primary_key(rel: pg_sys::Relation) -> (Vec<i16>, bool) {
 /// key does not wait there, so it is refused (42P16).
 unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Result<Vec<i16>, FenceError> {
     let (cols, immediate) = unsafe { primary_key(rel) };
+    check_primary_key(rel, cols, immediate)
+}
+
+fn check_primary_key(rel: pg_sys::Relation, cols: Vec<i16>, immediate: bool) -> Result<Vec<i16>, FenceError> {
     if cols.is_empty() || !immediate {
         let table = unsafe { relation_name(rel) };
         return Err(FenceError::InvalidTableDefinition(if cols.is_empty() {
@@ -266,8 +334,10 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         let row_level = event & pg_sys::TRIGGER_EVENT_ROW != 0;
         let before = event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
 
-        let table = relation_name(rel);
-        verify_protection(rel, &args, &table)?;
+        // The table's name is only needed for error messages: printed lazily.
+        let table_fn = || relation_name(rel);
+        let table: &dyn Fn() -> String = &table_fn;
+        verify_protection(rel, &args, table)?;
         if !row_level && op != pg_sys::TRIGGER_EVENT_TRUNCATE {
             // BEFORE INSERT/UPDATE/DELETE FOR EACH STATEMENT (resource mode): take the resource's
             // lock before the executor locks any row, so that every transaction takes resource
@@ -280,18 +350,21 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
             }
             return Ok(pg_sys::Datum::from(0usize));
         }
-        let token = current_token().ok_or_else(|| FenceError::NoToken { target: format!("a write to protected table {table}") })?;
+        let token = current_token()
+            .ok_or_else(|| FenceError::NoToken { target: format!("a write to protected table {}", table()) })?;
         crate::worker::check_token(token)?;
 
         if !row_level {
             if before {
-                truncate(rel, &args, &table, token)?;
+                truncate(rel, &args, &table(), token)?;
             }
             return Ok(pg_sys::Datum::from(0usize));
         }
 
         let tupdesc = (*rel).rd_att;
-        let attnum = token_attnum(rel, &args, &table)?;
+        let info = relinfo(rel, &args, table)?;
+        let attnum = info.token_attnum;
+        let pk_of = || check_primary_key(rel, info.pk.clone(), info.pk_immediate);
 
         if !before {
             // AFTER INSERT (both modes) and, in per-row mode, AFTER UPDATE of a row whose key
@@ -305,9 +378,9 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                     fence::admit_resource(resource, stamped, true)?;
                 }
                 None if op == pg_sys::TRIGGER_EVENT_INSERT || op == pg_sys::TRIGGER_EVENT_UPDATE => {
-                    let pk = primary_key_attnums(rel)?;
+                    let pk = pk_of()?;
                     let key = key_text(row, tupdesc, &pk);
-                    fence::admit_row_insert(args.protection, &table, &key, stamped, true)?;
+                    fence::admit_row_insert(args.protection, table, &key, stamped, true)?;
                     if op == pg_sys::TRIGGER_EVENT_UPDATE {
                         // The key changed (the trigger's WHEN clause), possibly by a BEFORE trigger
                         // that ran after the guard: the old key is gone, so it keeps a tombstone.
@@ -338,14 +411,16 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
             (None, pg_sys::TRIGGER_EVENT_INSERT) => {
                 // The key's tombstone is checked by the AFTER INSERT trigger, once the row is in
                 // the unique index (see fence.rs); here the row only gets its token.
-                primary_key_attnums(rel)?;
+                if !info.pk_immediate || info.pk.is_empty() {
+                    pk_of()?;
+                }
                 Ok(pg_sys::Datum::from(stamp(td.tg_trigtuple, tupdesc, attnum, token)))
             }
             (None, pg_sys::TRIGGER_EVENT_UPDATE) => {
-                let pk = primary_key_attnums(rel)?;
+                let pk = pk_of()?;
                 let old = td.tg_trigtuple;
                 let row_token = tuple_token(old, tupdesc, attnum);
-                fence::admit_row(args.protection, &table, &|| key_text(old, tupdesc, &pk), token, row_token, true)?;
+                fence::admit_row(args.protection, table, &|| key_text(old, tupdesc, &pk), token, row_token, true)?;
                 // Only an UPDATE that sets a key column can change the key (a key changed by a
                 // later BEFORE trigger is caught by the AFTER UPDATE trigger).
                 let sets_key = pk.iter().any(|a| {
@@ -356,17 +431,17 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                     let new_key = key_text(td.tg_newtuple, tupdesc, &pk);
                     if new_key != old_key {
                         // The key changes: the old key is deleted, the new one is inserted.
-                        fence::admit_row_insert(args.protection, &table, &new_key, token, false)?;
+                        fence::admit_row_insert(args.protection, table, &new_key, token, false)?;
                         fence::record_row_delete(args.protection, &old_key, token);
                     }
                 }
                 Ok(pg_sys::Datum::from(stamp(td.tg_newtuple, tupdesc, attnum, token)))
             }
             (None, _delete) => {
-                let pk = primary_key_attnums(rel)?;
+                let pk = pk_of()?;
                 let key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
-                fence::admit_row(args.protection, &table, &|| key.clone(), token, row_token, true)?;
+                fence::admit_row(args.protection, table, &|| key.clone(), token, row_token, true)?;
                 fence::record_row_delete(args.protection, &key, token);
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }

@@ -202,23 +202,35 @@ def lock_round_trips(n=200):
         r = subprocess.run([binary, ep, "bench-direct", str(n)], capture_output=True, text=True, check=True)
         out["etcd-client directly: lease, lock, unlock, revoke (Rust)"] = [float(x) for x in r.stdout.split()]
     env = dict(os.environ, ETCDCTL_API="3")
+    env.pop("ETCDCTL_ENDPOINTS", None)  # conflicts with --endpoints
     lat = []
     for _ in range(min(n, 100)):
         t0 = time.perf_counter()
-        subprocess.run(["etcdctl", "--endpoints", ep, "lock", "bench-ctl", "--", "true"], env=env, check=True,
-                       capture_output=True)
+        r = subprocess.run(["etcdctl", "--endpoints", ep, "lock", "bench-ctl", "--", "sh", "-c", "true"], env=env,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"etcdctl lock failed: {r.stderr.strip()}", file=sys.stderr)
+            continue
         lat.append((time.perf_counter() - t0) * 1e6)
-    out["etcdctl lock NAME -- true (process start included)"] = lat
+    out["etcdctl lock NAME -- sh -c true (process start included)"] = lat
     return out
 
 
 def pct(values, p):
+    if not values:
+        return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
 def main():
+    only = os.environ.get("BENCH_ONLY", "")
     setup()
+    if only == "locks":
+        lats = lock_round_trips()
+        for name, v in lats.items():
+            print(f"| {name} | {pct(v, 50):,.0f} | {pct(v, 99):,.0f} | {len(v)} |")
+        return
     print(f"# pg_fencing benchmarks\n")
     print(f"{ROUNDS} rounds, variants alternating within each round; pgbench -M prepared -c {CLIENTS} "
           f"-T {SECONDS}; medians.\n")

@@ -6,6 +6,9 @@ CREATE SCHEMA mal AUTHORIZATION mallory;
 CREATE TABLE victim (id int PRIMARY KEY, v text);
 SELECT fencing_protect('victim', 'victim-res');
 GRANT ALL ON victim TO mallory;
+CREATE TABLE victim_rows (id int PRIMARY KEY, v text);
+SELECT fencing_protect('victim_rows');
+GRANT ALL ON victim_rows TO mallory;
 SET ROLE mallory;
 CREATE FUNCTION mal.lt(bigint, bigint) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
@@ -24,11 +27,16 @@ SELECT public.fencing_advance('mal-res', 1);
 SELECT public.fencing_advance('mal-res', 2);
 BEGIN; SET LOCAL pg_fencing.token = '3'; INSERT INTO public.victim VALUES (1, 'x'); COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '4'; UPDATE public.victim SET v = 'y'; COMMIT;
+-- per-row mode: tombstone reads and writes, twice each so that cached plans are used too
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO public.victim_rows VALUES (1, 'x'), (2, 'x'); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '6'; DELETE FROM public.victim_rows WHERE id = 1; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '6'; DELETE FROM public.victim_rows WHERE id = 2; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '7'; INSERT INTO public.victim_rows VALUES (1, 'y'), (2, 'y'); COMMIT;
 RESET search_path;
 RESET ROLE;
 SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory';
 SELECT fencing_high_water('mal-res'), fencing_high_water('victim-res');
-DROP TABLE victim;
+DROP TABLE victim, victim_rows;
 DROP SCHEMA mal CASCADE;
 DROP ROLE mallory;
 

@@ -287,4 +287,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import shutil
+    try:
+        main()
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)

@@ -10,7 +10,10 @@ use crate::{fence, token, trigger};
 use pgrx::pg_sys::{self, FunctionCallInfo};
 use pgrx::prelude::*;
 
-unsafe fn run(fcinfo: FunctionCallInfo, body: impl FnOnce() -> Result<pg_sys::Datum, FenceError>) -> pg_sys::Datum {
+unsafe fn run(
+    fcinfo: FunctionCallInfo,
+    body: impl FnOnce() -> Result<pg_sys::Datum, FenceError>,
+) -> pg_sys::Datum {
     let _ = fcinfo;
     let outcome = unsafe { pg_sys::submodules::panic::pgrx_extern_c_guard(body) };
     match outcome {
@@ -51,12 +54,18 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
             let tok: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
             let resource = match resource {
                 Some(r) if !r.is_empty() => r,
-                _ => return Err(FenceError::InvalidArgument("resource must be a non-empty name".into())),
+                _ => {
+                    return Err(FenceError::InvalidArgument(
+                        "resource must be a non-empty name".into(),
+                    ))
+                }
             };
             let tok = match tok {
                 Some(t) => token::check_token(t)?,
                 None => {
-                    return Err(FenceError::NoToken { target: format!("fencing_advance of resource \"{resource}\"") })
+                    return Err(FenceError::NoToken {
+                        target: format!("fencing_advance of resource \"{resource}\""),
+                    })
                 }
             };
             crate::worker::check_token(tok)?;
@@ -71,11 +80,14 @@ v1_finfo!(pg_finfo_pg_fencing_lock_resource);
 /// until the end of the transaction and returns its current mark (NULL if none). Used by
 /// `fencing_reset`; not granted to PUBLIC.
 #[unsafe(no_mangle)]
-pub unsafe extern "C-unwind" fn pg_fencing_lock_resource(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+pub unsafe extern "C-unwind" fn pg_fencing_lock_resource(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
-            let resource = resource.ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
+            let resource = resource
+                .ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
             match fence::lock_resource_exclusive(&resource) {
                 Some(hw) => Ok(pg_sys::Datum::from(hw)),
                 None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
@@ -98,9 +110,13 @@ fn require_owner(relid: pg_sys::Oid) -> Result<(), FenceError> {
         let name = if name.is_null() {
             relid.to_u32().to_string()
         } else {
-            unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+            unsafe { std::ffi::CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
         };
-        Err(FenceError::NotAllowed(format!("must be owner of table {name}")))
+        Err(FenceError::NotAllowed(format!(
+            "must be owner of table {name}"
+        )))
     }
 }
 
@@ -117,11 +133,13 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
             require_owner(relid)?;
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
             let column: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 2);
-            let column = column.ok_or_else(|| FenceError::InvalidArgument("token_column must not be NULL".into()))?;
+            let column = column.ok_or_else(|| {
+                FenceError::InvalidArgument("token_column must not be NULL".into())
+            })?;
             let mut args = [
                 pg_sys::Datum::from(relid),
-                resource.as_deref().into_datum().unwrap_or(pg_sys::Datum::from(0usize)),
-                column.as_str().into_datum().unwrap(),
+                fence::text_datum(resource.as_deref().unwrap_or("")),
+                fence::text_datum(&column),
             ];
             let nulls_resource = resource.is_none();
             let sql = if nulls_resource {
@@ -135,9 +153,6 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
                  SET resource = excluded.resource, token_column = excluded.token_column, protected = true \
                  RETURNING id"
             };
-            if nulls_resource {
-                args[1] = "".into_datum().unwrap();
-            }
             let id = fence::exec_internal(
                 sql,
                 false,
@@ -146,8 +161,9 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
                 false,
                 |d| d.value() as i64,
             );
-            id.map(pg_sys::Datum::from)
-                .ok_or_else(|| FenceError::InvalidArgument("could not record the protection".into()))
+            id.map(pg_sys::Datum::from).ok_or_else(|| {
+                FenceError::InvalidArgument("could not record the protection".into())
+            })
         })
     }
 }
@@ -189,15 +205,27 @@ pub unsafe extern "C-unwind" fn fencing_acquire(fcinfo: FunctionCallInfo) -> pg_
         run(fcinfo, || {
             let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
             let timeout: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
-            let name = name.ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
+            let name = name
+                .ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
             let micros = match timeout {
-                None => return Err(FenceError::InvalidArgument("timeout must not be NULL".into())),
-                Some(iv) => iv.micros() as i128 + iv.days() as i128 * 86_400_000_000 + iv.months() as i128 * 30 * 86_400_000_000,
+                None => {
+                    return Err(FenceError::InvalidArgument(
+                        "timeout must not be NULL".into(),
+                    ))
+                }
+                Some(iv) => {
+                    iv.micros() as i128
+                        + iv.days() as i128 * 86_400_000_000
+                        + iv.months() as i128 * 30 * 86_400_000_000
+                }
             };
             if micros < 0 || micros > 86_400_000_000 * 365 {
-                return Err(FenceError::InvalidArgument("timeout must be between 0 and 1 year".into()));
+                return Err(FenceError::InvalidArgument(
+                    "timeout must be between 0 and 1 year".into(),
+                ));
             }
-            let token = crate::worker::acquire(&name, std::time::Duration::from_micros(micros as u64))?;
+            let token =
+                crate::worker::acquire(&name, std::time::Duration::from_micros(micros as u64))?;
             crate::gucs::set_session_token(Some(token));
             Ok(pg_sys::Datum::from(token))
         })
@@ -213,7 +241,8 @@ pub unsafe extern "C-unwind" fn fencing_release(fcinfo: FunctionCallInfo) -> pg_
     unsafe {
         run(fcinfo, || {
             let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
-            let name = name.ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
+            let name = name
+                .ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
             Ok(pg_sys::Datum::from(crate::worker::release(&name)?))
         })
     }

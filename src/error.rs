@@ -33,7 +33,11 @@ impl std::fmt::Display for Domain {
 pub enum FenceError {
     /// FT001: the token is lower than the high-water mark of what the write touches.
     #[error("stale fencing token {token} for {domain}")]
-    StaleToken { domain: Domain, token: Token, high_water: Token },
+    StaleToken {
+        domain: Domain,
+        token: Token,
+        high_water: Token,
+    },
 
     /// FT002: a write to a protected table (or an advance) without a token.
     #[error("no fencing token for {target}")]
@@ -66,7 +70,11 @@ pub enum FenceError {
 
     /// FT003: the token belongs to a lock whose lease was lost (expired or revoked).
     #[error("fencing token {token} belongs to lock \"{lock}\", which was lost")]
-    LockLost { lock: String, token: Token, why: String },
+    LockLost {
+        lock: String,
+        token: Token,
+        why: String,
+    },
 
     /// FT005: the lock service is unreachable (or answered with an error).
     #[error("the lock service is unavailable: {0}")]

@@ -33,6 +33,16 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::CString;
 
+/// A `text` datum (palloc'd in the current memory context) holding `s`.
+pub fn text_datum(s: &str) -> pg_sys::Datum {
+    unsafe {
+        pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(
+            s.as_ptr().cast(),
+            s.len() as i32,
+        ))
+    }
+}
+
 /// Outcome of comparing a token with a high-water mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -97,7 +107,11 @@ pub fn forget(resource: &str) {
 pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token, FenceError> {
     let stale = |h: Token| {
         stats::rejected(stats::Kind::Resource, resource, token, h);
-        FenceError::StaleToken { domain: Domain::Resource(resource.to_string()), token, high_water: h }
+        FenceError::StaleToken {
+            domain: Domain::Resource(resource.to_string()),
+            token,
+            high_water: h,
+        }
     };
     let held = HELD.with(|h| h.borrow().get(resource).copied());
     let mut held = match held {
@@ -173,9 +187,17 @@ pub fn admit_row(
     match rule(token, row_token) {
         Verdict::Reject => {
             let high_water = row_token.unwrap_or_default();
-            stats::rejected(stats::Kind::Table, &protection.to_string(), token, high_water);
+            stats::rejected(
+                stats::Kind::Table,
+                &protection.to_string(),
+                token,
+                high_water,
+            );
             Err(FenceError::StaleToken {
-                domain: Domain::Row { table: table(), key: key() },
+                domain: Domain::Row {
+                    table: table(),
+                    key: key(),
+                },
                 token,
                 high_water,
             })
@@ -248,7 +270,6 @@ fn resource_tag(resource: &str) -> pg_sys::LOCKTAG {
     tag(fnv1a(&[resource.as_bytes()]), TAG_RESOURCE)
 }
 
-
 /// Transaction-scoped lock; waits like any heavyweight lock: interruptible by query cancel,
 /// `statement_timeout` and `lock_timeout`, with deadlock detection.
 fn lock(t: pg_sys::LOCKTAG, mode: Mode) {
@@ -271,12 +292,12 @@ fn lock(t: pg_sys::LOCKTAG, mode: Mode) {
 
 const SQL_READ_RESOURCE: &str =
     "SELECT high_water FROM _pg_fencing.resource_high_water WHERE resource OPERATOR(pg_catalog.=) $1";
-const SQL_STORE_RESOURCE: &str = "INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at) \
+const SQL_STORE_RESOURCE: &str =
+    "INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at) \
      VALUES ($1, $2, pg_catalog.clock_timestamp()) ON CONFLICT (resource) DO UPDATE \
      SET high_water = excluded.high_water, updated_at = excluded.updated_at \
      WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
-const SQL_READ_TOMB: &str =
-    "SELECT high_water FROM _pg_fencing.row_tombstone \
+const SQL_READ_TOMB: &str = "SELECT high_water FROM _pg_fencing.row_tombstone \
      WHERE protection_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
 const SQL_STORE_TOMB: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
      VALUES ($1, $2, $3) ON CONFLICT (protection_id, key) DO UPDATE \
@@ -287,12 +308,19 @@ fn as_token(d: pg_sys::Datum) -> Token {
 }
 
 fn read_resource_mark(resource: &str) -> Option<Token> {
-    let r = resource.into_datum().unwrap();
-    exec_internal(SQL_READ_RESOURCE, true, &[pg_sys::TEXTOID], &mut [r], true, as_token)
+    let r = text_datum(resource);
+    exec_internal(
+        SQL_READ_RESOURCE,
+        true,
+        &[pg_sys::TEXTOID],
+        &mut [r],
+        true,
+        as_token,
+    )
 }
 
 fn store_resource_mark(resource: &str, token: Token) {
-    let r = resource.into_datum().unwrap();
+    let r = text_datum(resource);
     exec_internal(
         SQL_STORE_RESOURCE,
         true,
@@ -304,7 +332,7 @@ fn store_resource_mark(resource: &str, token: Token) {
 }
 
 fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
-    let k = key.into_datum().unwrap();
+    let k = text_datum(key);
     exec_internal(
         SQL_READ_TOMB,
         true,
@@ -316,12 +344,16 @@ fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
 }
 
 fn store_tombstone(protection: i64, key: &str, token: Token) {
-    let k = key.into_datum().unwrap();
+    let k = text_datum(key);
     exec_internal(
         SQL_STORE_TOMB,
         true,
         &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::INT8OID],
-        &mut [pg_sys::Datum::from(protection), k, pg_sys::Datum::from(token)],
+        &mut [
+            pg_sys::Datum::from(protection),
+            k,
+            pg_sys::Datum::from(token),
+        ],
         false,
         as_token,
     );
@@ -436,7 +468,11 @@ fn exec_internal_pinned<T>(
         if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
             pgrx::error!("pg_fencing: SPI_connect failed");
         }
-        let plan = if cached { plan_for(sql, types) } else { prepare(sql, types) };
+        let plan = if cached {
+            plan_for(sql, types)
+        } else {
+            prepare(sql, types)
+        };
         let nulls = vec![b' ' as std::ffi::c_char; args.len()];
         let rc = pg_sys::SPI_execute_snapshot(
             plan,
@@ -482,7 +518,8 @@ fn plan_for(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
 
 /// A plan in the current SPI procedure's memory (freed by SPI_finish).
 fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
-    let csql = CString::new(sql).unwrap();
+    // Our statements contain no NUL (identifiers cannot); strip one rather than panic.
+    let csql = CString::new(sql.replace('\0', "")).unwrap_or_default();
     let mut types = types.to_vec();
     unsafe {
         let plan = pg_sys::SPI_prepare(csql.as_ptr(), types.len() as i32, types.as_mut_ptr());
@@ -509,15 +546,28 @@ pub fn truncate_rows(
     let check = format!(
         "SELECT {row_key} || ' ' || {token_col} FROM {from} WHERE {token_col} > $1 ORDER BY {token_col} DESC LIMIT 1"
     );
-    let newest = exec_internal(&check, false, &[pg_sys::INT8OID], &mut [pg_sys::Datum::from(token)], true, |d| unsafe {
-        String::from_datum(d, false).unwrap_or_default()
-    });
+    let newest = exec_internal(
+        &check,
+        false,
+        &[pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(token)],
+        true,
+        |d| unsafe { String::from_datum(d, false).unwrap_or_default() },
+    );
     if let Some(found) = newest {
         let (key, hw) = found.rsplit_once(' ').unwrap_or((&found, "0"));
         let high_water = hw.parse().unwrap_or_default();
-        stats::rejected(stats::Kind::Table, &protection.to_string(), token, high_water);
+        stats::rejected(
+            stats::Kind::Table,
+            &protection.to_string(),
+            token,
+            high_water,
+        );
         return Err(FenceError::StaleToken {
-            domain: Domain::Row { table: table.to_string(), key: key.to_string() },
+            domain: Domain::Row {
+                table: table.to_string(),
+                key: key.to_string(),
+            },
             token,
             high_water,
         });
@@ -548,7 +598,10 @@ mod unit {
         assert_eq!(rule(5, Some(4)), Verdict::Accept { raises: true });
         assert_eq!(rule(5, Some(5)), Verdict::Accept { raises: false });
         assert_eq!(rule(5, Some(6)), Verdict::Reject);
-        assert_eq!(rule(i64::MAX, Some(i64::MAX)), Verdict::Accept { raises: false });
+        assert_eq!(
+            rule(i64::MAX, Some(i64::MAX)),
+            Verdict::Accept { raises: false }
+        );
     }
 
     #[test]

@@ -22,12 +22,18 @@ static LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(10);
 /// `pg_fencing.etcd_endpoints`: comma-separated etcd endpoints (`host:port` or URLs); empty means
 /// the worker takes no locks.
 pub fn etcd_endpoints() -> String {
-    ETCD_ENDPOINTS.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+    ETCD_ENDPOINTS
+        .get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// `pg_fencing.lock_prefix`: etcd key prefix put in front of every lock name.
 pub fn lock_prefix() -> String {
-    LOCK_PREFIX.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+    LOCK_PREFIX
+        .get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// `pg_fencing.lease_ttl`: lease TTL in seconds.
@@ -37,7 +43,7 @@ pub fn lease_ttl() -> i32 {
 
 /// Set (or clear) this session's `pg_fencing.token` at session level, as `SET` would.
 pub fn set_session_token(token: Option<Token>) {
-    let value = CString::new(token.map(|t| t.to_string()).unwrap_or_default()).unwrap();
+    let value = CString::new(token.map(|t| t.to_string()).unwrap_or_default()).unwrap_or_default();
     unsafe {
         pg_sys::set_config_option(
             c"pg_fencing.token".as_ptr(),

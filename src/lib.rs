@@ -18,7 +18,12 @@ mod worker;
 
 ::pgrx::pg_module_magic!();
 
-pgrx::extension_sql_file!("../sql/pg_fencing.sql", name = "pg_fencing_api", requires = [stats::fencing_stats, entry::fencing_lock_status], finalize);
+pgrx::extension_sql_file!(
+    "../sql/pg_fencing.sql",
+    name = "pg_fencing_api",
+    requires = [stats::fencing_stats, entry::fencing_lock_status],
+    finalize
+);
 
 /// Runs when the library is loaded: with `shared_preload_libraries`, or on the first call of
 /// one of its functions in a backend.
@@ -36,7 +41,10 @@ pub extern "C-unwind" fn _PG_init() {
 
 /// Locks taken by the fencing rule end with the transaction; so does what we know about them.
 #[pg_guard]
-unsafe extern "C-unwind" fn xact_callback(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+unsafe extern "C-unwind" fn xact_callback(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
     fence::forget_all();
     if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
         trigger::forget_verified();
@@ -72,11 +80,20 @@ mod tests {
         Spi::run("SET LOCAL pg_fencing.token = '5'").unwrap();
         Spi::run("INSERT INTO acct VALUES (1, 100)").unwrap();
         Spi::run("UPDATE acct SET balance = 110 WHERE id = 1").unwrap();
-        assert_eq!(Spi::get_one::<i64>("SELECT fencing_high_water('ledger')").unwrap(), Some(5));
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT fencing_high_water('ledger')").unwrap(),
+            Some(5)
+        );
         Spi::run("SET LOCAL pg_fencing.token = '7'").unwrap();
         Spi::run("UPDATE acct SET balance = 120 WHERE id = 1").unwrap();
-        assert_eq!(Spi::get_one::<i64>("SELECT fencing_high_water('ledger')").unwrap(), Some(7));
-        assert_eq!(Spi::get_one::<i64>("SELECT fence_token FROM acct WHERE id = 1").unwrap(), Some(7));
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT fencing_high_water('ledger')").unwrap(),
+            Some(7)
+        );
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT fence_token FROM acct WHERE id = 1").unwrap(),
+            Some(7)
+        );
     }
 
     #[pg_test(error = "stale fencing token 4 for resource \"ledger2\"")]
@@ -98,9 +115,15 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!(row.0, serde_json::json!({"id": 1, "state": "done", "fence_token": 3}));
+        assert_eq!(
+            row.0,
+            serde_json::json!({"id": 1, "state": "done", "fence_token": 3})
+        );
         // The call's token did not leak into the session.
-        assert_eq!(Spi::get_one::<String>("SELECT current_setting('pg_fencing.token')").unwrap(), Some(String::new()));
+        assert_eq!(
+            Spi::get_one::<String>("SELECT current_setting('pg_fencing.token')").unwrap(),
+            Some(String::new())
+        );
     }
 }
 

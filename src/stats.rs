@@ -95,7 +95,11 @@ fn hash(kind: Kind, name: &str) -> u64 {
         h ^= *b as u64;
         h = h.wrapping_mul(0x100000001b3);
     }
-    if h == 0 { 1 } else { h }
+    if h == 0 {
+        1
+    } else {
+        h
+    }
 }
 
 fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
@@ -111,8 +115,13 @@ fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
         if current == key {
             return Some(s);
         }
-        if current == 0 && s.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            s.database.store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Relaxed);
+        if current == 0
+            && s.key
+                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            s.database
+                .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Relaxed);
             unsafe {
                 *s.kind.get() = kind as u8;
                 let buf = &mut *s.name.get();
@@ -144,10 +153,13 @@ pub fn accepted(kind: Kind, name: &str) {
 pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
     if let Some(s) = slot(kind, name) {
         s.rejected.fetch_add(1, Ordering::Relaxed);
-        s.last_rejection_at.store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
+        s.last_rejection_at
+            .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
         s.last_rejected_token.store(token, Ordering::Relaxed);
-        s.last_rejection_high_water.store(high_water, Ordering::Relaxed);
-        s.last_rejection_pid.store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
+        s.last_rejection_high_water
+            .store(high_water, Ordering::Relaxed);
+        s.last_rejection_pid
+            .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
     }
 }
 
@@ -166,7 +178,10 @@ fn fencing_stats() -> TableIterator<
         name!(name, String),
         name!(accepted, i64),
         name!(rejected, i64),
-        name!(last_rejection_at, Option<pgrx::datum::TimestampWithTimeZone>),
+        name!(
+            last_rejection_at,
+            Option<pgrx::datum::TimestampWithTimeZone>
+        ),
         name!(last_rejected_token, Option<i64>),
         name!(last_rejection_high_water, Option<i64>),
         name!(last_rejection_pid, Option<i32>),
@@ -184,9 +199,16 @@ fn fencing_stats() -> TableIterator<
             let (kind, name) = unsafe {
                 let buf = &*s.name.get();
                 let len = buf.iter().position(|b| *b == 0).unwrap_or(NAME_LEN);
-                (*s.kind.get(), String::from_utf8_lossy(&buf[..len]).into_owned())
+                (
+                    *s.kind.get(),
+                    String::from_utf8_lossy(&buf[..len]).into_owned(),
+                )
             };
-            let kind = if kind == Kind::Resource as u8 { "resource" } else { "table" };
+            let kind = if kind == Kind::Resource as u8 {
+                "resource"
+            } else {
+                "table"
+            };
             let rejected = s.rejected.load(Ordering::Relaxed) as i64;
             let at = s.last_rejection_at.load(Ordering::Relaxed);
             let last = rejected > 0;
@@ -195,7 +217,11 @@ fn fencing_stats() -> TableIterator<
                 name,
                 s.accepted.load(Ordering::Relaxed) as i64,
                 rejected,
-                if last { pgrx::datum::TimestampWithTimeZone::try_from(at).ok() } else { None },
+                if last {
+                    pgrx::datum::TimestampWithTimeZone::try_from(at).ok()
+                } else {
+                    None
+                },
                 last.then(|| s.last_rejected_token.load(Ordering::Relaxed)),
                 last.then(|| s.last_rejection_high_water.load(Ordering::Relaxed)),
                 last.then(|| s.last_rejection_pid.load(Ordering::Relaxed)),
@@ -203,7 +229,16 @@ fn fencing_stats() -> TableIterator<
         }
         let dropped = table.dropped.load(Ordering::Relaxed) as i64;
         if dropped > 0 {
-            rows.push(("dropped".into(), String::new(), 0, dropped, None, None, None, None));
+            rows.push((
+                "dropped".into(),
+                String::new(),
+                0,
+                dropped,
+                None,
+                None,
+                None,
+                None,
+            ));
         }
     }
     TableIterator::new(rows)

@@ -53,7 +53,9 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
 
 /// Called once from `_PG_init`.
 pub fn register_relcache_callback() {
-    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0usize)) };
+    unsafe {
+        pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0usize))
+    };
 }
 
 fn args_hash(args: &Args) -> u64 {
@@ -73,14 +75,22 @@ fn args_hash(args: &Args) -> u64 {
 }
 
 /// Token column and primary key of `rel`, from the per-backend cache.
-unsafe fn relinfo(rel: pg_sys::Relation, args: &Args, table: &dyn Fn() -> String) -> Result<RelInfo, FenceError> {
+unsafe fn relinfo(
+    rel: pg_sys::Relation,
+    args: &Args,
+    table: &dyn Fn() -> String,
+) -> Result<RelInfo, FenceError> {
     let key = (unsafe { (*rel).rd_id }.to_u32(), args_hash(args));
     if let Some(info) = RELINFO.with(|r| r.borrow().get(&key).cloned()) {
         return Ok(info);
     }
     let token_attnum = unsafe { token_attnum(rel, args, &table())? };
     let (pk, pk_immediate) = unsafe { primary_key(rel) };
-    let info = RelInfo { token_attnum, pk, pk_immediate };
+    let info = RelInfo {
+        token_attnum,
+        pk,
+        pk_immediate,
+    };
     RELINFO.with(|r| {
         let mut r = r.borrow_mut();
         if r.len() > 10_000 {
@@ -101,7 +111,11 @@ pub fn forget_verified() {
 /// their own with made-up arguments. Its arguments are trusted only if they are exactly what
 /// `fencing_protect` recorded for this table (or the root of its partition tree); otherwise a
 /// role could write tombstones or marks into another table's protection.
-unsafe fn verify_protection(rel: pg_sys::Relation, args: &Args, table: &dyn Fn() -> String) -> Result<(), FenceError> {
+unsafe fn verify_protection(
+    rel: pg_sys::Relation,
+    args: &Args,
+    table: &dyn Fn() -> String,
+) -> Result<(), FenceError> {
     let relid = unsafe { (*rel).rd_id };
     let cache_key = (relid.to_u32(), args_hash(args));
     if VERIFIED.with(|v| v.borrow().contains(&cache_key)) {
@@ -119,8 +133,8 @@ unsafe fn verify_protection(rel: pg_sys::Relation, args: &Args, table: &dyn Fn()
         &mut [
             pg_sys::Datum::from(args.protection),
             pg_sys::Datum::from(relid),
-            resource.as_str().into_datum().unwrap(),
-            column.as_str().into_datum().unwrap(),
+            fence::text_datum(&resource),
+            fence::text_datum(&column),
         ],
         true,
         |d| d.value() != 0,
@@ -149,18 +163,28 @@ struct Args {
 }
 
 unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceError> {
-    let bad = || FenceError::TriggerProtocol(
-        "fencing_guard() must be installed by fencing_protect() (expected 3 arguments)".into(),
-    );
+    let bad = || {
+        FenceError::TriggerProtocol(
+            "fencing_guard() must be installed by fencing_protect() (expected 3 arguments)".into(),
+        )
+    };
     if trigger.tgnargs != 3 || trigger.tgargs.is_null() {
         return Err(bad());
     }
     let arg = |i: usize| unsafe { CStr::from_ptr(*trigger.tgargs.add(i)) };
-    let protection = arg(0).to_str().ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(bad)?;
+    let protection = arg(0)
+        .to_str()
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(bad)?;
     let resource = arg(1).to_string_lossy().into_owned();
     Ok(Args {
         protection,
-        resource: if resource.is_empty() { None } else { Some(resource) },
+        resource: if resource.is_empty() {
+            None
+        } else {
+            Some(resource)
+        },
         token_column: arg(2).to_owned(),
     })
 }
@@ -227,11 +251,17 @@ unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Result<Vec<i16>, FenceEr
     check_primary_key(rel, cols, immediate)
 }
 
-fn check_primary_key(rel: pg_sys::Relation, cols: Vec<i16>, immediate: bool) -> Result<Vec<i16>, FenceError> {
+fn check_primary_key(
+    rel: pg_sys::Relation,
+    cols: Vec<i16>,
+    immediate: bool,
+) -> Result<Vec<i16>, FenceError> {
     if cols.is_empty() || !immediate {
         let table = unsafe { relation_name(rel) };
         return Err(FenceError::InvalidTableDefinition(if cols.is_empty() {
-            format!("per-row protected table {table} has no usable primary key (none, or DEFERRABLE)")
+            format!(
+                "per-row protected table {table} has no usable primary key (none, or DEFERRABLE)"
+            )
         } else {
             format!("per-row protected table {table} has a DEFERRABLE primary key")
         }));
@@ -249,9 +279,18 @@ unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i
             (*tupdesc).attrs.as_slice(natts)[(*a - 1) as usize].atttypid
         };
         [
-            pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::VARCHAROID,
-            pg_sys::BPCHAROID, pg_sys::UUIDOID, pg_sys::BOOLOID, pg_sys::OIDOID, pg_sys::NUMERICOID,
-            pg_sys::NAMEOID, pg_sys::CHAROID,
+            pg_sys::INT2OID,
+            pg_sys::INT4OID,
+            pg_sys::INT8OID,
+            pg_sys::TEXTOID,
+            pg_sys::VARCHAROID,
+            pg_sys::BPCHAROID,
+            pg_sys::UUIDOID,
+            pg_sys::BOOLOID,
+            pg_sys::OIDOID,
+            pg_sys::NUMERICOID,
+            pg_sys::NAMEOID,
+            pg_sys::CHAROID,
         ]
         .contains(&typid)
     });
@@ -262,7 +301,11 @@ unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i
     }
 }
 
-unsafe fn key_text_pinned(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i16]) -> String {
+unsafe fn key_text_pinned(
+    tuple: pg_sys::HeapTuple,
+    tupdesc: pg_sys::TupleDesc,
+    pk: &[i16],
+) -> String {
     let mut out = String::from("(");
     for (i, attnum) in pk.iter().enumerate() {
         if i > 0 {
@@ -287,7 +330,12 @@ unsafe fn key_text_pinned(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, 
             v
         };
         let needs_quotes = value.is_empty()
-            || value.chars().any(|c| matches!(c, '"' | '\\' | '(' | ')' | ',' | ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'));
+            || value.chars().any(|c| {
+                matches!(
+                    c,
+                    '"' | '\\' | '(' | ')' | ',' | ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'
+                )
+            });
         if needs_quotes {
             out.push('"');
             for c in value.chars() {
@@ -305,18 +353,38 @@ unsafe fn key_text_pinned(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, 
     out
 }
 
-unsafe fn tuple_token(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, attnum: i32) -> Option<Token> {
+unsafe fn tuple_token(
+    tuple: pg_sys::HeapTuple,
+    tupdesc: pg_sys::TupleDesc,
+    attnum: i32,
+) -> Option<Token> {
     let mut isnull = false;
     let d = unsafe { pg_sys::heap_getattr(tuple, attnum, tupdesc, &mut isnull) };
-    if isnull { None } else { Some(d.value() as i64) }
+    if isnull {
+        None
+    } else {
+        Some(d.value() as i64)
+    }
 }
 
-unsafe fn stamp(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, attnum: i32, token: Token) -> pg_sys::HeapTuple {
+unsafe fn stamp(
+    tuple: pg_sys::HeapTuple,
+    tupdesc: pg_sys::TupleDesc,
+    attnum: i32,
+    token: Token,
+) -> pg_sys::HeapTuple {
     let mut cols = [attnum];
     let mut vals = [pg_sys::Datum::from(token)];
     let mut nulls = [false];
     unsafe {
-        pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, 1, cols.as_mut_ptr(), vals.as_mut_ptr(), nulls.as_mut_ptr())
+        pg_sys::heap_modify_tuple_by_cols(
+            tuple,
+            tupdesc,
+            1,
+            cols.as_mut_ptr(),
+            vals.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+        )
     }
 }
 
@@ -324,7 +392,9 @@ unsafe fn stamp(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, attnum: i3
 pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, FenceError> {
     unsafe {
         if !pgrx::trigger_support::called_as_trigger(fcinfo) {
-            return Err(FenceError::TriggerProtocol("fencing_guard() can only be called as a trigger".into()));
+            return Err(FenceError::TriggerProtocol(
+                "fencing_guard() can only be called as a trigger".into(),
+            ));
         }
         let td = &*((*fcinfo).context as *mut pg_sys::TriggerData);
         let args = trigger_args(&*td.tg_trigger)?;
@@ -350,8 +420,9 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
             }
             return Ok(pg_sys::Datum::from(0usize));
         }
-        let token = current_token()
-            .ok_or_else(|| FenceError::NoToken { target: format!("a write to protected table {}", table()) })?;
+        let token = current_token().ok_or_else(|| FenceError::NoToken {
+            target: format!("a write to protected table {}", table()),
+        })?;
         crate::worker::check_token(token)?;
 
         if !row_level {
@@ -371,13 +442,19 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
             // changed (the trigger's WHEN clause): the row is in the table and in its unique
             // index now. The token is the one the BEFORE trigger stamped into the row, even if
             // the session's setting changed later in the statement.
-            let row = if op == pg_sys::TRIGGER_EVENT_UPDATE { td.tg_newtuple } else { td.tg_trigtuple };
+            let row = if op == pg_sys::TRIGGER_EVENT_UPDATE {
+                td.tg_newtuple
+            } else {
+                td.tg_trigtuple
+            };
             let stamped = tuple_token(row, tupdesc, attnum).unwrap_or(token);
             match &args.resource {
                 Some(resource) if op == pg_sys::TRIGGER_EVENT_INSERT => {
                     fence::admit_resource(resource, stamped, true)?;
                 }
-                None if op == pg_sys::TRIGGER_EVENT_INSERT || op == pg_sys::TRIGGER_EVENT_UPDATE => {
+                None if op == pg_sys::TRIGGER_EVENT_INSERT
+                    || op == pg_sys::TRIGGER_EVENT_UPDATE =>
+                {
                     let pk = pk_of()?;
                     let key = key_text(row, tupdesc, &pk);
                     fence::admit_row_insert(args.protection, table, &key, stamped, true)?;
@@ -398,11 +475,21 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         match (&args.resource, op) {
             (Some(resource), pg_sys::TRIGGER_EVENT_INSERT) => {
                 fence::admit_resource(resource, token, false)?;
-                Ok(pg_sys::Datum::from(stamp(td.tg_trigtuple, tupdesc, attnum, token)))
+                Ok(pg_sys::Datum::from(stamp(
+                    td.tg_trigtuple,
+                    tupdesc,
+                    attnum,
+                    token,
+                )))
             }
             (Some(resource), pg_sys::TRIGGER_EVENT_UPDATE) => {
                 fence::admit_resource(resource, token, true)?;
-                Ok(pg_sys::Datum::from(stamp(td.tg_newtuple, tupdesc, attnum, token)))
+                Ok(pg_sys::Datum::from(stamp(
+                    td.tg_newtuple,
+                    tupdesc,
+                    attnum,
+                    token,
+                )))
             }
             (Some(resource), _delete) => {
                 fence::admit_resource(resource, token, true)?;
@@ -414,17 +501,32 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 if !info.pk_immediate || info.pk.is_empty() {
                     pk_of()?;
                 }
-                Ok(pg_sys::Datum::from(stamp(td.tg_trigtuple, tupdesc, attnum, token)))
+                Ok(pg_sys::Datum::from(stamp(
+                    td.tg_trigtuple,
+                    tupdesc,
+                    attnum,
+                    token,
+                )))
             }
             (None, pg_sys::TRIGGER_EVENT_UPDATE) => {
                 let pk = pk_of()?;
                 let old = td.tg_trigtuple;
                 let row_token = tuple_token(old, tupdesc, attnum);
-                fence::admit_row(args.protection, table, &|| key_text(old, tupdesc, &pk), token, row_token, true)?;
+                fence::admit_row(
+                    args.protection,
+                    table,
+                    &|| key_text(old, tupdesc, &pk),
+                    token,
+                    row_token,
+                    true,
+                )?;
                 // Only an UPDATE that sets a key column can change the key (a key changed by a
                 // later BEFORE trigger is caught by the AFTER UPDATE trigger).
                 let sets_key = pk.iter().any(|a| {
-                    pg_sys::bms_is_member(*a as i32 - pg_sys::FirstLowInvalidHeapAttributeNumber, td.tg_updatedcols)
+                    pg_sys::bms_is_member(
+                        *a as i32 - pg_sys::FirstLowInvalidHeapAttributeNumber,
+                        td.tg_updatedcols,
+                    )
                 });
                 if sets_key {
                     let old_key = key_text(old, tupdesc, &pk);
@@ -435,13 +537,25 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                         fence::record_row_delete(args.protection, &old_key, token);
                     }
                 }
-                Ok(pg_sys::Datum::from(stamp(td.tg_newtuple, tupdesc, attnum, token)))
+                Ok(pg_sys::Datum::from(stamp(
+                    td.tg_newtuple,
+                    tupdesc,
+                    attnum,
+                    token,
+                )))
             }
             (None, _delete) => {
                 let pk = pk_of()?;
                 let key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
-                fence::admit_row(args.protection, table, &|| key.clone(), token, row_token, true)?;
+                fence::admit_row(
+                    args.protection,
+                    table,
+                    &|| key.clone(),
+                    token,
+                    row_token,
+                    true,
+                )?;
                 fence::record_row_delete(args.protection, &key, token);
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }
@@ -452,7 +566,12 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
 /// TRUNCATE removes every row at once. Resource mode: an ordinary admitted write. Per-row mode:
 /// the token must be at least every row's token, and every row leaves its tombstone. The table is
 /// held in ACCESS EXCLUSIVE mode by TRUNCATE, so no row can change meanwhile.
-unsafe fn truncate(rel: pg_sys::Relation, args: &Args, table: &str, token: Token) -> Result<(), FenceError> {
+unsafe fn truncate(
+    rel: pg_sys::Relation,
+    args: &Args,
+    table: &str,
+    token: Token,
+) -> Result<(), FenceError> {
     if let Some(resource) = &args.resource {
         fence::admit_resource(resource, token, true)?;
         return Ok(());
@@ -465,7 +584,9 @@ unsafe fn truncate(rel: pg_sys::Relation, args: &Args, table: &str, token: Token
             .iter()
             .map(|a| {
                 let att = &(*tupdesc).attrs.as_slice(natts)[(*a - 1) as usize];
-                let name = CStr::from_ptr(att.attname.data.as_ptr()).to_string_lossy().into_owned();
+                let name = CStr::from_ptr(att.attname.data.as_ptr())
+                    .to_string_lossy()
+                    .into_owned();
                 spi::quote_identifier(name)
             })
             .collect();

@@ -28,7 +28,9 @@ use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::time::Duration;
 
 pub const SLOTS: usize = 64;
@@ -115,7 +117,10 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 /// Milliseconds on CLOCK_MONOTONIC: one clock for all processes of the machine, and unlike the
 /// wall clock it never jumps back (which would make an expired lease look valid).
 fn now_ms() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
 }
@@ -151,7 +156,9 @@ impl Slot {
         unsafe { put(self.message.get() as *mut u8, MSG_LEN, m.as_bytes()) }
     }
     fn transition(&self, from: u32, to: u32) -> bool {
-        self.state.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        self.state
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
     fn fail(&self, code: u32, msg: &str) {
         self.set_message(msg);
@@ -193,6 +200,21 @@ fn wake_worker(sh: &Shared) {
     }
 }
 
+/// Sleep on this backend's latch for up to `ms` milliseconds, then check for interrupts (query
+/// cancel, statement_timeout, termination); exits if the postmaster dies.
+fn nap(ms: i64) {
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pgrx::check_for_interrupts!();
+}
+
 fn lock_key_name(name: &str) -> String {
     format!("{}{}", gucs::lock_prefix(), name)
 }
@@ -225,7 +247,10 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
     let me = unsafe { pg_sys::MyProcPid };
     for s in sh.slots.iter() {
         let st = s.state.load(Ordering::Acquire);
-        if s.owner_pid.load(Ordering::Relaxed) == me && (st == HELD || st == LOST) && s.name() == name {
+        if s.owner_pid.load(Ordering::Relaxed) == me
+            && (st == HELD || st == LOST)
+            && s.name() == name
+        {
             return Err(FenceError::InvalidArgument(format!(
                 "this session already holds lock \"{name}\" (token {}); release it first",
                 s.token.load(Ordering::Relaxed)
@@ -263,7 +288,11 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             slot.state.store(FREE, Ordering::Release);
             return Err(match code {
                 ERR_TIMEOUT => FenceError::LockTimeout(name.to_string()),
-                ERR_LEASE => FenceError::LockLost { lock: name.to_string(), token: 0, why: msg },
+                ERR_LEASE => FenceError::LockLost {
+                    lock: name.to_string(),
+                    token: 0,
+                    why: msg,
+                },
                 _ => FenceError::LockServiceUnavailable(msg),
             });
         }
@@ -272,18 +301,11 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             return Err(FenceError::LockTimeout(name.to_string()));
         }
         if sh.worker_latch.load(Ordering::Acquire) == 0 && slot.transition(REQUESTED, FREE) {
-            return Err(FenceError::LockServiceUnavailable("the pg_fencing worker stopped".into()));
+            return Err(FenceError::LockServiceUnavailable(
+                "the pg_fencing worker stopped".into(),
+            ));
         }
-        unsafe {
-            pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                1,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
-        pgrx::check_for_interrupts!();
+        nap(1);
     }
 }
 
@@ -292,18 +314,11 @@ fn wait_for_worker(sh: &Shared) -> Result<(), FenceError> {
     let deadline = now_ms() + 2000;
     while sh.worker_latch.load(Ordering::Acquire) == 0 {
         if now_ms() >= deadline {
-            return Err(FenceError::LockServiceUnavailable("the pg_fencing worker is not running".into()));
+            return Err(FenceError::LockServiceUnavailable(
+                "the pg_fencing worker is not running".into(),
+            ));
         }
-        unsafe {
-            pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                10,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
-        pgrx::check_for_interrupts!();
+        nap(10);
     }
     Ok(())
 }
@@ -340,7 +355,10 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
     let mut found = false;
     for s in sh.slots.iter() {
         let st = s.state.load(Ordering::Acquire);
-        if s.owner_pid.load(Ordering::Relaxed) == me && (st == HELD || st == LOST) && s.name() == name {
+        if s.owner_pid.load(Ordering::Relaxed) == me
+            && (st == HELD || st == LOST)
+            && s.name() == name
+        {
             if s.transition(st, RELEASE_REQUESTED) {
                 found = true;
                 forget_session_token(s.token.load(Ordering::Relaxed));
@@ -355,20 +373,14 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
         while now_ms() < deadline
             && sh.slots.iter().any(|s| {
                 s.owner_pid.load(Ordering::Relaxed) == me
-                    && matches!(s.state.load(Ordering::Acquire), RELEASE_REQUESTED | RELEASING)
+                    && matches!(
+                        s.state.load(Ordering::Acquire),
+                        RELEASE_REQUESTED | RELEASING
+                    )
                     && s.name() == name
             })
         {
-            unsafe {
-                pg_sys::WaitLatch(
-                    pg_sys::MyLatch,
-                    (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                    1,
-                    pg_sys::PG_WAIT_EXTENSION,
-                );
-                pg_sys::ResetLatch(pg_sys::MyLatch);
-            }
-            pgrx::check_for_interrupts!();
+            nap(1);
         }
     }
     Ok(found)
@@ -454,7 +466,15 @@ pub fn check_token(token: i64) -> Result<(), FenceError> {
 }
 
 /// Rows of the `fencing_locks` view.
-pub fn lock_rows() -> Vec<(String, String, Option<i64>, Option<i64>, Option<f64>, String, i32)> {
+pub fn lock_rows() -> Vec<(
+    String,
+    String,
+    Option<i64>,
+    Option<i64>,
+    Option<f64>,
+    String,
+    i32,
+)> {
     let mut out = Vec::new();
     if !ENABLED.load(Ordering::Relaxed) {
         return out;
@@ -535,9 +555,14 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         let _ = s.transition(RELEASING, FREE);
         let _ = s.transition(CANCELLED, FREE);
     }
-    sh.worker_pid.store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
-    sh.worker_latch.store(unsafe { pg_sys::MyLatch } as usize, Ordering::Release);
-    log!("pg_fencing worker started (etcd endpoints: \"{}\")", gucs::etcd_endpoints());
+    sh.worker_pid
+        .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
+    sh.worker_latch
+        .store(unsafe { pg_sys::MyLatch } as usize, Ordering::Release);
+    log!(
+        "pg_fencing worker started (etcd endpoints: \"{}\")",
+        gucs::etcd_endpoints()
+    );
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
     let cfg = read_config();
@@ -545,7 +570,9 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         .name("pg_fencing etcd".into())
         .spawn(move || {
             block_signals();
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
             match rt {
                 Ok(rt) => rt.block_on(etcd::run(rx, cfg, sh)),
                 Err(e) => eprintln!("pg_fencing: could not start the etcd runtime: {e}"),
@@ -662,12 +689,18 @@ mod etcd {
                                 sh.etcd.store(2, Ordering::Relaxed);
                                 next_try = tokio::time::Instant::now() + backoff;
                                 backoff = (backoff * 2).min(Duration::from_secs(5));
-                                slot.fail(ERR_UNREACHABLE, &format!("etcd is unreachable at {}: {e}", cfg.endpoints.join(",")));
+                                slot.fail(
+                                    ERR_UNREACHABLE,
+                                    &format!(
+                                        "etcd is unreachable at {}: {e}",
+                                        cfg.endpoints.join(",")
+                                    ),
+                                );
                                 continue;
                             }
                         }
                     }
-                    let c = client.clone().unwrap();
+                    let Some(c) = client.clone() else { continue };
                     let ttl = cfg.ttl;
                     tokio::spawn(acquire(c, slot, i, generation, ttl, owners.clone()));
                 }
@@ -695,7 +728,10 @@ mod etcd {
                             .iter()
                             .enumerate()
                             .filter(|(_, s)| {
-                                matches!(s.state.load(Ordering::Acquire), HELD | LOST | RELEASING | RELEASE_REQUESTED)
+                                matches!(
+                                    s.state.load(Ordering::Acquire),
+                                    HELD | LOST | RELEASING | RELEASE_REQUESTED
+                                )
                             })
                             .filter_map(|(i, s)| {
                                 let lease = s.lease.load(Ordering::Relaxed);
@@ -726,10 +762,13 @@ mod etcd {
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let mut c = tokio::time::timeout(Duration::from_secs(2), Client::connect(cfg.endpoints.clone(), Some(opts)))
-            .await
-            .map_err(|_| "connection timed out".to_string())?
-            .map_err(|e| e.to_string())?;
+        let mut c = tokio::time::timeout(
+            Duration::from_secs(2),
+            Client::connect(cfg.endpoints.clone(), Some(opts)),
+        )
+        .await
+        .map_err(|_| "connection timed out".to_string())?
+        .map_err(|e| e.to_string())?;
         // A connection is only established lazily; make sure somebody answers.
         tokio::time::timeout(Duration::from_secs(2), c.status())
             .await
@@ -742,23 +781,43 @@ mod etcd {
         slot.generation.load(Ordering::Acquire) == generation
     }
 
-    async fn acquire(mut c: Client, slot: &'static Slot, index: usize, generation: u64, ttl: i64, owners: Owners) {
+    async fn acquire(
+        mut c: Client,
+        slot: &'static Slot,
+        index: usize,
+        generation: u64,
+        ttl: i64,
+        owners: Owners,
+    ) {
         let name = slot.key();
         let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
         let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
         let sent = now_ms();
-        let lease = match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return fail_or_free(slot, ERR_UNREACHABLE, &format!("lease grant failed: {e}")),
-            Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
-        };
+        let lease =
+            match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    return fail_or_free(slot, ERR_UNREACHABLE, &format!("lease grant failed: {e}"))
+                }
+                Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
+            };
         let lease_id = lease.id();
         slot.lease.store(lease_id, Ordering::Relaxed);
         slot.ttl.store(lease.ttl(), Ordering::Relaxed);
-        slot.valid_until_ms.store(sent + lease.ttl() * 1000, Ordering::Relaxed);
-        tokio::spawn(keep_alive(c.clone(), slot, generation, lease_id, lease.ttl()));
+        slot.valid_until_ms
+            .store(sent + lease.ttl() * 1000, Ordering::Relaxed);
+        tokio::spawn(keep_alive(
+            c.clone(),
+            slot,
+            generation,
+            lease_id,
+            lease.ttl(),
+        ));
 
-        let lock = c.lock(name.as_bytes(), Some(LockOptions::new().with_lease(lease_id)));
+        let lock = c.lock(
+            name.as_bytes(),
+            Some(LockOptions::new().with_lease(lease_id)),
+        );
         let cancelled = async {
             loop {
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -783,10 +842,25 @@ mod etcd {
             }
             Some(Ok(Ok(r))) => r,
         };
-        let token = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let token = match resp.header().map(|h| h.revision()) {
+            Some(rev) if rev > 0 => rev,
+            _ => {
+                slot.fail(
+                    ERR_OTHER,
+                    "etcd granted the lock without a revision in its response header",
+                );
+                let _ = c.unlock(resp.key().to_vec()).await;
+                return give_up(c, slot, generation, lease_id).await;
+            }
+        };
         let key = resp.key().to_vec();
         // etcd 3.4 can grant the lock to a waiter whose lease has just expired: check it is alive.
-        let alive = match tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(lease_id, None)).await {
+        let alive = match tokio::time::timeout(
+            Duration::from_secs(2),
+            c.lease_time_to_live(lease_id, None),
+        )
+        .await
+        {
             Ok(Ok(r)) => r.ttl() > 0,
             _ => false,
         };
@@ -798,7 +872,10 @@ mod etcd {
         // someone) means the lock is gone, and is reported at once.
         let watch = tokio::time::timeout(
             Duration::from_secs(2),
-            c.watch(key.clone(), Some(WatchOptions::new().with_start_revision(token + 1))),
+            c.watch(
+                key.clone(),
+                Some(WatchOptions::new().with_start_revision(token + 1)),
+            ),
         )
         .await;
         slot.set_key(&key);
@@ -834,8 +911,16 @@ mod etcd {
             match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
                 Err(_) => continue,
                 Ok(Ok(Some(resp))) => {
-                    if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
-                        mark_lost(slot, generation, "its etcd key was deleted (lease revoked or expired)");
+                    if resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        mark_lost(
+                            slot,
+                            generation,
+                            "its etcd key was deleted (lease revoked or expired)",
+                        );
                         return;
                     }
                     if resp.canceled() {
@@ -896,45 +981,62 @@ mod etcd {
                 _ => return,
             }
             if stream.is_none() {
-                stream = match tokio::time::timeout(Duration::from_secs(2), c.lease_keep_alive(lease)).await {
-                    Ok(Ok(s)) => Some(s),
-                    _ => None,
-                };
+                stream =
+                    match tokio::time::timeout(Duration::from_secs(2), c.lease_keep_alive(lease))
+                        .await
+                    {
+                        Ok(Ok(s)) => Some(s),
+                        _ => None,
+                    };
             }
             let sent = now_ms();
             let answer = match stream.as_mut() {
-                Some((keeper, responses)) => {
-                    tokio::time::timeout(period, async {
-                        keeper.keep_alive().await.ok()?;
-                        responses.message().await.ok().flatten()
-                    })
-                    .await
-                    .ok()
-                    .flatten()
-                }
+                Some((keeper, responses)) => tokio::time::timeout(period, async {
+                    keeper.keep_alive().await.ok()?;
+                    responses.message().await.ok().flatten()
+                })
+                .await
+                .ok()
+                .flatten(),
                 None => None,
             };
             match answer {
                 Some(r) if r.ttl() > 0 => {
-                    slot.valid_until_ms.store(sent + r.ttl() * 1000, Ordering::Relaxed);
+                    slot.valid_until_ms
+                        .store(sent + r.ttl() * 1000, Ordering::Relaxed);
                 }
                 Some(_) => {
-                    mark_lost(slot, generation, "etcd reports the lease expired or was revoked");
+                    mark_lost(
+                        slot,
+                        generation,
+                        "etcd reports the lease expired or was revoked",
+                    );
                     return;
                 }
                 None => {
                     stream = None; // reconnect the keepalive stream on the next round
-                    // Is the lease gone (revoked), or is etcd just not answering?
-                    if let Ok(Ok(r)) =
-                        tokio::time::timeout(Duration::from_secs(1), c.lease_time_to_live(lease, None)).await
+                                   // Is the lease gone (revoked), or is etcd just not answering?
+                    if let Ok(Ok(r)) = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        c.lease_time_to_live(lease, None),
+                    )
+                    .await
                     {
                         if r.ttl() <= 0 {
-                            mark_lost(slot, generation, "etcd reports the lease expired or was revoked");
+                            mark_lost(
+                                slot,
+                                generation,
+                                "etcd reports the lease expired or was revoked",
+                            );
                             return;
                         }
                     }
                     if now_ms() >= slot.valid_until_ms.load(Ordering::Relaxed) {
-                        mark_lost(slot, generation, "the lease could not be kept alive within its TTL");
+                        mark_lost(
+                            slot,
+                            generation,
+                            "the lease could not be kept alive within its TTL",
+                        );
                         return;
                     }
                 }

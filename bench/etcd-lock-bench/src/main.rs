@@ -12,7 +12,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..n {
         let t0 = Instant::now();
         let lease = c.lease_grant(10, None).await?.id();
-        let resp = c.lock(name.as_bytes(), Some(LockOptions::new().with_lease(lease))).await?;
+        let resp = c
+            .lock(name.as_bytes(), Some(LockOptions::new().with_lease(lease)))
+            .await?;
         let _token = resp.header().map(|h| h.revision());
         c.unlock(resp.key()).await?;
         c.lease_revoke(lease).await?;

@@ -25,6 +25,11 @@ fresh_workdir
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
 
+if cargo fmt --version >/dev/null 2>&1; then
+    step "formatting (cargo fmt --check)"
+    cargo fmt --check
+fi
+
 step "1/9 unit and #[pg_test] tests (cargo pgrx test pg15)"
 mkdir -p "$WORK/pgrx-data"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"

@@ -409,188 +409,26 @@ COMMENT ON FUNCTION @extschema@.fencing_reset(text, bigint) IS
 'Superuser only (42501): sets a resource''s high-water mark to token, even lower, for recovery (e.g. an etcd restored from an old snapshot). Logged to the server log and _pg_fencing.reset_log.';
 
 -- ---------------------------------------------------------------------------------------------
--- fenced_* functions: jsonb in, one plain DML statement out, fenced by the guard trigger with the
--- token given here. The function-level SET makes the token local to the call: it is restored when
+-- fenced_* functions (src/fenced.rs): jsonb in, one plain DML statement out (prepared once per
+-- table, operation and set of columns), fenced by the guard trigger with the token given here.
+-- The token is set for the statement only, at a GUC nesting level of its own: it is restored when
 -- the function returns or fails, and never leaks into the caller's session.
-
--- The protection of relation, checked to be active (FT004 otherwise), its token column and its
--- primary key columns (in key order; 42P16 if need_key and there is none).
-CREATE FUNCTION _pg_fencing.target(relation regclass, token bigint, need_key boolean,
-                                   OUT token_column name, OUT pk name[])
-LANGUAGE plpgsql STABLE AS $fn$
-DECLARE
-    p record;
-    why text;
-BEGIN
-    IF token IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'FT002', MESSAGE = format('no fencing token for a write to %s', relation),
-            HINT = 'Pass the lock holder''s fencing token as the last argument.';
-    ELSIF token <= 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('fencing token %s is not positive', token),
-            HINT = 'A fencing token is a positive 64-bit integer, e.g. the revision etcd returned when it granted the lock.';
-    END IF;
-    IF relation IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
-    END IF;
-    SELECT pt.resource, pt.token_column, pt.relid INTO p FROM _pg_fencing.protected_table pt
-    WHERE pt.relid = coalesce(pg_catalog.pg_partition_root(relation), relation) AND pt.protected;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'FT004', MESSAGE = format('table %s is not protected by pg_fencing', relation),
-            HINT = 'Run SELECT fencing_protect(''table'') first; fenced writes refuse tables without an active protection.';
-    END IF;
-    why := _pg_fencing.inactive_reason(p.relid, p.resource);
-    IF why IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'FT004', MESSAGE = format('protection of table %s is not active', relation),
-            DETAIL = why, HINT = 'Fix what the detail names (e.g. re-enable the trigger, reset session_replication_role), then retry; fencing_protect re-creates missing triggers.';
-    END IF;
-    token_column := p.token_column;
-    SELECT array_agg(a.attname ORDER BY k.ord) INTO pk
-    FROM pg_catalog.pg_index i
-    CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-    JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-    WHERE i.indrelid = relation AND i.indisprimary;
-    IF need_key AND pk IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '42P16', MESSAGE = format('table %s has no primary key', relation),
-            HINT = 'fenced_update and fenced_delete find the row by its primary key.';
-    END IF;
-END
-$fn$;
-
--- Checks that obj is a JSON object whose keys are columns of relation (42703 otherwise) other
--- than the token column; returns the keys.
-CREATE FUNCTION _pg_fencing.columns_of(relation regclass, obj jsonb, what text, token_column name)
-RETURNS name[]
-LANGUAGE plpgsql STABLE AS $fn$
-DECLARE
-    cols name[];
-    bad text;
-BEGIN
-    IF obj IS NULL OR pg_catalog.jsonb_typeof(obj) <> 'object' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must be a JSON object of column names and values', what);
-    END IF;
-    SELECT array_agg(k ORDER BY k) INTO cols FROM pg_catalog.jsonb_object_keys(obj) k;
-    SELECT k INTO bad FROM unnest(cols) k
-    WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
-                      WHERE a.attrelid = relation AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped)
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '42703', MESSAGE = format('column %I of relation %s does not exist', bad, relation),
-            DETAIL = format('It is named in %s.', what);
-    END IF;
-    IF token_column = ANY (cols) THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('%s must not set the token column %I', what, token_column),
-            HINT = 'pg_fencing stamps the token column with the write''s fencing token.';
-    END IF;
-    RETURN coalesce(cols, '{}');
-END
-$fn$;
-
--- The WHERE clause matching the row whose primary key is key (all key columns, nothing else).
-CREATE FUNCTION _pg_fencing.key_match(relation regclass, key jsonb, pk name[], token_column name) RETURNS text
-LANGUAGE plpgsql STABLE AS $fn$
-DECLARE
-    cols name[] := _pg_fencing.columns_of(relation, key, 'key', token_column);
-    missing text;
-    extra text;
-BEGIN
-    SELECT string_agg(format('%I', c), ', ') INTO missing FROM unnest(pk) c WHERE c <> ALL (cols);
-    IF missing IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('key lacks primary key column(s) %s of %s', missing, relation),
-            HINT = format('The key must name exactly the primary key columns: %s.', array_to_string(pk, ', '));
-    END IF;
-    SELECT string_agg(format('%I', c), ', ') INTO extra FROM unnest(cols) c WHERE c <> ALL (pk);
-    IF extra IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('key names column(s) %s that are not in the primary key of %s', extra, relation),
-            HINT = format('The key must name exactly the primary key columns: %s.', array_to_string(pk, ', '));
-    END IF;
-    SELECT string_agg(format('%I', c), ', ') INTO missing FROM unnest(pk) c WHERE key -> c::text = 'null'::jsonb;
-    IF missing IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('key column(s) %s must not be null', missing);
-    END IF;
-    RETURN (SELECT string_agg(format('t.%1$I = k.%1$I', c), ' AND ') FROM unnest(pk) c);
-END
-$fn$;
 
 CREATE FUNCTION @extschema@.fenced_update(relation regclass, key jsonb, changes jsonb, token bigint)
 RETURNS jsonb
-LANGUAGE plpgsql SET pg_fencing.token = '' AS $fn$
-DECLARE
-    tgt record;
-    cols name[];
-    match text;
-    result jsonb;
-BEGIN
-    tgt := _pg_fencing.target(relation, token, true);
-    match := _pg_fencing.key_match(relation, key, tgt.pk, tgt.token_column);
-    cols := _pg_fencing.columns_of(relation, changes, 'changes', tgt.token_column);
-    IF cardinality(cols) = 0 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'changes must name at least one column';
-    END IF;
-    PERFORM pg_catalog.set_config('pg_fencing.token', token::text, true);
-    EXECUTE format('UPDATE %1$s AS t SET (%2$s) = (SELECT %3$s FROM pg_catalog.jsonb_populate_record(NULL::%1$s, $2) AS r) '
-                   'FROM pg_catalog.jsonb_populate_record(NULL::%1$s, $1) AS k WHERE %4$s '
-                   'RETURNING pg_catalog.to_jsonb(t.*)',
-                   relation,
-                   (SELECT string_agg(format('%I', c), ', ') FROM unnest(cols) c),
-                   (SELECT string_agg(format('r.%I', c), ', ') FROM unnest(cols) c),
-                   match)
-    INTO result USING key, changes;
-    IF result IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = format('no row of %s has key %s', relation, key);
-    END IF;
-    RETURN result;
-END
-$fn$;
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fenced_update';
 COMMENT ON FUNCTION @extschema@.fenced_update(regclass, jsonb, jsonb, bigint) IS
-'Updates the one row whose primary key is key (a JSON object naming every key column) with changes (column -> new value, converted by each column''s type), fenced by token; returns the new row as jsonb. Errors: FT001 stale token; FT002 NULL token; FT004 table not protected or protection inactive; 22023 token <= 0, malformed key or changes; 42703 unknown column; 42P16 no primary key; P0002 no such row; 22P02 and friends from the column types.';
+'Updates the one row whose primary key is key (a JSON object naming every key column) with changes (column -> new value, converted by each column''s type as jsonb_populate_record does), fenced by token; returns the new row as jsonb. Errors: FT001 stale token; FT002 NULL token; FT004 table not protected or protection inactive; 22023 token <= 0, malformed key or changes; 22004 NULL relation; 42703 unknown column; 42P16 no primary key; P0002 no such row; 22P02 and friends from the column types.';
 
 CREATE FUNCTION @extschema@.fenced_insert(relation regclass, new_row jsonb, token bigint)
 RETURNS jsonb
-LANGUAGE plpgsql SET pg_fencing.token = '' AS $fn$
-DECLARE
-    tgt record;
-    cols name[];
-    result jsonb;
-BEGIN
-    tgt := _pg_fencing.target(relation, token, false);
-    cols := _pg_fencing.columns_of(relation, new_row, 'new_row', tgt.token_column);
-    PERFORM pg_catalog.set_config('pg_fencing.token', token::text, true);
-    IF cardinality(cols) = 0 THEN
-        EXECUTE format('INSERT INTO %s AS t DEFAULT VALUES RETURNING pg_catalog.to_jsonb(t.*)', relation) INTO result;
-    ELSE
-        EXECUTE format('INSERT INTO %1$s AS t (%2$s) SELECT %3$s FROM pg_catalog.jsonb_populate_record(NULL::%1$s, $1) AS r '
-                       'RETURNING pg_catalog.to_jsonb(t.*)',
-                       relation,
-                       (SELECT string_agg(format('%I', c), ', ') FROM unnest(cols) c),
-                       (SELECT string_agg(format('r.%I', c), ', ') FROM unnest(cols) c))
-        INTO result USING new_row;
-    END IF;
-    RETURN result;
-END
-$fn$;
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fenced_insert';
 COMMENT ON FUNCTION @extschema@.fenced_insert(regclass, jsonb, bigint) IS
 'Inserts new_row (column -> value, converted by each column''s type; omitted columns take their defaults), fenced by token; returns the inserted row as jsonb. Errors: FT001 stale token (e.g. the key''s tombstone is newer); FT002 NULL token; FT004 not protected or inactive; 22023 token <= 0 or malformed new_row; 42703 unknown column; 23505 key exists.';
 
 CREATE FUNCTION @extschema@.fenced_delete(relation regclass, key jsonb, token bigint)
 RETURNS jsonb
-LANGUAGE plpgsql SET pg_fencing.token = '' AS $fn$
-DECLARE
-    tgt record;
-    match text;
-    result jsonb;
-BEGIN
-    tgt := _pg_fencing.target(relation, token, true);
-    match := _pg_fencing.key_match(relation, key, tgt.pk, tgt.token_column);
-    PERFORM pg_catalog.set_config('pg_fencing.token', token::text, true);
-    EXECUTE format('DELETE FROM %1$s AS t USING pg_catalog.jsonb_populate_record(NULL::%1$s, $1) AS k WHERE %2$s '
-                   'RETURNING pg_catalog.to_jsonb(t.*)', relation, match)
-    INTO result USING key;
-    IF result IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'P0002', MESSAGE = format('no row of %s has key %s', relation, key);
-    END IF;
-    RETURN result;
-END
-$fn$;
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fenced_delete';
 COMMENT ON FUNCTION @extschema@.fenced_delete(regclass, jsonb, bigint) IS
 'Deletes the one row whose primary key is key, fenced by token, leaving its tombstone in per-row mode; returns the old row as jsonb. Errors as fenced_update.';
 

@@ -6,7 +6,7 @@
 //! The SQL declarations of these functions are in `sql/pg_fencing.sql`.
 
 use crate::error::{raise, FenceError};
-use crate::{fence, token, trigger};
+use crate::{fence, fenced, token, trigger};
 use pgrx::pg_sys::{self, FunctionCallInfo};
 use pgrx::prelude::*;
 
@@ -38,6 +38,42 @@ v1_finfo!(pg_finfo_fencing_guard);
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_guard(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
     unsafe { run(fcinfo, || trigger::fire(fcinfo)) }
+}
+
+/// The three steps of a `fenced_*` call (see `fenced.rs`). The statement runs in this frame,
+/// outside pgrx's guard, so that its errors keep their SQLSTATE; only plain data is alive here.
+unsafe fn fenced_call(fcinfo: FunctionCallInfo, op: fenced::Op) -> pg_sys::Datum {
+    unsafe {
+        let prepared =
+            pg_sys::submodules::panic::pgrx_extern_c_guard(|| fenced::prepare(fcinfo, op));
+        let mut prepared = match prepared {
+            Ok(p) => p,
+            Err(e) => raise(e),
+        };
+        let rc = fenced::execute(&mut prepared);
+        run(fcinfo, || fenced::finish(fcinfo, op, prepared, rc))
+    }
+}
+
+v1_finfo!(pg_finfo_fenced_update);
+/// `fenced_update(relation regclass, key jsonb, changes jsonb, token bigint) RETURNS jsonb`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fenced_update(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe { fenced_call(fcinfo, fenced::Op::Update) }
+}
+
+v1_finfo!(pg_finfo_fenced_insert);
+/// `fenced_insert(relation regclass, new_row jsonb, token bigint) RETURNS jsonb`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fenced_insert(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe { fenced_call(fcinfo, fenced::Op::Insert) }
+}
+
+v1_finfo!(pg_finfo_fenced_delete);
+/// `fenced_delete(relation regclass, key jsonb, token bigint) RETURNS jsonb`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fenced_delete(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe { fenced_call(fcinfo, fenced::Op::Delete) }
 }
 
 v1_finfo!(pg_finfo_fencing_advance);

@@ -95,6 +95,16 @@ pub enum FenceError {
     /// 39P01: the trigger function was called outside a trigger, or with the wrong arguments.
     #[error("{0}")]
     TriggerProtocol(String),
+
+    /// An argument error of a `fenced_*` function, with the SQLSTATE it documents (`FT002`,
+    /// `FT004`, `22004`, `22023`, `42703`, `42P16`, `P0002`; see `fenced.rs`).
+    #[error("{message}")]
+    Call {
+        sqlstate: &'static str,
+        message: String,
+        detail: Option<String>,
+        hint: Option<String>,
+    },
 }
 
 impl FenceError {
@@ -115,6 +125,7 @@ impl FenceError {
             FenceError::WorkerUnavailable(_) => "55000",
             FenceError::TooManyLocks(_) => "53400",
             FenceError::TriggerProtocol(_) => "39P01",
+            FenceError::Call { sqlstate, .. } => sqlstate,
         }
     }
 
@@ -127,6 +138,7 @@ impl FenceError {
                 "Writes to a table protected by pg_fencing must carry the lock holder's fencing token.".into(),
             ),
             FenceError::LockLost { why, .. } if !why.is_empty() => Some(format!("{why}.")),
+            FenceError::Call { detail, .. } => detail.clone(),
             _ => None,
         }
     }
@@ -160,6 +172,7 @@ impl FenceError {
             FenceError::TokenSyntax(_) | FenceError::TokenRange(_) | FenceError::TokenNotPositive(_) => Some(
                 "A fencing token is a positive 64-bit integer, e.g. the revision etcd returned when it granted the lock.".into(),
             ),
+            FenceError::Call { hint, .. } => hint.clone(),
             _ => None,
         }
     }

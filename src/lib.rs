@@ -1,7 +1,7 @@
 //! pg_fencing: storage-side fencing tokens for PostgreSQL.
 //!
 //! Module map: `fence` (the rule and its locking), `trigger` (the guard trigger on protected
-//! tables), `entry` (C entry points that raise our SQLSTATEs), `gucs` (configuration),
+//! tables), `fenced` (the fenced_* functions), `entry` (C entry points that raise our SQLSTATEs), `gucs` (configuration),
 //! `token` (token parsing), `error` (errors and SQLSTATEs). The SQL surface is in
 //! `sql/pg_fencing.sql`.
 
@@ -10,6 +10,7 @@ use pgrx::prelude::*;
 mod entry;
 mod error;
 mod fence;
+mod fenced;
 mod gucs;
 mod stats;
 mod token;
@@ -46,6 +47,10 @@ unsafe extern "C-unwind" fn xact_callback(
     _arg: *mut std::ffi::c_void,
 ) {
     fence::forget_all();
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+    {
+        fenced::free_stale_plans();
+    }
     if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
         trigger::forget_verified();
         worker::abort_pending();

@@ -41,6 +41,7 @@ struct RelInfo {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    crate::fenced::invalidate();
     RELINFO.with(|r| {
         let mut r = r.borrow_mut();
         if relid == pg_sys::Oid::INVALID {
@@ -472,6 +473,8 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
             return Ok(pg_sys::Datum::from(0usize));
         }
 
+        // Counted for fenced_* calls, which check that every row they wrote came through here.
+        crate::fenced::note_guarded_row();
         match (&args.resource, op) {
             (Some(resource), pg_sys::TRIGGER_EVENT_INSERT) => {
                 fence::admit_resource(resource, token, false)?;

@@ -103,3 +103,58 @@ SELECT fenced_insert('"Task List"', '{"Task Id": 1, "Owner": "o''brien", "note":
 SELECT fenced_insert('"Task List"', '{"Task Id": 1, "Owner": "o''brien", "note": "back"}', 6);
 SELECT fenced_delete('"Task List"', '{"Task Id": 2, "Owner": "x"}', 6);
 \echo :LAST_ERROR_SQLSTATE
+
+-- statements are prepared once per backend: DDL after a call is seen by the next call
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 8}', 101) ->> 'qty' AS qty;
+ALTER TABLE item DISABLE TRIGGER zz_pg_fencing_guard;
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 9}', 101);
+\echo :LAST_ERROR_SQLSTATE
+ALTER TABLE item ENABLE TRIGGER zz_pg_fencing_guard;
+ALTER TABLE item RENAME COLUMN qty TO quantity;
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 9}', 101);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"quantity": 9}', 101) ->> 'quantity' AS quantity;
+ALTER TABLE item RENAME COLUMN quantity TO qty;
+-- a renamed table, and a new table under the old name: each call writes the table it names
+ALTER TABLE item RENAME TO item_old;
+CREATE TABLE item (sku text PRIMARY KEY, qty int NOT NULL);
+SELECT fencing_protect('item', 'warehouse2');
+SELECT fenced_insert('item', '{"sku": "A-1", "qty": 1}', 7) ->> 'qty' AS new_item_qty;
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 2}', 7) ->> 'qty' AS new_item_qty;
+SELECT fenced_update('item_old', '{"sku": "A-1"}', '{"qty": 10}', 101) ->> 'qty' AS old_item_qty;
+SELECT (SELECT qty FROM item WHERE sku = 'A-1') AS item, (SELECT qty FROM item_old WHERE sku = 'A-1') AS item_old;
+
+-- numbers no float can hold, and nested values, are converted by the column type (no crash)
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 1e400}', 7);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": {"a": [1, 2]}}', 7);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('item', '{"sku": 123456789012345678901234567890}', '{"qty": 3}', 7);
+\echo :LAST_ERROR_SQLSTATE
+
+-- errors raised inside the statement keep their SQLSTATE: our FT001, and a user trigger's own
+CREATE FUNCTION item_check() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.qty < 0 THEN RAISE EXCEPTION 'negative quantity' USING ERRCODE = 'P1234'; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER item_check BEFORE UPDATE ON item FOR EACH ROW EXECUTE FUNCTION item_check();
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": -1}', 7);
+\echo :LAST_ERROR_SQLSTATE
+-- caught inside a function: the token of the failed call does not stay behind
+SET pg_fencing.token = '3';
+DO $$
+BEGIN
+    PERFORM fenced_update('item', '{"sku": "A-1"}', '{"qty": 4}', 6);
+EXCEPTION WHEN SQLSTATE 'FT001' THEN
+    RAISE NOTICE 'caught %: %, token now %', SQLSTATE, SQLERRM, current_setting('pg_fencing.token');
+END $$;
+BEGIN;
+SAVEPOINT s;
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": -1}', 8);
+ROLLBACK TO SAVEPOINT s;
+SHOW pg_fencing.token;
+SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 5}', 8) ->> 'qty' AS qty;
+COMMIT;
+RESET pg_fencing.token;
+SELECT fencing_high_water('warehouse2');

@@ -1,0 +1,623 @@
+//! `fenced_update`, `fenced_insert` and `fenced_delete`: jsonb in, one plain DML statement out,
+//! fenced by the guard trigger with the token passed as the last argument.
+//!
+//! The statement for a (table, operation, set of columns) is prepared once per backend and kept
+//! (`SPI_keepplan`); values reach it as jsonb parameters and are converted by
+//! `jsonb_populate_record`, so each column's own type input rules apply. The per-table facts
+//! (protection, primary key, columns, whether the protection is active) are cached per backend
+//! and dropped on any relcache invalidation, like the trigger's cache.
+//!
+//! The call runs in three steps (see `entry.rs`): `prepare` (guarded: checks the arguments, sets
+//! `pg_fencing.token` at a new GUC nesting level, connects to SPI), the statement itself
+//! (`execute`, with nothing but plain data on the Rust stack, so an error raised inside it, such
+//! as the trigger's `FT001` or a user trigger's own SQLSTATE, reaches the caller unchanged), and
+//! `finish` (guarded: collects the returned row, restores the GUC, checks that the guard trigger
+//! fired for every row written).
+
+use crate::error::FenceError;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::{c_char, c_int, c_long, CStr, CString};
+use std::rc::Rc;
+
+/// Which fenced function is running.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Op {
+    Update,
+    Insert,
+    Delete,
+}
+
+impl Op {
+    /// Position of the token argument.
+    fn token_arg(self) -> usize {
+        match self {
+            Op::Update => 3,
+            Op::Insert | Op::Delete => 2,
+        }
+    }
+}
+
+/// What one call needs once its arguments are checked: plain data only (see the module doc).
+#[derive(Clone, Copy)]
+pub struct Prepared {
+    plan: pg_sys::SPIPlanPtr,
+    args: [pg_sys::Datum; 2],
+    guc_level: c_int,
+    guarded_before: u64,
+}
+
+/// Facts about a table that fenced calls need, cached per backend.
+struct Target {
+    /// Schema-qualified, quoted name, for the statements.
+    qualified: String,
+    /// The protection's token column.
+    token_column: String,
+    /// Primary key columns in key order (empty: none).
+    pk: Vec<String>,
+    /// All live user columns.
+    columns: HashSet<String>,
+    /// Why the protection is not active (None: active), as of `replica_role`.
+    inactive: Option<String>,
+    /// `session_replication_role = replica` when `inactive` was computed.
+    replica_role: bool,
+}
+
+thread_local! {
+    /// Per relation: `None` if it is not protected.
+    static TARGETS: RefCell<HashMap<u32, Option<Rc<Target>>>> = RefCell::new(HashMap::new());
+    /// Kept plans per (relation, operation, sorted column names).
+    static PLANS: RefCell<HashMap<(u32, Op, Vec<String>), usize>> = RefCell::new(HashMap::new());
+    /// Plans dropped from `PLANS` by an invalidation; freed at the end of the transaction, when
+    /// none of them can be running.
+    static STALE_PLANS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// Rows the guard trigger admitted in this backend (BEFORE ROW firings).
+    static GUARDED_ROWS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Called by the guard trigger for every row it admits (BEFORE ROW).
+pub fn note_guarded_row() {
+    GUARDED_ROWS.with(|c| c.set(c.get().wrapping_add(1)));
+}
+
+/// Relcache invalidation (any relation: a partition's trigger, an attached partition or a
+/// renamed column can change what a cached fact or statement means).
+pub fn invalidate() {
+    TARGETS.with(|t| t.borrow_mut().clear());
+    PLANS.with(|p| {
+        let mut p = p.borrow_mut();
+        if !p.is_empty() {
+            STALE_PLANS.with(|s| s.borrow_mut().extend(p.drain().map(|(_, v)| v)));
+        }
+    });
+}
+
+/// End of the top-level transaction: free the plans invalidated during it.
+pub fn free_stale_plans() {
+    let stale: Vec<usize> = STALE_PLANS.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    for p in stale {
+        unsafe { pg_sys::SPI_freeplan(p as pg_sys::SPIPlanPtr) };
+    }
+}
+
+fn call_error(
+    sqlstate: &'static str,
+    message: String,
+    detail: Option<String>,
+    hint: Option<String>,
+) -> FenceError {
+    FenceError::Call {
+        sqlstate,
+        message,
+        detail,
+        hint,
+    }
+}
+
+/// The relation as `regclass` prints it (for messages, as the caller's search_path shows it).
+fn regclass_text(relid: pg_sys::Oid) -> String {
+    unsafe {
+        let s = pgrx::direct_function_call::<&CStr>(pg_sys::regclassout, &[Some(relid.into())]);
+        s.map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_else(|| relid.to_u32().to_string())
+    }
+}
+
+fn quote(name: &str) -> String {
+    spi::quote_identifier(name)
+}
+
+/// Step 1 (guarded): check the arguments, find or prepare the statement, set the token, connect
+/// to SPI. Errors are returned for the caller to raise (see `entry.rs`).
+///
+/// # Safety
+/// `fcinfo` must be the call's own argument block.
+pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepared, FenceError> {
+    let relid: Option<pg_sys::Oid> = unsafe { pgrx::fcinfo::pg_getarg(fcinfo, 0) };
+    let token: Option<i64> = unsafe { pgrx::fcinfo::pg_getarg(fcinfo, op.token_arg()) };
+    let token = match token {
+        None => {
+            return Err(call_error(
+                "FT002",
+                format!(
+                    "no fencing token for a write to {}",
+                    relid.map(regclass_text).unwrap_or_default()
+                ),
+                None,
+                Some("Pass the lock holder's fencing token as the last argument.".into()),
+            ))
+        }
+        Some(t) if t <= 0 => return Err(FenceError::TokenNotPositive(t.to_string())),
+        Some(t) => t,
+    };
+    let relid =
+        relid.ok_or_else(|| call_error("22004", "relation must not be NULL".into(), None, None))?;
+
+    // Lock the table as the statement will (for a caller allowed to write it; others get the
+    // statement's own permission error), so that invalidations from DDL that committed before
+    // the lock was granted reach the cache below before it is consulted.
+    unsafe {
+        let mode = match op {
+            Op::Update => pg_sys::ACL_UPDATE,
+            Op::Insert => pg_sys::ACL_INSERT,
+            Op::Delete => pg_sys::ACL_DELETE,
+        };
+        if pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), mode as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK
+        {
+            pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        }
+    }
+    let target = target(relid)?;
+
+    // jsonb arguments: key (update, delete) and changes (update) or new_row (insert).
+    let json_args: Vec<(&'static str, usize)> = match op {
+        Op::Update => vec![("key", 1), ("changes", 2)],
+        Op::Insert => vec![("new_row", 1)],
+        Op::Delete => vec![("key", 1)],
+    };
+    let mut datums = [pg_sys::Datum::from(0usize); 2];
+    let mut value_columns: Vec<String> = Vec::new();
+    for (i, (what, argno)) in json_args.iter().enumerate() {
+        let (datum, object) = unsafe { json_object(fcinfo, *argno, what)? };
+        let cols = columns_of(relid, &target, &object, what)?;
+        if *what == "key" {
+            key_match(relid, &target, &object, &cols)?;
+        } else {
+            if op == Op::Update && cols.is_empty() {
+                return Err(call_error(
+                    "22023",
+                    "changes must name at least one column".into(),
+                    None,
+                    None,
+                ));
+            }
+            value_columns = cols;
+        }
+        datums[i] = datum;
+    }
+
+    let plan_key = (relid.to_u32(), op, value_columns.clone());
+    let token_text = CString::new(token.to_string()).unwrap_or_default();
+    unsafe {
+        let guc_level = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"pg_fencing.token".as_ptr(),
+            token_text.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
+            pgrx::error!("pg_fencing: SPI_connect failed");
+        }
+        let plan = plan_for(plan_key, &target, &value_columns);
+        Ok(Prepared {
+            plan,
+            args: datums,
+            guc_level,
+            guarded_before: GUARDED_ROWS.with(|c| c.get()),
+        })
+    }
+}
+
+// Declared here, not taken from pgrx's bindings, because those catch PostgreSQL errors and
+// re-raise them through pgrx, which keeps only SQLSTATEs that PostgreSQL itself defines.
+unsafe extern "C-unwind" {
+    #[link_name = "SPI_execute_plan"]
+    fn spi_execute_plan_unguarded(
+        plan: pg_sys::SPIPlanPtr,
+        values: *mut pg_sys::Datum,
+        nulls: *const c_char,
+        read_only: bool,
+        tcount: c_long,
+    ) -> c_int;
+}
+
+/// Step 2: run the statement. An error inside it propagates straight to the caller.
+///
+/// # Safety
+/// Must be called from the C entry point's own frame, with only plain data alive there.
+pub unsafe fn execute(p: &mut Prepared) -> c_int {
+    let nulls = [b' ' as c_char; 2];
+    unsafe { spi_execute_plan_unguarded(p.plan, p.args.as_mut_ptr(), nulls.as_ptr(), false, 0) }
+}
+
+/// Step 3 (guarded): collect the row the statement returned, restore `pg_fencing.token`, and
+/// check that every written row went through the guard trigger (`FT004` otherwise, e.g. a
+/// partition whose trigger was disabled after the protection was checked).
+///
+/// # Safety
+/// `p` must come from `prepare` of this call, `rc` from `execute`.
+pub unsafe fn finish(
+    fcinfo: pg_sys::FunctionCallInfo,
+    op: Op,
+    p: Prepared,
+    rc: c_int,
+) -> Result<pg_sys::Datum, FenceError> {
+    unsafe {
+        if rc < 0 {
+            pgrx::error!("pg_fencing: fenced statement failed: SPI code {rc}");
+        }
+        let processed = pg_sys::SPI_processed;
+        let mut result = None;
+        if processed > 0 && !pg_sys::SPI_tuptable.is_null() {
+            let tt = &*pg_sys::SPI_tuptable;
+            let mut isnull = false;
+            let d = pg_sys::SPI_getbinval(*tt.vals, tt.tupdesc, 1, &mut isnull);
+            if !isnull {
+                result = Some(pg_sys::SPI_datumTransfer(d, false, -1));
+            }
+        }
+        pg_sys::SPI_finish();
+        pg_sys::AtEOXact_GUC(true, p.guc_level);
+        let guarded = GUARDED_ROWS
+            .with(|c| c.get())
+            .wrapping_sub(p.guarded_before);
+        let relid: Option<pg_sys::Oid> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+        let relid = relid.unwrap_or(pg_sys::Oid::INVALID);
+        if guarded < processed {
+            return Err(call_error(
+                "FT004",
+                format!("protection of table {} is not active", regclass_text(relid)),
+                Some(format!(
+                    "{processed} row(s) were written without passing the guard trigger."
+                )),
+                Some("Check fencing_protected_tables.inactive_reason; fencing_protect re-creates missing triggers.".into()),
+            ));
+        }
+        match result {
+            Some(d) => Ok(d),
+            None if processed == 0 && op != Op::Insert => {
+                let key = (*fcinfo).args.as_slice((*fcinfo).nargs as usize)[1].value;
+                Err(call_error(
+                    "P0002",
+                    format!(
+                        "no row of {} has key {}",
+                        regclass_text(relid),
+                        jsonb_text(key)
+                    ),
+                    None,
+                    None,
+                ))
+            }
+            None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
+        }
+    }
+}
+
+/// The protection of `relid` (or of the root of its partition tree), checked to be active.
+fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
+    let replica = unsafe { pg_sys::SessionReplicationRole }
+        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+    let cached = TARGETS.with(|t| t.borrow().get(&relid.to_u32()).cloned());
+    let found = match cached {
+        Some(Some(t)) if t.replica_role == replica => Some(t),
+        Some(None) => None,
+        _ => {
+            let t = load_target(relid, replica)?.map(Rc::new);
+            TARGETS.with(|m| {
+                let mut m = m.borrow_mut();
+                if m.len() > 1000 {
+                    m.clear();
+                }
+                m.insert(relid.to_u32(), t.clone());
+            });
+            t
+        }
+    };
+    let t = found.ok_or_else(|| {
+        call_error(
+            "FT004",
+            format!("table {} is not protected by pg_fencing", regclass_text(relid)),
+            None,
+            Some("Run SELECT fencing_protect('table') first; fenced writes refuse tables without an active protection.".into()),
+        )
+    })?;
+    if let Some(why) = &t.inactive {
+        return Err(call_error(
+            "FT004",
+            format!("protection of table {} is not active", regclass_text(relid)),
+            Some(why.clone()),
+            Some("Fix what the detail names (e.g. re-enable the trigger, reset session_replication_role), then retry; fencing_protect re-creates missing triggers.".into()),
+        ));
+    }
+    Ok(t)
+}
+
+fn load_target(relid: pg_sys::Oid, replica: bool) -> Result<Option<Target>, FenceError> {
+    let exists = unsafe {
+        pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::RELOID as c_int,
+            relid.into(),
+            0.into(),
+            0.into(),
+            0.into(),
+        )
+    };
+    if !exists {
+        return Ok(None);
+    }
+    let row = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT p.token_column::pg_catalog.text,
+                    _pg_fencing.inactive_reason(p.relid, p.resource),
+                    ARRAY(SELECT a.attname::pg_catalog.text
+                          FROM pg_catalog.pg_index i
+                          CROSS JOIN LATERAL pg_catalog.unnest(i.indkey::pg_catalog.int2[]) WITH ORDINALITY AS k(attnum, ord)
+                          JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid
+                                                        AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+                          WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisprimary
+                            AND k.ord OPERATOR(pg_catalog.<=) i.indnkeyatts
+                          ORDER BY k.ord),
+                    ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                          WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0
+                            AND NOT a.attisdropped),
+                    pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname)
+             FROM _pg_fencing.protected_table p, pg_catalog.pg_class c
+             JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+             WHERE c.oid OPERATOR(pg_catalog.=) $1
+               AND p.relid OPERATOR(pg_catalog.=) coalesce(pg_catalog.pg_partition_root($1), $1) AND p.protected",
+            Some(1),
+            &[relid.into()],
+        )?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let r = rows.first();
+        Ok::<_, spi::Error>(Some((
+            r.get::<String>(1)?.unwrap_or_default(),
+            r.get::<String>(2)?,
+            r.get::<Vec<String>>(3)?.unwrap_or_default(),
+            r.get::<Vec<String>>(4)?.unwrap_or_default(),
+            r.get::<String>(5)?.unwrap_or_default(),
+        )))
+    })
+    .map_err(|e| call_error("XX000", format!("pg_fencing: {e}"), None, None))?;
+    Ok(
+        row.map(|(token_column, inactive, pk, columns, qualified)| Target {
+            qualified,
+            token_column,
+            pk,
+            columns: columns.into_iter().collect(),
+            inactive,
+            replica_role: replica,
+        }),
+    )
+}
+
+/// The jsonb argument `argno`, checked to be an object, and its members (name -> raw JSON text).
+unsafe fn json_object(
+    fcinfo: pg_sys::FunctionCallInfo,
+    argno: usize,
+    what: &str,
+) -> Result<(pg_sys::Datum, BTreeMap<String, String>), FenceError> {
+    let not_object = || {
+        call_error(
+            "22023",
+            format!("{what} must be a JSON object of column names and values"),
+            None,
+            None,
+        )
+    };
+    let (datum, isnull) = unsafe {
+        let arg = (*fcinfo).args.as_slice((*fcinfo).nargs as usize)[argno];
+        (arg.value, arg.isnull)
+    };
+    if isnull {
+        return Err(not_object());
+    }
+    let text = jsonb_text(datum);
+    if !text.starts_with('{') {
+        return Err(not_object());
+    }
+    // Raw values: numbers are not converted (jsonb allows numbers no f64 can hold).
+    let members: BTreeMap<String, Box<serde_json::value::RawValue>> =
+        serde_json::from_str(&text).map_err(|_| not_object())?;
+    Ok((
+        datum,
+        members
+            .into_iter()
+            .map(|(k, v)| (k, v.get().to_string()))
+            .collect(),
+    ))
+}
+
+/// The text form of a jsonb datum.
+fn jsonb_text(datum: pg_sys::Datum) -> String {
+    unsafe {
+        pgrx::direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(datum)])
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}
+
+/// Checks that every member of `object` names a column (42703) other than the token column
+/// (22023); returns the names, sorted.
+fn columns_of(
+    relid: pg_sys::Oid,
+    t: &Target,
+    object: &BTreeMap<String, String>,
+    what: &str,
+) -> Result<Vec<String>, FenceError> {
+    if let Some(bad) = object.keys().find(|k| !t.columns.contains(*k)) {
+        return Err(call_error(
+            "42703",
+            format!(
+                "column {} of relation {} does not exist",
+                quote(bad),
+                regclass_text(relid)
+            ),
+            Some(format!("It is named in {what}.")),
+            None,
+        ));
+    }
+    if object.contains_key(&t.token_column) {
+        return Err(call_error(
+            "22023",
+            format!(
+                "{what} must not set the token column {}",
+                quote(&t.token_column)
+            ),
+            None,
+            Some("pg_fencing stamps the token column with the write's fencing token.".into()),
+        ));
+    }
+    Ok(object.keys().cloned().collect())
+}
+
+/// Checks that `key` names exactly the primary key columns, none of them null.
+fn key_match(
+    relid: pg_sys::Oid,
+    t: &Target,
+    key: &BTreeMap<String, String>,
+    cols: &[String],
+) -> Result<(), FenceError> {
+    if t.pk.is_empty() {
+        return Err(call_error(
+            "42P16",
+            format!("table {} has no primary key", regclass_text(relid)),
+            None,
+            Some("fenced_update and fenced_delete find the row by its primary key.".into()),
+        ));
+    }
+    let hint = || {
+        Some(format!(
+            "The key must name exactly the primary key columns: {}.",
+            t.pk.join(", ")
+        ))
+    };
+    let list = |v: Vec<&String>| v.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
+    let missing: Vec<&String> = t.pk.iter().filter(|c| !key.contains_key(*c)).collect();
+    if !missing.is_empty() {
+        return Err(call_error(
+            "22023",
+            format!(
+                "key lacks primary key column(s) {} of {}",
+                list(missing),
+                regclass_text(relid)
+            ),
+            None,
+            hint(),
+        ));
+    }
+    let extra: Vec<&String> = cols.iter().filter(|c| !t.pk.contains(c)).collect();
+    if !extra.is_empty() {
+        return Err(call_error(
+            "22023",
+            format!(
+                "key names column(s) {} that are not in the primary key of {}",
+                list(extra),
+                regclass_text(relid)
+            ),
+            None,
+            hint(),
+        ));
+    }
+    let nulls: Vec<&String> =
+        t.pk.iter()
+            .filter(|c| key.get(*c).map(|v| v == "null").unwrap_or(false))
+            .collect();
+    if !nulls.is_empty() {
+        return Err(call_error(
+            "22023",
+            format!("key column(s) {} must not be null", list(nulls)),
+            None,
+            None,
+        ));
+    }
+    Ok(())
+}
+
+/// The kept plan of the statement for this table, operation and set of columns.
+fn plan_for(key: (u32, Op, Vec<String>), t: &Target, cols: &[String]) -> pg_sys::SPIPlanPtr {
+    if let Some(p) = PLANS.with(|p| p.borrow().get(&key).copied()) {
+        return p as pg_sys::SPIPlanPtr;
+    }
+    let q = &t.qualified;
+    let rec = |alias: &str| {
+        format!(
+            "pg_catalog.jsonb_populate_record(NULL::{q}, ${}) AS {alias}",
+            if alias == "r" && key.1 == Op::Update {
+                2
+            } else {
+                1
+            }
+        )
+    };
+    let key_match =
+        t.pk.iter()
+            .map(|c| format!("t.{0} = k.{0}", quote(c)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+    let names = cols.iter().map(|c| quote(c)).collect::<Vec<_>>();
+    let sql = match key.1 {
+        Op::Update => format!(
+            "UPDATE {q} AS t SET {} FROM {}, {} WHERE {key_match} RETURNING pg_catalog.to_jsonb(t.*)",
+            names.iter().map(|c| format!("{c} = r.{c}")).collect::<Vec<_>>().join(", "),
+            rec("k"),
+            rec("r"),
+        ),
+        Op::Insert if cols.is_empty() => {
+            format!("INSERT INTO {q} AS t DEFAULT VALUES RETURNING pg_catalog.to_jsonb(t.*)")
+        }
+        Op::Insert => format!(
+            "INSERT INTO {q} AS t ({}) SELECT {} FROM {} RETURNING pg_catalog.to_jsonb(t.*)",
+            names.join(", "),
+            names.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", "),
+            rec("r"),
+        ),
+        Op::Delete => format!(
+            "DELETE FROM {q} AS t USING {} WHERE {key_match} RETURNING pg_catalog.to_jsonb(t.*)",
+            rec("k"),
+        ),
+    };
+    let nargs = match key.1 {
+        Op::Update => 2,
+        Op::Insert if cols.is_empty() => 0,
+        _ => 1,
+    };
+    let mut types = [pg_sys::JSONBOID; 2];
+    let csql = CString::new(sql.replace('\0', "")).unwrap_or_default();
+    let plan = unsafe {
+        let plan = pg_sys::SPI_prepare(csql.as_ptr(), nargs, types.as_mut_ptr());
+        if plan.is_null() {
+            pgrx::error!("pg_fencing: could not prepare fenced statement: {sql}");
+        }
+        pg_sys::SPI_keepplan(plan);
+        plan
+    };
+    PLANS.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() > 1000 {
+            STALE_PLANS.with(|s| s.borrow_mut().extend(p.drain().map(|(_, v)| v)));
+        }
+        p.insert(key, plan as usize);
+    });
+    plan
+}

@@ -4,7 +4,7 @@ alternating over several rounds; prints a markdown table of medians and ratios.
 
 Started by bench/run.sh (which builds the extension and starts a throwaway cluster and etcd).
 Environment: PGHOST/PGPORT/PGUSER (the cluster), ETCD_ENDPOINT, BENCH_ROUNDS, BENCH_SECONDS,
-BENCH_ROWS_BIG, BENCH_CLIENTS, ETCD_BENCH_BIN.
+BENCH_ROWS_BIG, BENCH_CLIENTS, ETCD_BENCH_BIN, BENCH_ONLY (single: section 1 only; locks: section 4 only).
 """
 import os
 import re
@@ -250,6 +250,8 @@ def main():
     print(f"\nresource mode vs PL/pgSQL trigger: {statistics.median(tps['resource mode UPDATE']) / hand:.2f}x; "
           f"per-row mode vs PL/pgSQL trigger: {statistics.median(tps['per-row mode UPDATE']) / hand:.2f}x\n")
     sys.stdout.flush()
+    if only == "single":
+        return
 
     # 2. bulk
     copy_t, upd_t = bulk()

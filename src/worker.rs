@@ -200,6 +200,18 @@ fn wake_worker(sh: &Shared) {
     }
 }
 
+/// Wait for the worker to move a slot on: the first 50 ms since `since_ms` in steps of 100 µs (an
+/// etcd round trip on a local network is well under a millisecond), then on the latch for 1 ms.
+/// Checks for interrupts either way.
+fn poll_pause(since_ms: i64) {
+    if now_ms() - since_ms < 50 {
+        unsafe { pg_sys::pg_usleep(100) };
+        pgrx::check_for_interrupts!();
+    } else {
+        nap(1);
+    }
+}
+
 /// Sleep on this backend's latch for up to `ms` milliseconds, then check for interrupts (query
 /// cancel, statement_timeout, termination); exits if the postmaster dies.
 fn nap(ms: i64) {
@@ -262,7 +274,8 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
         .iter()
         .find(|s| s.transition(FREE, RESERVED))
         .ok_or_else(|| FenceError::TooManyLocks(SLOTS))?;
-    let deadline = now_ms() + timeout.as_millis() as i64;
+    let started = now_ms();
+    let deadline = started + timeout.as_millis() as i64;
     slot.generation.fetch_add(1, Ordering::AcqRel);
     slot.owner_pid.store(me, Ordering::Relaxed);
     slot.token.store(0, Ordering::Relaxed);
@@ -305,7 +318,7 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
                 "the pg_fencing worker stopped".into(),
             ));
         }
-        nap(1);
+        poll_pause(started);
     }
 }
 
@@ -369,7 +382,8 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
         wake_worker(sh);
         // Wait (briefly) until etcd has deleted our key, so that the next holder, in or outside
         // PostgreSQL, can have the lock as soon as this returns.
-        let deadline = now_ms() + 3000;
+        let started = now_ms();
+        let deadline = started + 3000;
         while now_ms() < deadline
             && sh.slots.iter().any(|s| {
                 s.owner_pid.load(Ordering::Relaxed) == me
@@ -380,7 +394,7 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
                     && s.name() == name
             })
         {
-            nap(1);
+            poll_pause(started);
         }
     }
     Ok(found)
@@ -855,29 +869,34 @@ mod etcd {
         };
         let key = resp.key().to_vec();
         // etcd 3.4 can grant the lock to a waiter whose lease has just expired: check it is alive.
-        let alive = match tokio::time::timeout(
-            Duration::from_secs(2),
-            c.lease_time_to_live(lease_id, None),
-        )
-        .await
-        {
-            Ok(Ok(r)) => r.ttl() > 0,
-            _ => false,
-        };
+        // Meanwhile, watch our key from the grant on: its deletion (lease revoked or expired, key
+        // deleted by someone) means the lock is gone, and is reported at once. Both requests go
+        // out together, so they cost one round trip.
+        let mut c2 = c.clone();
+        let (alive, watch) = tokio::join!(
+            async {
+                match tokio::time::timeout(
+                    Duration::from_secs(2),
+                    c.lease_time_to_live(lease_id, None),
+                )
+                .await
+                {
+                    Ok(Ok(r)) => r.ttl() > 0,
+                    _ => false,
+                }
+            },
+            tokio::time::timeout(
+                Duration::from_secs(2),
+                c2.watch(
+                    key.clone(),
+                    Some(WatchOptions::new().with_start_revision(token + 1)),
+                ),
+            )
+        );
         if !alive {
             slot.fail(ERR_LEASE, "the lease expired before the lock was granted");
             return give_up(c, slot, generation, lease_id).await;
         }
-        // Watch our key from the grant on: its deletion (lease revoked or expired, key deleted by
-        // someone) means the lock is gone, and is reported at once.
-        let watch = tokio::time::timeout(
-            Duration::from_secs(2),
-            c.watch(
-                key.clone(),
-                Some(WatchOptions::new().with_start_revision(token + 1)),
-            ),
-        )
-        .await;
         slot.set_key(&key);
         slot.token.store(token, Ordering::Relaxed);
         if let Ok(mut o) = owners.lock() {
@@ -948,10 +967,15 @@ mod etcd {
     async fn release(mut c: Client, slot: &'static Slot, generation: u64) {
         let key = slot.key();
         let lease = slot.lease.load(Ordering::Relaxed);
-        // Our key carries our lease id, so this never deletes another holder's key.
-        let _ = tokio::time::timeout(Duration::from_secs(2), c.unlock(key.as_bytes())).await;
-        if lease != 0 {
-            let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
+        // Revoking the lease deletes our key with it (one request); without a lease, delete the
+        // key itself. Our key carries our lease id, so this never deletes another holder's key.
+        let revoked = lease != 0
+            && matches!(
+                tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await,
+                Ok(Ok(_))
+            );
+        if !revoked {
+            let _ = tokio::time::timeout(Duration::from_secs(2), c.unlock(key.as_bytes())).await;
         }
         if current(slot, generation) {
             slot.token.store(0, Ordering::Relaxed);

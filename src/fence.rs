@@ -31,7 +31,7 @@ use crate::stats;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 /// A `text` datum (palloc'd in the current memory context) holding `s`.
 pub fn text_datum(s: &str) -> pg_sys::Datum {
@@ -309,6 +309,9 @@ fn as_token(d: pg_sys::Datum) -> Token {
 
 fn read_resource_mark(resource: &str) -> Option<Token> {
     let r = text_datum(resource);
+    if let Some(found) = read_by_index(&MARK_INDEX, &[(1, pg_sys::F_TEXTEQ, r)]) {
+        return found;
+    }
     exec_internal(
         SQL_READ_RESOURCE,
         true,
@@ -317,6 +320,119 @@ fn read_resource_mark(resource: &str) -> Option<Token> {
         true,
         as_token,
     )
+}
+
+/// A mark table and the unique index its reads go through.
+struct MarkIndex {
+    table: &'static CStr,
+    index: &'static CStr,
+}
+
+const MARK_INDEX: MarkIndex = MarkIndex {
+    table: c"resource_high_water",
+    index: c"resource_high_water_pkey",
+};
+const TOMB_INDEX: MarkIndex = MarkIndex {
+    table: c"row_tombstone",
+    index: c"row_tombstone_pkey",
+};
+
+/// Where a mark table lives: (table, index, attribute number of `high_water`).
+#[derive(Clone, Copy)]
+struct MarkTable {
+    heap: pg_sys::Oid,
+    index: pg_sys::Oid,
+    value_attnum: i32,
+}
+
+thread_local! {
+    /// Per mark table name; dropped on relcache invalidation (`forget_mark_tables`).
+    static MARK_TABLES: RefCell<HashMap<&'static CStr, MarkTable>> = RefCell::new(HashMap::new());
+}
+
+/// Relcache invalidation: the extension (and its tables) may have been dropped and re-created.
+pub fn forget_mark_tables() {
+    MARK_TABLES.with(|m| m.borrow_mut().clear());
+}
+
+fn mark_table(which: &MarkIndex) -> Option<MarkTable> {
+    if let Some(t) = MARK_TABLES.with(|m| m.borrow().get(which.table).copied()) {
+        return Some(t);
+    }
+    let t = unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true);
+        if nsp == pg_sys::Oid::INVALID {
+            return None;
+        }
+        let heap = pg_sys::get_relname_relid(which.table.as_ptr(), nsp);
+        let index = pg_sys::get_relname_relid(which.index.as_ptr(), nsp);
+        if heap == pg_sys::Oid::INVALID || index == pg_sys::Oid::INVALID {
+            return None;
+        }
+        let value_attnum = pg_sys::get_attnum(heap, c"high_water".as_ptr()) as i32;
+        if value_attnum <= 0 {
+            return None;
+        }
+        MarkTable {
+            heap,
+            index,
+            value_attnum,
+        }
+    };
+    MARK_TABLES.with(|m| m.borrow_mut().insert(which.table, t));
+    Some(t)
+}
+
+/// Read `high_water` of the row whose key columns equal `keys` ((attribute number, equality
+/// function, value) per column), straight through the table's unique index with the latest
+/// committed snapshot: the same answer as the cached `SELECT`, without an SPI round trip.
+/// `None` if the table cannot be found this way (the caller then runs the `SELECT`);
+/// `Some(None)` if there is no such row.
+fn read_by_index(which: &MarkIndex, keys: &[(i16, u32, pg_sys::Datum)]) -> Option<Option<Token>> {
+    let t = mark_table(which)?;
+    unsafe {
+        let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let tupdesc = (*heap).rd_att;
+        let natts = (*tupdesc).natts as usize;
+        let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
+        for (attno, proc_, value) in keys {
+            let collation = (*tupdesc).attrs.as_slice(natts)[(*attno - 1) as usize].attcollation;
+            let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
+            pg_sys::ScanKeyEntryInitialize(
+                &mut key,
+                0,
+                *attno,
+                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::Oid::INVALID,
+                collation,
+                pg_sys::Oid::from(*proc_),
+                *value,
+            );
+            scankeys.push(key);
+        }
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(
+            heap,
+            t.index,
+            true,
+            snapshot,
+            scankeys.len() as i32,
+            scankeys.as_mut_ptr(),
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        let mut found = None;
+        if !tuple.is_null() {
+            let mut isnull = false;
+            let d = pg_sys::heap_getattr(tuple, t.value_attnum, tupdesc, &mut isnull);
+            if !isnull {
+                found = Some(as_token(d));
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        Some(found)
+    }
 }
 
 fn store_resource_mark(resource: &str, token: Token) {
@@ -333,6 +449,15 @@ fn store_resource_mark(resource: &str, token: Token) {
 
 fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
     let k = text_datum(key);
+    if let Some(found) = read_by_index(
+        &TOMB_INDEX,
+        &[
+            (1, pg_sys::F_INT8EQ, pg_sys::Datum::from(protection)),
+            (2, pg_sys::F_TEXTEQ, k),
+        ],
+    ) {
+        return found;
+    }
     exec_internal(
         SQL_READ_TOMB,
         true,

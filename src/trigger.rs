@@ -42,6 +42,7 @@ struct RelInfo {
 #[pg_guard]
 unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     crate::fenced::invalidate();
+    fence::forget_mark_tables();
     RELINFO.with(|r| {
         let mut r = r.borrow_mut();
         if relid == pg_sys::Oid::INVALID {

@@ -869,30 +869,15 @@ mod etcd {
         };
         let key = resp.key().to_vec();
         // etcd 3.4 can grant the lock to a waiter whose lease has just expired: check it is alive.
-        // Meanwhile, watch our key from the grant on: its deletion (lease revoked or expired, key
-        // deleted by someone) means the lock is gone, and is reported at once. Both requests go
-        // out together, so they cost one round trip.
-        let mut c2 = c.clone();
-        let (alive, watch) = tokio::join!(
-            async {
-                match tokio::time::timeout(
-                    Duration::from_secs(2),
-                    c.lease_time_to_live(lease_id, None),
-                )
-                .await
-                {
-                    Ok(Ok(r)) => r.ttl() > 0,
-                    _ => false,
-                }
-            },
-            tokio::time::timeout(
-                Duration::from_secs(2),
-                c2.watch(
-                    key.clone(),
-                    Some(WatchOptions::new().with_start_revision(token + 1)),
-                ),
-            )
-        );
+        let alive = match tokio::time::timeout(
+            Duration::from_secs(2),
+            c.lease_time_to_live(lease_id, None),
+        )
+        .await
+        {
+            Ok(Ok(r)) => r.ttl() > 0,
+            _ => false,
+        };
         if !alive {
             slot.fail(ERR_LEASE, "the lease expired before the lock was granted");
             return give_up(c, slot, generation, lease_id).await;
@@ -911,14 +896,21 @@ mod etcd {
             give_up(c, slot, generation, lease_id).await;
             return;
         }
-        match watch {
-            Ok(Ok(stream)) => {
-                tokio::spawn(watch_key(stream, slot, generation));
-            }
-            _ => {
-                // Without a watch, loss is still detected by the keepalive (within TTL/3) and
-                // by the lease's validity time.
-            }
+        // Watch our key from the grant on: its deletion (lease revoked or expired, key deleted by
+        // someone) means the lock is gone, and is reported at once. The watch is set up after the
+        // token is handed out, but from revision token + 1, so no deletion is missed. Without a
+        // watch, loss is still detected by the keepalive (within TTL/3) and by the lease's
+        // validity time.
+        let watch = tokio::time::timeout(
+            Duration::from_secs(2),
+            c.watch(
+                key,
+                Some(WatchOptions::new().with_start_revision(token + 1)),
+            ),
+        )
+        .await;
+        if let Ok(Ok(stream)) = watch {
+            watch_key(stream, slot, generation).await;
         }
     }
 

@@ -47,6 +47,8 @@ pub struct Prepared {
     args: [pg_sys::Datum; 2],
     guc_level: c_int,
     guarded_before: u64,
+    after_expected_before: u64,
+    after_fired_before: u64,
 }
 
 /// Facts about a table that fenced calls need, cached per backend.
@@ -75,11 +77,30 @@ thread_local! {
     static STALE_PLANS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     /// Rows the guard trigger admitted in this backend (BEFORE ROW firings).
     static GUARDED_ROWS: Cell<u64> = const { Cell::new(0) };
+    /// AFTER ROW firings of the guard that BEFORE ROW firings announced (an INSERT, an UPDATE
+    /// that changes a per-row key), and those that happened.
+    static AFTER_EXPECTED: Cell<u64> = const { Cell::new(0) };
+    static AFTER_FIRED: Cell<u64> = const { Cell::new(0) };
+}
+
+fn bump(c: &'static std::thread::LocalKey<Cell<u64>>) {
+    c.with(|c| c.set(c.get().wrapping_add(1)));
 }
 
 /// Called by the guard trigger for every row it admits (BEFORE ROW).
 pub fn note_guarded_row() {
-    GUARDED_ROWS.with(|c| c.set(c.get().wrapping_add(1)));
+    bump(&GUARDED_ROWS);
+}
+
+/// Called by the BEFORE ROW guard when the row's AFTER ROW check must follow (the AFTER trigger
+/// finishes the check once the row is in the unique index, see `fence.rs`).
+pub fn note_after_expected() {
+    bump(&AFTER_EXPECTED);
+}
+
+/// Called by the AFTER ROW guard.
+pub fn note_after_fired() {
+    bump(&AFTER_FIRED);
 }
 
 /// Relcache invalidation (any relation: a partition's trigger, an attached partition or a
@@ -143,7 +164,9 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
                 "FT002",
                 format!(
                     "no fencing token for a write to {}",
-                    relid.map(regclass_text).unwrap_or_default()
+                    relid
+                        .map(regclass_text)
+                        .unwrap_or_else(|| "a NULL relation".into())
                 ),
                 None,
                 Some("Pass the lock holder's fencing token as the last argument.".into()),
@@ -170,6 +193,9 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
             pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
         }
     }
+    // Also read invalidations that arrived without a lock wait (the table may be locked by this
+    // transaction already, while a trigger of a partition was disabled meanwhile).
+    unsafe { pg_sys::AcceptInvalidationMessages() };
     let target = target(relid)?;
 
     // jsonb arguments: key (update, delete) and changes (update) or new_row (insert).
@@ -222,6 +248,8 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
             args: datums,
             guc_level,
             guarded_before: GUARDED_ROWS.with(|c| c.get()),
+            after_expected_before: AFTER_EXPECTED.with(|c| c.get()),
+            after_fired_before: AFTER_FIRED.with(|c| c.get()),
         })
     }
 }
@@ -279,15 +307,33 @@ pub unsafe fn finish(
         let guarded = GUARDED_ROWS
             .with(|c| c.get())
             .wrapping_sub(p.guarded_before);
+        let expected = AFTER_EXPECTED
+            .with(|c| c.get())
+            .wrapping_sub(p.after_expected_before);
+        let fired = AFTER_FIRED
+            .with(|c| c.get())
+            .wrapping_sub(p.after_fired_before);
         let relid: Option<pg_sys::Oid> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
         let relid = relid.unwrap_or(pg_sys::Oid::INVALID);
-        if guarded < processed {
+        // A trigger disabled (e.g. on a partition) after the protection was checked: the write
+        // must not stand.
+        let missed = if guarded < processed {
+            Some(format!(
+                "{processed} row(s) were written without passing the guard trigger."
+            ))
+        } else if fired < expected {
+            Some(format!(
+                "{} row(s) were written without their AFTER ROW check (trigger zz_pg_fencing_after or zz_pg_fencing_rekey).",
+                expected - fired
+            ))
+        } else {
+            None
+        };
+        if let Some(detail) = missed {
             return Err(call_error(
                 "FT004",
                 format!("protection of table {} is not active", regclass_text(relid)),
-                Some(format!(
-                    "{processed} row(s) were written without passing the guard trigger."
-                )),
+                Some(detail),
                 Some("Check fencing_protected_tables.inactive_reason; fencing_protect re-creates missing triggers.".into()),
             ));
         }

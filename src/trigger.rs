@@ -450,6 +450,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 td.tg_trigtuple
             };
             let stamped = tuple_token(row, tupdesc, attnum).unwrap_or(token);
+            crate::fenced::note_after_fired();
             match &args.resource {
                 Some(resource) if op == pg_sys::TRIGGER_EVENT_INSERT => {
                     fence::admit_resource(resource, stamped, true)?;
@@ -479,6 +480,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         match (&args.resource, op) {
             (Some(resource), pg_sys::TRIGGER_EVENT_INSERT) => {
                 fence::admit_resource(resource, token, false)?;
+                crate::fenced::note_after_expected();
                 Ok(pg_sys::Datum::from(stamp(
                     td.tg_trigtuple,
                     tupdesc,
@@ -505,6 +507,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 if !info.pk_immediate || info.pk.is_empty() {
                     pk_of()?;
                 }
+                crate::fenced::note_after_expected();
                 Ok(pg_sys::Datum::from(stamp(
                     td.tg_trigtuple,
                     tupdesc,
@@ -539,6 +542,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                         // The key changes: the old key is deleted, the new one is inserted.
                         fence::admit_row_insert(args.protection, table, &new_key, token, false)?;
                         fence::record_row_delete(args.protection, &old_key, token);
+                        crate::fenced::note_after_expected();
                     }
                 }
                 Ok(pg_sys::Datum::from(stamp(

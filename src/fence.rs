@@ -227,8 +227,92 @@ pub fn admit_row_insert(
 
 /// Per-row mode, DELETE of `key` (already admitted by [`admit_row`], under the row lock): leave a
 /// tombstone so that a stale writer cannot re-create the key.
+///
+/// Tombstones are written in batches, not one statement per row: they are kept in this backend
+/// and written by [`flush_tombstones`] before any tombstone is read, before TRUNCATE writes its
+/// own, when 10,000 are pending, and before the transaction commits or prepares (the xact
+/// callback in `lib.rs`). Only the deleting transaction could see them earlier, and its reads
+/// flush first; other transactions see them at its commit, as before: a concurrent insert of the
+/// same key waits in the unique index for this transaction's end, then reads the tombstone.
 pub fn record_row_delete(protection: i64, key: &str, token: Token) {
-    store_tombstone(protection, key, token);
+    let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let full = PENDING_TOMBSTONES.with(|p| {
+        let mut p = p.borrow_mut();
+        p.push(PendingTombstone {
+            protection,
+            key: key.to_string(),
+            token,
+            subxact,
+        });
+        p.len() >= 10_000
+    });
+    if full {
+        flush_tombstones();
+    }
+}
+
+struct PendingTombstone {
+    protection: i64,
+    key: String,
+    token: Token,
+    /// The subtransaction that deleted the row: its abort takes the tombstone back.
+    subxact: pg_sys::SubTransactionId,
+}
+
+thread_local! {
+    static PENDING_TOMBSTONES: RefCell<Vec<PendingTombstone>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Write the pending tombstones (one statement; the highest token per key).
+pub fn flush_tombstones() {
+    let pending = PENDING_TOMBSTONES.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if pending.is_empty() {
+        return;
+    }
+    let mut highest: HashMap<(i64, String), Token> = HashMap::with_capacity(pending.len());
+    for t in pending {
+        let e = highest.entry((t.protection, t.key)).or_insert(t.token);
+        if *e < t.token {
+            *e = t.token;
+        }
+    }
+    let mut protections = Vec::with_capacity(highest.len());
+    let mut keys = Vec::with_capacity(highest.len());
+    let mut tokens = Vec::with_capacity(highest.len());
+    for ((p, k), t) in highest {
+        protections.push(p);
+        keys.push(k);
+        tokens.push(t);
+    }
+    let (Some(p), Some(k), Some(t)) = (
+        protections.into_datum(),
+        keys.into_datum(),
+        tokens.into_datum(),
+    ) else {
+        pgrx::error!("pg_fencing: could not build the tombstone batch");
+    };
+    exec_internal(
+        SQL_STORE_TOMBS,
+        true,
+        &[
+            pg_sys::INT8ARRAYOID,
+            pg_sys::TEXTARRAYOID,
+            pg_sys::INT8ARRAYOID,
+        ],
+        &mut [p, k, t],
+        false,
+        as_token,
+    );
+}
+
+/// Subtransaction abort: its rows were not deleted after all.
+pub fn forget_tombstones_of(subxact: pg_sys::SubTransactionId) {
+    PENDING_TOMBSTONES.with(|p| p.borrow_mut().retain(|t| t.subxact < subxact));
+}
+
+/// Transaction abort.
+pub fn forget_tombstones() {
+    PENDING_TOMBSTONES.with(|p| p.borrow_mut().clear());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -297,11 +381,12 @@ const SQL_STORE_RESOURCE: &str =
      VALUES ($1, $2, pg_catalog.clock_timestamp()) ON CONFLICT (resource) DO UPDATE \
      SET high_water = excluded.high_water, updated_at = excluded.updated_at \
      WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
+const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
+     SELECT u.p, u.k, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
+     ON CONFLICT (protection_id, key) DO UPDATE \
+     SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
 const SQL_READ_TOMB: &str = "SELECT high_water FROM _pg_fencing.row_tombstone \
      WHERE protection_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
-const SQL_STORE_TOMB: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
-     VALUES ($1, $2, $3) ON CONFLICT (protection_id, key) DO UPDATE \
-     SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
 
 fn as_token(d: pg_sys::Datum) -> Token {
     d.value() as i64
@@ -448,6 +533,7 @@ fn store_resource_mark(resource: &str, token: Token) {
 }
 
 fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
+    flush_tombstones();
     let k = text_datum(key);
     if let Some(found) = read_by_index(
         &TOMB_INDEX,
@@ -466,22 +552,6 @@ fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
         true,
         as_token,
     )
-}
-
-fn store_tombstone(protection: i64, key: &str, token: Token) {
-    let k = text_datum(key);
-    exec_internal(
-        SQL_STORE_TOMB,
-        true,
-        &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::INT8OID],
-        &mut [
-            pg_sys::Datum::from(protection),
-            k,
-            pg_sys::Datum::from(token),
-        ],
-        false,
-        as_token,
-    );
 }
 
 /// Settings pinned while pg_fencing runs its internal statements as the extension owner and
@@ -665,6 +735,7 @@ pub fn truncate_rows(
     token_col: &str,
     token: Token,
 ) -> Result<(), FenceError> {
+    flush_tombstones();
     let row_key = format!("ROW({})::text", pk_names.join(", "));
     let from = format!("ONLY {table}");
     let _ = relid;

@@ -46,12 +46,20 @@ unsafe extern "C-unwind" fn xact_callback(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
 ) {
+    if event == pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT
+        || event == pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE
+    {
+        // Tombstones of this transaction's per-row deletes, batched (see fence.rs).
+        fence::flush_tombstones();
+        return;
+    }
     fence::forget_all();
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT || event == pg_sys::XactEvent::XACT_EVENT_ABORT
     {
         fenced::free_stale_plans();
     }
     if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
+        fence::forget_tombstones();
         trigger::forget_verified();
         worker::abort_pending();
     }
@@ -61,11 +69,12 @@ unsafe extern "C-unwind" fn xact_callback(
 #[pg_guard]
 unsafe extern "C-unwind" fn subxact_callback(
     event: pg_sys::SubXactEvent::Type,
-    _my: pg_sys::SubTransactionId,
+    my: pg_sys::SubTransactionId,
     _parent: pg_sys::SubTransactionId,
     _arg: *mut std::ffi::c_void,
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        fence::forget_tombstones_of(my);
         fence::forget_all();
         trigger::forget_verified();
     }

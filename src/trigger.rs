@@ -43,6 +43,7 @@ struct RelInfo {
 unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     crate::fenced::invalidate();
     fence::forget_mark_tables();
+    ARGS.with(|a| a.borrow_mut().clear());
     RELINFO.with(|r| {
         let mut r = r.borrow_mut();
         if relid == pg_sys::Oid::INVALID {
@@ -82,7 +83,7 @@ unsafe fn relinfo(
     args: &Args,
     table: &dyn Fn() -> String,
 ) -> Result<RelInfo, FenceError> {
-    let key = (unsafe { (*rel).rd_id }.to_u32(), args_hash(args));
+    let key = (unsafe { (*rel).rd_id }.to_u32(), args.hash);
     if let Some(info) = RELINFO.with(|r| r.borrow().get(&key).cloned()) {
         return Ok(info);
     }
@@ -119,7 +120,7 @@ unsafe fn verify_protection(
     table: &dyn Fn() -> String,
 ) -> Result<(), FenceError> {
     let relid = unsafe { (*rel).rd_id };
-    let cache_key = (relid.to_u32(), args_hash(args));
+    let cache_key = (relid.to_u32(), args.hash);
     if VERIFIED.with(|v| v.borrow().contains(&cache_key)) {
         return Ok(());
     }
@@ -162,9 +163,34 @@ struct Args {
     protection: i64,
     resource: Option<String>,
     token_column: CString,
+    /// `args_hash` of the above, for the per-backend caches.
+    hash: u64,
 }
 
-unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceError> {
+thread_local! {
+    /// Parsed arguments per trigger OID (a trigger's arguments never change; dropped with the
+    /// other caches on relcache invalidation, so a reused OID is parsed again).
+    static ARGS: RefCell<HashMap<u32, std::rc::Rc<Args>>> = RefCell::new(HashMap::new());
+}
+
+/// The guard's arguments, parsed once per trigger and backend.
+unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<std::rc::Rc<Args>, FenceError> {
+    let oid = trigger.tgoid.to_u32();
+    if let Some(a) = ARGS.with(|m| m.borrow().get(&oid).cloned()) {
+        return Ok(a);
+    }
+    let args = std::rc::Rc::new(unsafe { parse_trigger_args(trigger)? });
+    ARGS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() > 10_000 {
+            m.clear();
+        }
+        m.insert(oid, args.clone());
+    });
+    Ok(args)
+}
+
+unsafe fn parse_trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceError> {
     let bad = || {
         FenceError::TriggerProtocol(
             "fencing_guard() must be installed by fencing_protect() (expected 3 arguments)".into(),
@@ -180,7 +206,7 @@ unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceError> {
         .and_then(|s| s.parse::<i64>().ok())
         .ok_or_else(bad)?;
     let resource = arg(1).to_string_lossy().into_owned();
-    Ok(Args {
+    let mut args = Args {
         protection,
         resource: if resource.is_empty() {
             None
@@ -188,7 +214,10 @@ unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceError> {
             Some(resource)
         },
         token_column: arg(2).to_owned(),
-    })
+        hash: 0,
+    };
+    args.hash = args_hash(&args);
+    Ok(args)
 }
 
 unsafe fn relation_name(rel: pg_sys::Relation) -> String {

@@ -201,3 +201,38 @@ CREATE FOREIGN TABLE fp2 PARTITION OF fp FOR VALUES IN (2) SERVER nowhere;
 CREATE TABLE after_foreign (i int);
 SELECT relation, active, inactive_reason FROM fencing_protected_tables WHERE relation = 'fp'::regclass;
 SELECT tgname FROM pg_trigger WHERE tgrelid = 'fp2'::regclass ORDER BY 1;
+
+-- per-row tombstones are written in batches (at commit, before any tombstone read, every 10,000):
+-- none is lost, a rolled-back savepoint takes its own back, and the deleting transaction sees its own
+CREATE TABLE tb (id int PRIMARY KEY, v int);
+SELECT fencing_protect('tb');
+BEGIN;
+SET LOCAL pg_fencing.token = '5';
+INSERT INTO tb SELECT g, g FROM generate_series(1, 25000) g;
+DELETE FROM tb WHERE id <= 20001;
+SELECT count(*) AS tombstones_before_commit FROM _pg_fencing.row_tombstone t
+  JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'tb'::regclass;
+-- a re-insert in the same transaction reads the tombstone (flushed first): equal token is fine
+INSERT INTO tb VALUES (20001, 0);
+SAVEPOINT s1;
+SET LOCAL pg_fencing.token = '7';
+DELETE FROM tb WHERE id IN (20001, 20002);
+ROLLBACK TO SAVEPOINT s1;
+SAVEPOINT s2;
+SET LOCAL pg_fencing.token = '6';
+DELETE FROM tb WHERE id = 20003;
+RELEASE SAVEPOINT s2;
+COMMIT;
+SELECT count(*) AS tombstones, max(high_water) AS highest,
+       count(*) FILTER (WHERE high_water = 6) AS at_6
+FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id
+WHERE p.relid = 'tb'::regclass;
+-- the keys deleted at 5 refuse token 4; 20002 (its delete at 7 was rolled back) still exists
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO tb VALUES (17, 0); ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO tb VALUES (20003, 0); ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+SELECT id, fence_token FROM tb WHERE id IN (20001, 20002) ORDER BY id;
+-- a transaction that deletes and then fails leaves no tombstone
+BEGIN; SET LOCAL pg_fencing.token = '8'; DELETE FROM tb WHERE id = 24000; SELECT 1/0; COMMIT;
+SELECT count(*) AS tombstones_of_24000 FROM _pg_fencing.row_tombstone WHERE key = '(24000)';

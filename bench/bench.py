@@ -103,7 +103,7 @@ TOKEN_OPT = f"-c pg_fencing.token={TOKEN} -c app.token={TOKEN}"
 SET_ID = f"\\set id random(1, {ROWS})\n"
 SINGLE_ROW = [
     ("unprotected UPDATE", SET_ID + "UPDATE b_plain SET v = v + 1 WHERE id = :id;\n", ""),
-    ("floor: a no-op C BEFORE ROW trigger (suppress_redundant_updates_trigger)",
+    ("floor: a C BEFORE ROW trigger that does nothing here (suppress_redundant_updates_trigger)",
      SET_ID + "UPDATE b_floor SET v = v + 1 WHERE id = :id;\n", ""),
     ("per-row mode UPDATE", SET_ID + "UPDATE b_row SET v = v + 1 WHERE id = :id;\n", TOKEN_OPT),
     ("resource mode UPDATE", SET_ID + "UPDATE b_res SET v = v + 1 WHERE id = :id;\n", TOKEN_OPT),

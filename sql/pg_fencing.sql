@@ -418,7 +418,7 @@ CREATE FUNCTION @extschema@.fenced_update(relation regclass, key jsonb, changes 
 RETURNS jsonb
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fenced_update';
 COMMENT ON FUNCTION @extschema@.fenced_update(regclass, jsonb, jsonb, bigint) IS
-'Updates the one row whose primary key is key (a JSON object naming every key column) with changes (column -> new value, converted by each column''s type as jsonb_populate_record does), fenced by token; returns the new row as jsonb. Errors: FT001 stale token; FT002 NULL token; FT004 table not protected or protection inactive; 22023 token <= 0, malformed key or changes; 22004 NULL relation; 42703 unknown column; 42P16 no primary key; P0002 no such row; 22P02 and friends from the column types.';
+'Updates the one row whose primary key is key (a JSON object naming exactly the primary key columns) with changes (column -> new value, converted by each column''s type as jsonb_populate_record does), fenced by token; returns the new row as jsonb. Errors: FT001 stale token; FT002 NULL token; FT004 table not protected or protection inactive; 22023 token <= 0, malformed key or changes; 22004 NULL relation; 42703 unknown column; 42P16 no primary key; P0002 no such row; 22P02 and friends from the column types.';
 
 CREATE FUNCTION @extschema@.fenced_insert(relation regclass, new_row jsonb, token bigint)
 RETURNS jsonb

@@ -76,7 +76,7 @@ COMMENT ON FUNCTION @extschema@.fencing_guard() IS
 CREATE FUNCTION @extschema@.fencing_advance(resource text, token bigint) RETURNS bigint
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_advance';
 COMMENT ON FUNCTION @extschema@.fencing_advance(text, bigint) IS
-'A new lock holder announces its fencing token before it reads: raises the resource''s high-water mark to token (held under an exclusive lock until commit) and returns the mark. Errors: FT001 token below the mark; FT002 NULL token; 22023 token <= 0 or empty resource.';
+'A new lock holder announces its fencing token before it reads: raises the resource''s high-water mark to token (held under an exclusive lock until commit) and returns the mark. Allowed to superusers and to roles that may write (INSERT, UPDATE or DELETE) a table protected with this resource. Errors: FT001 token below the mark; FT002 NULL token; 22023 token <= 0 or empty resource; 42501 not allowed.';
 
 CREATE FUNCTION _pg_fencing.lock_resource(resource text) RETURNS bigint
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_lock_resource';

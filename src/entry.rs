@@ -81,7 +81,9 @@ v1_finfo!(pg_finfo_fencing_advance);
 /// its token before it reads, so older holders are fenced off at once (not only when the new
 /// holder first writes). Raises the resource's high-water mark to `token` and returns the mark.
 /// Errors: `FT001` if `token` is below the mark (this caller is itself a stale holder), `FT002`
-/// for a NULL token, `22023` for a token <= 0 or an empty or NULL resource.
+/// for a NULL token, `22023` for a token <= 0 or an empty or NULL resource, `42501` unless the
+/// caller is a superuser or may write (INSERT, UPDATE or DELETE) a table protected with
+/// `resource`: advancing is as powerful as writing, since it fences off every older writer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
@@ -101,9 +103,18 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                 None => {
                     return Err(FenceError::NoToken {
                         target: format!("fencing_advance of resource \"{resource}\""),
+                        set_earlier: false,
                     })
                 }
             };
+            if !pg_sys::superuser() && !fence::may_write_resource(&resource) {
+                return Err(FenceError::Call {
+                    sqlstate: "42501",
+                    message: format!("permission denied to advance resource \"{resource}\""),
+                    detail: Some("fencing_advance needs INSERT, UPDATE or DELETE privilege on a table protected with this resource (it can fence off every writer of that resource).".into()),
+                    hint: Some("Protect a table with this resource (fencing_protect) and grant write privileges on it, or call fencing_advance as a superuser.".into()),
+                });
+            }
             crate::worker::check_token(tok)?;
             let hw = fence::admit_resource(&resource, tok, true)?;
             Ok(pg_sys::Datum::from(hw))

@@ -39,9 +39,11 @@ pub enum FenceError {
         high_water: Token,
     },
 
-    /// FT002: a write to a protected table (or an advance) without a token.
+    /// FT002: a write to a protected table (or an advance) without a token. `set_earlier`: the
+    /// session has a token, but set with `SET` in an earlier transaction, which
+    /// `pg_fencing.token_scope = transaction` does not count.
     #[error("no fencing token for {target}")]
-    NoToken { target: String },
+    NoToken { target: String, set_earlier: bool },
 
     /// 22P02: the token text is not an integer.
     #[error("invalid fencing token \"{0}\": not an integer")]
@@ -134,6 +136,9 @@ impl FenceError {
             FenceError::StaleToken { domain, token, high_water } => Some(format!(
                 "The write carries fencing token {token}, but the high-water mark of {domain} is {high_water}."
             )),
+            FenceError::NoToken { set_earlier: true, .. } => Some(
+                "pg_fencing.token was set with SET in an earlier transaction; with pg_fencing.token_scope = transaction (the default) a token counts only in the transaction that sets it, so that it never reaches the next client of a pooled connection.".into(),
+            ),
             FenceError::NoToken { .. } => Some(
                 "Writes to a table protected by pg_fencing must carry the lock holder's fencing token.".into(),
             ),

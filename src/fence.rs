@@ -225,6 +225,23 @@ pub fn admit_row_insert(
     admit_row(protection, table, &|| key.to_string(), token, tomb, count)
 }
 
+/// May the current user write (INSERT, UPDATE or DELETE) at least one table protected with
+/// `resource`? (The privilege `fencing_advance` requires; see `entry.rs`.)
+pub fn may_write_resource(resource: &str) -> bool {
+    let user = unsafe { pg_sys::GetUserId() };
+    exec_internal(
+        "SELECT true FROM _pg_fencing.protected_table p \
+         WHERE p.resource OPERATOR(pg_catalog.=) $1 AND p.protected \
+           AND pg_catalog.has_table_privilege($2, p.relid::pg_catalog.oid, 'INSERT, UPDATE, DELETE') LIMIT 1",
+        true,
+        &[pg_sys::TEXTOID, pg_sys::OIDOID],
+        &mut [text_datum(resource), pg_sys::Datum::from(user)],
+        true,
+        |d| d.value() != 0,
+    )
+    .unwrap_or(false)
+}
+
 /// Per-row mode, DELETE of `key` (already admitted by [`admit_row`], under the row lock): leave a
 /// tombstone so that a stale writer cannot re-create the key.
 ///

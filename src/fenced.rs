@@ -15,10 +15,11 @@
 //! fired for every row written).
 
 use crate::error::FenceError;
+use pg_fencing_core::json::{self, Members, ShapeError};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_long, CStr, CString};
 use std::rc::Rc;
 
@@ -210,7 +211,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
         let (datum, object) = unsafe { json_object(fcinfo, *argno, what)? };
         let cols = columns_of(relid, &target, &object, what)?;
         if *what == "key" {
-            key_match(relid, &target, &object, &cols)?;
+            key_match(relid, &target, &object)?;
         } else {
             if op == Op::Update && cols.is_empty() {
                 return Err(call_error(
@@ -462,36 +463,19 @@ unsafe fn json_object(
     fcinfo: pg_sys::FunctionCallInfo,
     argno: usize,
     what: &str,
-) -> Result<(pg_sys::Datum, BTreeMap<String, String>), FenceError> {
-    let not_object = || {
-        call_error(
-            "22023",
-            format!("{what} must be a JSON object of column names and values"),
-            None,
-            None,
-        )
-    };
+) -> Result<(pg_sys::Datum, Members), FenceError> {
     let (datum, isnull) = unsafe {
         let arg = (*fcinfo).args.as_slice((*fcinfo).nargs as usize)[argno];
         (arg.value, arg.isnull)
     };
-    if isnull {
-        return Err(not_object());
-    }
-    let text = jsonb_text(datum);
-    if !text.starts_with('{') {
-        return Err(not_object());
-    }
-    // Raw values: numbers are not converted (jsonb allows numbers no f64 can hold).
-    let members: BTreeMap<String, Box<serde_json::value::RawValue>> =
-        serde_json::from_str(&text).map_err(|_| not_object())?;
-    Ok((
-        datum,
-        members
-            .into_iter()
-            .map(|(k, v)| (k, v.get().to_string()))
-            .collect(),
-    ))
+    let members = if isnull {
+        Err(ShapeError::NotObject)
+    } else {
+        json::parse_object(&jsonb_text(datum))
+    };
+    members
+        .map(|m| (datum, m))
+        .map_err(|e| shape_error(e, pg_sys::Oid::INVALID, what))
 }
 
 /// The text form of a jsonb datum.
@@ -508,23 +492,11 @@ fn jsonb_text(datum: pg_sys::Datum) -> String {
 fn columns_of(
     relid: pg_sys::Oid,
     t: &Target,
-    object: &BTreeMap<String, String>,
+    object: &Members,
     what: &str,
 ) -> Result<Vec<String>, FenceError> {
-    if let Some(bad) = object.keys().find(|k| !t.columns.contains(*k)) {
-        return Err(call_error(
-            "42703",
-            format!(
-                "column {} of relation {} does not exist",
-                quote(bad),
-                regclass_text(relid)
-            ),
-            Some(format!("It is named in {what}.")),
-            None,
-        ));
-    }
-    if object.contains_key(&t.token_column) {
-        return Err(call_error(
+    json::check_columns(object, &t.columns, &t.token_column).map_err(|e| match e {
+        ShapeError::SetsTokenColumn => call_error(
             "22023",
             format!(
                 "{what} must not set the token column {}",
@@ -532,72 +504,92 @@ fn columns_of(
             ),
             None,
             Some("pg_fencing stamps the token column with the write's fencing token.".into()),
-        ));
-    }
-    Ok(object.keys().cloned().collect())
+        ),
+        other => shape_error(other, relid, what),
+    })
 }
 
 /// Checks that `key` names exactly the primary key columns, none of them null.
-fn key_match(
-    relid: pg_sys::Oid,
-    t: &Target,
-    key: &BTreeMap<String, String>,
-    cols: &[String],
-) -> Result<(), FenceError> {
-    if t.pk.is_empty() {
-        return Err(call_error(
+fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceError> {
+    json::check_key(key, &t.pk).map_err(|e| {
+        let hint = Some(format!(
+            "The key must name exactly the primary key columns: {}.",
+            t.pk.join(", ")
+        ));
+        let list = |v: &[String]| v.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
+        match e {
+            ShapeError::KeyMissing(cols) => call_error(
+                "22023",
+                format!(
+                    "key lacks primary key column(s) {} of {}",
+                    list(&cols),
+                    regclass_text(relid)
+                ),
+                None,
+                hint,
+            ),
+            ShapeError::KeyExtra(cols) => call_error(
+                "22023",
+                format!(
+                    "key names column(s) {} that are not in the primary key of {}",
+                    list(&cols),
+                    regclass_text(relid)
+                ),
+                None,
+                hint,
+            ),
+            ShapeError::KeyNull(cols) => call_error(
+                "22023",
+                format!("key column(s) {} must not be null", list(&cols)),
+                None,
+                None,
+            ),
+            other => shape_error(other, relid, "key"),
+        }
+    })
+}
+
+/// The PostgreSQL error for a shape error of argument `what` of a call on `relid`.
+fn shape_error(e: ShapeError, relid: pg_sys::Oid, what: &str) -> FenceError {
+    match e {
+        ShapeError::NotObject => call_error(
+            "22023",
+            format!("{what} must be a JSON object of column names and values"),
+            None,
+            None,
+        ),
+        ShapeError::UnknownColumn(c) => call_error(
+            "42703",
+            format!(
+                "column {} of relation {} does not exist",
+                quote(&c),
+                regclass_text(relid)
+            ),
+            Some(format!("It is named in {what}.")),
+            None,
+        ),
+        ShapeError::SetsTokenColumn => call_error(
+            "22023",
+            format!("{what} must not set the token column"),
+            None,
+            None,
+        ),
+        ShapeError::NoPrimaryKey => call_error(
             "42P16",
             format!("table {} has no primary key", regclass_text(relid)),
             None,
             Some("fenced_update and fenced_delete find the row by its primary key.".into()),
-        ));
-    }
-    let hint = || {
-        Some(format!(
-            "The key must name exactly the primary key columns: {}.",
-            t.pk.join(", ")
-        ))
-    };
-    let list = |v: Vec<&String>| v.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
-    let missing: Vec<&String> = t.pk.iter().filter(|c| !key.contains_key(*c)).collect();
-    if !missing.is_empty() {
-        return Err(call_error(
+        ),
+        ShapeError::KeyMissing(c) | ShapeError::KeyExtra(c) | ShapeError::KeyNull(c) => call_error(
             "22023",
             format!(
-                "key lacks primary key column(s) {} of {}",
-                list(missing),
-                regclass_text(relid)
+                "key must name exactly the primary key columns (not {})",
+                c.join(", ")
             ),
             None,
-            hint(),
-        ));
-    }
-    let extra: Vec<&String> = cols.iter().filter(|c| !t.pk.contains(c)).collect();
-    if !extra.is_empty() {
-        return Err(call_error(
-            "22023",
-            format!(
-                "key names column(s) {} that are not in the primary key of {}",
-                list(extra),
-                regclass_text(relid)
-            ),
             None,
-            hint(),
-        ));
+        ),
     }
-    let nulls: Vec<&String> =
-        t.pk.iter()
-            .filter(|c| key.get(*c).map(|v| v == "null").unwrap_or(false))
-            .collect();
-    if !nulls.is_empty() {
-        return Err(call_error(
-            "22023",
-            format!("key column(s) {} must not be null", list(nulls)),
-            None,
-            None,
-        ));
-    }
-    Ok(())
 }
 
 /// The kept plan of the statement for this table, operation and set of columns.

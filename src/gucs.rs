@@ -6,6 +6,12 @@
 //! that is not a token at `SET` time (`22P02`, `22003`, `22023`, see `token.rs`); the empty string
 //! means "no token". `SET LOCAL` is the recommended form: the value then ends with the transaction,
 //! so it cannot leak to the next client of a transaction-mode pooler.
+//!
+//! `pg_fencing.token_scope` (superuser): `transaction` (default) makes a token count only in the
+//! transaction that set it (`SET LOCAL`, or `SET` inside that transaction), so a plain `SET` left
+//! on a pooled server connection is never used by the next client; tokens from the server's or
+//! role's configuration, the client's startup packet, and `fencing_acquire` (bound to a lock this
+//! session holds) always count. `session` lets a plain `SET` last for the session, as any setting.
 
 use crate::error::{make_sqlstate, Token};
 use crate::token::parse_token;
@@ -18,6 +24,16 @@ static TOKEN_SETTING: GucSetting<Option<CString>> = GucSetting::<Option<CString>
 static ETCD_ENDPOINTS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static LOCK_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(10);
+static TOKEN_SCOPE: GucSetting<TokenScope> = GucSetting::<TokenScope>::new(TokenScope::Transaction);
+
+/// Values of `pg_fencing.token_scope`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, PostgresGucEnum)]
+pub enum TokenScope {
+    #[name = c"transaction"]
+    Transaction,
+    #[name = c"session"]
+    Session,
+}
 
 /// `pg_fencing.etcd_endpoints`: comma-separated etcd endpoints (`host:port` or URLs); empty means
 /// the worker takes no locks.
@@ -61,13 +77,78 @@ pub fn set_session_token(token: Option<Token>) {
 /// The parsed value of `pg_fencing.token`; 0 means "no token". Written by the assign hook only.
 static CURRENT_TOKEN: AtomicI64 = AtomicI64::new(0);
 
-/// The token of this session's current `pg_fencing.token` setting, `None` when unset or empty.
+/// The token the current write carries: this session's `pg_fencing.token`, `None` when unset,
+/// empty, or (with `pg_fencing.token_scope = transaction`) set by `SET` in an earlier transaction.
 #[inline]
 pub fn current_token() -> Option<Token> {
     match CURRENT_TOKEN.load(Ordering::Relaxed) {
         0 => None,
-        t => Some(t),
+        t if in_scope(t) => Some(t),
+        _ => None,
     }
+}
+
+/// True when `pg_fencing.token` holds a token that does not count here because it was set with
+/// `SET` in an earlier transaction (for the message of FT002).
+pub fn token_out_of_scope() -> bool {
+    match CURRENT_TOKEN.load(Ordering::Relaxed) {
+        0 => false,
+        t => !in_scope(t),
+    }
+}
+
+/// Does the current value of `pg_fencing.token` count in this transaction?
+fn in_scope(token: Token) -> bool {
+    if TOKEN_SCOPE.get() == TokenScope::Session {
+        return true;
+    }
+    let Some(record) = token_record() else {
+        return true;
+    };
+    // SAFETY: the record is a GUC definition, alive for the life of the backend; read on the
+    // main thread only.
+    let (stack, source) = unsafe { ((*record).stack, (*record).source) };
+    // Set (SET LOCAL, SET, a function's SET clause, fenced_*) in the current transaction: the
+    // GUC machinery keeps an undo entry until the transaction ends.
+    if !stack.is_null() {
+        return true;
+    }
+    // From the configuration file, ALTER DATABASE/ROLE ... SET, or the client's startup packet:
+    // not something one client of a pooled connection leaves for the next.
+    if source < pg_sys::GucSource::PGC_S_SESSION {
+        return true;
+    }
+    // A plain SET in an earlier transaction counts only for the token of a lock this session
+    // holds through fencing_acquire (the lock itself is session-scoped).
+    crate::worker::held_by_this_session(token)
+}
+
+/// The GUC definition of `pg_fencing.token` (found once per backend).
+fn token_record() -> Option<*mut pg_sys::config_generic> {
+    use std::sync::atomic::AtomicPtr;
+    static RECORD: AtomicPtr<pg_sys::config_generic> = AtomicPtr::new(std::ptr::null_mut());
+    let cached = RECORD.load(Ordering::Relaxed);
+    if !cached.is_null() {
+        return Some(cached);
+    }
+    unsafe {
+        let vars = pg_sys::get_guc_variables();
+        let n = pg_sys::GetNumConfigOptions();
+        if vars.is_null() {
+            return None;
+        }
+        for i in 0..n as usize {
+            let v = *vars.add(i);
+            if !v.is_null()
+                && !(*v).name.is_null()
+                && CStr::from_ptr((*v).name).to_bytes() == b"pg_fencing.token"
+            {
+                RECORD.store(v, Ordering::Relaxed);
+                return Some(v);
+            }
+        }
+    }
+    None
 }
 
 #[pg_guard]
@@ -126,6 +207,14 @@ pub fn init() {
             None,
         );
     }
+    GucRegistry::define_enum_guc(
+        c"pg_fencing.token_scope",
+        c"Whether a plain SET of pg_fencing.token lasts for the transaction (default) or the session.",
+        c"transaction: a token counts only in the transaction that set it, so it never reaches the next client of a transaction-mode pooler; tokens from the configuration, the startup packet or fencing_acquire always count. session: a SET lasts for the session.",
+        &TOKEN_SCOPE,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
     GucRegistry::define_string_guc(
         c"pg_fencing.etcd_endpoints",
         c"Comma-separated etcd endpoints of the pg_fencing worker; empty = worker idle.",

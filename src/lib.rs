@@ -12,6 +12,8 @@ mod error;
 mod fence;
 mod fenced;
 mod gucs;
+#[cfg(feature = "pg_test")]
+mod model_check;
 mod stats;
 mod token;
 mod trigger;
@@ -117,6 +119,14 @@ mod tests {
         Spi::run("SELECT fencing_advance('ledger2', 5)").unwrap();
         Spi::run("SET LOCAL pg_fencing.token = '4'").unwrap();
         Spi::run("INSERT INTO acct2 VALUES (1, 100)").unwrap();
+    }
+
+    /// Random sequences of fenced operations from several holders agree with a model of the
+    /// rule (proptest; see `model_check.rs`).
+    #[cfg(feature = "pg_test")]
+    #[pg_test]
+    fn random_fenced_operations_agree_with_a_model_of_the_rule() {
+        crate::model_check::run();
     }
 
     #[pg_test]

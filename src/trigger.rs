@@ -453,6 +453,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         }
         let token = current_token().ok_or_else(|| FenceError::NoToken {
             target: format!("a write to protected table {}", table()),
+            set_earlier: crate::gucs::token_out_of_scope(),
         })?;
         crate::worker::check_token(token)?;
 

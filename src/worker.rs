@@ -450,6 +450,20 @@ fn register_exit_callback() {
     });
 }
 
+/// Is `token` the token of a lock this session holds (or held and lost) through
+/// `fencing_acquire`? (Such a token counts in every transaction of the session; see `gucs.rs`.)
+pub fn held_by_this_session(token: i64) -> bool {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let me = unsafe { pg_sys::MyProcPid };
+    SHARED.get().slots.iter().any(|s| {
+        s.owner_pid.load(Ordering::Relaxed) == me
+            && s.token.load(Ordering::Relaxed) == token
+            && matches!(s.state.load(Ordering::Acquire), HELD | LOST)
+    })
+}
+
 /// FT003 if `token` is the token of a lock taken through the worker (by any session) and that lock
 /// is lost: marked lost by the worker, or past the end of its lease as last confirmed by etcd.
 pub fn check_token(token: i64) -> Result<(), FenceError> {

@@ -259,8 +259,8 @@ def scenarios_single(etcd, pg):
     st = sqlstate(cur, "UPDATE orders_t SET v = 3 WHERE id = 1")
     ok(st == "FT003", f"a write with the lost lock's token gets FT003 ({st})")
     other = pg.connect().cursor()
-    other.execute("SET pg_fencing.token = %s", (str(tok),))
-    st = sqlstate(other, "UPDATE orders_t SET v = 3 WHERE id = 1")
+    # One transaction: SET and the write (pg_fencing.token_scope = transaction, the default).
+    st = sqlstate(other, "SET pg_fencing.token = '%d'; UPDATE orders_t SET v = 3 WHERE id = 1" % tok)
     ok(st == "FT003", f"another session carrying the lost token gets FT003 too ({st})")
     other.connection.close()
     cur.execute("SELECT fencing_release('orders')")

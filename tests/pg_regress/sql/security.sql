@@ -23,8 +23,8 @@ BEGIN
 END $$;
 CREATE OPERATOR mal.= (LEFTARG = text, RIGHTARG = text, FUNCTION = mal.eq);
 SET search_path = mal, pg_catalog, public;
-SELECT public.fencing_advance('mal-res', 1);
-SELECT public.fencing_advance('mal-res', 2);
+SELECT public.fencing_advance('victim-res', 1);
+SELECT public.fencing_advance('victim-res', 2);
 BEGIN; SET LOCAL pg_fencing.token = '3'; INSERT INTO public.victim VALUES (1, 'x'); COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '4'; UPDATE public.victim SET v = 'y'; COMMIT;
 -- per-row mode: tombstone reads and writes, twice each so that cached plans are used too
@@ -35,7 +35,7 @@ BEGIN; SET LOCAL pg_fencing.token = '7'; INSERT INTO public.victim_rows VALUES (
 RESET search_path;
 RESET ROLE;
 SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory';
-SELECT fencing_high_water('mal-res'), fencing_high_water('victim-res');
+SELECT fencing_high_water('victim-res');
 DROP TABLE victim, victim_rows;
 DROP SCHEMA mal CASCADE;
 DROP ROLE mallory;

@@ -268,6 +268,7 @@ pub fn record_row_delete(protection: i64, key: &str, token: Token) {
     }
 }
 
+#[derive(Clone)]
 struct PendingTombstone {
     protection: i64,
     key: String,
@@ -278,6 +279,11 @@ struct PendingTombstone {
 
 thread_local! {
     static PENDING_TOMBSTONES: RefCell<Vec<PendingTombstone>> = const { RefCell::new(Vec::new()) };
+    /// Tombstones written by a flush in a subtransaction younger than the one that deleted the
+    /// row (e.g. a read inside an EXCEPTION block), with the subtransaction that wrote them: if
+    /// that one aborts, the write is undone but the delete is not, so they are pending again.
+    static FLUSHED_LATER: RefCell<Vec<(PendingTombstone, pg_sys::SubTransactionId)>> =
+        const { RefCell::new(Vec::new()) };
 }
 
 /// Write the pending tombstones (one statement; the highest token per key).
@@ -286,9 +292,12 @@ pub fn flush_tombstones() {
     if pending.is_empty() {
         return;
     }
-    let mut highest: HashMap<(i64, String), Token> = HashMap::with_capacity(pending.len());
-    for t in pending {
-        let e = highest.entry((t.protection, t.key)).or_insert(t.token);
+    let writer = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let mut highest: HashMap<(i64, &str), Token> = HashMap::with_capacity(pending.len());
+    for t in &pending {
+        let e = highest
+            .entry((t.protection, t.key.as_str()))
+            .or_insert(t.token);
         if *e < t.token {
             *e = t.token;
         }
@@ -298,7 +307,7 @@ pub fn flush_tombstones() {
     let mut tokens = Vec::with_capacity(highest.len());
     for ((p, k), t) in highest {
         protections.push(p);
-        keys.push(k);
+        keys.push(k.to_string());
         tokens.push(t);
     }
     let (Some(p), Some(k), Some(t)) = (
@@ -320,16 +329,47 @@ pub fn flush_tombstones() {
         false,
         as_token,
     );
+    // Written in the deleting subtransaction itself (the usual case): they stand or fall with
+    // it. Written in a younger one: remember them until the transaction ends.
+    let later: Vec<(PendingTombstone, pg_sys::SubTransactionId)> = pending
+        .into_iter()
+        .filter(|t| t.subxact < writer)
+        .map(|t| (t, writer))
+        .collect();
+    if !later.is_empty() {
+        FLUSHED_LATER.with(|f| f.borrow_mut().extend(later));
+    }
 }
 
-/// Subtransaction abort: its rows were not deleted after all.
+/// Subtransaction abort: its rows were not deleted after all, and tombstones it wrote for older
+/// subtransactions' deletes are gone, so those are pending again. (Subtransaction ids grow, and
+/// every subtransaction younger than `subxact` that exists when it aborts is inside it.)
 pub fn forget_tombstones_of(subxact: pg_sys::SubTransactionId) {
-    PENDING_TOMBSTONES.with(|p| p.borrow_mut().retain(|t| t.subxact < subxact));
+    let requeue: Vec<PendingTombstone> = FLUSHED_LATER.with(|f| {
+        let mut f = f.borrow_mut();
+        let mut back = Vec::new();
+        f.retain(|(t, writer)| {
+            if *writer < subxact {
+                return true;
+            }
+            if t.subxact < subxact {
+                back.push(t.clone());
+            }
+            false
+        });
+        back
+    });
+    PENDING_TOMBSTONES.with(|p| {
+        let mut p = p.borrow_mut();
+        p.retain(|t| t.subxact < subxact);
+        p.extend(requeue);
+    });
 }
 
-/// Transaction abort.
+/// Transaction end (commit after the pre-commit flush, or abort).
 pub fn forget_tombstones() {
     PENDING_TOMBSTONES.with(|p| p.borrow_mut().clear());
+    FLUSHED_LATER.with(|f| f.borrow_mut().clear());
 }
 
 // ---------------------------------------------------------------------------------------------

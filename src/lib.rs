@@ -56,12 +56,14 @@ unsafe extern "C-unwind" fn xact_callback(
         return;
     }
     fence::forget_all();
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
+        || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
     {
         fenced::free_stale_plans();
+        fence::forget_tombstones();
     }
     if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
-        fence::forget_tombstones();
         trigger::forget_verified();
         worker::abort_pending();
     }

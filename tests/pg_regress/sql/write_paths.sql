@@ -236,3 +236,25 @@ SELECT id, fence_token FROM tb WHERE id IN (20001, 20002) ORDER BY id;
 -- a transaction that deletes and then fails leaves no tombstone
 BEGIN; SET LOCAL pg_fencing.token = '8'; DELETE FROM tb WHERE id = 24000; SELECT 1/0; COMMIT;
 SELECT count(*) AS tombstones_of_24000 FROM _pg_fencing.row_tombstone WHERE key = '(24000)';
+-- a tombstone flushed by a read inside a savepoint that then fails is not lost with it
+BEGIN;
+SET LOCAL pg_fencing.token = '9';
+DELETE FROM tb WHERE id = 24001;
+SAVEPOINT s3;
+SET LOCAL pg_fencing.token = '8';
+INSERT INTO tb VALUES (24001, 0);
+ROLLBACK TO SAVEPOINT s3;
+SET LOCAL pg_fencing.token = '8';
+INSERT INTO tb VALUES (24001, 0);
+ROLLBACK;
+BEGIN;
+SET LOCAL pg_fencing.token = '9';
+DELETE FROM tb WHERE id = 24001;
+SAVEPOINT s4;
+SET LOCAL pg_fencing.token = '8';
+INSERT INTO tb VALUES (24001, 0);
+ROLLBACK TO SAVEPOINT s4;
+COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '8'; INSERT INTO tb VALUES (24001, 0); ROLLBACK;
+\echo :LAST_ERROR_SQLSTATE
+SELECT high_water FROM _pg_fencing.row_tombstone WHERE key = '(24001)';

@@ -9,6 +9,8 @@
 #   7. negative control                   (tests/stress --unfenced must be caught)
 #   8. streaming standby and promotion    (tests/replication)
 #   9. background worker with real etcd   (tests/worker)
+#  10. pooler safety through pgbouncer    (tests/pooler, transaction mode)
+#  11. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 # Usage: scripts/test.sh [--no-setup]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +32,8 @@ if cargo fmt --version >/dev/null 2>&1; then
     cargo fmt --check
 fi
 
-step "1/9 unit and #[pg_test] tests (cargo pgrx test pg15)"
+step "1/11 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
+(cd fencing-core && cargo test -q 2>&1 | grep -E "^test result|FAILED|panicked")
 mkdir -p "$WORK/pgrx-data"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
 if [ "$(id -u)" -eq 0 ]; then
@@ -48,7 +51,7 @@ else
     cargo pgrx install --pg-config "$PGBIN/pg_config" --sudo
 fi
 
-step "2/9 pg_regress (tests/pg_regress)"
+step "2/11 pg_regress (tests/pg_regress)"
 # The #[pg_test] cluster above runs without preloading; this one preloads the library, so both
 # ways are tested (the statistics need it).
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
@@ -63,7 +66,7 @@ if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=pos
     exit 1
 fi
 
-step "3/9 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
+step "3/11 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
 ISOLATION="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress"
 mkdir -p "$WORK/isolation"
 psql -X -q -c "CREATE DATABASE pg_fencing_isolation"
@@ -76,16 +79,16 @@ if ! "$ISOLATION" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=p
 fi
 pg_stop
 
-step "4/9 zombie-client demo with a real etcd (scripts/demo.sh)"
+step "4/11 zombie-client demo with a real etcd (scripts/demo.sh)"
 ./scripts/demo.sh --no-setup
 
-step "5/9 randomized stress test, 16 clients, checked by an independent checker (tests/stress)"
+step "5/11 randomized stress test, 16 clients, checked by an independent checker (tests/stress)"
 tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1
 
-step "6/9 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
+step "6/11 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
 
-step "7/9 negative control: the same checker must catch violations when fencing is switched off"
+step "7/11 negative control: the same checker must catch violations when fencing is switched off"
 if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
     echo "$out" | tail -15
     echo "FAIL: the checker found no violation in an unfenced run" >&2
@@ -94,10 +97,27 @@ fi
 echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run failed without a VIOLATION" >&2; exit 1; }
 echo "  (expected: the checker reports violations when the guard is off)"
 
-step "8/9 streaming standby and promotion (tests/replication)"
+step "8/11 streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
 
-step "9/9 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
+step "9/11 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
 /usr/bin/python3 tests/worker/worker_test.py
+
+step "10/11 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
+tests/pooler/run.sh
+
+step "11/11 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
+for target in token_parse json_shape; do
+    corpus="$WORK/fuzz-$target"
+    mkdir -p "$corpus"
+    # New inputs go to the first (temporary) corpus; the committed seeds are only read.
+    if ! cargo +nightly fuzz run --fuzz-dir fuzz "$target" "$corpus" "fuzz/corpus/$target" -- \
+            -max_total_time=20 -print_final_stats=1 >"$WORK/fuzz-$target.log" 2>&1; then
+        tail -40 "$WORK/fuzz-$target.log"
+        echo "FAIL: fuzz target $target (log above; the crashing input is under fuzz/artifacts/$target)" >&2
+        exit 1
+    fi
+    grep -E "^(Done|stat::number_of_executed_units)" "$WORK/fuzz-$target.log" | sed "s/^/  $target: /"
+done
 
 step "all tests passed"

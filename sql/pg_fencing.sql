@@ -378,6 +378,17 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_high_water(text) IS
 'Current high-water mark (highest committed fencing token) of a resource; NULL if never seen.';
 
+CREATE FUNCTION _pg_fencing.reset_lock_service() RETURNS void
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_reset_lock_service';
+REVOKE ALL ON FUNCTION _pg_fencing.reset_lock_service() FROM PUBLIC;
+COMMENT ON FUNCTION _pg_fencing.reset_lock_service() IS
+'Forgets what the background worker knew about etcd (cluster id, highest revision, a revision regression), so that it hands out tokens again. Called by fencing_reset.';
+
+CREATE FUNCTION _pg_fencing.lock_service_problem() RETURNS text
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_lock_service_problem';
+COMMENT ON FUNCTION _pg_fencing.lock_service_problem() IS
+'Why the background worker no longer hands out tokens (etcd''s revisions went backwards or another etcd cluster answered), or NULL.';
+
 CREATE FUNCTION @extschema@.fencing_reset(resource text, token bigint) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -396,6 +407,8 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('fencing token %s is not positive', token);
     END IF;
     old := _pg_fencing.lock_resource(resource);
+    -- Recovery after an etcd restore: the worker forgets etcd's old revisions and cluster id.
+    PERFORM _pg_fencing.reset_lock_service();
     INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at)
     VALUES (resource, token, clock_timestamp())
     ON CONFLICT ON CONSTRAINT resource_high_water_pkey
@@ -445,7 +458,8 @@ SELECT coalesce(h.resource, p.resource) AS resource,
        s.last_rejection_at,
        s.last_rejected_token,
        s.last_rejection_high_water,
-       s.last_rejection_pid
+       s.last_rejection_pid,
+       _pg_fencing.lock_service_problem() AS lock_service_problem
 FROM _pg_fencing.resource_high_water h
 FULL JOIN (SELECT pt.resource, array_agg(pt.relid ORDER BY pt.relid::text) AS tables
            FROM _pg_fencing.protected_table pt
@@ -453,7 +467,7 @@ FULL JOIN (SELECT pt.resource, array_agg(pt.relid ORDER BY pt.relid::text) AS ta
            GROUP BY pt.resource) p ON p.resource = h.resource
 LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'resource' AND s.name = coalesce(h.resource, p.resource);
 COMMENT ON VIEW @extschema@.fencing_resources IS
-'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection.';
+'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection; lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
 
 CREATE VIEW @extschema@.fencing_protected_tables AS
 SELECT p.relid AS relation,
@@ -492,5 +506,5 @@ COMMENT ON FUNCTION @extschema@.fencing_release(text) IS
 
 CREATE VIEW @extschema@.fencing_locks AS SELECT * FROM @extschema@.fencing_lock_status();
 COMMENT ON VIEW @extschema@.fencing_locks IS
-'Locks of the background worker: lock, etcd key, token, lease id, ttl_left (seconds), state (acquiring, held, lost, releasing, failed) and the holding backend pid.';
+'Locks of the background worker: lock, etcd key, token, lease id, ttl_left (seconds), state (acquiring, held, lost, releasing, failed) and the holding backend pid. While etcd''s revisions went backwards, one more row has state etcd_regressed, an empty lock and the reason as key.';
 GRANT SELECT ON @extschema@.fencing_locks TO PUBLIC;

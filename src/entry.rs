@@ -183,6 +183,16 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
             let column = column.ok_or_else(|| {
                 FenceError::InvalidArgument("token_column must not be NULL".into())
             })?;
+            if let Some(r) = resource.as_deref() {
+                if !fence::may_join_resource(r, relid) {
+                    return Err(FenceError::Call {
+                        sqlstate: "42501",
+                        message: format!("permission denied to protect a table with resource \"{r}\""),
+                        detail: Some("The resource is in use (it guards other tables or has a high-water mark), and a table protected with it can raise its mark for all of them.".into()),
+                        hint: Some("Use a resource of your own, or get INSERT, UPDATE or DELETE privilege on a table already protected with this resource (or ask a superuser).".into()),
+                    });
+                }
+            }
             let mut args = [
                 pg_sys::Datum::from(relid),
                 fence::text_datum(resource.as_deref().unwrap_or("")),
@@ -275,6 +285,37 @@ pub unsafe extern "C-unwind" fn fencing_acquire(fcinfo: FunctionCallInfo) -> pg_
                 crate::worker::acquire(&name, std::time::Duration::from_micros(micros as u64))?;
             crate::gucs::set_session_token(Some(token));
             Ok(pg_sys::Datum::from(token))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_reset_lock_service);
+/// `_pg_fencing.reset_lock_service() RETURNS void`: forget what the worker knew about etcd
+/// (cluster id, highest revision, a revision regression); called by `fencing_reset`, not granted
+/// to PUBLIC.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_reset_lock_service(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            crate::worker::reset_lock_service();
+            Ok(pgrx::fcinfo::pg_return_void())
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_lock_service_problem);
+/// `_pg_fencing.lock_service_problem() RETURNS text`: why the worker no longer hands out tokens
+/// (etcd's revisions went backwards), or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_lock_service_problem(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || match crate::worker::lock_service_problem() {
+            Some(why) => Ok(fence::text_datum(&why)),
+            None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
         })
     }
 }

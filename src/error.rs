@@ -40,8 +40,8 @@ pub enum FenceError {
     },
 
     /// FT002: a write to a protected table (or an advance) without a token. `set_earlier`: the
-    /// session has a token, but set with `SET` in an earlier transaction, which
-    /// `pg_fencing.token_scope = transaction` does not count.
+    /// session has a token, but not set in this transaction (an earlier `SET`, or the role's or
+    /// database's configuration), which `pg_fencing.token_scope = transaction` does not count.
     #[error("no fencing token for {target}")]
     NoToken { target: String, set_earlier: bool },
 
@@ -137,7 +137,7 @@ impl FenceError {
                 "The write carries fencing token {token}, but the high-water mark of {domain} is {high_water}."
             )),
             FenceError::NoToken { set_earlier: true, .. } => Some(
-                "pg_fencing.token was set with SET in an earlier transaction; with pg_fencing.token_scope = transaction (the default) a token counts only in the transaction that sets it, so that it never reaches the next client of a pooled connection.".into(),
+                "pg_fencing.token is set, but not in this transaction (by SET in an earlier one, or in the role's or database's configuration); with pg_fencing.token_scope = transaction (the default) a token counts only in the transaction that sets it, so that it never reaches the next client of a pooled connection.".into(),
             ),
             FenceError::NoToken { .. } => Some(
                 "Writes to a table protected by pg_fencing must carry the lock holder's fencing token.".into(),

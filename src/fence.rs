@@ -229,10 +229,15 @@ pub fn admit_row_insert(
 /// `resource`? (The privilege `fencing_advance` requires; see `entry.rs`.)
 pub fn may_write_resource(resource: &str) -> bool {
     let user = unsafe { pg_sys::GetUserId() };
+    // Any table of the partition tree, and column-level INSERT/UPDATE grants count too.
     exec_internal(
-        "SELECT true FROM _pg_fencing.protected_table p \
+        "SELECT true FROM _pg_fencing.protected_table p, \
+              LATERAL (SELECT p.relid UNION ALL \
+                       SELECT pt.relid FROM pg_catalog.pg_partition_tree(p.relid) pt) AS t(relid) \
          WHERE p.resource OPERATOR(pg_catalog.=) $1 AND p.protected \
-           AND pg_catalog.has_table_privilege($2, p.relid::pg_catalog.oid, 'INSERT, UPDATE, DELETE') LIMIT 1",
+           AND (pg_catalog.has_table_privilege($2, t.relid::pg_catalog.oid, 'INSERT, UPDATE, DELETE') \
+                OR pg_catalog.has_any_column_privilege($2, t.relid::pg_catalog.oid, 'INSERT, UPDATE')) \
+         LIMIT 1",
         true,
         &[pg_sys::TEXTOID, pg_sys::OIDOID],
         &mut [text_datum(resource), pg_sys::Datum::from(user)],
@@ -240,6 +245,30 @@ pub fn may_write_resource(resource: &str) -> bool {
         |d| d.value() != 0,
     )
     .unwrap_or(false)
+}
+
+/// Who may put a table under `resource` (`fencing_protect`): a resource guards every table
+/// protected with it, so joining one is as powerful as writing to it. Allowed to superusers, for
+/// a new resource (no protected table, no mark), and to roles that may write a table already
+/// protected with it (`may_write_resource`). `relid` itself does not count.
+pub fn may_join_resource(resource: &str, relid: pg_sys::Oid) -> bool {
+    if unsafe { pg_sys::superuser() } {
+        return true;
+    }
+    let in_use = exec_internal(
+        "SELECT true WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table p \
+                                   WHERE p.resource OPERATOR(pg_catalog.=) $1 AND p.protected \
+                                     AND p.relid OPERATOR(pg_catalog.<>) $2) \
+                     OR EXISTS (SELECT 1 FROM _pg_fencing.resource_high_water h \
+                                WHERE h.resource OPERATOR(pg_catalog.=) $1)",
+        true,
+        &[pg_sys::TEXTOID, pg_sys::REGCLASSOID],
+        &mut [text_datum(resource), pg_sys::Datum::from(relid)],
+        true,
+        |d| d.value() != 0,
+    )
+    .unwrap_or(false);
+    !in_use || may_write_resource(resource)
 }
 
 /// Per-row mode, DELETE of `key` (already admitted by [`admit_row`], under the row lock): leave a
@@ -292,6 +321,10 @@ pub fn flush_tombstones() {
     if pending.is_empty() {
         return;
     }
+    // DROP EXTENSION in the same transaction: its tables, and what they would keep, are gone.
+    if unsafe { pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true) } == pg_sys::Oid::INVALID {
+        return;
+    }
     let writer = unsafe { pg_sys::GetCurrentSubTransactionId() };
     let mut highest: HashMap<(i64, &str), Token> = HashMap::with_capacity(pending.len());
     for t in &pending {
@@ -317,6 +350,12 @@ pub fn flush_tombstones() {
     ) else {
         pgrx::error!("pg_fencing: could not build the tombstone batch");
     };
+    // The deletes were allowed, so their tombstones must be written even if the transaction was
+    // switched to read-only since (SET transaction_read_only = on after the DELETE).
+    let read_only = unsafe { pg_sys::XactReadOnly };
+    if read_only && !unsafe { pg_sys::RecoveryInProgress() } {
+        unsafe { pg_sys::XactReadOnly = false };
+    }
     exec_internal(
         SQL_STORE_TOMBS,
         true,
@@ -329,6 +368,7 @@ pub fn flush_tombstones() {
         false,
         as_token,
     );
+    unsafe { pg_sys::XactReadOnly = read_only };
     // Written in the deleting subtransaction itself (the usual case): they stand or fall with
     // it. Written in a younger one: remember them until the transaction ends.
     let later: Vec<(PendingTombstone, pg_sys::SubTransactionId)> = pending
@@ -440,6 +480,7 @@ const SQL_STORE_RESOURCE: &str =
      WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
 const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
      SELECT u.p, u.k, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
+     WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
      ON CONFLICT (protection_id, key) DO UPDATE \
      SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
 const SQL_READ_TOMB: &str = "SELECT high_water FROM _pg_fencing.row_tombstone \

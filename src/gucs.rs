@@ -9,9 +9,10 @@
 //!
 //! `pg_fencing.token_scope` (superuser): `transaction` (default) makes a token count only in the
 //! transaction that set it (`SET LOCAL`, or `SET` inside that transaction), so a plain `SET` left
-//! on a pooled server connection is never used by the next client; tokens from the server's or
-//! role's configuration, the client's startup packet, and `fencing_acquire` (bound to a lock this
-//! session holds) always count. `session` lets a plain `SET` last for the session, as any setting.
+//! on a pooled server connection is never used by the next client; tokens from the connection's
+//! startup packet and from `fencing_acquire` (bound to a lock this session holds) always count,
+//! tokens from postgresql.conf or ALTER ROLE/DATABASE ... SET never. `session` lets a plain `SET`
+//! last for the session, as any setting.
 
 use crate::error::{make_sqlstate, Token};
 use crate::token::parse_token;
@@ -113,10 +114,14 @@ fn in_scope(token: Token) -> bool {
     if !stack.is_null() {
         return true;
     }
-    // From the configuration file, ALTER DATABASE/ROLE ... SET, or the client's startup packet:
-    // not something one client of a pooled connection leaves for the next.
-    if source < pg_sys::GucSource::PGC_S_SESSION {
+    // From this connection's startup packet (PGOPTIONS): not something one client of a pooled
+    // connection leaves for the next. A token from postgresql.conf or ALTER ROLE/DATABASE ... SET
+    // does not count: a fixed token in the configuration would defeat fencing.
+    if source == pg_sys::GucSource::PGC_S_CLIENT {
         return true;
+    }
+    if source < pg_sys::GucSource::PGC_S_SESSION {
+        return false;
     }
     // A plain SET in an earlier transaction counts only for the token of a lock this session
     // holds through fencing_acquire (the lock itself is session-scoped).
@@ -210,7 +215,7 @@ pub fn init() {
     GucRegistry::define_enum_guc(
         c"pg_fencing.token_scope",
         c"Whether a plain SET of pg_fencing.token lasts for the transaction (default) or the session.",
-        c"transaction: a token counts only in the transaction that set it, so it never reaches the next client of a transaction-mode pooler; tokens from the configuration, the startup packet or fencing_acquire always count. session: a SET lasts for the session.",
+        c"transaction: a token counts only in the transaction that set it, so it never reaches the next client of a transaction-mode pooler; tokens from the startup packet or fencing_acquire always count, tokens from postgresql.conf or ALTER ROLE/DATABASE SET never. session: a SET lasts for the session.",
         &TOKEN_SCOPE,
         GucContext::Suset,
         GucFlags::default(),

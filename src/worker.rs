@@ -78,6 +78,15 @@ pub struct Shared {
     worker_pid: AtomicI32,
     /// 0 unknown, 1 connected, 2 unreachable.
     etcd: AtomicU32,
+    /// What etcd has told us about itself (see "Revision regression" below): its cluster id
+    /// (0 = not known yet), the highest revision it answered a write with, and whether it has
+    /// since answered from another cluster or with a lower revision (1), with why.
+    etcd_cluster_id: AtomicU64,
+    etcd_highest_revision: AtomicI64,
+    etcd_regressed: AtomicU32,
+    etcd_regression: UnsafeCell<[u8; MSG_LEN]>,
+    /// Set whenever the three above change; cleared by whoever saves them to the state file.
+    etcd_state_dirty: AtomicU32,
     slots: [Slot; SLOTS],
 }
 
@@ -93,6 +102,11 @@ impl Default for Shared {
             worker_latch: AtomicUsize::new(0),
             worker_pid: AtomicI32::new(0),
             etcd: AtomicU32::new(0),
+            etcd_cluster_id: AtomicU64::new(0),
+            etcd_highest_revision: AtomicI64::new(0),
+            etcd_regressed: AtomicU32::new(0),
+            etcd_regression: UnsafeCell::new([0; MSG_LEN]),
+            etcd_state_dirty: AtomicU32::new(0),
             slots: std::array::from_fn(|_| Slot {
                 state: AtomicU32::new(FREE),
                 generation: AtomicU64::new(0),
@@ -232,6 +246,191 @@ fn lock_key_name(name: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Revision regression
+//
+// A fencing token is an etcd revision, so tokens only stay comparable while revisions only grow.
+// An etcd cluster restored from an older snapshot (without `--bump-revision`), or another cluster
+// behind the same endpoints, answers with lower revisions: the worker would hand out tokens below
+// ones it handed out before. So the worker remembers etcd's cluster id and the highest revision
+// etcd answered a write (lease grant, lock) with, in shared memory and in the file
+// `$PGDATA/pg_fencing_etcd.state` (saved right after it changes, so it survives restarts). A
+// write's answer always carries a revision at least as high as every write committed before it,
+// from whichever member it comes, so a lower one (or another cluster id) can only mean a
+// regression. From then on `fencing_acquire` fails with FT005 and held locks are lost, until a
+// superuser runs `fencing_reset` (which forgets what the worker knew about etcd).
+
+const STATE_FILE: &str = "pg_fencing_etcd.state";
+
+impl Shared {
+    fn regression(&self) -> Option<String> {
+        if self.etcd_regressed.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(unsafe { get(self.etcd_regression.get() as *const u8, MSG_LEN) })
+    }
+
+    /// Record what a write's response header says about etcd. `Err` (with why) if etcd went
+    /// backwards, now or before.
+    fn observe_etcd(&self, cluster_id: u64, revision: i64) -> Result<(), String> {
+        if let Some(why) = self.regression() {
+            return Err(why);
+        }
+        let known = self.etcd_cluster_id.load(Ordering::Acquire);
+        if known != 0 && cluster_id != 0 && cluster_id != known {
+            return Err(self.regress(format!(
+                "etcd answered from cluster {cluster_id:x}, not from cluster {known:x} as before"
+            )));
+        }
+        let highest = self.etcd_highest_revision.load(Ordering::Acquire);
+        if revision > 0 && revision < highest {
+            return Err(self.regress(format!(
+                "etcd's revision went back from {highest} to {revision}"
+            )));
+        }
+        let mut changed = false;
+        if known == 0 && cluster_id != 0 {
+            changed |= self
+                .etcd_cluster_id
+                .compare_exchange(0, cluster_id, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        }
+        changed |= self
+            .etcd_highest_revision
+            .fetch_max(revision, Ordering::AcqRel)
+            < revision;
+        if changed {
+            self.etcd_state_dirty.store(1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn regress(&self, why: String) -> String {
+        let msg = format!(
+            "{why}; tokens would no longer be comparable (a cluster restored from an old snapshot, or another cluster behind pg_fencing.etcd_endpoints)"
+        );
+        unsafe {
+            put(
+                self.etcd_regression.get() as *mut u8,
+                MSG_LEN,
+                msg.as_bytes(),
+            )
+        };
+        self.etcd_regressed.store(1, Ordering::Release);
+        self.etcd_state_dirty.store(1, Ordering::Release);
+        for s in self.slots.iter() {
+            if s.transition(HELD, LOST) {
+                s.set_message("etcd's revisions went backwards");
+            }
+        }
+        msg
+    }
+
+    /// The state file's text: `cluster_id highest_revision regressed` and the reason.
+    fn state_text(&self) -> String {
+        format!(
+            "{:x} {} {}\n{}\n",
+            self.etcd_cluster_id.load(Ordering::Acquire),
+            self.etcd_highest_revision.load(Ordering::Acquire),
+            self.etcd_regressed.load(Ordering::Acquire),
+            self.regression().unwrap_or_default()
+        )
+    }
+
+    fn load_state_text(&self, text: &str) {
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+        if head.len() != 3 {
+            return;
+        }
+        let (Ok(cid), Ok(rev), Ok(reg)) = (
+            u64::from_str_radix(head[0], 16),
+            head[1].parse::<i64>(),
+            head[2].parse::<u32>(),
+        ) else {
+            return;
+        };
+        self.etcd_cluster_id.store(cid, Ordering::Release);
+        self.etcd_highest_revision.store(rev, Ordering::Release);
+        if reg == 1 {
+            let why = lines.next().unwrap_or("etcd's revisions went backwards");
+            unsafe {
+                put(
+                    self.etcd_regression.get() as *mut u8,
+                    MSG_LEN,
+                    why.as_bytes(),
+                )
+            };
+            self.etcd_regressed.store(1, Ordering::Release);
+        }
+    }
+}
+
+/// Save the state file if it changed: write a temporary file, flush it to disk, rename it over
+/// the old one. Plain file I/O, so the etcd thread may call it too. `tag` keeps concurrent
+/// writers (worker, a backend running fencing_reset) off each other's temporary file.
+fn save_state(sh: &Shared, dir: &str, tag: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    if sh.etcd_state_dirty.swap(0, Ordering::AcqRel) == 0 {
+        return Ok(());
+    }
+    let path = std::path::Path::new(dir).join(STATE_FILE);
+    let tmp = std::path::Path::new(dir).join(format!("{STATE_FILE}.{tag}.tmp"));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(sh.state_text().as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        sh.etcd_state_dirty.store(1, Ordering::Release);
+    }
+    result
+}
+
+fn data_dir() -> String {
+    unsafe {
+        if pg_sys::DataDir.is_null() {
+            ".".into()
+        } else {
+            std::ffi::CStr::from_ptr(pg_sys::DataDir)
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+}
+
+/// `_pg_fencing.reset_lock_service()` (called by `fencing_reset`): forget what the worker knew
+/// about etcd (cluster id, highest revision, a regression), so that it learns them anew.
+pub fn reset_lock_service() {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    let sh = SHARED.get();
+    let was = sh.regression();
+    sh.etcd_cluster_id.store(0, Ordering::Release);
+    sh.etcd_highest_revision.store(0, Ordering::Release);
+    unsafe { put(sh.etcd_regression.get() as *mut u8, MSG_LEN, b"") };
+    sh.etcd_regressed.store(0, Ordering::Release);
+    sh.etcd_state_dirty.store(1, Ordering::Release);
+    let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
+    if let Err(e) = save_state(sh, &data_dir(), &tag) {
+        pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
+    }
+    if let Some(why) = was {
+        log!("pg_fencing: fencing_reset cleared the etcd revision regression ({why}); the worker hands out tokens again");
+    }
+}
+
+/// Why the lock service cannot be trusted right now (`None`: fine, or no worker).
+pub fn lock_service_problem() -> Option<String> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return None;
+    }
+    SHARED.get().regression()
+}
+
+// ---------------------------------------------------------------------------------------------
 // Backend side
 
 /// `fencing_acquire(lock_name, timeout)`: see `entry.rs`.
@@ -253,6 +452,11 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
         return Err(FenceError::InvalidArgument(format!(
             "pg_fencing.lock_prefix and lock_name together must have fewer than {} bytes",
             KEY_LEN - 17
+        )));
+    }
+    if let Some(why) = sh.regression() {
+        return Err(FenceError::LockServiceUnavailable(format!(
+            "{why}; a superuser must check etcd and run fencing_reset before new tokens are handed out"
         )));
     }
     wait_for_worker(sh)?;
@@ -508,6 +712,18 @@ pub fn lock_rows() -> Vec<(
         return out;
     }
     let sh = SHARED.get();
+    if let Some(why) = sh.regression() {
+        // Not a lock: the lock service itself, which no longer hands out tokens.
+        out.push((
+            String::new(),
+            why,
+            None,
+            None,
+            None,
+            "etcd_regressed".to_string(),
+            sh.worker_pid.load(Ordering::Relaxed),
+        ));
+    }
     let now = now_ms();
     for s in sh.slots.iter() {
         let st = s.state.load(Ordering::Acquire);
@@ -545,6 +761,8 @@ pub fn lock_rows() -> Vec<(
 struct Config {
     endpoints: Vec<String>,
     ttl: i64,
+    /// The data directory, where the etcd thread saves `pg_fencing_etcd.state`.
+    state_dir: String,
 }
 
 fn read_config() -> Config {
@@ -555,6 +773,7 @@ fn read_config() -> Config {
             .filter(|s| !s.is_empty())
             .collect(),
         ttl: gucs::lease_ttl() as i64,
+        state_dir: String::new(),
     }
 }
 
@@ -583,6 +802,11 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         let _ = s.transition(RELEASING, FREE);
         let _ = s.transition(CANCELLED, FREE);
     }
+    let dir = data_dir();
+    if let Ok(text) = std::fs::read_to_string(std::path::Path::new(&dir).join(STATE_FILE)) {
+        sh.load_state_text(&text);
+    }
+    let mut logged_regression = false;
     sh.worker_pid
         .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
     sh.worker_latch
@@ -593,7 +817,8 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     );
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
-    let cfg = read_config();
+    let mut cfg = read_config();
+    cfg.state_dir = dir.clone();
     let thread = std::thread::Builder::new()
         .name("pg_fencing etcd".into())
         .spawn(move || {
@@ -615,7 +840,20 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     while BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            let _ = tx.send(Cmd::Config(read_config()));
+            let mut c = read_config();
+            c.state_dir = dir.clone();
+            let _ = tx.send(Cmd::Config(c));
+        }
+        match sh.regression() {
+            Some(why) if !logged_regression => {
+                pgrx::warning!("pg_fencing: the worker stopped handing out tokens: {why}. Check etcd, then run fencing_reset (see README, \"Recovery after an etcd restore\").");
+                logged_regression = true;
+            }
+            None => logged_regression = false,
+            _ => {}
+        }
+        if let Err(e) = save_state(sh, &dir, "worker") {
+            pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
         }
         for (i, s) in sh.slots.iter().enumerate() {
             let generation = s.generation.load(Ordering::Acquire);
@@ -730,7 +968,15 @@ mod etcd {
                     }
                     let Some(c) = client.clone() else { continue };
                     let ttl = cfg.ttl;
-                    tokio::spawn(acquire(c, slot, i, generation, ttl, owners.clone()));
+                    tokio::spawn(acquire(
+                        c,
+                        sh,
+                        i,
+                        generation,
+                        ttl,
+                        owners.clone(),
+                        cfg.state_dir.clone(),
+                    ));
                 }
                 Cmd::Release(i, generation) => {
                     let own = owners.lock().map(|mut o| o.remove(&i)).ok().flatten();
@@ -809,14 +1055,38 @@ mod etcd {
         slot.generation.load(Ordering::Acquire) == generation
     }
 
+    /// Check a write's response header against what we know of etcd (see "Revision
+    /// regression"); save the state file in the background when it changed.
+    fn observe(
+        sh: &'static Shared,
+        header: Option<&etcd_client::ResponseHeader>,
+        state_dir: &str,
+    ) -> Result<(), String> {
+        let result = match header {
+            Some(h) => sh.observe_etcd(h.cluster_id(), h.revision()),
+            None => Ok(()),
+        };
+        if sh.etcd_state_dirty.load(Ordering::Acquire) != 0 && !state_dir.is_empty() {
+            let dir = state_dir.to_string();
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = save_state(sh, &dir, "etcd") {
+                    eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
+                }
+            });
+        }
+        result
+    }
+
     async fn acquire(
         mut c: Client,
-        slot: &'static Slot,
+        sh: &'static Shared,
         index: usize,
         generation: u64,
         ttl: i64,
         owners: Owners,
+        state_dir: String,
     ) {
+        let slot = &sh.slots[index];
         let name = slot.key();
         let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
         let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
@@ -830,6 +1100,10 @@ mod etcd {
                 Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
             };
         let lease_id = lease.id();
+        if let Err(why) = observe(sh, lease.header(), &state_dir) {
+            slot.fail(ERR_OTHER, &why);
+            return give_up(c, slot, generation, lease_id).await;
+        }
         slot.lease.store(lease_id, Ordering::Relaxed);
         slot.ttl.store(lease.ttl(), Ordering::Relaxed);
         slot.valid_until_ms
@@ -870,6 +1144,11 @@ mod etcd {
             }
             Some(Ok(Ok(r))) => r,
         };
+        if let Err(why) = observe(sh, resp.header(), &state_dir) {
+            slot.fail(ERR_OTHER, &why);
+            let _ = c.unlock(resp.key().to_vec()).await;
+            return give_up(c, slot, generation, lease_id).await;
+        }
         let token = match resp.header().map(|h| h.revision()) {
             Some(rev) if rev > 0 => rev,
             _ => {

@@ -19,6 +19,7 @@ Scenarios (issue "Background worker", SPEC.md worker section):
   shutdown       pg_ctl stop -m fast takes at most about a second, etcd reachable or not
   no_preload     without shared_preload_libraries the worker functions fail with 55000
 """
+import json
 import os
 import shutil
 import signal
@@ -423,6 +424,69 @@ def scenario_kill9(etcd, pg):
     pg.start()
 
 
+def etcd_revision(etcd):
+    out = etcd.ctl("get", "none-such-key", "-w", "json").stdout
+    return json.loads(out)["header"]["revision"]
+
+
+def scenario_restore(etcd, pg):
+    print("== etcd restored from an older snapshot: its revisions go backwards")
+    c = pg.connect()
+    cur = c.cursor()
+    snap = os.path.join(WORK, "etcd-snapshot.db")
+    etcd.ctl("snapshot", "save", snap)
+    for i in range(40):
+        etcd.ctl("put", f"bump-{i}", "x")
+    cur.execute("SELECT fencing_acquire('orders', '5s')")
+    high = cur.fetchone()[0]
+    cur.execute("SELECT fencing_release('orders')")
+    m = etcd.members[0]
+    etcd.stop()
+    restored = etcd.dirs[m] + "-restored"
+    subprocess.run(["etcdctl", "snapshot", "restore", snap, "--data-dir", restored, "--name", m,
+                    "--initial-cluster", etcd.cluster,
+                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd.peer[m]}"],
+                   check=True, capture_output=True, env=dict(os.environ, ETCDCTL_API="3"))
+    etcd.dirs[m] = restored
+    etcd.start()
+    rev = etcd_revision(etcd)
+    ok(rev < high, f"the restored etcd is at revision {rev}, below the token {high} handed out before")
+    t0 = time.time()
+    try:
+        cur.execute("SELECT fencing_acquire('orders', '5s')")
+        st, msg = "ok", ""
+    except psycopg2.Error as e:
+        st, msg = e.pgcode, e.pgerror or ""
+    ok(st == "FT005" and "went back" in msg and time.time() - t0 < 4,
+       f"fencing_acquire refuses with FT005, saying why ({st}: {msg.splitlines()[0] if msg else ''})")
+    cur.execute("SELECT state, key FROM fencing_locks WHERE lock = ''")
+    row = cur.fetchone()
+    ok(row is not None and row[0] == "etcd_regressed", f"fencing_locks shows it ({row})")
+    cur.execute("SELECT DISTINCT lock_service_problem FROM fencing_resources")
+    problems = [r[0] for r in cur.fetchall()]
+    ok(problems and all(p and "went back" in p for p in problems), "fencing_resources shows it")
+    st = sqlstate(cur, "SELECT fencing_acquire('orders', '5s')")
+    ok(st == "FT005", f"it stays refused ({st})")
+    c.close()
+    pg.stop()
+    pg.start()
+    c = pg.connect()
+    cur = c.cursor()
+    st = sqlstate(cur, "SELECT fencing_acquire('orders', '5s')")
+    ok(st == "FT005", f"and after a server restart too (saved in the data directory) ({st})")
+    # Recovery: the operator checks etcd, then fencing_reset (keeping the mark where it is).
+    cur.execute("SELECT fencing_high_water('orders')")
+    hw = cur.fetchone()[0]
+    cur.execute("SELECT fencing_reset('orders', %s)", (hw,))
+    st = sqlstate(cur, "SELECT fencing_acquire('orders', '5s')")
+    ok(st == "ok", f"after fencing_reset the worker hands out tokens again ({st})")
+    cur.execute("SELECT count(*) FROM fencing_locks WHERE state = 'etcd_regressed'")
+    ok(cur.fetchone()[0] == 0, "fencing_locks no longer shows the regression")
+    cur.execute("SELECT fencing_release('orders')")
+    # The marks still refuse the low tokens of the restored etcd until its revisions catch up.
+    c.close()
+
+
 def scenario_cluster():
     print("== three-member etcd cluster: the leader stops while a lock is held")
     etcd3 = Etcd(members=3, base=ETCD_BASE + 100, tag="m")
@@ -485,6 +549,7 @@ def main():
         scenarios_single(etcd, pg)
         scenario_etcd_down(etcd, pg)
         scenario_kill9(etcd, pg)
+        scenario_restore(etcd, pg)
         pg.stop("immediate")
         etcd.stop()
         scenario_cluster()

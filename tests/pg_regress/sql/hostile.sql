@@ -149,3 +149,39 @@ UPDATE s SET v = 6;
 \echo :LAST_ERROR_SQLSTATE
 RESET pg_fencing.token;
 SELECT * FROM s;
+
+-- ===== nobody joins someone else's resource to raise its mark =====
+CREATE ROLE h_gus LOGIN;
+GRANT CREATE ON SCHEMA public TO h_gus;
+SET ROLE h_gus;
+CREATE TEMP TABLE mine (id int PRIMARY KEY);
+SELECT fencing_protect('mine', 'h-res');
+\echo :LAST_ERROR_SQLSTATE
+SELECT fencing_protect('mine', 'no-table-res');
+\echo :LAST_ERROR_SQLSTATE
+SELECT fencing_advance('h-res', 9223372036854775807);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fencing_protect('mine', 'gus-own-res');
+SELECT fencing_advance('gus-own-res', 3);
+RESET ROLE;
+-- column-level and partition-level write privileges count for fencing_advance
+CREATE TABLE hp (k int, id int, v int, PRIMARY KEY (k, id)) PARTITION BY LIST (k);
+CREATE TABLE hp1 PARTITION OF hp FOR VALUES IN (1);
+SELECT fencing_protect('hp', 'hp-res');
+GRANT UPDATE (v) ON h TO h_gus;
+GRANT ALL ON hp1 TO h_gus;
+SET ROLE h_gus;
+SELECT fencing_advance('h-res', 9223372036854775807);
+SELECT fencing_advance('hp-res', 4);
+RESET ROLE;
+-- a token in a role's configuration does not count (a fixed token would defeat fencing)
+GRANT INSERT ON s TO h_gus;
+ALTER ROLE h_gus SET pg_fencing.token = '8';
+\c - h_gus
+SHOW pg_fencing.token;
+INSERT INTO s VALUES (2, 2);
+\echo :LAST_ERROR_SQLSTATE
+\c - postgres
+DROP TABLE hp;
+DROP OWNED BY h_gus;
+DROP ROLE h_gus;

@@ -254,9 +254,10 @@ fn lock_key_name(name: &str) -> String {
 // ones it handed out before. So the worker remembers etcd's cluster id and the highest revision
 // etcd answered a write (lease grant, lock) with, in shared memory and in the file
 // `$PGDATA/pg_fencing_etcd.state` (saved right after it changes, so it survives restarts). A
-// write's answer always carries a revision at least as high as every write committed before it,
-// from whichever member it comes, so a lower one (or another cluster id) can only mean a
-// regression. From then on `fencing_acquire` fails with FT005 and held locks are lost, until a
+// write sent after another write was answered is applied after it, so its answer carries at
+// least that revision, from whichever member it comes; a lower one (or another cluster id) can
+// only mean a regression. (Answers to writes in flight together may arrive in any order, so each
+// answer is compared with the highest revision known when its request was sent.) From then on `fencing_acquire` fails with FT005 and held locks are lost, until a
 // superuser runs `fencing_reset` (which forgets what the worker knew about etcd).
 
 const STATE_FILE: &str = "pg_fencing_etcd.state";
@@ -269,9 +270,11 @@ impl Shared {
         Some(unsafe { get(self.etcd_regression.get() as *const u8, MSG_LEN) })
     }
 
-    /// Record what a write's response header says about etcd. `Err` (with why) if etcd went
-    /// backwards, now or before.
-    fn observe_etcd(&self, cluster_id: u64, revision: i64) -> Result<(), String> {
+    /// Record what a write's response header says about etcd. `floor`: the highest revision
+    /// known when the request was sent (answers to requests in flight together may arrive in any
+    /// order, but a write sent after another write's answer is applied after it, so its answer
+    /// carries at least that revision). `Err` (with why) if etcd went backwards, now or before.
+    fn observe_etcd(&self, cluster_id: u64, revision: i64, floor: i64) -> Result<(), String> {
         if let Some(why) = self.regression() {
             return Err(why);
         }
@@ -281,10 +284,9 @@ impl Shared {
                 "etcd answered from cluster {cluster_id:x}, not from cluster {known:x} as before"
             )));
         }
-        let highest = self.etcd_highest_revision.load(Ordering::Acquire);
-        if revision > 0 && revision < highest {
+        if revision > 0 && revision < floor {
             return Err(self.regress(format!(
-                "etcd's revision went back from {highest} to {revision}"
+                "etcd's revision went back from {floor} to {revision}"
             )));
         }
         let mut changed = false;
@@ -1060,10 +1062,11 @@ mod etcd {
     fn observe(
         sh: &'static Shared,
         header: Option<&etcd_client::ResponseHeader>,
+        floor: i64,
         state_dir: &str,
     ) -> Result<(), String> {
         let result = match header {
-            Some(h) => sh.observe_etcd(h.cluster_id(), h.revision()),
+            Some(h) => sh.observe_etcd(h.cluster_id(), h.revision(), floor),
             None => Ok(()),
         };
         if sh.etcd_state_dirty.load(Ordering::Acquire) != 0 && !state_dir.is_empty() {
@@ -1091,6 +1094,7 @@ mod etcd {
         let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
         let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
         let sent = now_ms();
+        let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
         let lease =
             match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None)).await {
                 Ok(Ok(r)) => r,
@@ -1100,7 +1104,7 @@ mod etcd {
                 Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
             };
         let lease_id = lease.id();
-        if let Err(why) = observe(sh, lease.header(), &state_dir) {
+        if let Err(why) = observe(sh, lease.header(), floor, &state_dir) {
             slot.fail(ERR_OTHER, &why);
             return give_up(c, slot, generation, lease_id).await;
         }
@@ -1116,6 +1120,7 @@ mod etcd {
             lease.ttl(),
         ));
 
+        let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
         let lock = c.lock(
             name.as_bytes(),
             Some(LockOptions::new().with_lease(lease_id)),
@@ -1144,7 +1149,7 @@ mod etcd {
             }
             Some(Ok(Ok(r))) => r,
         };
-        if let Err(why) = observe(sh, resp.header(), &state_dir) {
+        if let Err(why) = observe(sh, resp.header(), floor, &state_dir) {
             slot.fail(ERR_OTHER, &why);
             let _ = c.unlock(resp.key().to_vec()).await;
             return give_up(c, slot, generation, lease_id).await;

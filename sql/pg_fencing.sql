@@ -371,12 +371,34 @@ CREATE EVENT TRIGGER pg_fencing_ddl_end ON ddl_command_end
 -- ---------------------------------------------------------------------------------------------
 -- Marks
 
+CREATE FUNCTION _pg_fencing.watch_handover(resource text) RETURNS bigint
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_watch_handover';
+COMMENT ON FUNCTION _pg_fencing.watch_handover(text) IS
+'The revision of the last hand-over of a watched resource''s lock (fencing_watch), NULL if none.';
+
 CREATE FUNCTION @extschema@.fencing_high_water(resource text) RETURNS bigint
-LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $fn$
-    SELECT h.high_water FROM _pg_fencing.resource_high_water h WHERE h.resource = $1
+LANGUAGE sql VOLATILE STRICT AS $fn$
+    SELECT pg_catalog.max(m) FROM (
+        SELECT h.high_water AS m FROM _pg_fencing.resource_high_water h WHERE h.resource OPERATOR(pg_catalog.=) $1
+        UNION ALL SELECT _pg_fencing.watch_handover($1)) AS marks
 $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_high_water(text) IS
-'Current high-water mark (highest committed fencing token) of a resource; NULL if never seen.';
+'Current high-water mark of a resource: the highest committed fencing token, or for a watched resource (fencing_watch) the revision of the lock''s last hand-over if that is higher; NULL if never seen.';
+
+CREATE FUNCTION @extschema@.fencing_watch(resource text, lock_name text DEFAULT NULL, verify boolean DEFAULT false)
+RETURNS void LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'fencing_watch';
+COMMENT ON FUNCTION @extschema@.fencing_watch(text, text, boolean) IS
+'The background worker watches etcd lock lock_name (default: the resource''s name, after pg_fencing.lock_prefix) and, whenever it changes hands, raises the resource''s mark to the hand-over revision (the later of the new holder key''s create revision and its predecessor''s deletion; never above the new holder''s token). With verify, writes are also refused (FT006) unless their token is at most the latest revision etcd has reported, seen within pg_fencing.verify_max_lag. Server-wide (shared memory, saved in the data directory). Errors: 42501 not allowed to write the resource''s tables; 55000 no worker; 22023 bad names; 53400 all 64 watch slots in use.';
+
+CREATE FUNCTION @extschema@.fencing_unwatch(resource text) RETURNS boolean
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'fencing_unwatch';
+COMMENT ON FUNCTION @extschema@.fencing_unwatch(text) IS
+'Stops watching a resource (true if it was watched); its stored mark stays. Error: 42501 as fencing_watch.';
+
+CREATE VIEW @extschema@.fencing_watches AS SELECT * FROM @extschema@.fencing_watch_status();
+COMMENT ON VIEW @extschema@.fencing_watches IS
+'Watched resources: the etcd key prefix of the lock, verify, the last hand-over revision, the latest revision the watch has seen and how old that view is (milliseconds), and the watch''s status.';
+GRANT SELECT ON @extschema@.fencing_watches TO PUBLIC;
 
 CREATE FUNCTION _pg_fencing.reset_lock_service() RETURNS void
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_reset_lock_service';

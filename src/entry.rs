@@ -320,6 +320,80 @@ pub unsafe extern "C-unwind" fn pg_fencing_lock_service_problem(
     }
 }
 
+v1_finfo!(pg_finfo_fencing_watch);
+/// `fencing_watch(resource text, lock_name text DEFAULT NULL, verify boolean DEFAULT false)`:
+/// the background worker watches etcd lock `lock_name` (default: the resource's name) and raises
+/// the resource's mark to the revision of every hand-over (see `watch.rs`). Errors: `42501`
+/// unless superuser or allowed to write a table protected with the resource, `55000` without the
+/// worker, `22023` bad names, `53400` all 64 watch slots in use.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_watch(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let lock: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            let verify: Option<bool> = pgrx::fcinfo::pg_getarg(fcinfo, 2);
+            let resource = resource
+                .ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
+            let lock = lock.unwrap_or_else(|| resource.clone());
+            crate::watch::watch(&resource, &lock, verify.unwrap_or(false))?;
+            Ok(pgrx::fcinfo::pg_return_void())
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_fencing_unwatch);
+/// `fencing_unwatch(resource text) RETURNS boolean`: stops watching (true if it was watched).
+/// The mark keeps what the watch raised it to. Error: `42501` as for `fencing_watch`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_unwatch(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let resource = resource
+                .ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
+            Ok(pg_sys::Datum::from(crate::watch::unwatch(&resource)?))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_watch_handover);
+/// `_pg_fencing.watch_handover(resource text) RETURNS bigint`: the last hand-over revision of a
+/// watched resource, NULL if none.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_watch_handover(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            match resource.map(|r| crate::watch::handover(&r)) {
+                Some(h) if h > 0 => Ok(pg_sys::Datum::from(h)),
+                _ => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
+            }
+        })
+    }
+}
+
+/// `fencing_watch_status()`: the rows of view `fencing_watches`: resource, etcd key prefix of
+/// the lock, verify, hand-over revision, latest revision the watch has seen, age of that view in
+/// milliseconds, status.
+#[pg_extern(volatile)]
+pub fn fencing_watch_status() -> TableIterator<
+    'static,
+    (
+        name!(resource, String),
+        name!(lock_key_prefix, String),
+        name!(verify, bool),
+        name!(handover_revision, Option<i64>),
+        name!(latest_revision, Option<i64>),
+        name!(view_age_ms, Option<i64>),
+        name!(status, String),
+    ),
+> {
+    TableIterator::new(crate::watch::rows())
+}
+
 v1_finfo!(pg_finfo_fencing_release);
 /// `fencing_release(lock_name text) RETURNS boolean`: releases a lock this session took with
 /// `fencing_acquire` (true), or returns false if it holds no such lock. Clears

@@ -98,6 +98,15 @@ pub enum FenceError {
     #[error("{0}")]
     TriggerProtocol(String),
 
+    /// FT006: verify mode of a watched resource: the token cannot have been issued to the
+    /// current holder, or the worker's view of etcd is too old to tell.
+    #[error("fencing token {token} for resource \"{resource}\" is not verified: {why}")]
+    NotVerified {
+        resource: String,
+        token: Token,
+        why: String,
+    },
+
     /// An argument error of a `fenced_*` function, with the SQLSTATE it documents (`FT002`,
     /// `FT004`, `22004`, `22023`, `42703`, `42P16`, `P0002`; see `fenced.rs`).
     #[error("{message}")]
@@ -127,6 +136,7 @@ impl FenceError {
             FenceError::WorkerUnavailable(_) => "55000",
             FenceError::TooManyLocks(_) => "53400",
             FenceError::TriggerProtocol(_) => "39P01",
+            FenceError::NotVerified { .. } => "FT006",
             FenceError::Call { sqlstate, .. } => sqlstate,
         }
     }
@@ -176,6 +186,9 @@ impl FenceError {
             ),
             FenceError::TokenSyntax(_) | FenceError::TokenRange(_) | FenceError::TokenNotPositive(_) => Some(
                 "A fencing token is a positive 64-bit integer, e.g. the revision etcd returned when it granted the lock.".into(),
+            ),
+            FenceError::NotVerified { .. } => Some(
+                "The resource is watched with verify: a token must lie between the lock's last hand-over revision and the latest revision etcd has reported, as seen by the worker within pg_fencing.verify_max_lag. Take tokens only from the lock service; retry if the worker was busy.".into(),
             ),
             FenceError::Call { hint, .. } => hint.clone(),
             _ => None,

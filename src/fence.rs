@@ -113,6 +113,12 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
             high_water: h,
         }
     };
+    // A watched resource: the lock's last hand-over revision fences like a mark (and `verify`
+    // may refuse the token outright, FT006; see watch.rs).
+    let handover = crate::watch::check(resource, token)?;
+    if token < handover {
+        return Err(stale(handover));
+    }
     let held = HELD.with(|h| h.borrow().get(resource).copied());
     let mut held = match held {
         Some(h) => h,

@@ -25,6 +25,13 @@ static TOKEN_SETTING: GucSetting<Option<CString>> = GucSetting::<Option<CString>
 static ETCD_ENDPOINTS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static LOCK_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(10);
+static VERIFY_MAX_LAG: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+/// `pg_fencing.verify_max_lag`: how old (milliseconds) the worker's view of a watched lock may be
+/// for a write to a `verify` resource to be accepted.
+pub fn verify_max_lag_ms() -> i32 {
+    VERIFY_MAX_LAG.get()
+}
 static TOKEN_SCOPE: GucSetting<TokenScope> = GucSetting::<TokenScope>::new(TokenScope::Transaction);
 
 /// Values of `pg_fencing.token_scope`.
@@ -237,6 +244,16 @@ pub fn init() {
         3600,
         GucContext::Sighup,
         GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_fencing.verify_max_lag",
+        c"How old the worker's view of a watched lock may be for writes to a verify resource (milliseconds).",
+        c"Writes to a resource watched with verify are refused with FT006 when the worker has not confirmed etcd's state within this time.",
+        &VERIFY_MAX_LAG,
+        10,
+        3_600_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
     );
     GucRegistry::define_string_guc(
         c"pg_fencing.lock_prefix",

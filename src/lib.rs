@@ -17,6 +17,7 @@ mod model_check;
 mod stats;
 mod token;
 mod trigger;
+mod watch;
 mod worker;
 
 ::pgrx::pg_module_magic!();
@@ -24,7 +25,11 @@ mod worker;
 pgrx::extension_sql_file!(
     "../sql/pg_fencing.sql",
     name = "pg_fencing_api",
-    requires = [stats::fencing_stats, entry::fencing_lock_status],
+    requires = [
+        stats::fencing_stats,
+        entry::fencing_lock_status,
+        entry::fencing_watch_status
+    ],
     finalize
 );
 
@@ -35,6 +40,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     stats::init_if_preloading();
     worker::init_if_preloading();
+    watch::init_if_preloading();
     trigger::register_relcache_callback();
     unsafe {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());

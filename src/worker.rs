@@ -130,7 +130,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// Milliseconds on CLOCK_MONOTONIC: one clock for all processes of the machine, and unlike the
 /// wall clock it never jumps back (which would make an expired lease look valid).
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -390,7 +390,7 @@ fn save_state(sh: &Shared, dir: &str, tag: &str) -> std::io::Result<()> {
     result
 }
 
-fn data_dir() -> String {
+pub(crate) fn data_dir() -> String {
     unsafe {
         if pg_sys::DataDir.is_null() {
             ".".into()
@@ -760,11 +760,19 @@ pub fn lock_rows() -> Vec<(
 // Worker main thread
 
 #[derive(Clone, Debug)]
-struct Config {
+pub(crate) struct Config {
     endpoints: Vec<String>,
     ttl: i64,
-    /// The data directory, where the etcd thread saves `pg_fencing_etcd.state`.
-    state_dir: String,
+    /// The data directory, where the etcd thread saves its state files.
+    pub(crate) state_dir: String,
+}
+
+/// The worker's etcd settings, as the watches of `watch.rs` see them.
+pub(crate) type WorkerConfig = Config;
+
+/// Connect to etcd (for `watch.rs`, on the etcd thread).
+pub(crate) async fn etcd_connect(cfg: &Config) -> Result<etcd_client::Client, String> {
+    etcd::connect(cfg).await
 }
 
 fn read_config() -> Config {
@@ -808,6 +816,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     if let Ok(text) = std::fs::read_to_string(std::path::Path::new(&dir).join(STATE_FILE)) {
         sh.load_state_text(&text);
     }
+    crate::watch::load_state(&dir);
     let mut logged_regression = false;
     sh.worker_pid
         .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
@@ -928,6 +937,8 @@ mod etcd {
 
     pub(super) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'static Shared) {
         let owners: Owners = Default::default();
+        let watch_cfg = std::sync::Arc::new(std::sync::Mutex::new(cfg.clone()));
+        tokio::spawn(crate::watch::etcd_side::supervise(watch_cfg.clone()));
         let mut client: Option<Client> = None;
         let mut backoff = Duration::from_millis(100);
         let mut next_try = tokio::time::Instant::now();
@@ -936,6 +947,9 @@ mod etcd {
                 Cmd::Config(c) => {
                     if c.endpoints != cfg.endpoints {
                         client = None;
+                    }
+                    if let Ok(mut w) = watch_cfg.lock() {
+                        *w = c.clone();
                     }
                     cfg = c;
                 }
@@ -1029,7 +1043,7 @@ mod etcd {
         }
     }
 
-    async fn connect(cfg: &Config) -> Result<Client, String> {
+    pub(super) async fn connect(cfg: &Config) -> Result<Client, String> {
         if cfg.endpoints.is_empty() {
             return Err("pg_fencing.etcd_endpoints is empty".into());
         }

@@ -424,6 +424,120 @@ def scenario_kill9(etcd, pg):
     pg.start()
 
 
+def etcdctl_holder(etcd, lock, ttl, hold_s):
+    """`etcdctl lock --ttl TTL LOCK` holding for hold_s seconds; returns (process, token)."""
+    env = dict(os.environ, ETCDCTL_API="3")
+    p = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", f"--ttl={ttl}", lock, "--",
+                          "sh", "-c", f"echo $ETCD_LOCK_REV; sleep {hold_s}"],
+                         stdout=subprocess.PIPE, text=True, env=env)
+    PROCS.append(p)
+    return p
+
+
+def write_with(cur, table, token):
+    st = sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{token}'; UPDATE {table} SET v = v + 1; COMMIT")
+    if st != "ok":
+        cur.execute("ROLLBACK")
+    return st
+
+
+def wait_for(pred, timeout):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return time.time() - t0
+        time.sleep(0.01)
+    return None
+
+
+def scenario_watch(etcd, pg):
+    print("== watched resource: a zombie is fenced off at the hand-over, before the new holder writes")
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("DROP TABLE IF EXISTS jobs_t")
+    cur.execute("CREATE TABLE jobs_t (id int PRIMARY KEY, v int)")
+    cur.execute("SELECT fencing_protect('jobs_t', 'jobs')")
+    cur.execute("BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO jobs_t VALUES (1, 0); COMMIT")
+    cur.execute("SELECT fencing_watch('jobs')")
+    ok(wait_for(lambda: (cur.execute("SELECT status FROM fencing_watches WHERE resource = 'jobs'"),
+                         cur.fetchone()[0] == "watching")[1], 5) is not None, "the worker watches lock 'jobs'")
+    h1 = etcdctl_holder(etcd, "jobs", 2, 60)
+    t1 = int(h1.stdout.readline())
+    os.kill(h1.pid, signal.SIGSTOP)   # a long GC pause: its lease is no longer kept alive
+    h2 = etcdctl_holder(etcd, "jobs", 10, 4)
+    t2 = int(h2.stdout.readline())     # granted once holder 1's lease expired
+    granted = time.time()
+
+    def mark():
+        cur.execute("SELECT fencing_high_water('jobs')")
+        return cur.fetchone()[0] or 0
+    delay = wait_for(lambda: mark() > t1, 5)
+    ok(delay is not None and t1 < mark() <= t2,
+       f"the mark moved to the hand-over revision {mark()} (holder 1 had {t1}, holder 2 has {t2}) "
+       f"{(delay or 0) * 1000:.0f} ms after etcd granted holder 2, which has not written")
+    os.kill(h1.pid, signal.SIGCONT)
+    st = write_with(cur, "jobs_t", t1)
+    ok(st == "FT001", f"holder 1 resumes and writes with its old token {t1}: FT001 ({st})")
+    st = write_with(cur, "jobs_t", t2)
+    ok(st == "ok", f"holder 2's token {t2} is accepted ({st})")
+    h1.kill()
+    h1.wait(timeout=10)
+    h2.wait(timeout=10)
+
+    print("== verify: a token etcd did not issue is refused (FT006) and moves no mark")
+    cur.execute("SELECT fencing_watch('jobs', NULL, true)")
+    wait_for(lambda: (cur.execute("SELECT view_age_ms FROM fencing_watches WHERE resource = 'jobs'"),
+                      (cur.fetchone()[0] or 10**9) < 500)[1], 5)
+    rev = etcd_revision(etcd)
+    before = mark()
+    st = write_with(cur, "jobs_t", rev + 1000)
+    ok(st == "FT006", f"a forged token {rev + 1000} above etcd's revision {rev}: FT006 ({st})")
+    ok(mark() == before, f"the mark did not move ({mark()})")
+    h3 = etcdctl_holder(etcd, "jobs", 10, 3)
+    t3 = int(h3.stdout.readline())
+    st = write_with(cur, "jobs_t", t3)
+    ok(st == "ok", f"the current holder's token {t3} is verified and accepted ({st})")
+    h3.wait(timeout=10)
+
+    print("== verify: the worker frozen longer than pg_fencing.verify_max_lag")
+    cur.execute("SET pg_fencing.verify_max_lag = 300")
+    cur.execute("SELECT fencing_high_water('orders')")
+    orders_token = (cur.fetchone()[0] or 0) + 1
+    wpid = worker_pid(pg)
+    os.kill(wpid, signal.SIGSTOP)
+    try:
+        time.sleep(1.0)
+        st = write_with(cur, "jobs_t", t3)
+        ok(st == "FT006", f"a verified write is refused while the worker's view is too old ({st})")
+        st = write_with(cur, "orders_t", orders_token)
+        ok(st == "ok", f"writes to an unverified resource keep working ({st})")
+    finally:
+        os.kill(wpid, signal.SIGCONT)
+    ok(wait_for(lambda: write_with(cur, "jobs_t", t3) == "ok", 5) is not None,
+       "after SIGCONT verified writes are accepted again")
+    cur.execute("RESET pg_fencing.verify_max_lag")
+
+    print("== the watch survives etcd compaction and an etcd restart without missing a hand-over")
+    cur.execute("SELECT fencing_watch('jobs')")
+    ha = etcdctl_holder(etcd, "jobs", 10, 4)
+    ta = int(ha.stdout.readline())
+    etcd.ctl("compact", str(etcd_revision(etcd)))
+    m = etcd.members[0]
+    etcd.stop(m)
+    etcd.start(m)
+    hb = etcdctl_holder(etcd, "jobs", 10, 1)
+    tb = int(hb.stdout.readline())
+    delay = wait_for(lambda: mark() > ta, 10)
+    ok(delay is not None and ta < mark() <= tb,
+       f"after compaction and restart the hand-over from {ta} to {tb} raised the mark to {mark()}")
+    ha.wait(timeout=10)
+    hb.wait(timeout=10)
+    ok(sqlstate(cur, "SELECT fencing_unwatch('jobs')") == "ok", "fencing_unwatch")
+    cur.execute("SELECT count(*) FROM fencing_watches")
+    ok(cur.fetchone()[0] == 0, "no watch is left")
+    c.close()
+
+
 def etcd_revision(etcd):
     out = etcd.ctl("get", "none-such-key", "-w", "json").stdout
     return json.loads(out)["header"]["revision"]
@@ -528,6 +642,7 @@ def scenario_no_preload():
         cur.execute("CREATE EXTENSION pg_fencing")
         ok(sqlstate(cur, "SELECT fencing_acquire('orders')") == "55000", "fencing_acquire fails with 55000")
         ok(sqlstate(cur, "SELECT fencing_release('orders')") == "55000", "fencing_release fails with 55000")
+        ok(sqlstate(cur, "SELECT fencing_watch('orders')") == "55000", "fencing_watch fails with 55000")
         cur.execute("SELECT count(*) FROM fencing_locks")
         ok(cur.fetchone()[0] == 0, "fencing_locks is empty")
         cur.execute("CREATE TABLE np (id int PRIMARY KEY)")
@@ -547,6 +662,7 @@ def main():
     pg.start()
     try:
         scenarios_single(etcd, pg)
+        scenario_watch(etcd, pg)
         scenario_etcd_down(etcd, pg)
         scenario_kill9(etcd, pg)
         scenario_restore(etcd, pg)

@@ -185,3 +185,19 @@ INSERT INTO s VALUES (2, 2);
 DROP TABLE hp;
 DROP OWNED BY h_gus;
 DROP ROLE h_gus;
+
+-- ===== fencing_watch: same rights as fencing_advance; bad names refused =====
+CREATE ROLE h_watcher LOGIN;
+SET ROLE h_watcher;
+SELECT fencing_watch('h-res');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+SELECT fencing_watch(NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT fencing_watch(E'bad\tname');
+\echo :LAST_ERROR_SQLSTATE
+SELECT fencing_watch('h-res', 'h-lock', true);
+SELECT resource, lock_key_prefix, verify FROM fencing_watches;
+SELECT fencing_unwatch('h-res'), fencing_unwatch('h-res');
+SELECT count(*) FROM fencing_watches;
+DROP ROLE h_watcher;

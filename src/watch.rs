@@ -1,0 +1,632 @@
+//! Watched resources (SPEC, "Watched resources"): the background worker watches an etcd lock and,
+//! whenever it changes hands, raises the resource's effective high-water mark to the hand-over
+//! revision, so an older holder is fenced off the moment the lock changes hands, before the new
+//! holder writes. With `verify`, a write must also carry a token that etcd can have issued to the
+//! current holder: not above the latest revision the watch has seen (Chubby's CheckSequencer).
+//!
+//! The hand-over revision of a new holder is the later of its key's create revision and the
+//! revision at which its predecessor's key was deleted: exactly the revision at which etcd's lock
+//! service granted it the lock (its token), never above it.
+//!
+//! Where things live:
+//! * registrations and what the watch knows are in shared memory (`WatchShared`), read by every
+//!   backend's fencing check (`check`), and saved in `$PGDATA/pg_fencing_watches.state` (by the
+//!   backend that registers, and by the etcd thread whenever a hand-over raised a mark), so they
+//!   survive restarts; a restarted worker re-reads the current holder from etcd anyway;
+//! * the watch itself runs on the worker's etcd thread (`etcd_side`), never calling PostgreSQL;
+//!   after any error (disconnect, etcd restart, compaction) it starts over from a fresh read of
+//!   the lock's keys, so a hand-over is never missed silently.
+//!
+//! The effective mark of a watched resource is `max(stored mark, hand-over revision)`; a write
+//! that passes stores its own token as usual, which is at least the hand-over revision.
+
+use crate::error::{FenceError, Token};
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+pub const WATCH_SLOTS: usize = 64;
+const NAME_LEN: usize = 256;
+const KEY_LEN: usize = 320;
+const MSG_LEN: usize = 256;
+const STATE_FILE: &str = "pg_fencing_watches.state";
+
+const FREE: u32 = 0;
+const ACTIVE: u32 = 1;
+const BUSY: u32 = 2; // a backend is filling the slot in
+
+#[repr(C)]
+pub struct WatchSlot {
+    pub(crate) state: AtomicU32,
+    /// Bumped on every (re-)registration: the etcd thread restarts the slot's watch.
+    pub(crate) generation: AtomicU64,
+    verify: AtomicBool,
+    /// Highest hand-over revision seen (0: none yet).
+    pub(crate) handover: AtomicI64,
+    /// Latest revision the watch has confirmed, and when (CLOCK_MONOTONIC ms; 0 never).
+    pub(crate) latest: AtomicI64,
+    pub(crate) confirmed_ms: AtomicI64,
+    resource: UnsafeCell<[u8; NAME_LEN]>,
+    prefix: UnsafeCell<[u8; KEY_LEN]>,
+    message: UnsafeCell<[u8; MSG_LEN]>,
+}
+
+#[repr(C)]
+pub struct WatchShared {
+    /// Number of ACTIVE slots (a fast "nothing is watched" for every write).
+    active: AtomicU32,
+    /// Set when a hand-over raised a mark; the etcd thread saves the state file and clears it.
+    pub(crate) dirty: AtomicU32,
+    pub(crate) slots: [WatchSlot; WATCH_SLOTS],
+}
+
+unsafe impl PGRXSharedMemory for WatchShared {}
+unsafe impl Sync for WatchShared {}
+unsafe impl Sync for WatchSlot {}
+
+impl Default for WatchShared {
+    fn default() -> Self {
+        WatchShared {
+            active: AtomicU32::new(0),
+            dirty: AtomicU32::new(0),
+            slots: std::array::from_fn(|_| WatchSlot {
+                state: AtomicU32::new(FREE),
+                generation: AtomicU64::new(0),
+                verify: AtomicBool::new(false),
+                handover: AtomicI64::new(0),
+                latest: AtomicI64::new(0),
+                confirmed_ms: AtomicI64::new(0),
+                resource: UnsafeCell::new([0; NAME_LEN]),
+                prefix: UnsafeCell::new([0; KEY_LEN]),
+                message: UnsafeCell::new([0; MSG_LEN]),
+            }),
+        }
+    }
+}
+
+static WATCHES: PgAtomic<WatchShared> = unsafe { PgAtomic::new(c"pg_fencing watches") };
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+fn put(cell: &UnsafeCell<[u8; NAME_LEN]>, s: &str) {
+    let buf = unsafe { &mut *cell.get() };
+    let n = s.len().min(buf.len() - 1);
+    buf[..n].copy_from_slice(&s.as_bytes()[..n]);
+    buf[n] = 0;
+}
+
+fn get_bytes(buf: &[u8]) -> String {
+    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
+
+impl WatchSlot {
+    pub(crate) fn resource(&self) -> String {
+        get_bytes(unsafe { &*self.resource.get() })
+    }
+    pub(crate) fn prefix(&self) -> String {
+        get_bytes(unsafe { &*self.prefix.get() })
+    }
+    fn set_prefix(&self, s: &str) {
+        let buf = unsafe { &mut *self.prefix.get() };
+        let n = s.len().min(buf.len() - 1);
+        buf[..n].copy_from_slice(&s.as_bytes()[..n]);
+        buf[n] = 0;
+    }
+    pub(crate) fn message(&self) -> String {
+        get_bytes(unsafe { &*self.message.get() })
+    }
+    pub(crate) fn set_message(&self, s: &str) {
+        let buf = unsafe { &mut *self.message.get() };
+        let n = s.len().min(buf.len() - 1);
+        buf[..n].copy_from_slice(&s.as_bytes()[..n]);
+        buf[n] = 0;
+    }
+    /// Raise the hand-over revision; true if it went up.
+    pub(crate) fn raise_handover(&self, rev: i64) -> bool {
+        self.handover.fetch_max(rev, Ordering::AcqRel) < rev
+    }
+    pub(crate) fn confirm(&self, rev: i64, now_ms: i64) {
+        self.latest.fetch_max(rev, Ordering::AcqRel);
+        self.confirmed_ms.store(now_ms, Ordering::Release);
+    }
+}
+
+/// Called from `_PG_init` with `shared_preload_libraries`.
+pub fn init_if_preloading() {
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    pg_shmem_init!(WATCHES);
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+pub(crate) fn shared() -> Option<&'static WatchShared> {
+    ENABLED.load(Ordering::Relaxed).then(|| WATCHES.get())
+}
+
+/// The active slot of `resource` (compared in place: this runs for every write while anything
+/// is watched).
+fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
+    let want = resource.as_bytes();
+    sh.slots.iter().find(|s| {
+        s.state.load(Ordering::Acquire) == ACTIVE && {
+            let buf = unsafe { &*s.resource.get() };
+            want.len() < buf.len() && &buf[..want.len()] == want && buf[want.len()] == 0
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// State file (plain file I/O: the etcd thread may call these too)
+
+/// One line per watch: resource, etcd key prefix, verify (0/1), hand-over revision; tab-separated
+/// (names with tabs or newlines are refused at registration).
+fn state_text(sh: &WatchShared) -> String {
+    let mut out = String::new();
+    for s in sh.slots.iter() {
+        if s.state.load(Ordering::Acquire) != ACTIVE {
+            continue;
+        }
+        out.push_str(&format!(
+            "{}\t{}\t{}\t{}\n",
+            s.resource(),
+            s.prefix(),
+            s.verify.load(Ordering::Acquire) as u8,
+            s.handover.load(Ordering::Acquire)
+        ));
+    }
+    out
+}
+
+pub(crate) fn save_state(sh: &WatchShared, dir: &str, tag: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let path = std::path::Path::new(dir).join(STATE_FILE);
+    let tmp = std::path::Path::new(dir).join(format!("{STATE_FILE}.{tag}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(state_text(sh).as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Worker start: register what the state file lists (main thread, before the etcd thread runs).
+pub(crate) fn load_state(dir: &str) {
+    let Some(sh) = shared() else { return };
+    let Ok(text) = std::fs::read_to_string(std::path::Path::new(dir).join(STATE_FILE)) else {
+        return;
+    };
+    if sh.active.load(Ordering::Acquire) > 0 {
+        return; // already loaded by an earlier incarnation of the worker
+    }
+    for line in text.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() != 4 {
+            continue;
+        }
+        let (Ok(verify), Ok(handover)) = (f[2].parse::<u8>(), f[3].parse::<i64>()) else {
+            continue;
+        };
+        if let Some(slot) = sh.slots.iter().find(|s| {
+            s.state
+                .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        }) {
+            put(&slot.resource, f[0]);
+            slot.set_prefix(f[1]);
+            slot.verify.store(verify == 1, Ordering::Release);
+            slot.handover.store(handover, Ordering::Release);
+            slot.latest.store(0, Ordering::Release);
+            slot.confirmed_ms.store(0, Ordering::Release);
+            slot.generation.fetch_add(1, Ordering::AcqRel);
+            slot.state.store(ACTIVE, Ordering::Release);
+            sh.active.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn save_from_backend(sh: &WatchShared) {
+    let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
+    if let Err(e) = save_state(sh, &crate::worker::data_dir(), &tag) {
+        pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQL functions (see entry.rs)
+
+/// `fencing_watch(resource, lock_name, verify)`.
+pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceError> {
+    let sh = shared().ok_or_else(|| {
+        FenceError::WorkerUnavailable(
+            "watched resources need the background worker: pg_fencing is not in shared_preload_libraries".into(),
+        )
+    })?;
+    let bad = |s: &str| s.is_empty() || s.contains(['\t', '\n', '\r']);
+    if bad(resource) || bad(lock_name) || resource.len() >= NAME_LEN {
+        return Err(FenceError::InvalidArgument(
+            "resource and lock_name must be non-empty names without tabs or line breaks, resource shorter than 256 bytes".into(),
+        ));
+    }
+    let prefix = format!("{}{}/", crate::gucs::lock_prefix(), lock_name);
+    if prefix.len() >= KEY_LEN {
+        return Err(FenceError::InvalidArgument(format!(
+            "pg_fencing.lock_prefix and lock_name together must have fewer than {} bytes",
+            KEY_LEN - 1
+        )));
+    }
+    if !unsafe { pg_sys::superuser() } && !crate::fence::may_write_resource(resource) {
+        return Err(FenceError::Call {
+            sqlstate: "42501",
+            message: format!("permission denied to watch resource \"{resource}\""),
+            detail: Some("A watch raises the resource's mark at every hand-over: it needs what fencing_advance needs (INSERT, UPDATE or DELETE privilege on a table protected with the resource).".into()),
+            hint: None,
+        });
+    }
+    let slot = match find(sh, resource) {
+        Some(s) => s,
+        None => {
+            let s = sh
+                .slots
+                .iter()
+                .find(|s| {
+                    s.state
+                        .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                })
+                .ok_or(FenceError::TooManyLocks(WATCH_SLOTS))?;
+            put(&s.resource, resource);
+            s.handover.store(0, Ordering::Release);
+            s.state.store(ACTIVE, Ordering::Release);
+            sh.active.fetch_add(1, Ordering::AcqRel);
+            s
+        }
+    };
+    slot.set_prefix(&prefix);
+    slot.verify.store(verify, Ordering::Release);
+    slot.latest.store(0, Ordering::Release);
+    slot.confirmed_ms.store(0, Ordering::Release);
+    slot.set_message("starting");
+    slot.generation.fetch_add(1, Ordering::AcqRel);
+    save_from_backend(sh);
+    Ok(())
+}
+
+/// `fencing_unwatch(resource)`: true if it was watched.
+pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
+    let Some(sh) = shared() else { return Ok(false) };
+    let Some(slot) = find(sh, resource) else {
+        return Ok(false);
+    };
+    if !unsafe { pg_sys::superuser() } && !crate::fence::may_write_resource(resource) {
+        return Err(FenceError::Call {
+            sqlstate: "42501",
+            message: format!("permission denied to unwatch resource \"{resource}\""),
+            detail: None,
+            hint: None,
+        });
+    }
+    if slot
+        .state
+        .compare_exchange(ACTIVE, FREE, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+        sh.active.fetch_sub(1, Ordering::AcqRel);
+    }
+    save_from_backend(sh);
+    Ok(true)
+}
+
+/// Rows of `fencing_watches`: resource, etcd key prefix, verify, hand-over revision, latest
+/// revision, age of the view in milliseconds, status.
+pub fn rows() -> Vec<(
+    String,
+    String,
+    bool,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    String,
+)> {
+    let Some(sh) = shared() else {
+        return Vec::new();
+    };
+    let now = crate::worker::now_ms();
+    sh.slots
+        .iter()
+        .filter(|s| s.state.load(Ordering::Acquire) == ACTIVE)
+        .map(|s| {
+            let h = s.handover.load(Ordering::Acquire);
+            let l = s.latest.load(Ordering::Acquire);
+            let c = s.confirmed_ms.load(Ordering::Acquire);
+            (
+                s.resource(),
+                s.prefix(),
+                s.verify.load(Ordering::Acquire),
+                (h > 0).then_some(h),
+                (l > 0).then_some(l),
+                (c > 0).then_some(now - c),
+                s.message(),
+            )
+        })
+        .collect()
+}
+
+/// The hand-over revision of a watched resource (0 if none or not watched).
+pub fn handover(resource: &str) -> Token {
+    shared()
+        .filter(|sh| sh.active.load(Ordering::Acquire) > 0)
+        .and_then(|sh| find(sh, resource))
+        .map(|s| s.handover.load(Ordering::Acquire))
+        .unwrap_or(0)
+}
+
+/// The fencing check's part for a watched resource: its hand-over revision (to be treated as a
+/// mark), after the `verify` check (`FT006`) if the watch has it. 0 if not watched.
+pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
+    let Some(sh) = shared() else { return Ok(0) };
+    if sh.active.load(Ordering::Acquire) == 0 {
+        return Ok(0);
+    }
+    let Some(slot) = find(sh, resource) else {
+        return Ok(0);
+    };
+    let handover = slot.handover.load(Ordering::Acquire);
+    if !slot.verify.load(Ordering::Acquire) || token < handover {
+        // Below the hand-over revision: a stale holder, refused by the mark (FT001).
+        return Ok(handover);
+    }
+    let max_lag = crate::gucs::verify_max_lag_ms() as i64;
+    let started = crate::worker::now_ms();
+    loop {
+        let now = crate::worker::now_ms();
+        let confirmed = slot.confirmed_ms.load(Ordering::Acquire);
+        let latest = slot.latest.load(Ordering::Acquire);
+        let fresh = confirmed > 0 && now - confirmed <= max_lag;
+        if fresh && token <= latest {
+            return Ok(handover);
+        }
+        // A new holder may write a moment before the watch reports its grant: wait for the
+        // watch to catch up, at most pg_fencing.verify_max_lag.
+        if now - started >= max_lag {
+            let why = if !fresh {
+                if confirmed == 0 {
+                    "the watch has not confirmed etcd's state yet".to_string()
+                } else {
+                    format!(
+                        "the worker's view of etcd is {} ms old (pg_fencing.verify_max_lag = {} ms)",
+                        now - confirmed,
+                        max_lag
+                    )
+                }
+            } else {
+                format!("it is above revision {latest}, the latest etcd has reached, so etcd did not issue it")
+            };
+            return Err(FenceError::NotVerified {
+                resource: resource.to_string(),
+                token,
+                why,
+            });
+        }
+        unsafe { pg_sys::pg_usleep(1000) };
+        pgrx::check_for_interrupts!();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The etcd thread's side: tokio + etcd-client, no PostgreSQL calls.
+
+pub(crate) mod etcd_side {
+    use super::*;
+    use crate::worker::{etcd_connect, now_ms, WorkerConfig};
+    use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    /// Starts, restarts and stops one watch task per registered resource; saves the state file
+    /// when a hand-over raised a mark.
+    pub(crate) async fn supervise(cfg: Arc<Mutex<WorkerConfig>>) {
+        let Some(sh) = shared() else { return };
+        let mut running: Vec<Option<(u64, tokio::task::JoinHandle<()>)>> =
+            (0..WATCH_SLOTS).map(|_| None).collect();
+        loop {
+            let current_cfg = cfg.lock().map(|c| c.clone()).ok();
+            for (i, s) in sh.slots.iter().enumerate() {
+                let active = s.state.load(Ordering::Acquire) == ACTIVE;
+                let generation = s.generation.load(Ordering::Acquire);
+                let same = running[i].as_ref().map(|(g, _)| *g) == Some(generation);
+                if active && !same {
+                    if let Some((_, h)) = running[i].take() {
+                        h.abort();
+                    }
+                    if let Some(c) = current_cfg.clone() {
+                        running[i] = Some((generation, tokio::spawn(watch_slot(s, generation, c))));
+                    }
+                } else if !active {
+                    if let Some((_, h)) = running[i].take() {
+                        h.abort();
+                    }
+                }
+            }
+            if sh.dirty.swap(0, Ordering::AcqRel) != 0 {
+                if let Some(dir) = current_cfg.map(|c| c.state_dir).filter(|d| !d.is_empty()) {
+                    let _ = tokio::task::spawn_blocking(move || {
+                        if let Err(e) = save_state(sh, &dir, "etcd") {
+                            sh.dirty.store(1, Ordering::Release);
+                            eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
+                        }
+                    })
+                    .await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn watch_slot(slot: &'static WatchSlot, generation: u64, cfg: WorkerConfig) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if slot.generation.load(Ordering::Acquire) != generation {
+                return;
+            }
+            match watch_once(slot, generation, &cfg).await {
+                Ok(()) => return,
+                Err(e) => {
+                    // Start over from a fresh read of the lock's keys: nothing is missed.
+                    slot.set_message(&format!("reconnecting: {e}"));
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    fn holder(keys: &HashMap<Vec<u8>, i64>) -> Option<i64> {
+        keys.values().copied().min()
+    }
+
+    fn raise(slot: &WatchSlot, rev: i64) {
+        if rev > 0 && slot.raise_handover(rev) {
+            if let Some(sh) = shared() {
+                sh.dirty.store(1, Ordering::Release);
+            }
+        }
+    }
+
+    /// One watch from a fresh start. Returns Ok when the registration changed, Err on any
+    /// failure (the caller starts over).
+    async fn watch_once(
+        slot: &'static WatchSlot,
+        generation: u64,
+        cfg: &WorkerConfig,
+    ) -> Result<(), String> {
+        let mut c = etcd_connect(cfg).await?;
+        let prefix = slot.prefix();
+        let resp = tokio::time::timeout(
+            Duration::from_secs(2),
+            c.get(
+                prefix.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend),
+                ),
+            ),
+        )
+        .await
+        .map_err(|_| "reading the lock's keys timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+        let r0 = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let mut keys: HashMap<Vec<u8>, i64> = resp
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+            .collect();
+        let holder_at_r0 = holder(&keys);
+        // The current holder got the lock no earlier than its key's creation; the deletion of
+        // its last predecessor (found in the history below, if not compacted) may be later.
+        if let Some(hc) = holder_at_r0 {
+            raise(slot, hc);
+        }
+        let start = holder_at_r0.unwrap_or(r0 + 1);
+        let mut stream = tokio::time::timeout(
+            Duration::from_secs(2),
+            c.watch(
+                prefix.clone(),
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_prev_key()
+                        .with_start_revision(start),
+                ),
+            ),
+        )
+        .await
+        .map_err(|_| "starting the watch timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+        let mut history_done = holder_at_r0.is_none();
+        let _ = stream.request_progress().await;
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        slot.set_message("watching");
+        loop {
+            if slot.generation.load(Ordering::Acquire) != generation {
+                return Ok(());
+            }
+            tokio::select! {
+                msg = stream.message() => {
+                    let resp = msg.map_err(|e| e.to_string())?.ok_or("the watch stream ended")?;
+                    if resp.created() && !resp.canceled() {
+                        // The watch exists; its history (if any) follows.
+                        continue;
+                    }
+                    if resp.canceled() {
+                        if resp.compact_revision() > 0 && !history_done {
+                            // The history before r0 is compacted: keep the key's create revision
+                            // as the hand-over revision (a lower bound) and watch from r0 on.
+                            slot.set_message("history compacted: hand-over revision of the current holder taken from its key");
+                            stream = c
+                                .watch(
+                                    prefix.clone(),
+                                    Some(WatchOptions::new().with_prefix().with_prev_key().with_start_revision(r0 + 1)),
+                                )
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            history_done = true;
+                            let _ = stream.request_progress().await;
+                            continue;
+                        }
+                        return Err(format!("the watch was canceled ({})", resp.cancel_reason()));
+                    }
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        let rev = kv.mod_revision();
+                        if rev <= r0 {
+                            // History: the deletion of a predecessor of the holder at r0.
+                            if ev.event_type() == EventType::Delete {
+                                if let (Some(prev), Some(hc)) = (ev.prev_kv(), holder_at_r0) {
+                                    if prev.create_revision() < hc {
+                                        raise(slot, rev);
+                                    }
+                                }
+                            }
+                            continue;
+                        }
+                        history_done = true;
+                        let before = holder(&keys);
+                        match ev.event_type() {
+                            EventType::Put => {
+                                keys.entry(kv.key().to_vec()).or_insert(kv.create_revision());
+                            }
+                            EventType::Delete => {
+                                keys.remove(kv.key());
+                            }
+                        }
+                        let after = holder(&keys);
+                        if after != before {
+                            if let Some(hc) = after {
+                                // A new holder: granted at the later of its key's creation and
+                                // this event (its predecessor's deletion).
+                                raise(slot, hc.max(rev));
+                                slot.set_message(&format!("lock changed hands at revision {}", hc.max(rev)));
+                            }
+                        }
+                    }
+                    if let Some(h) = resp.header() {
+                        if h.revision() >= r0 && resp.events().is_empty() {
+                            // A progress report: every event up to this revision was delivered.
+                            history_done = true;
+                        }
+                        if history_done {
+                            slot.confirm(h.revision(), now_ms());
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    stream.request_progress().await.map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    }
+}

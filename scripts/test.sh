@@ -30,6 +30,8 @@ trap 'exit 130' INT TERM
 if cargo fmt --version >/dev/null 2>&1; then
     step "formatting (cargo fmt --check)"
     cargo fmt --check
+else
+    step "formatting: skipped (rustfmt is not installed: rustup component add rustfmt)"
 fi
 
 step "1/11 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"

@@ -274,7 +274,12 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
                         .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                 })
-                .ok_or(FenceError::TooManyLocks(WATCH_SLOTS))?;
+                .ok_or_else(|| FenceError::Call {
+                    sqlstate: "53400",
+                    message: format!("all {WATCH_SLOTS} watch slots of the pg_fencing worker are in use"),
+                    detail: None,
+                    hint: Some("Unwatch resources that no longer need it (fencing_unwatch); see fencing_watches.".into()),
+                })?;
             put(&s.resource, resource);
             s.handover.store(0, Ordering::Release);
             s.state.store(ACTIVE, Ordering::Release);

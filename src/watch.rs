@@ -493,6 +493,10 @@ pub(crate) mod etcd_side {
     }
 
     fn raise(slot: &WatchSlot, rev: i64) {
+        // etcd's revisions went backwards: no mark is advanced until fencing_reset.
+        if crate::worker::lock_service_problem().is_some() {
+            return;
+        }
         if rev > 0 && slot.raise_handover(rev) {
             if let Some(sh) = shared() {
                 sh.dirty.store(1, Ordering::Release);
@@ -509,6 +513,7 @@ pub(crate) mod etcd_side {
     ) -> Result<(), String> {
         let mut c = etcd_connect(cfg).await?;
         let prefix = slot.prefix();
+        let floor = crate::worker::etcd_highest_revision();
         let resp = tokio::time::timeout(
             Duration::from_secs(2),
             c.get(
@@ -524,6 +529,11 @@ pub(crate) mod etcd_side {
         .map_err(|_| "reading the lock's keys timed out".to_string())?
         .map_err(|e| e.to_string())?;
         let r0 = resp.header().map(|h| h.revision()).unwrap_or(0);
+        if let Some(h) = resp.header() {
+            // A linearizable read sent after a write was answered sees at least its revision.
+            crate::worker::observe_etcd_answer(h.cluster_id(), h.revision(), floor)
+                .map_err(|why| format!("not advancing marks: {why}"))?;
+        }
         let mut keys: HashMap<Vec<u8>, i64> = resp
             .kvs()
             .iter()

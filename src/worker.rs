@@ -424,6 +424,27 @@ pub fn reset_lock_service() {
     }
 }
 
+/// For the watches of `watch.rs` (etcd thread): the highest revision etcd answered a write
+/// with, and the check of an answer to a linearizable read sent when that was `floor` (see
+/// `Shared::observe_etcd`). A regression found here stops tokens and marks alike.
+pub(crate) fn etcd_highest_revision() -> i64 {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return 0;
+    }
+    SHARED.get().etcd_highest_revision.load(Ordering::Acquire)
+}
+
+pub(crate) fn observe_etcd_answer(
+    cluster_id: u64,
+    revision: i64,
+    floor: i64,
+) -> Result<(), String> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    SHARED.get().observe_etcd(cluster_id, revision, floor)
+}
+
 /// Why the lock service cannot be trusted right now (`None`: fine, or no worker).
 pub fn lock_service_problem() -> Option<String> {
     if !ENABLED.load(Ordering::Relaxed) {

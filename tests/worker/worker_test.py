@@ -554,6 +554,7 @@ def scenario_restore(etcd, pg):
     cur.execute("SELECT fencing_acquire('orders', '5s')")
     high = cur.fetchone()[0]
     cur.execute("SELECT fencing_release('orders')")
+    cur.execute("SELECT fencing_watch('orders')")
     m = etcd.members[0]
     etcd.stop()
     restored = etcd.dirs[m] + "-restored"
@@ -581,6 +582,9 @@ def scenario_restore(etcd, pg):
     ok(problems and all(p and "went back" in p for p in problems), "fencing_resources shows it")
     st = sqlstate(cur, "SELECT fencing_acquire('orders', '5s')")
     ok(st == "FT005", f"it stays refused ({st})")
+    status = lambda: (cur.execute("SELECT status FROM fencing_watches WHERE resource = 'orders'"), cur.fetchone()[0])[1]
+    ok(wait_for(lambda: "not advancing marks" in status(), 10) is not None,
+       f"the watch of 'orders' stops advancing marks ({status()})")
     c.close()
     pg.stop()
     pg.start()
@@ -596,6 +600,10 @@ def scenario_restore(etcd, pg):
     ok(st == "ok", f"after fencing_reset the worker hands out tokens again ({st})")
     cur.execute("SELECT count(*) FROM fencing_locks WHERE state = 'etcd_regressed'")
     ok(cur.fetchone()[0] == 0, "fencing_locks no longer shows the regression")
+    status = lambda: (cur.execute("SELECT status FROM fencing_watches WHERE resource = 'orders'"), cur.fetchone()[0])[1]
+    ok(wait_for(lambda: not status().startswith("reconnecting"), 10) is not None,
+       f"and the watch resumes ({status()})")
+    cur.execute("SELECT fencing_unwatch('orders')")
     cur.execute("SELECT fencing_release('orders')")
     # The marks still refuse the low tokens of the restored etcd until its revisions catch up.
     c.close()

@@ -388,12 +388,12 @@ COMMENT ON FUNCTION @extschema@.fencing_high_water(text) IS
 CREATE FUNCTION @extschema@.fencing_watch(resource text, lock_name text DEFAULT NULL, verify boolean DEFAULT false)
 RETURNS void LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'fencing_watch';
 COMMENT ON FUNCTION @extschema@.fencing_watch(text, text, boolean) IS
-'The background worker watches etcd lock lock_name (default: the resource''s name, after pg_fencing.lock_prefix) and, whenever it changes hands, raises the resource''s mark to the hand-over revision (the later of the new holder key''s create revision and its predecessor''s deletion; never above the new holder''s token). With verify, writes are also refused (FT006) unless their token is at most the latest revision etcd has reported, seen within pg_fencing.verify_max_lag. Server-wide (shared memory, saved in the data directory). Errors: 42501 not allowed to write the resource''s tables; 55000 no worker; 22023 bad names; 53400 all 64 watch slots in use.';
+'The background worker watches etcd lock lock_name (default: the resource''s name, after pg_fencing.lock_prefix) and, whenever it changes hands, raises the resource''s mark to the hand-over revision (the later of the new holder key''s create revision and its predecessor''s deletion; never above the new holder''s token). Watches are per database. With verify, writes are also refused (FT006) unless their token is at most the latest revision etcd has reported, seen within pg_fencing.verify_max_lag. Kept in shared memory and saved in the data directory; registration is not transactional. Errors: 42501 not allowed to write the resource''s tables; 55000 no worker; 22023 bad names; 53400 all 64 watch slots in use.';
 
 CREATE FUNCTION @extschema@.fencing_unwatch(resource text) RETURNS boolean
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'fencing_unwatch';
 COMMENT ON FUNCTION @extschema@.fencing_unwatch(text) IS
-'Stops watching a resource (true if it was watched); its stored mark stays. Error: 42501 as fencing_watch.';
+'Stops watching a resource in this database (true if it was watched); the hand-over revision the watch reached is stored as the resource''s mark first. Error: 42501 as fencing_watch.';
 
 CREATE VIEW @extschema@.fencing_watches AS SELECT * FROM @extschema@.fencing_watch_status();
 COMMENT ON VIEW @extschema@.fencing_watches IS
@@ -405,6 +405,12 @@ LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_reset_lock_service';
 REVOKE ALL ON FUNCTION _pg_fencing.reset_lock_service() FROM PUBLIC;
 COMMENT ON FUNCTION _pg_fencing.reset_lock_service() IS
 'Forgets what the background worker knew about etcd (cluster id, highest revision, a revision regression), so that it hands out tokens again. Called by fencing_reset.';
+
+CREATE FUNCTION _pg_fencing.reset_watch(resource text, token bigint) RETURNS void
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_reset_watch';
+REVOKE ALL ON FUNCTION _pg_fencing.reset_watch(text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION _pg_fencing.reset_watch(text, bigint) IS
+'fencing_reset of a watched resource also sets the hand-over revision of its watch (the next hand-over raises it again).';
 
 CREATE FUNCTION _pg_fencing.lock_service_problem() RETURNS text
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_lock_service_problem';
@@ -431,6 +437,7 @@ BEGIN
     old := _pg_fencing.lock_resource(resource);
     -- Recovery after an etcd restore: the worker forgets etcd's old revisions and cluster id.
     PERFORM _pg_fencing.reset_lock_service();
+    PERFORM _pg_fencing.reset_watch(resource, token);
     INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at)
     VALUES (resource, token, clock_timestamp())
     ON CONFLICT ON CONSTRAINT resource_high_water_pkey

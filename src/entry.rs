@@ -357,6 +357,23 @@ pub unsafe extern "C-unwind" fn fencing_unwatch(fcinfo: FunctionCallInfo) -> pg_
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_reset_watch);
+/// `_pg_fencing.reset_watch(resource text, token bigint) RETURNS void`: `fencing_reset` of a
+/// watched resource also sets its hand-over revision. Not granted to PUBLIC.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_reset_watch(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let tok: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            if let (Some(r), Some(t)) = (resource, tok) {
+                crate::watch::reset(&r, t)?;
+            }
+            Ok(pgrx::fcinfo::pg_return_void())
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_watch_handover);
 /// `_pg_fencing.watch_handover(resource text) RETURNS bigint`: the last hand-over revision of a
 /// watched resource, NULL if none.

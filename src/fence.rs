@@ -231,6 +231,16 @@ pub fn admit_row_insert(
     admit_row(protection, table, &|| key.to_string(), token, tomb, count)
 }
 
+/// Raise the stored mark of `resource` to at least `token`, under its exclusive lock (a watch's
+/// hand-over revision, kept when the watch ends).
+pub fn raise_mark(resource: &str, token: Token) {
+    let current = lock_resource_exclusive(resource);
+    if current.is_none_or(|m| m < token) {
+        store_resource_mark(resource, token);
+        forget(resource);
+    }
+}
+
 /// May the current user write (INSERT, UPDATE or DELETE) at least one table protected with
 /// `resource`? (The privilege `fencing_advance` requires; see `entry.rs`.)
 pub fn may_write_resource(resource: &str) -> bool {

@@ -250,7 +250,8 @@ pub fn init() {
         c"How old the worker's view of a watched lock may be for writes to a verify resource (milliseconds).",
         c"Writes to a resource watched with verify are refused with FT006 when the worker has not confirmed etcd's state within this time.",
         &VERIFY_MAX_LAG,
-        10,
+        // The watch confirms its view every 200 ms; a shorter limit would refuse the holder.
+        250,
         3_600_000,
         GucContext::Suset,
         GucFlags::UNIT_MS,

@@ -9,7 +9,8 @@
 //! service granted it the lock (its token), never above it.
 //!
 //! Where things live:
-//! * registrations and what the watch knows are in shared memory (`WatchShared`), read by every
+//! * registrations (per database, like the marks they raise) and what the watch knows are in
+//!   shared memory (`WatchShared`), read by every
 //!   backend's fencing check (`check`), and saved in `$PGDATA/pg_fencing_watches.state` (by the
 //!   backend that registers, and by the etcd thread whenever a hand-over raised a mark), so they
 //!   survive restarts; a restarted worker re-reads the current holder from etcd anyway;
@@ -35,10 +36,13 @@ const STATE_FILE: &str = "pg_fencing_watches.state";
 const FREE: u32 = 0;
 const ACTIVE: u32 = 1;
 const BUSY: u32 = 2; // a backend is filling the slot in
+const DRAINING: u32 = 3; // unwatched: free once the etcd thread has stopped its watch task
 
 #[repr(C)]
 pub struct WatchSlot {
     pub(crate) state: AtomicU32,
+    /// The database whose resource this is (marks are per database, and so are watches).
+    dboid: AtomicU32,
     /// Bumped on every (re-)registration: the etcd thread restarts the slot's watch.
     pub(crate) generation: AtomicU64,
     verify: AtomicBool,
@@ -56,6 +60,8 @@ pub struct WatchSlot {
 pub struct WatchShared {
     /// Number of ACTIVE slots (a fast "nothing is watched" for every write).
     active: AtomicU32,
+    /// The state file has been loaded into the slots (once per server start).
+    loaded: AtomicU32,
     /// Set when a hand-over raised a mark; the etcd thread saves the state file and clears it.
     pub(crate) dirty: AtomicU32,
     pub(crate) slots: [WatchSlot; WATCH_SLOTS],
@@ -69,9 +75,11 @@ impl Default for WatchShared {
     fn default() -> Self {
         WatchShared {
             active: AtomicU32::new(0),
+            loaded: AtomicU32::new(0),
             dirty: AtomicU32::new(0),
             slots: std::array::from_fn(|_| WatchSlot {
                 state: AtomicU32::new(FREE),
+                dboid: AtomicU32::new(0),
                 generation: AtomicU64::new(0),
                 verify: AtomicBool::new(false),
                 handover: AtomicI64::new(0),
@@ -122,11 +130,30 @@ impl WatchSlot {
         buf[..n].copy_from_slice(&s.as_bytes()[..n]);
         buf[n] = 0;
     }
-    /// Raise the hand-over revision; true if it went up.
-    pub(crate) fn raise_handover(&self, rev: i64) -> bool {
-        self.handover.fetch_max(rev, Ordering::AcqRel) < rev
+    /// Raise the hand-over revision on behalf of the watch task of `generation`; true if it
+    /// went up. A task of an older registration changes nothing.
+    pub(crate) fn raise_handover(&self, rev: i64, generation: u64) -> bool {
+        loop {
+            if self.generation.load(Ordering::Acquire) != generation {
+                return false;
+            }
+            let cur = self.handover.load(Ordering::Acquire);
+            if rev <= cur {
+                return false;
+            }
+            if self
+                .handover
+                .compare_exchange(cur, rev, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return true;
+            }
+        }
     }
-    pub(crate) fn confirm(&self, rev: i64, now_ms: i64) {
+    pub(crate) fn confirm(&self, rev: i64, now_ms: i64, generation: u64) {
+        if self.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
         self.latest.fetch_max(rev, Ordering::AcqRel);
         self.confirmed_ms.store(now_ms, Ordering::Release);
     }
@@ -149,8 +176,9 @@ pub(crate) fn shared() -> Option<&'static WatchShared> {
 /// is watched).
 fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
     let want = resource.as_bytes();
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
     sh.slots.iter().find(|s| {
-        s.state.load(Ordering::Acquire) == ACTIVE && {
+        s.state.load(Ordering::Acquire) == ACTIVE && s.dboid.load(Ordering::Acquire) == db && {
             let buf = unsafe { &*s.resource.get() };
             want.len() < buf.len() && &buf[..want.len()] == want && buf[want.len()] == 0
         }
@@ -160,8 +188,8 @@ fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
 // ---------------------------------------------------------------------------------------------
 // State file (plain file I/O: the etcd thread may call these too)
 
-/// One line per watch: resource, etcd key prefix, verify (0/1), hand-over revision; tab-separated
-/// (names with tabs or newlines are refused at registration).
+/// One line per watch: database oid, resource, etcd key prefix, verify (0/1), hand-over revision;
+/// tab-separated (names with tabs or line breaks are refused at registration).
 fn state_text(sh: &WatchShared) -> String {
     let mut out = String::new();
     for s in sh.slots.iter() {
@@ -169,7 +197,8 @@ fn state_text(sh: &WatchShared) -> String {
             continue;
         }
         out.push_str(&format!(
-            "{}\t{}\t{}\t{}\n",
+            "{}\t{}\t{}\t{}\t{}\n",
+            s.dboid.load(Ordering::Acquire),
             s.resource(),
             s.prefix(),
             s.verify.load(Ordering::Acquire) as u8,
@@ -179,6 +208,34 @@ fn state_text(sh: &WatchShared) -> String {
     out
 }
 
+/// An exclusive advisory lock on `pg_fencing_watches.lock` in the data directory, held while
+/// registrations change and while the state file is written (backends and the worker are
+/// separate processes), released when dropped.
+pub(crate) struct StateLock(std::fs::File);
+
+impl StateLock {
+    pub(crate) fn take(dir: &str) -> std::io::Result<StateLock> {
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(std::path::Path::new(dir).join("pg_fencing_watches.lock"))?;
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(StateLock(f))
+    }
+}
+
+impl Drop for StateLock {
+    fn drop(&mut self) {
+        use std::os::unix::io::AsRawFd;
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Write the state file from shared memory (take the `StateLock` first).
 pub(crate) fn save_state(sh: &WatchShared, dir: &str, tag: &str) -> std::io::Result<()> {
     use std::io::Write;
     let path = std::path::Path::new(dir).join(STATE_FILE);
@@ -190,46 +247,70 @@ pub(crate) fn save_state(sh: &WatchShared, dir: &str, tag: &str) -> std::io::Res
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// Worker start: register what the state file lists (main thread, before the etcd thread runs).
-pub(crate) fn load_state(dir: &str) {
-    let Some(sh) = shared() else { return };
-    let Ok(text) = std::fs::read_to_string(std::path::Path::new(dir).join(STATE_FILE)) else {
-        return;
-    };
-    if sh.active.load(Ordering::Acquire) > 0 {
-        return; // already loaded by an earlier incarnation of the worker
+/// Register what the state file lists, once per server start (by the worker, or by the first
+/// backend that changes a watch, whichever comes first; take the `StateLock` first). Returns
+/// the lines that could not be read, for the caller to report.
+pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
+    let mut bad = Vec::new();
+    if sh.loaded.swap(1, Ordering::AcqRel) == 1 {
+        return bad;
     }
-    for line in text.lines() {
+    let Ok(bytes) = std::fs::read(std::path::Path::new(dir).join(STATE_FILE)) else {
+        return bad;
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    for line in text.lines().filter(|l| !l.is_empty()) {
         let f: Vec<&str> = line.split('\t').collect();
-        if f.len() != 4 {
-            continue;
-        }
-        let (Ok(verify), Ok(handover)) = (f[2].parse::<u8>(), f[3].parse::<i64>()) else {
+        let parsed = (f.len() == 5)
+            .then(|| (f[0].parse::<u32>(), f[3].parse::<u8>(), f[4].parse::<i64>()))
+            .and_then(|(d, v, h)| Some((d.ok()?, v.ok()?, h.ok()?)));
+        let Some((db, verify, handover)) = parsed else {
+            bad.push(line.to_string());
             continue;
         };
-        if let Some(slot) = sh.slots.iter().find(|s| {
+        let Some(slot) = sh.slots.iter().find(|s| {
             s.state
                 .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
-        }) {
-            put(&slot.resource, f[0]);
-            slot.set_prefix(f[1]);
-            slot.verify.store(verify == 1, Ordering::Release);
-            slot.handover.store(handover, Ordering::Release);
-            slot.latest.store(0, Ordering::Release);
-            slot.confirmed_ms.store(0, Ordering::Release);
-            slot.generation.fetch_add(1, Ordering::AcqRel);
-            slot.state.store(ACTIVE, Ordering::Release);
-            sh.active.fetch_add(1, Ordering::AcqRel);
-        }
+        }) else {
+            bad.push(line.to_string());
+            continue;
+        };
+        slot.dboid.store(db, Ordering::Release);
+        put(&slot.resource, f[1]);
+        slot.set_prefix(f[2]);
+        slot.verify.store(verify == 1, Ordering::Release);
+        slot.handover.store(handover, Ordering::Release);
+        slot.latest.store(0, Ordering::Release);
+        slot.confirmed_ms.store(0, Ordering::Release);
+        slot.set_message("starting");
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+        slot.state.store(ACTIVE, Ordering::Release);
+        sh.active.fetch_add(1, Ordering::AcqRel);
     }
+    bad
 }
 
-fn save_from_backend(sh: &WatchShared) {
-    let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
-    if let Err(e) = save_state(sh, &crate::worker::data_dir(), &tag) {
-        pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
+/// A backend changes watches: under the `StateLock`, after loading the state file if nobody has
+/// yet, then saves the file.
+fn with_state<T>(
+    sh: &WatchShared,
+    change: impl FnOnce() -> Result<T, FenceError>,
+) -> Result<T, FenceError> {
+    let dir = crate::worker::data_dir();
+    let io = |e: std::io::Error| {
+        FenceError::WorkerUnavailable(format!(
+            "pg_fencing: could not lock or save {STATE_FILE}: {e}"
+        ))
+    };
+    let _lock = StateLock::take(&dir).map_err(io)?;
+    for line in load_state(sh, &dir) {
+        pgrx::warning!("pg_fencing: ignored a line of {STATE_FILE} it cannot read: {line:?}");
     }
+    let out = change()?;
+    let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
+    save_state(sh, &dir, &tag).map_err(io)?;
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,6 +318,7 @@ fn save_from_backend(sh: &WatchShared) {
 
 /// `fencing_watch(resource, lock_name, verify)`.
 pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceError> {
+    // Watches are per database, like the marks they raise.
     let sh = shared().ok_or_else(|| {
         FenceError::WorkerUnavailable(
             "watched resources need the background worker: pg_fencing is not in shared_preload_libraries".into(),
@@ -263,46 +345,56 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
             hint: None,
         });
     }
-    let slot = match find(sh, resource) {
-        Some(s) => s,
-        None => {
-            let s = sh
-                .slots
-                .iter()
-                .find(|s| {
-                    s.state
-                        .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                })
-                .ok_or_else(|| FenceError::Call {
-                    sqlstate: "53400",
-                    message: format!("all {WATCH_SLOTS} watch slots of the pg_fencing worker are in use"),
-                    detail: None,
-                    hint: Some("Unwatch resources that no longer need it (fencing_unwatch); see fencing_watches.".into()),
-                })?;
-            put(&s.resource, resource);
-            s.handover.store(0, Ordering::Release);
-            s.state.store(ACTIVE, Ordering::Release);
+    with_state(sh, || {
+        let slot = match find(sh, resource) {
+            Some(s) => s,
+            None => {
+                let s = sh
+                    .slots
+                    .iter()
+                    .find(|s| {
+                        s.state
+                            .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok()
+                    })
+                    .ok_or_else(|| FenceError::Call {
+                        sqlstate: "53400",
+                        message: format!(
+                            "all {WATCH_SLOTS} watch slots of the pg_fencing worker are in use"
+                        ),
+                        detail: None,
+                        hint: Some("Unwatch resources that no longer need it (fencing_unwatch); see fencing_watches.".into()),
+                    })?;
+                s.dboid
+                    .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Release);
+                put(&s.resource, resource);
+                s.handover.store(0, Ordering::Release);
+                s
+            }
+        };
+        // A new generation first: the old watch task can no longer change the slot.
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+        slot.set_prefix(&prefix);
+        slot.verify.store(verify, Ordering::Release);
+        slot.latest.store(0, Ordering::Release);
+        slot.confirmed_ms.store(0, Ordering::Release);
+        slot.set_message("starting");
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+        if slot
+            .state
+            .compare_exchange(BUSY, ACTIVE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
             sh.active.fetch_add(1, Ordering::AcqRel);
-            s
         }
-    };
-    slot.set_prefix(&prefix);
-    slot.verify.store(verify, Ordering::Release);
-    slot.latest.store(0, Ordering::Release);
-    slot.confirmed_ms.store(0, Ordering::Release);
-    slot.set_message("starting");
-    slot.generation.fetch_add(1, Ordering::AcqRel);
-    save_from_backend(sh);
-    Ok(())
+        Ok(())
+    })
 }
 
-/// `fencing_unwatch(resource)`: true if it was watched.
+/// `fencing_unwatch(resource)`: true if it was watched. The hand-over revision the watch reached
+/// is stored as the resource's mark first, so fencing does not drop with the watch.
 pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
     let Some(sh) = shared() else { return Ok(false) };
-    let Some(slot) = find(sh, resource) else {
-        return Ok(false);
-    };
     if !unsafe { pg_sys::superuser() } && !crate::fence::may_write_resource(resource) {
         return Err(FenceError::Call {
             sqlstate: "42501",
@@ -311,16 +403,37 @@ pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
             hint: None,
         });
     }
-    if slot
-        .state
-        .compare_exchange(ACTIVE, FREE, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
-        slot.generation.fetch_add(1, Ordering::AcqRel);
-        sh.active.fetch_sub(1, Ordering::AcqRel);
-    }
-    save_from_backend(sh);
-    Ok(true)
+    with_state(sh, || {
+        let Some(slot) = find(sh, resource) else {
+            return Ok(false);
+        };
+        let handover = slot.handover.load(Ordering::Acquire);
+        if handover > 0 {
+            crate::fence::raise_mark(resource, handover);
+        }
+        if slot
+            .state
+            .compare_exchange(ACTIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            slot.generation.fetch_add(1, Ordering::AcqRel);
+            sh.active.fetch_sub(1, Ordering::AcqRel);
+        }
+        Ok(true)
+    })
+}
+
+/// `fencing_reset(resource, token)` of a watched resource: its hand-over revision becomes `token`
+/// too (a reset that the watch would undo at once would not be a reset); the next hand-over
+/// raises it again.
+pub fn reset(resource: &str, token: Token) -> Result<(), FenceError> {
+    let Some(sh) = shared() else { return Ok(()) };
+    with_state(sh, || {
+        if let Some(slot) = find(sh, resource) {
+            slot.handover.store(token, Ordering::Release);
+        }
+        Ok(())
+    })
 }
 
 /// Rows of `fencing_watches`: resource, etcd key prefix, verify, hand-over revision, latest
@@ -338,9 +451,12 @@ pub fn rows() -> Vec<(
         return Vec::new();
     };
     let now = crate::worker::now_ms();
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
     sh.slots
         .iter()
-        .filter(|s| s.state.load(Ordering::Acquire) == ACTIVE)
+        .filter(|s| {
+            s.state.load(Ordering::Acquire) == ACTIVE && s.dboid.load(Ordering::Acquire) == db
+        })
         .map(|s| {
             let h = s.handover.load(Ordering::Acquire);
             let l = s.latest.load(Ordering::Acquire);
@@ -434,31 +550,55 @@ pub(crate) mod etcd_side {
     /// when a hand-over raised a mark.
     pub(crate) async fn supervise(cfg: Arc<Mutex<WorkerConfig>>) {
         let Some(sh) = shared() else { return };
-        let mut running: Vec<Option<(u64, tokio::task::JoinHandle<()>)>> =
-            (0..WATCH_SLOTS).map(|_| None).collect();
+        // Per slot: the generation and endpoints its task was started with, and the task.
+        type Running = (u64, Vec<String>, tokio::task::JoinHandle<()>);
+        let mut running: Vec<Option<Running>> = (0..WATCH_SLOTS).map(|_| None).collect();
         loop {
             let current_cfg = cfg.lock().map(|c| c.clone()).ok();
+            let endpoints = current_cfg
+                .as_ref()
+                .map(|c| c.endpoints().to_vec())
+                .unwrap_or_default();
             for (i, s) in sh.slots.iter().enumerate() {
-                let active = s.state.load(Ordering::Acquire) == ACTIVE;
+                let state = s.state.load(Ordering::Acquire);
                 let generation = s.generation.load(Ordering::Acquire);
-                let same = running[i].as_ref().map(|(g, _)| *g) == Some(generation);
-                if active && !same {
-                    if let Some((_, h)) = running[i].take() {
+                let same = running[i]
+                    .as_ref()
+                    .map(|(g, e, _)| *g == generation && *e == endpoints)
+                    .unwrap_or(false);
+                if state == ACTIVE && !same {
+                    // A new registration, or new endpoints after a reload: start over.
+                    if let Some((_, _, h)) = running[i].take() {
                         h.abort();
+                        let _ = h.await;
                     }
                     if let Some(c) = current_cfg.clone() {
-                        running[i] = Some((generation, tokio::spawn(watch_slot(s, generation, c))));
+                        running[i] = Some((
+                            generation,
+                            endpoints.clone(),
+                            tokio::spawn(watch_slot(s, generation, c)),
+                        ));
                     }
-                } else if !active {
-                    if let Some((_, h)) = running[i].take() {
+                } else if state != ACTIVE {
+                    if let Some((_, _, h)) = running[i].take() {
                         h.abort();
+                        let _ = h.await;
                     }
+                    // The task is gone: the slot may be reused.
+                    let _ = s.state.compare_exchange(
+                        DRAINING,
+                        FREE,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
                 }
             }
             if sh.dirty.swap(0, Ordering::AcqRel) != 0 {
                 if let Some(dir) = current_cfg.map(|c| c.state_dir).filter(|d| !d.is_empty()) {
                     let _ = tokio::task::spawn_blocking(move || {
-                        if let Err(e) = save_state(sh, &dir, "etcd") {
+                        let saved =
+                            StateLock::take(&dir).and_then(|_lock| save_state(sh, &dir, "etcd"));
+                        if let Err(e) = saved {
                             sh.dirty.store(1, Ordering::Release);
                             eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
                         }
@@ -492,12 +632,12 @@ pub(crate) mod etcd_side {
         keys.values().copied().min()
     }
 
-    fn raise(slot: &WatchSlot, rev: i64) {
+    fn raise(slot: &WatchSlot, rev: i64, generation: u64) {
         // etcd's revisions went backwards: no mark is advanced until fencing_reset.
         if crate::worker::lock_service_problem().is_some() {
             return;
         }
-        if rev > 0 && slot.raise_handover(rev) {
+        if rev > 0 && slot.raise_handover(rev, generation) {
             if let Some(sh) = shared() {
                 sh.dirty.store(1, Ordering::Release);
             }
@@ -543,7 +683,7 @@ pub(crate) mod etcd_side {
         // The current holder got the lock no earlier than its key's creation; the deletion of
         // its last predecessor (found in the history below, if not compacted) may be later.
         if let Some(hc) = holder_at_r0 {
-            raise(slot, hc);
+            raise(slot, hc, generation);
         }
         let start = holder_at_r0.unwrap_or(r0 + 1);
         let mut stream = tokio::time::timeout(
@@ -562,6 +702,9 @@ pub(crate) mod etcd_side {
         .map_err(|_| "starting the watch timed out".to_string())?
         .map_err(|e| e.to_string())?;
         let mut history_done = holder_at_r0.is_none();
+        // Watching from the holder's create revision (history wanted) until a compaction makes
+        // us fall back to r0 + 1.
+        let mut from_history = holder_at_r0.is_some();
         let _ = stream.request_progress().await;
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         slot.set_message("watching");
@@ -577,7 +720,9 @@ pub(crate) mod etcd_side {
                         continue;
                     }
                     if resp.canceled() {
-                        if resp.compact_revision() > 0 && !history_done {
+                        if resp.compact_revision() > 0 && from_history {
+                            from_history = false;
+                            history_done = false;
                             // The history before r0 is compacted: keep the key's create revision
                             // as the hand-over revision (a lower bound) and watch from r0 on.
                             slot.set_message("history compacted: hand-over revision of the current holder taken from its key");
@@ -588,7 +733,6 @@ pub(crate) mod etcd_side {
                                 )
                                 .await
                                 .map_err(|e| e.to_string())?;
-                            history_done = true;
                             let _ = stream.request_progress().await;
                             continue;
                         }
@@ -602,7 +746,7 @@ pub(crate) mod etcd_side {
                             if ev.event_type() == EventType::Delete {
                                 if let (Some(prev), Some(hc)) = (ev.prev_kv(), holder_at_r0) {
                                     if prev.create_revision() < hc {
-                                        raise(slot, rev);
+                                        raise(slot, rev, generation);
                                     }
                                 }
                             }
@@ -623,7 +767,7 @@ pub(crate) mod etcd_side {
                             if let Some(hc) = after {
                                 // A new holder: granted at the later of its key's creation and
                                 // this event (its predecessor's deletion).
-                                raise(slot, hc.max(rev));
+                                raise(slot, hc.max(rev), generation);
                                 slot.set_message(&format!("lock changed hands at revision {}", hc.max(rev)));
                             }
                         }
@@ -634,7 +778,7 @@ pub(crate) mod etcd_side {
                             history_done = true;
                         }
                         if history_done {
-                            slot.confirm(h.revision(), now_ms());
+                            slot.confirm(h.revision(), now_ms(), generation);
                         }
                     }
                 }

@@ -791,6 +791,12 @@ pub(crate) struct Config {
 /// The worker's etcd settings, as the watches of `watch.rs` see them.
 pub(crate) type WorkerConfig = Config;
 
+impl Config {
+    pub(crate) fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+}
+
 /// Connect to etcd (for `watch.rs`, on the etcd thread).
 pub(crate) async fn etcd_connect(cfg: &Config) -> Result<etcd_client::Client, String> {
     etcd::connect(cfg).await
@@ -837,7 +843,16 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     if let Ok(text) = std::fs::read_to_string(std::path::Path::new(&dir).join(STATE_FILE)) {
         sh.load_state_text(&text);
     }
-    crate::watch::load_state(&dir);
+    if let Some(wsh) = crate::watch::shared() {
+        match crate::watch::StateLock::take(&dir) {
+            Ok(_lock) => {
+                for line in crate::watch::load_state(wsh, &dir) {
+                    pgrx::warning!("pg_fencing: ignored a line of pg_fencing_watches.state it cannot read: {line:?}");
+                }
+            }
+            Err(e) => pgrx::warning!("pg_fencing: could not lock pg_fencing_watches.state: {e}"),
+        }
+    }
     let mut logged_regression = false;
     sh.worker_pid
         .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);

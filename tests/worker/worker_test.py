@@ -532,9 +532,20 @@ def scenario_watch(etcd, pg):
        f"after compaction and restart the hand-over from {ta} to {tb} raised the mark to {mark()}")
     ha.wait(timeout=10)
     hb.wait(timeout=10)
+
+    print("== fencing_reset and fencing_unwatch of a watched resource")
+    cur.execute("SELECT fencing_reset('jobs', 5)")
+    ok(mark() == 5, f"fencing_reset sets the hand-over revision too ({mark()})")
+    hc = etcdctl_holder(etcd, "jobs", 10, 1)
+    tc = int(hc.stdout.readline())
+    ok(wait_for(lambda: mark() == tc, 5) is not None, f"the next hand-over raises it again ({mark()} = {tc})")
+    hc.wait(timeout=10)
     ok(sqlstate(cur, "SELECT fencing_unwatch('jobs')") == "ok", "fencing_unwatch")
     cur.execute("SELECT count(*) FROM fencing_watches")
     ok(cur.fetchone()[0] == 0, "no watch is left")
+    ok(mark() == tc, f"the mark keeps the last hand-over revision after fencing_unwatch ({mark()})")
+    st = write_with(cur, "jobs_t", tc - 1)
+    ok(st == "FT001", f"an older holder is still refused after fencing_unwatch ({st})")
     c.close()
 
 

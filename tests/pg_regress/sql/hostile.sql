@@ -198,6 +198,16 @@ SELECT fencing_watch(E'bad\tname');
 \echo :LAST_ERROR_SQLSTATE
 SELECT fencing_watch('h-res', 'h-lock', true);
 SELECT resource, lock_key_prefix, verify FROM fencing_watches;
+-- watches are per database: another database neither sees nor changes this one
+SELECT current_database() AS regress_db \gset
+CREATE DATABASE hostile_other;
+\c hostile_other
+CREATE EXTENSION pg_fencing;
+SELECT count(*) AS watches_seen_from_other_db FROM fencing_watches;
+SELECT fencing_unwatch('h-res') AS unwatched_from_other_db;
+\c :regress_db
+SELECT resource FROM fencing_watches;
+DROP DATABASE hostile_other;
 SELECT fencing_unwatch('h-res'), fencing_unwatch('h-res');
 SELECT count(*) FROM fencing_watches;
 DROP ROLE h_watcher;

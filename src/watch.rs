@@ -96,39 +96,30 @@ impl Default for WatchShared {
 static WATCHES: PgAtomic<WatchShared> = unsafe { PgAtomic::new(c"pg_fencing watches") };
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-fn put(cell: &UnsafeCell<[u8; NAME_LEN]>, s: &str) {
-    let buf = unsafe { &mut *cell.get() };
-    let n = s.len().min(buf.len() - 1);
-    buf[..n].copy_from_slice(&s.as_bytes()[..n]);
-    buf[n] = 0;
+/// Fixed-size text fields of shared memory (the worker's helpers: NUL-terminated, cut to fit).
+fn put<const N: usize>(cell: &UnsafeCell<[u8; N]>, s: &str) {
+    unsafe { crate::worker::put(cell.get() as *mut u8, N, s.as_bytes()) }
 }
 
-fn get_bytes(buf: &[u8]) -> String {
-    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..len]).into_owned()
+fn get<const N: usize>(cell: &UnsafeCell<[u8; N]>) -> String {
+    unsafe { crate::worker::get(cell.get() as *const u8, N) }
 }
 
 impl WatchSlot {
     pub(crate) fn resource(&self) -> String {
-        get_bytes(unsafe { &*self.resource.get() })
+        get(&self.resource)
     }
     pub(crate) fn prefix(&self) -> String {
-        get_bytes(unsafe { &*self.prefix.get() })
+        get(&self.prefix)
     }
     fn set_prefix(&self, s: &str) {
-        let buf = unsafe { &mut *self.prefix.get() };
-        let n = s.len().min(buf.len() - 1);
-        buf[..n].copy_from_slice(&s.as_bytes()[..n]);
-        buf[n] = 0;
+        put(&self.prefix, s)
     }
     pub(crate) fn message(&self) -> String {
-        get_bytes(unsafe { &*self.message.get() })
+        get(&self.message)
     }
     pub(crate) fn set_message(&self, s: &str) {
-        let buf = unsafe { &mut *self.message.get() };
-        let n = s.len().min(buf.len() - 1);
-        buf[..n].copy_from_slice(&s.as_bytes()[..n]);
-        buf[n] = 0;
+        put(&self.message, s)
     }
     /// Raise the hand-over revision on behalf of the watch task of `generation`; true if it
     /// went up. A task of an older registration changes nothing.

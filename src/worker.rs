@@ -139,7 +139,7 @@ pub(crate) fn now_ms() -> i64 {
     ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
 }
 
-unsafe fn put(buf: *mut u8, cap: usize, s: &[u8]) {
+pub(crate) unsafe fn put(buf: *mut u8, cap: usize, s: &[u8]) {
     let n = s.len().min(cap - 1);
     unsafe {
         std::ptr::copy_nonoverlapping(s.as_ptr(), buf, n);
@@ -147,7 +147,7 @@ unsafe fn put(buf: *mut u8, cap: usize, s: &[u8]) {
     }
 }
 
-unsafe fn get(buf: *const u8, cap: usize) -> String {
+pub(crate) unsafe fn get(buf: *const u8, cap: usize) -> String {
     let bytes = unsafe { std::slice::from_raw_parts(buf, cap) };
     let len = bytes.iter().position(|b| *b == 0).unwrap_or(cap);
     String::from_utf8_lossy(&bytes[..len]).into_owned()

@@ -317,9 +317,18 @@ def check(args):
     counts = {"transactions": len(begins), "attempted writes": 0, "accepted": 0, "rejected (FT001)": 0}
     other_errors = {}
     committed_txn = {}
+    txn_commit_ts = {}
     for tag, b in begins.items():
         st = status.get(b["xid"])
         claimed = commits.get(tag, {}).get("outcome")
+        ended = commits.get(tag, {}).get("t")
+        ts = commit_ts.get(b["xid"])
+        if st == "committed" and ts is not None and ended is not None and ts > ended:
+            # The server committed this xid only after this client had given up on the
+            # transaction (its connection was gone): after a crash, xids whose WAL records were
+            # lost are handed out again, so this is another transaction's commit.
+            st = "aborted (its xid was reused after the crash)"
+        txn_commit_ts[tag] = ts if st == "committed" else None
         if claimed == "ok" and st != "committed":
             problems.append(f"LOST: client saw transaction {tag} (xid {b['xid']}) commit, server says {st}")
         if claimed and claimed.startswith("rolled back") and st == "committed":
@@ -345,7 +354,7 @@ def check(args):
                 problems.append(f"unexpected error {w['outcome']} in {w['txn']}: {w.get('message', '')}")
         if w["outcome"] != "ok" or not committed_txn.get(w["txn"]):
             continue
-        ts = commit_ts.get(begins[w["txn"]]["xid"])
+        ts = txn_commit_ts.get(w["txn"])
         if ts is None:
             problems.append(f"committed transaction {w['txn']} has no commit timestamp (track_commit_timestamp off?)")
             continue

@@ -138,11 +138,12 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
             lock(resource_tag(resource), mode);
             let high_water = read_resource_mark(resource);
             LAST_SEEN.with(|l| {
-                let mut l = l.borrow_mut();
-                if l.len() > 10_000 {
-                    l.clear();
-                }
-                l.insert(resource.to_string(), high_water);
+                crate::cache_insert(
+                    &mut l.borrow_mut(),
+                    resource.to_string(),
+                    high_water,
+                    10_000,
+                )
             });
             Held { high_water, mode }
         }

@@ -369,11 +369,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
         _ => {
             let t = load_target(relid, replica)?.map(Rc::new);
             TARGETS.with(|m| {
-                let mut m = m.borrow_mut();
-                if m.len() > 1000 {
-                    m.clear();
-                }
-                m.insert(relid.to_u32(), t.clone());
+                crate::cache_insert(&mut m.borrow_mut(), relid.to_u32(), t.clone(), 1000)
             });
             t
         }

@@ -18,7 +18,7 @@ use crate::fence;
 use crate::gucs::current_token;
 use pgrx::prelude::*;
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 
 thread_local! {
@@ -26,7 +26,7 @@ thread_local! {
     /// were found to match `_pg_fencing.protected_table`. Kept for the life of the backend: a
     /// protection's arguments only change through fencing_protect/fencing_unprotect, which
     /// re-create or drop the triggers (and only the table's owner can attach triggers to it).
-    static VERIFIED: RefCell<HashSet<(u32, u64)>> = RefCell::new(HashSet::new());
+    static VERIFIED: RefCell<HashMap<(u32, u64), ()>> = RefCell::new(HashMap::new());
     /// Per relation (and token column): the token column's attribute number and the primary
     /// key. Dropped on relcache invalidation of the relation (see `register_relcache_callback`).
     static RELINFO: RefCell<HashMap<(u32, u64), RelInfo>> = RefCell::new(HashMap::new());
@@ -94,13 +94,7 @@ unsafe fn relinfo(
         pk,
         pk_immediate,
     };
-    RELINFO.with(|r| {
-        let mut r = r.borrow_mut();
-        if r.len() > 10_000 {
-            r.clear();
-        }
-        r.insert(key, info.clone());
-    });
+    RELINFO.with(|r| crate::cache_insert(&mut r.borrow_mut(), key, info.clone(), 10_000));
     Ok(info)
 }
 
@@ -121,7 +115,7 @@ unsafe fn verify_protection(
 ) -> Result<(), FenceError> {
     let relid = unsafe { (*rel).rd_id };
     let cache_key = (relid.to_u32(), args.hash);
-    if VERIFIED.with(|v| v.borrow().contains(&cache_key)) {
+    if VERIFIED.with(|v| v.borrow().contains_key(&cache_key)) {
         return Ok(());
     }
     let resource = args.resource.clone().unwrap_or_default();
@@ -149,13 +143,7 @@ unsafe fn verify_protection(
             table()
         )));
     }
-    VERIFIED.with(|v| {
-        let mut v = v.borrow_mut();
-        if v.len() > 10_000 {
-            v.clear();
-        }
-        v.insert(cache_key);
-    });
+    VERIFIED.with(|v| crate::cache_insert(&mut v.borrow_mut(), cache_key, (), 10_000));
     Ok(())
 }
 
@@ -180,13 +168,7 @@ unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<std::rc::Rc<Args>, F
         return Ok(a);
     }
     let args = std::rc::Rc::new(unsafe { parse_trigger_args(trigger)? });
-    ARGS.with(|m| {
-        let mut m = m.borrow_mut();
-        if m.len() > 10_000 {
-            m.clear();
-        }
-        m.insert(oid, args.clone());
-    });
+    ARGS.with(|m| crate::cache_insert(&mut m.borrow_mut(), oid, args.clone(), 10_000));
     Ok(args)
 }
 

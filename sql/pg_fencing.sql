@@ -488,15 +488,18 @@ SELECT coalesce(h.resource, p.resource) AS resource,
        s.last_rejected_token,
        s.last_rejection_high_water,
        s.last_rejection_pid,
-       _pg_fencing.lock_service_problem() AS lock_service_problem
+       _pg_fencing.lock_service_problem() AS lock_service_problem,
+       o.last_rejection_application_name,
+       o.last_rejection_client_addr
 FROM _pg_fencing.resource_high_water h
 FULL JOIN (SELECT pt.resource, array_agg(pt.relid ORDER BY pt.relid::text) AS tables
            FROM _pg_fencing.protected_table pt
            WHERE pt.protected AND pt.resource IS NOT NULL
            GROUP BY pt.resource) p ON p.resource = h.resource
-LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'resource' AND s.name = coalesce(h.resource, p.resource);
+LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'resource' AND s.name = coalesce(h.resource, p.resource)
+LEFT JOIN @extschema@.fencing_rejection_origins() o ON o.kind = 'resource' AND o.name = coalesce(h.resource, p.resource);
 COMMENT ON VIEW @extschema@.fencing_resources IS
-'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection; lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
+'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
 
 CREATE VIEW @extschema@.fencing_protected_tables AS
 SELECT p.relid AS relation,
@@ -511,12 +514,16 @@ SELECT p.relid AS relation,
        s.last_rejection_at,
        s.last_rejected_token,
        s.last_rejection_high_water,
-       p.protected_at
+       p.protected_at,
+       s.last_rejection_pid,
+       o.last_rejection_application_name,
+       o.last_rejection_client_addr
 FROM _pg_fencing.protected_table p
 LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'table' AND s.name = p.id::text
+LEFT JOIN @extschema@.fencing_rejection_origins() o ON o.kind = 'table' AND o.name = p.id::text
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
 
 GRANT SELECT ON @extschema@.fencing_resources, @extschema@.fencing_protected_tables TO PUBLIC;
 

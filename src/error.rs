@@ -215,6 +215,52 @@ unsafe extern "C-unwind" {
     fn errdetail(fmt: *const c_char, ...) -> c_int;
     fn errhint(fmt: *const c_char, ...) -> c_int;
     fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
+    fn errhidestmt(hide_stmt: bool) -> c_int;
+    fn errhidecontext(hide_ctx: bool) -> c_int;
+}
+
+/// The one log line of a refused write (FT001, FT003, FT006), or `None` for other errors and
+/// with `pg_fencing.log_rejections = off`. It names the resource or row, the token and the mark
+/// (or why the token was refused), and where the write came from, so an operator can find the
+/// zombie: `application_name`, client address and backend pid.
+fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
+    let what = match err {
+        FenceError::StaleToken {
+            domain,
+            token,
+            high_water,
+        } => format!(
+            "stale fencing token {token} for {domain}, whose high-water mark is {high_water}"
+        ),
+        FenceError::LockLost { lock, token, why } if why.is_empty() => {
+            format!("fencing token {token} of lock \"{lock}\", which was lost")
+        }
+        FenceError::LockLost { lock, token, why } => {
+            format!("fencing token {token} of lock \"{lock}\", which was lost: {why}")
+        }
+        FenceError::NotVerified {
+            resource,
+            token,
+            why,
+        } => format!("unverified fencing token {token} for resource \"{resource}\": {why}"),
+        _ => return None,
+    };
+    let level = crate::gucs::log_rejections_level()?;
+    let origin = crate::stats::origin();
+    let client = if origin.client.is_empty() {
+        "none"
+    } else {
+        &origin.client
+    };
+    Some((
+        level,
+        format!(
+            "pg_fencing refused a write ({}): {what}; application_name \"{}\", client {client}, backend pid {}",
+            err.sqlstate(),
+            origin.application_name,
+            origin.pid
+        ),
+    ))
 }
 
 fn to_pg_cstr(s: &str) -> *mut c_char {
@@ -225,10 +271,20 @@ fn to_pg_cstr(s: &str) -> *mut c_char {
 
 /// Raise `err` as a PostgreSQL ERROR with its own SQLSTATE. Never returns.
 ///
+/// A refused write (FT001, FT003, FT006) is first logged once at `pg_fencing.log_rejections`
+/// (see `rejection_log_line`): this is the only place such an error is raised, and an error
+/// that passes through an outer `fenced_*` call is not raised again.
+///
 /// # Safety
 /// Must be called from the outermost frame of a C entry point, outside any pgrx guard, with no
 /// Rust value still alive that needs dropping (the longjmp skips destructors).
 pub unsafe fn raise(err: FenceError) -> ! {
+    // Guarded: the first call reads the client address through PostgreSQL functions.
+    let log = unsafe {
+        pgrx::pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
+            rejection_log_line(&err).map(|(level, line)| (level, to_pg_cstr(&line)))
+        })
+    };
     let code = make_sqlstate(err.sqlstate());
     let msg = to_pg_cstr(&err.to_string());
     let detail = err.detail().map(|d| to_pg_cstr(&d));
@@ -238,6 +294,15 @@ pub unsafe fn raise(err: FenceError) -> ! {
     const FILE: &std::ffi::CStr = c"pg_fencing";
     const FUNC: &std::ffi::CStr = c"pg_fencing";
     unsafe {
+        if let Some((level, line)) = log {
+            if errstart(level, std::ptr::null()) {
+                errcode(code);
+                errmsg(PERCENT_S.as_ptr(), line);
+                errhidestmt(true);
+                errhidecontext(true);
+                errfinish(FILE.as_ptr(), 0, FUNC.as_ptr());
+            }
+        }
         if errstart(pgrx::PgLogLevel::ERROR as c_int, std::ptr::null()) {
             errcode(code);
             errmsg(PERCENT_S.as_ptr(), msg);

@@ -33,6 +33,39 @@ pub fn verify_max_lag_ms() -> i32 {
     VERIFY_MAX_LAG.get()
 }
 static TOKEN_SCOPE: GucSetting<TokenScope> = GucSetting::<TokenScope>::new(TokenScope::Transaction);
+static LOG_REJECTIONS: GucSetting<LogRejections> =
+    GucSetting::<LogRejections>::new(LogRejections::Log);
+
+/// Values of `pg_fencing.log_rejections`: the message level of the one log line written for each
+/// refused token (FT001, FT003, FT006), or `off`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, PostgresGucEnum)]
+pub enum LogRejections {
+    #[name = c"off"]
+    Off,
+    #[name = c"debug1"]
+    Debug1,
+    #[name = c"info"]
+    Info,
+    #[name = c"notice"]
+    Notice,
+    #[name = c"warning"]
+    Warning,
+    #[name = c"log"]
+    Log,
+}
+
+/// `pg_fencing.log_rejections` as a PostgreSQL message level (`elog.h`), `None` for `off`.
+pub fn log_rejections_level() -> Option<i32> {
+    let level = match LOG_REJECTIONS.get() {
+        LogRejections::Off => return None,
+        LogRejections::Debug1 => pg_sys::DEBUG1,
+        LogRejections::Info => pg_sys::INFO,
+        LogRejections::Notice => pg_sys::NOTICE,
+        LogRejections::Warning => pg_sys::WARNING,
+        LogRejections::Log => pg_sys::LOG,
+    };
+    Some(level as i32)
+}
 
 /// Values of `pg_fencing.token_scope`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, PostgresGucEnum)]
@@ -224,6 +257,14 @@ pub fn init() {
         c"Whether a plain SET of pg_fencing.token lasts for the transaction (default) or the session.",
         c"transaction: a token counts only in the transaction that set it, so it never reaches the next client of a transaction-mode pooler; tokens from the startup packet or fencing_acquire always count, tokens from postgresql.conf or ALTER ROLE/DATABASE SET never. session: a SET lasts for the session.",
         &TOKEN_SCOPE,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"pg_fencing.log_rejections",
+        c"Message level of the log line written for each write refused for its token (FT001, FT003, FT006).",
+        c"One line per refused write, with the resource or row, the token, the high-water mark, application_name, client address and backend pid. off, debug1, info, notice, warning or log (default). Superuser only, so a client cannot hide its own rejections.",
+        &LOG_REJECTIONS,
         GucContext::Suset,
         GucFlags::default(),
     );

@@ -41,6 +41,7 @@ pgrx::extension_sql_file!(
     name = "pg_fencing_api",
     requires = [
         stats::fencing_stats,
+        stats::fencing_rejection_origins,
         entry::fencing_lock_status,
         entry::fencing_watch_status
     ],

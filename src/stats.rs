@@ -17,6 +17,84 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, 
 
 const SLOTS: usize = 1024;
 const NAME_LEN: usize = 64;
+/// Room for an `application_name` (NAMEDATALEN) and for a client address with its port.
+const ORIGIN_LEN: usize = 64;
+
+/// Where a refused write came from: the session's `application_name`, its client address
+/// (`host:port`, `[local]` for a Unix socket, empty for a background process) and backend pid.
+pub struct Origin {
+    pub application_name: String,
+    pub client: String,
+    pub pid: i32,
+}
+
+thread_local! {
+    /// The client address never changes during a backend's life; computed on first need.
+    static CLIENT: std::cell::OnceCell<String> = const { std::cell::OnceCell::new() };
+}
+
+/// The origin of the current session (see `Origin`). Must run inside a pgrx guard: it calls
+/// PostgreSQL's `inet_client_addr()`/`inet_client_port()` the first time.
+pub fn origin() -> Origin {
+    let client = CLIENT.with(|c| c.get_or_init(client_address).clone());
+    let application_name = unsafe {
+        let p = pg_sys::application_name;
+        if p.is_null() {
+            String::new()
+        } else {
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    };
+    Origin {
+        application_name,
+        client,
+        pid: unsafe { pg_sys::MyProcPid },
+    }
+}
+
+fn client_address() -> String {
+    unsafe {
+        if pg_sys::MyProcPort.is_null() {
+            return String::new();
+        }
+        // Both are NULL for a Unix-socket connection.
+        let Some(addr) = pgrx::direct_function_call_as_datum(pg_sys::inet_client_addr, &[]) else {
+            return "[local]".into();
+        };
+        let text = pgrx::direct_function_call_as_datum(pg_sys::inet_out, &[Some(addr)])
+            .map(|d| {
+                std::ffi::CStr::from_ptr(d.cast_mut_ptr::<std::ffi::c_char>())
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default();
+        let port = pgrx::direct_function_call::<i32>(pg_sys::inet_client_port, &[]);
+        let host = if text.contains(':') {
+            format!("[{text}]")
+        } else {
+            text
+        };
+        match port {
+            Some(p) => format!("{host}:{p}"),
+            None => host,
+        }
+    }
+}
+
+/// Copy `text` into a fixed buffer, cut at a character boundary, NUL-terminated.
+fn copy_text(buf: &mut [u8], text: &str) {
+    let mut n = text.len().min(buf.len() - 1);
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    buf[..n].copy_from_slice(&text.as_bytes()[..n]);
+    buf[n..].fill(0);
+}
+
+fn read_text(buf: &[u8]) -> String {
+    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
 
 #[repr(C)]
 pub struct Slot {
@@ -34,6 +112,34 @@ pub struct Slot {
     last_rejected_token: AtomicI64,
     last_rejection_high_water: AtomicI64,
     last_rejection_pid: AtomicI32,
+    /// Spin lock (0 free, 1 taken) over the two text fields below, held only to copy them.
+    origin_lock: AtomicU32,
+    last_rejection_application_name: UnsafeCell<[u8; ORIGIN_LEN]>,
+    last_rejection_client: UnsafeCell<[u8; ORIGIN_LEN]>,
+}
+
+impl Slot {
+    fn with_origin<R>(
+        &self,
+        f: impl FnOnce(&mut [u8; ORIGIN_LEN], &mut [u8; ORIGIN_LEN]) -> R,
+    ) -> R {
+        while self
+            .origin_lock
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        // SAFETY: the spin lock gives this process the only access to both buffers.
+        let r = unsafe {
+            f(
+                &mut *self.last_rejection_application_name.get(),
+                &mut *self.last_rejection_client.get(),
+            )
+        };
+        self.origin_lock.store(0, Ordering::Release);
+        r
+    }
 }
 
 #[repr(C)]
@@ -60,6 +166,9 @@ impl Default for Table {
                 last_rejected_token: AtomicI64::new(0),
                 last_rejection_high_water: AtomicI64::new(0),
                 last_rejection_pid: AtomicI32::new(0),
+                origin_lock: AtomicU32::new(0),
+                last_rejection_application_name: UnsafeCell::new([0; ORIGIN_LEN]),
+                last_rejection_client: UnsafeCell::new([0; ORIGIN_LEN]),
             }),
             dropped: AtomicU64::new(0),
         }
@@ -124,12 +233,7 @@ fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
                 .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Relaxed);
             unsafe {
                 *s.kind.get() = kind as u8;
-                let buf = &mut *s.name.get();
-                let mut n = name.len().min(NAME_LEN - 1);
-                while !name.is_char_boundary(n) {
-                    n -= 1;
-                }
-                buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+                copy_text(&mut *s.name.get(), name);
             }
             s.ready.store(1, Ordering::Release);
             return Some(s);
@@ -149,9 +253,15 @@ pub fn accepted(kind: Kind, name: &str) {
     }
 }
 
-/// Count a write refused as stale (FT001), and remember it as the last rejection.
+/// Count a write refused as stale (FT001), and remember it as the last rejection, with where it
+/// came from (`origin()`).
 pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
     if let Some(s) = slot(kind, name) {
+        let origin = origin();
+        s.with_origin(|app, client| {
+            copy_text(app, &origin.application_name);
+            copy_text(client, &origin.client);
+        });
         s.rejected.fetch_add(1, Ordering::Relaxed);
         s.last_rejection_at
             .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
@@ -161,6 +271,66 @@ pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
         s.last_rejection_pid
             .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
     }
+}
+
+/// Kind and name of a slot that is `ready`.
+fn slot_name(s: &Slot) -> (&'static str, String) {
+    // SAFETY: written once before `ready` was set (release); the caller saw `ready` (acquire).
+    let (kind, name) = unsafe { (*s.kind.get(), read_text(&*s.name.get())) };
+    let kind = if kind == Kind::Resource as u8 {
+        "resource"
+    } else {
+        "table"
+    };
+    (kind, name)
+}
+
+/// The counted slots of the current database.
+fn own_slots() -> impl Iterator<Item = &'static Slot> {
+    let enabled = ENABLED.load(Ordering::Relaxed);
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let slots: &'static [Slot] = if enabled { &STATS.get().slots } else { &[] };
+    slots.iter().filter(move |s| {
+        s.ready.load(Ordering::Acquire) != 0 && s.database.load(Ordering::Relaxed) == db
+    })
+}
+
+/// `fencing_rejection_origins()`: for each fencing domain of the current database with a
+/// rejection since server start, where the last rejected write came from: `kind` and `name` as
+/// in `fencing_stats()`, the session's `application_name`, and its client address (`host:port`,
+/// `[local]` for a Unix socket). Like `pg_stat_activity`, these two are shown only to superusers
+/// and members of `pg_read_all_stats`; other roles see NULL. The views join it with
+/// `fencing_stats()`. Empty unless pg_fencing is in `shared_preload_libraries`. (A separate function rather than more columns of
+/// `fencing_stats()`, so that the SQL of version 0.1.0 keeps working with this library until
+/// `ALTER EXTENSION pg_fencing UPDATE`.)
+#[pg_extern(volatile, parallel_safe)]
+fn fencing_rejection_origins() -> TableIterator<
+    'static,
+    (
+        name!(kind, String),
+        name!(name, String),
+        name!(last_rejection_application_name, Option<String>),
+        name!(last_rejection_client_addr, Option<String>),
+    ),
+> {
+    let may_see = unsafe {
+        pg_sys::has_privs_of_role(
+            pg_sys::GetUserId(),
+            pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS),
+        )
+    };
+    let rows: Vec<_> = own_slots()
+        .filter(|s| s.rejected.load(Ordering::Relaxed) > 0)
+        .map(|s| {
+            let (kind, name) = slot_name(s);
+            if !may_see {
+                return (kind.to_string(), name, None, None);
+            }
+            let (app, client) = s.with_origin(|app, client| (read_text(app), read_text(client)));
+            (kind.to_string(), name, Some(app), Some(client))
+        })
+        .collect();
+    TableIterator::new(rows)
 }
 
 /// `fencing_stats()`: one row per counted fencing domain of the current database since server
@@ -190,25 +360,8 @@ fn fencing_stats() -> TableIterator<
     let mut rows = Vec::new();
     if ENABLED.load(Ordering::Relaxed) {
         let table = STATS.get();
-        for s in table.slots.iter() {
-            if s.ready.load(Ordering::Acquire) == 0
-                || s.database.load(Ordering::Relaxed) != unsafe { pg_sys::MyDatabaseId }.to_u32()
-            {
-                continue;
-            }
-            let (kind, name) = unsafe {
-                let buf = &*s.name.get();
-                let len = buf.iter().position(|b| *b == 0).unwrap_or(NAME_LEN);
-                (
-                    *s.kind.get(),
-                    String::from_utf8_lossy(&buf[..len]).into_owned(),
-                )
-            };
-            let kind = if kind == Kind::Resource as u8 {
-                "resource"
-            } else {
-                "table"
-            };
+        for s in own_slots() {
+            let (kind, name) = slot_name(s);
             let rejected = s.rejected.load(Ordering::Relaxed) as i64;
             let at = s.last_rejection_at.load(Ordering::Relaxed);
             let last = rejected > 0;

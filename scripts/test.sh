@@ -10,7 +10,12 @@
 #   8. streaming standby and promotion    (tests/replication)
 #   9. background worker with real etcd   (tests/worker)
 #  10. pooler safety through pgbouncer    (tests/pooler, transaction mode)
-#  11. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
+#  11. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
+#  12. observability                      (tests/observability: rejection log, views, pg_stat_statements)
+#  13. the Rust client example            (examples/rust-client against real etcd, tests/client)
+#  14. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
+# Between 1 and 2 the release package (cargo pgrx package) is installed by copying its files, as
+# README.md "Install" says, so the suites test what users install.
 # Usage: scripts/test.sh [--no-setup]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +39,10 @@ else
     step "formatting: skipped (rustfmt is not installed: rustup component add rustfmt)"
 fi
 
-step "1/11 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
+step "released SQL scripts unchanged (scripts/check-sql-releases.sh)"
+scripts/check-sql-releases.sh
+
+step "1/14 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
 (cd fencing-core && cargo test -q 2>&1 | grep -E "^test result|FAILED|panicked")
 mkdir -p "$WORK/pgrx-data"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
@@ -45,15 +53,26 @@ else
 fi
 
 # cargo pgrx test installs its own build (with the #[pg_test] functions) into the system
-# PostgreSQL; put the normal build back so the suites below test what users install.
-step "reinstalling the normal build (cargo pgrx install)"
-if [ "$(id -u)" -eq 0 ]; then
-    cargo pgrx install --pg-config "$PGBIN/pg_config"
-else
-    cargo pgrx install --pg-config "$PGBIN/pg_config" --sudo
-fi
+# PostgreSQL; put the release package in its place, installed the way README.md "Install" says:
+# by copying the files of `cargo pgrx package`.
+step "packaging: cargo pgrx package (release build), installed by copying its files"
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+PACKAGE="target/release/pg_fencing-pg15"
+rm -rf "$PACKAGE"
+cargo pgrx package --pg-config "$PGBIN/pg_config"
+(cd "$PACKAGE" && find . -type f | sort) | tee "$WORK/package-files.txt"
+for f in "usr/lib/postgresql/15/lib/pg_fencing.so" \
+         "usr/share/postgresql/15/extension/pg_fencing.control" \
+         "usr/share/postgresql/15/extension/pg_fencing--$VERSION.sql" \
+         $(cd sql && ls pg_fencing--*--*.sql | sed 's|^|usr/share/postgresql/15/extension/|'); do
+    grep -qxF "./$f" "$WORK/package-files.txt" || { echo "FAIL: the package lacks $f" >&2; exit 1; }
+done
+if [ "$(id -u)" -eq 0 ]; then cp -r --remove-destination "$PACKAGE/usr/." /usr/; else sudo cp -r --remove-destination "$PACKAGE/usr/." /usr/; fi
+cmp "$PACKAGE/usr/lib/postgresql/15/lib/pg_fencing.so" "$($PGBIN/pg_config --pkglibdir)/pg_fencing.so"
+grep -q "default_version = '$VERSION'" "$($PGBIN/pg_config --sharedir)/extension/pg_fencing.control"
+echo "  installed pg_fencing $VERSION from the package by copying files"
 
-step "2/11 pg_regress (tests/pg_regress)"
+step "2/14 pg_regress (tests/pg_regress)"
 # The #[pg_test] cluster above runs without preloading; this one preloads the library, so both
 # ways are tested (the statistics need it).
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
@@ -68,7 +87,7 @@ if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=pos
     exit 1
 fi
 
-step "3/11 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
+step "3/14 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
 ISOLATION="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress"
 mkdir -p "$WORK/isolation"
 psql -X -q -c "CREATE DATABASE pg_fencing_isolation"
@@ -81,16 +100,16 @@ if ! "$ISOLATION" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=p
 fi
 pg_stop
 
-step "4/11 zombie-client demo with a real etcd (scripts/demo.sh)"
+step "4/14 zombie-client demo with a real etcd (scripts/demo.sh)"
 ./scripts/demo.sh --no-setup
 
-step "5/11 randomized stress test, 16 clients, checked by an independent checker (tests/stress)"
+step "5/14 randomized stress test, 16 clients, checked by an independent checker (tests/stress)"
 tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1
 
-step "6/11 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
+step "6/14 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
 
-step "7/11 negative control: the same checker must catch violations when fencing is switched off"
+step "7/14 negative control: the same checker must catch violations when fencing is switched off"
 if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
     echo "$out" | tail -15
     echo "FAIL: the checker found no violation in an unfenced run" >&2
@@ -99,16 +118,25 @@ fi
 echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run failed without a VIOLATION" >&2; exit 1; }
 echo "  (expected: the checker reports violations when the guard is off)"
 
-step "8/11 streaming standby and promotion (tests/replication)"
+step "8/14 streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
 
-step "9/11 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
+step "9/14 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
 /usr/bin/python3 tests/worker/worker_test.py
 
-step "10/11 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
+step "10/14 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
 tests/pooler/run.sh
 
-step "11/11 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
+step "11/14 upgrade: ALTER EXTENSION pg_fencing UPDATE from every released version; released scripts never edited (tests/upgrade)"
+tests/upgrade/run.sh
+
+step "12/14 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
+tests/observability/run.sh
+
+step "13/14 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
+tests/client/run.sh
+
+step "14/14 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
 for target in token_parse json_shape; do
     corpus="$WORK/fuzz-$target"
     mkdir -p "$corpus"

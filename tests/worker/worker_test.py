@@ -162,6 +162,12 @@ def sqlstate(cur, sql, params=None):
         return e.pgcode
 
 
+def log_lines(pg, text):
+    """The server log's lines that contain text (pg_fencing's rejection log, pg_fencing.log_rejections)."""
+    with open(pg.log, errors="replace") as f:
+        return [l.rstrip("\n") for l in f if text in l]
+
+
 def worker_pid(pg):
     out = subprocess.run(["pgrep", "-P", str(pg.pid()), "-f", "pg_fencing etcd worker"],
                          capture_output=True, text=True).stdout.split()
@@ -264,6 +270,9 @@ def scenarios_single(etcd, pg):
     st = sqlstate(other, "SET pg_fencing.token = '%d'; UPDATE orders_t SET v = 3 WHERE id = 1" % tok)
     ok(st == "FT003", f"another session carrying the lost token gets FT003 too ({st})")
     other.connection.close()
+    lines = log_lines(pg, f'pg_fencing refused a write (FT003): fencing token {tok} of lock "orders", which was lost')
+    ok(len(lines) == 2 and all("backend pid" in l and "client 127.0.0.1:" in l for l in lines),
+       f"each FT003 is logged once with its origin ({len(lines)} lines: {lines[-1] if lines else ''})")
     cur.execute("SELECT fencing_release('orders')")
 
     print("== waits longer than 5 s, cancelled requests leave no slot behind")
@@ -492,6 +501,8 @@ def scenario_watch(etcd, pg):
     before = mark()
     st = write_with(cur, "jobs_t", rev + 1000)
     ok(st == "FT006", f"a forged token {rev + 1000} above etcd's revision {rev}: FT006 ({st})")
+    lines = log_lines(pg, f'pg_fencing refused a write (FT006): unverified fencing token {rev + 1000} for resource "jobs"')
+    ok(len(lines) == 1, f"the FT006 is logged once ({lines[-1] if lines else 'no line'})")
     ok(mark() == before, f"the mark did not move ({mark()})")
     h3 = etcdctl_holder(etcd, "jobs", 10, 3)
     t3 = int(h3.stdout.readline())

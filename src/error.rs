@@ -232,6 +232,8 @@ fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
         } => format!(
             "stale fencing token {token} for {domain}, whose high-water mark is {high_water}"
         ),
+        // fencing_acquire's own failure (its lease was lost before the grant): no write refused.
+        FenceError::LockLost { token: 0, .. } => return None,
         FenceError::LockLost { lock, token, why } if why.is_empty() => {
             format!("fencing token {token} of lock \"{lock}\", which was lost")
         }

@@ -50,8 +50,8 @@ if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ "$(git rev-parse --i
         && [ -n "$(git log --format=%H -- "sql/$first_released" | head -1)" ]; then
     git clone -q "$ROOT" "$WORK/clone"
     echo "-- edited" >>"$WORK/clone/sql/$first_released"
-    (cd "$WORK/clone/sql" && sha256sum pg_fencing--*.sql | grep -F "$first_released" >RELEASED.sha256.new &&
-        grep -vF "$first_released" RELEASED.sha256 >>RELEASED.sha256.new; mv RELEASED.sha256.new RELEASED.sha256)
+    (cd "$WORK/clone/sql" && { sha256sum "$first_released"; grep -vF "  $first_released" RELEASED.sha256 || true; } \
+        >RELEASED.sha256.new && mv RELEASED.sha256.new RELEASED.sha256)
     if scripts/check-sql-releases.sh "$WORK/clone" >"$WORK/check2.out" 2>&1; then
         bad "check-sql-releases.sh accepted an edited released script whose checksum was edited too"
     else

@@ -135,6 +135,13 @@ tests/observability/run.sh
 
 step "13/14 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
 tests/client/run.sh
+# Negative control: without fencing_protect the same scenario must let the zombie's write land.
+if out=$(tests/client/run.sh --unfenced 2>&1); then
+    echo "$out" | tail -15
+    echo "FAIL: the client test passed with fencing switched off; its checks cannot fail" >&2
+    exit 1
+fi
+echo "$out" | grep -m2 "FAIL" | sed 's/^/  expected with --unfenced: /'
 
 step "14/14 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
 for target in token_parse json_shape; do

@@ -1,27 +1,73 @@
 -- pg_fencing 0.1.0 -> 0.2.0
 --
 -- Released upgrade scripts are never edited (scripts/check-sql-releases.sh checks this); a later
--- change goes into a new script. What 0.2.0 adds to the SQL surface:
---   * fencing_rejection_origins(): application_name and client address of the last rejection
---     per fencing domain (shown to superusers and pg_read_all_stats members only);
+-- change goes into a new script. What 0.2.0 changes in the SQL surface:
+--   * fencing_domain_stats(kind, name): one fencing domain's counters and last rejection, looked
+--     up by its full name (the views used to join fencing_stats() on names cut to 63 bytes), with
+--     the last rejection's application_name and client address;
 --   * fencing_resources gains last_rejection_application_name, last_rejection_client_addr;
 --   * fencing_protected_tables gains last_rejection_pid, last_rejection_application_name,
---     last_rejection_client_addr.
+--     last_rejection_client_addr;
+--   * the sequence of _pg_fencing.protected_table's ids is dumped by pg_dump (before, protecting
+--     a table after a restore could reuse an id and fail);
+--   * the DDL event trigger leaves a protected partition tree alone until its root has its guard,
+--     so pg_restore no longer meets statement triggers it is about to create.
 -- New columns go at the end so that CREATE OR REPLACE VIEW keeps views that users built on ours.
 -- The library of 0.2.0 still serves every C symbol the 0.1.0 SQL names, so the server keeps
 -- working between installing the new files and running ALTER EXTENSION pg_fencing UPDATE.
 
 \echo Use "ALTER EXTENSION pg_fencing UPDATE TO '0.2.0'" to load this file. \quit
 
-CREATE FUNCTION @extschema@.fencing_rejection_origins() RETURNS TABLE (
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table_id_seq', '');
+
+-- Row triggers reach new partitions by themselves; statement triggers do not, so a partition
+-- created or attached later gets them here. Only for trees whose root already has its guard:
+-- while pg_restore rebuilds a protected tree, the root gets its guard in the same (last) phase
+-- as the partitions get their statement triggers from the dump, and adding them here earlier
+-- would make the dump's own CREATE TRIGGER fail.
+CREATE OR REPLACE FUNCTION _pg_fencing.on_ddl_end() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    p record;
+    part regclass;
+BEGIN
+    FOR p IN SELECT pt.id, pt.relid, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
+             JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p'
+               AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = pt.relid AND g.tgname = 'zz_pg_fencing_guard') LOOP
+        FOR part IN SELECT t.relid FROM _pg_fencing.tree(p.relid) t
+                    JOIN pg_class c ON c.oid = t.relid
+                    WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = t.relid
+                                      AND tg.tgname = CASE WHEN c.relkind = 'f' AND p.resource IS NOT NULL
+                                                           THEN 'zz_pg_fencing_stmt' ELSE 'zz_pg_fencing_truncate' END)
+                      AND NOT (c.relkind = 'f' AND p.resource IS NULL) LOOP
+            -- Never let this block the user's DDL: a partition we cannot guard shows up as
+            -- inactive in fencing_protected_tables instead.
+            BEGIN
+                PERFORM _pg_fencing.add_statement_triggers(part, p.id, p.resource, p.token_column);
+            EXCEPTION WHEN OTHERS THEN
+                RAISE WARNING 'pg_fencing: could not add statement triggers to %: %', part, SQLERRM;
+            END;
+        END LOOP;
+    END LOOP;
+END
+$fn$;
+
+CREATE FUNCTION @extschema@.fencing_domain_stats(
 	"kind" TEXT,
-	"name" TEXT,
+	"name" TEXT
+) RETURNS TABLE (
+	"accepted" bigint,
+	"rejected" bigint,
+	"last_rejection_at" timestamp with time zone,
+	"last_rejected_token" bigint,
+	"last_rejection_high_water" bigint,
+	"last_rejection_pid" INT,
 	"last_rejection_application_name" TEXT,
 	"last_rejection_client_addr" TEXT
 )
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
-AS 'MODULE_PATHNAME', 'fencing_rejection_origins_wrapper';
+AS 'MODULE_PATHNAME', 'fencing_domain_stats_wrapper';
 
 CREATE OR REPLACE VIEW @extschema@.fencing_resources AS
 SELECT coalesce(h.resource, p.resource) AS resource,
@@ -35,17 +81,16 @@ SELECT coalesce(h.resource, p.resource) AS resource,
        s.last_rejection_high_water,
        s.last_rejection_pid,
        _pg_fencing.lock_service_problem() AS lock_service_problem,
-       o.last_rejection_application_name,
-       o.last_rejection_client_addr
+       s.last_rejection_application_name,
+       s.last_rejection_client_addr
 FROM _pg_fencing.resource_high_water h
 FULL JOIN (SELECT pt.resource, array_agg(pt.relid ORDER BY pt.relid::text) AS tables
            FROM _pg_fencing.protected_table pt
            WHERE pt.protected AND pt.resource IS NOT NULL
            GROUP BY pt.resource) p ON p.resource = h.resource
-LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'resource' AND s.name = coalesce(h.resource, p.resource)
-LEFT JOIN @extschema@.fencing_rejection_origins() o ON o.kind = 'resource' AND o.name = coalesce(h.resource, p.resource);
+LEFT JOIN LATERAL @extschema@.fencing_domain_stats('resource', coalesce(h.resource, p.resource)) s ON true;
 COMMENT ON VIEW @extschema@.fencing_resources IS
-'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
+'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, and client address: NULL unless superuser or member of pg_read_all_stats or of the rejected session''s role); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
 
 CREATE OR REPLACE VIEW @extschema@.fencing_protected_tables AS
 SELECT p.relid AS relation,
@@ -62,11 +107,10 @@ SELECT p.relid AS relation,
        s.last_rejection_high_water,
        p.protected_at,
        s.last_rejection_pid,
-       o.last_rejection_application_name,
-       o.last_rejection_client_addr
+       s.last_rejection_application_name,
+       s.last_rejection_client_addr
 FROM _pg_fencing.protected_table p
-LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'table' AND s.name = p.id::text
-LEFT JOIN @extschema@.fencing_rejection_origins() o ON o.kind = 'table' AND o.name = p.id::text
+LEFT JOIN LATERAL @extschema@.fencing_domain_stats('table', p.id::text) s ON true
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';

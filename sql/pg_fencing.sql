@@ -64,6 +64,8 @@ SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.resource_high_water', ''
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.row_tombstone', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.reset_log', '');
+-- ... and the protection ids' sequence, or protecting a table after a restore reuses an id.
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table_id_seq', '');
 
 -- ---------------------------------------------------------------------------------------------
 -- C functions (src/entry.rs)
@@ -338,7 +340,10 @@ $fn$;
 CREATE EVENT TRIGGER pg_fencing_sql_drop ON sql_drop EXECUTE FUNCTION _pg_fencing.on_sql_drop();
 
 -- Row triggers reach new partitions by themselves; statement triggers do not, so a partition
--- created or attached later gets them here.
+-- created or attached later gets them here. Only for trees whose root already has its guard:
+-- while pg_restore rebuilds a protected tree, the root gets its guard in the same (last) phase
+-- as the partitions get their statement triggers from the dump, and adding them here earlier
+-- would make the dump's own CREATE TRIGGER fail.
 CREATE FUNCTION _pg_fencing.on_ddl_end() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -346,7 +351,8 @@ DECLARE
     part regclass;
 BEGIN
     FOR p IN SELECT pt.id, pt.relid, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
-             JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p' LOOP
+             JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p'
+               AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = pt.relid AND g.tgname = 'zz_pg_fencing_guard') LOOP
         FOR part IN SELECT t.relid FROM _pg_fencing.tree(p.relid) t
                     JOIN pg_class c ON c.oid = t.relid
                     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = t.relid
@@ -489,17 +495,16 @@ SELECT coalesce(h.resource, p.resource) AS resource,
        s.last_rejection_high_water,
        s.last_rejection_pid,
        _pg_fencing.lock_service_problem() AS lock_service_problem,
-       o.last_rejection_application_name,
-       o.last_rejection_client_addr
+       s.last_rejection_application_name,
+       s.last_rejection_client_addr
 FROM _pg_fencing.resource_high_water h
 FULL JOIN (SELECT pt.resource, array_agg(pt.relid ORDER BY pt.relid::text) AS tables
            FROM _pg_fencing.protected_table pt
            WHERE pt.protected AND pt.resource IS NOT NULL
            GROUP BY pt.resource) p ON p.resource = h.resource
-LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'resource' AND s.name = coalesce(h.resource, p.resource)
-LEFT JOIN @extschema@.fencing_rejection_origins() o ON o.kind = 'resource' AND o.name = coalesce(h.resource, p.resource);
+LEFT JOIN LATERAL @extschema@.fencing_domain_stats('resource', coalesce(h.resource, p.resource)) s ON true;
 COMMENT ON VIEW @extschema@.fencing_resources IS
-'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
+'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, and client address: NULL unless superuser or member of pg_read_all_stats or of the rejected session''s role); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
 
 CREATE VIEW @extschema@.fencing_protected_tables AS
 SELECT p.relid AS relation,
@@ -516,14 +521,13 @@ SELECT p.relid AS relation,
        s.last_rejection_high_water,
        p.protected_at,
        s.last_rejection_pid,
-       o.last_rejection_application_name,
-       o.last_rejection_client_addr
+       s.last_rejection_application_name,
+       s.last_rejection_client_addr
 FROM _pg_fencing.protected_table p
-LEFT JOIN @extschema@.fencing_stats() s ON s.kind = 'table' AND s.name = p.id::text
-LEFT JOIN @extschema@.fencing_rejection_origins() o ON o.kind = 'table' AND o.name = p.id::text
+LEFT JOIN LATERAL @extschema@.fencing_domain_stats('table', p.id::text) s ON true
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
 
 GRANT SELECT ON @extschema@.fencing_resources, @extschema@.fencing_protected_tables TO PUBLIC;
 

@@ -219,6 +219,12 @@ unsafe extern "C-unwind" {
     fn errhidecontext(hide_ctx: bool) -> c_int;
 }
 
+/// `text` in double quotes, with `"` and `\` escaped by a backslash: a client's
+/// `application_name` cannot pose as the fields that follow it in the log line.
+fn quoted(text: &str) -> String {
+    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
 /// The one log line of a refused write (FT001, FT003, FT006), or `None` for other errors and
 /// with `pg_fencing.log_rejections = off`. It names the resource or row, the token and the mark
 /// (or why the token was refused), and where the write came from, so an operator can find the
@@ -257,9 +263,9 @@ fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
     Some((
         level,
         format!(
-            "pg_fencing refused a write ({}): {what}; application_name \"{}\", client {client}, backend pid {}",
+            "pg_fencing refused a write ({}): {what}; application_name {}, client {client}, backend pid {}",
             err.sqlstate(),
-            origin.application_name,
+            quoted(&origin.application_name),
             origin.pid
         ),
     ))
@@ -323,6 +329,15 @@ pub unsafe fn raise(err: FenceError) -> ! {
 #[cfg(test)]
 mod unit {
     use super::*;
+
+    #[test]
+    fn quoted_escapes_quotes_and_backslashes() {
+        assert_eq!(quoted("zombie-1"), r#""zombie-1""#);
+        assert_eq!(
+            quoted(r#"x", client 10.9.8.7:4242, backend pid 1 \"#),
+            r#""x\", client 10.9.8.7:4242, backend pid 1 \\""#
+        );
+    }
 
     #[test]
     fn sqlstate_encoding_matches_postgres() {

@@ -41,7 +41,7 @@ pgrx::extension_sql_file!(
     name = "pg_fencing_api",
     requires = [
         stats::fencing_stats,
-        stats::fencing_rejection_origins,
+        stats::fencing_domain_stats,
         entry::fencing_lock_status,
         entry::fencing_watch_status
     ],

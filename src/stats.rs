@@ -13,7 +13,7 @@
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 const SLOTS: usize = 1024;
 const NAME_LEN: usize = 64;
@@ -108,36 +108,51 @@ pub struct Slot {
     name: UnsafeCell<[u8; NAME_LEN]>,
     accepted: AtomicU64,
     rejected: AtomicU64,
-    last_rejection_at: AtomicI64,
-    last_rejected_token: AtomicI64,
-    last_rejection_high_water: AtomicI64,
-    last_rejection_pid: AtomicI32,
-    /// Spin lock (0 free, 1 taken) over the two text fields below, held only to copy them.
-    origin_lock: AtomicU32,
-    last_rejection_application_name: UnsafeCell<[u8; ORIGIN_LEN]>,
-    last_rejection_client: UnsafeCell<[u8; ORIGIN_LEN]>,
+    /// Spin lock (0 free, 1 taken) over `last`, held only to copy it in or out, so a reader
+    /// never sees fields of two different rejections.
+    last_lock: AtomicU32,
+    last: UnsafeCell<LastRejection>,
+}
+
+/// The last rejection of a fencing domain and where it came from.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct LastRejection {
+    /// `GetCurrentTimestamp()` of the rejection.
+    at: i64,
+    token: i64,
+    high_water: i64,
+    pid: i32,
+    /// The role the rejected session ran as (`GetUserId()`), for who may see `client`.
+    role: u32,
+    application_name: [u8; ORIGIN_LEN],
+    client: [u8; ORIGIN_LEN],
+}
+
+impl LastRejection {
+    const EMPTY: LastRejection = LastRejection {
+        at: 0,
+        token: 0,
+        high_water: 0,
+        pid: 0,
+        role: 0,
+        application_name: [0; ORIGIN_LEN],
+        client: [0; ORIGIN_LEN],
+    };
 }
 
 impl Slot {
-    fn with_origin<R>(
-        &self,
-        f: impl FnOnce(&mut [u8; ORIGIN_LEN], &mut [u8; ORIGIN_LEN]) -> R,
-    ) -> R {
+    fn with_last<R>(&self, f: impl FnOnce(&mut LastRejection) -> R) -> R {
         while self
-            .origin_lock
+            .last_lock
             .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
             std::hint::spin_loop();
         }
-        // SAFETY: the spin lock gives this process the only access to both buffers.
-        let r = unsafe {
-            f(
-                &mut *self.last_rejection_application_name.get(),
-                &mut *self.last_rejection_client.get(),
-            )
-        };
-        self.origin_lock.store(0, Ordering::Release);
+        // SAFETY: the spin lock gives this process the only access to `last`; `f` only copies.
+        let r = f(unsafe { &mut *self.last.get() });
+        self.last_lock.store(0, Ordering::Release);
         r
     }
 }
@@ -162,13 +177,8 @@ impl Default for Table {
                 name: UnsafeCell::new([0; NAME_LEN]),
                 accepted: AtomicU64::new(0),
                 rejected: AtomicU64::new(0),
-                last_rejection_at: AtomicI64::new(0),
-                last_rejected_token: AtomicI64::new(0),
-                last_rejection_high_water: AtomicI64::new(0),
-                last_rejection_pid: AtomicI32::new(0),
-                origin_lock: AtomicU32::new(0),
-                last_rejection_application_name: UnsafeCell::new([0; ORIGIN_LEN]),
-                last_rejection_client: UnsafeCell::new([0; ORIGIN_LEN]),
+                last_lock: AtomicU32::new(0),
+                last: UnsafeCell::new(LastRejection::EMPTY),
             }),
             dropped: AtomicU64::new(0),
         }
@@ -258,19 +268,39 @@ pub fn accepted(kind: Kind, name: &str) {
 pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
     if let Some(s) = slot(kind, name) {
         let origin = origin();
-        s.with_origin(|app, client| {
-            copy_text(app, &origin.application_name);
-            copy_text(client, &origin.client);
-        });
+        let mut last = LastRejection {
+            at: unsafe { pg_sys::GetCurrentTimestamp() },
+            token,
+            high_water,
+            pid: origin.pid,
+            role: unsafe { pg_sys::GetUserId() }.to_u32(),
+            ..LastRejection::EMPTY
+        };
+        copy_text(&mut last.application_name, &origin.application_name);
+        copy_text(&mut last.client, &origin.client);
+        s.with_last(|l| *l = last);
         s.rejected.fetch_add(1, Ordering::Relaxed);
-        s.last_rejection_at
-            .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
-        s.last_rejected_token.store(token, Ordering::Relaxed);
-        s.last_rejection_high_water
-            .store(high_water, Ordering::Relaxed);
-        s.last_rejection_pid
-            .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
     }
+}
+
+/// The slot of a domain if it has one, without claiming a free one (slots are never freed, so
+/// the probe can stop at the first free slot).
+fn find_slot(kind: Kind, name: &str) -> Option<&'static Slot> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let table = STATS.get();
+    let key = hash(kind, name);
+    let start = (key % SLOTS as u64) as usize;
+    for i in 0..SLOTS {
+        let s = &table.slots[(start + i) % SLOTS];
+        match s.key.load(Ordering::Acquire) {
+            0 => return None,
+            k if k == key => return Some(s),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Kind and name of a slot that is `ready`.
@@ -295,42 +325,75 @@ fn own_slots() -> impl Iterator<Item = &'static Slot> {
     })
 }
 
-/// `fencing_rejection_origins()`: for each fencing domain of the current database with a
-/// rejection since server start, where the last rejected write came from: `kind` and `name` as
-/// in `fencing_stats()`, the session's `application_name`, and its client address (`host:port`,
-/// `[local]` for a Unix socket). Like `pg_stat_activity`, these two are shown only to superusers
-/// and members of `pg_read_all_stats`; other roles see NULL. The views join it with
-/// `fencing_stats()`. Empty unless pg_fencing is in `shared_preload_libraries`. (A separate function rather than more columns of
-/// `fencing_stats()`, so that the SQL of version 0.1.0 keeps working with this library until
-/// `ALTER EXTENSION pg_fencing UPDATE`.)
+/// `fencing_domain_stats(kind text, name text)`: the counters of one fencing domain of the
+/// current database since server start, looked up by its full name (the views use it; names
+/// longer than 63 bytes are told apart). `kind` is `resource` (`name` = the resource) or `table`
+/// (`name` = the protection id of a per-row table, `_pg_fencing.protected_table.id`). One row:
+/// `accepted`, `rejected` (row writes and advances admitted / refused with FT001), and the last
+/// rejection read as one consistent copy: time, token, high-water mark, backend pid,
+/// `application_name`, and client address (`host:port`, `[local]` for a Unix socket, empty for a
+/// background process). As in `pg_stat_activity`, the client address is shown only to
+/// superusers, members of `pg_read_all_stats` and of the role the rejected session ran as; others
+/// see NULL. No row if the domain has not been counted, or without
+/// `shared_preload_libraries = 'pg_fencing'`. Error: 22023 for another `kind`.
 #[pg_extern(volatile, parallel_safe)]
-fn fencing_rejection_origins() -> TableIterator<
+fn fencing_domain_stats(
+    kind: &str,
+    name: &str,
+) -> TableIterator<
     'static,
     (
-        name!(kind, String),
-        name!(name, String),
+        name!(accepted, i64),
+        name!(rejected, i64),
+        name!(
+            last_rejection_at,
+            Option<pgrx::datum::TimestampWithTimeZone>
+        ),
+        name!(last_rejected_token, Option<i64>),
+        name!(last_rejection_high_water, Option<i64>),
+        name!(last_rejection_pid, Option<i32>),
         name!(last_rejection_application_name, Option<String>),
         name!(last_rejection_client_addr, Option<String>),
     ),
 > {
-    let may_see = unsafe {
-        pg_sys::has_privs_of_role(
-            pg_sys::GetUserId(),
-            pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS),
+    let kind = match kind {
+        "resource" => Kind::Resource,
+        "table" => Kind::Table,
+        other => {
+            ereport!(
+                ERROR,
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("unknown kind of fencing domain \"{other}\""),
+                "kind is 'resource' or 'table'."
+            );
+        }
+    };
+    let Some(s) = find_slot(kind, name) else {
+        return TableIterator::new(Vec::new());
+    };
+    let rejected = s.rejected.load(Ordering::Relaxed) as i64;
+    let accepted = s.accepted.load(Ordering::Relaxed) as i64;
+    let row = if rejected == 0 {
+        (accepted, rejected, None, None, None, None, None, None)
+    } else {
+        let last = s.with_last(|l| *l);
+        let user = unsafe { pg_sys::GetUserId() };
+        let may_see_client = unsafe {
+            pg_sys::has_privs_of_role(user, pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS))
+                || pg_sys::has_privs_of_role(user, pg_sys::Oid::from(last.role))
+        };
+        (
+            accepted,
+            rejected,
+            pgrx::datum::TimestampWithTimeZone::try_from(last.at).ok(),
+            Some(last.token),
+            Some(last.high_water),
+            Some(last.pid),
+            Some(read_text(&last.application_name)),
+            may_see_client.then(|| read_text(&last.client)),
         )
     };
-    let rows: Vec<_> = own_slots()
-        .filter(|s| s.rejected.load(Ordering::Relaxed) > 0)
-        .map(|s| {
-            let (kind, name) = slot_name(s);
-            if !may_see {
-                return (kind.to_string(), name, None, None);
-            }
-            let (app, client) = s.with_origin(|app, client| (read_text(app), read_text(client)));
-            (kind.to_string(), name, Some(app), Some(client))
-        })
-        .collect();
-    TableIterator::new(rows)
+    TableIterator::new(vec![row])
 }
 
 /// `fencing_stats()`: one row per counted fencing domain of the current database since server
@@ -363,21 +426,16 @@ fn fencing_stats() -> TableIterator<
         for s in own_slots() {
             let (kind, name) = slot_name(s);
             let rejected = s.rejected.load(Ordering::Relaxed) as i64;
-            let at = s.last_rejection_at.load(Ordering::Relaxed);
-            let last = rejected > 0;
+            let last = (rejected > 0).then(|| s.with_last(|l| *l));
             rows.push((
                 kind.to_string(),
                 name,
                 s.accepted.load(Ordering::Relaxed) as i64,
                 rejected,
-                if last {
-                    pgrx::datum::TimestampWithTimeZone::try_from(at).ok()
-                } else {
-                    None
-                },
-                last.then(|| s.last_rejected_token.load(Ordering::Relaxed)),
-                last.then(|| s.last_rejection_high_water.load(Ordering::Relaxed)),
-                last.then(|| s.last_rejection_pid.load(Ordering::Relaxed)),
+                last.and_then(|l| pgrx::datum::TimestampWithTimeZone::try_from(l.at).ok()),
+                last.map(|l| l.token),
+                last.map(|l| l.high_water),
+                last.map(|l| l.pid),
             ));
         }
         let dropped = table.dropped.load(Ordering::Relaxed) as i64;

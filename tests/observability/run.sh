@@ -42,6 +42,7 @@ INSERT INTO accounts SELECT g, 0 FROM generate_series(1, 5) g;
 COMMIT;
 CREATE ROLE observer LOGIN;
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO observer;
+GRANT INSERT ON ledger TO observer;
 SQL
 
 # Lines our rejection log wrote so far.
@@ -106,12 +107,34 @@ got=$(q -c "SELECT accepted > 0, rejected, last_rejected_token, last_rejection_h
 got=$(q -c "SELECT rejected, last_rejected_token, last_rejection_high_water, last_rejection_pid > 0, last_rejection_application_name FROM fencing_protected_tables WHERE relation = 'accounts'::regclass")
 [ "$got" = "2|2|7|t|zombie-3" ] && ok "fencing_protected_tables: rejected 2, last token 2 vs mark 7 from zombie-3" \
     || bad "fencing_protected_tables gives '$got', want '2|2|7|t|zombie-3'"
-got=$(psql -X -At -U observer -c "SELECT rejected, last_rejected_token, last_rejection_application_name IS NULL, last_rejection_client_addr IS NULL FROM fencing_resources WHERE resource = 'settlement'")
-[ "$got" = "4|1|t|t" ] && ok "an ordinary role sees the counts but not the origin (like pg_stat_activity)" \
-    || bad "observer sees '$got', want '4|1|t|t'"
+got=$(psql -X -At -U observer -c "SELECT rejected, last_rejected_token, last_rejection_application_name, last_rejection_client_addr IS NULL FROM fencing_resources WHERE resource = 'settlement'")
+[ "$got" = "4|1|psql|t" ] && ok "another role sees the counts and application_name but not the client address (as in pg_stat_activity)" \
+    || bad "observer sees '$got', want '4|1|psql|t'"
 q -c "GRANT pg_read_all_stats TO observer"
-got=$(psql -X -At -U observer -c "SELECT last_rejection_application_name FROM fencing_resources WHERE resource = 'settlement'")
-[ "$got" = "psql" ] && ok "a member of pg_read_all_stats sees the origin" || bad "pg_read_all_stats member sees '$got'"
+got=$(psql -X -At -U observer -c "SELECT last_rejection_client_addr LIKE '127.0.0.1:%' FROM fencing_resources WHERE resource = 'settlement'")
+[ "$got" = "t" ] && ok "a member of pg_read_all_stats sees the client address" || bad "pg_read_all_stats member sees '$got'"
+q -c "REVOKE pg_read_all_stats FROM observer"
+psql -X -q -U observer -c "BEGIN" -c "SET LOCAL pg_fencing.token = '2'" -c "INSERT INTO ledger VALUES (9, 9)" -c "COMMIT" >/dev/null 2>&1 || true
+got=$(psql -X -At -U observer -c "SELECT last_rejected_token, last_rejection_client_addr LIKE '127.0.0.1:%' FROM fencing_resources WHERE resource = 'settlement'")
+[ "$got" = "2|t" ] && ok "a role sees the client address of its own rejected sessions" || bad "observer's own rejection: '$got', want '2|t'"
+
+echo "-- names longer than the 63 bytes kept in shared memory are told apart"
+long=$(printf 'x%.0s' $(seq 1 63))
+q >/dev/null <<SQL
+CREATE TABLE la (id int PRIMARY KEY); SELECT fencing_protect('la', '$long');
+CREATE TABLE lb (id int PRIMARY KEY); SELECT fencing_protect('lb', '$long-zombie-target');
+BEGIN; SET LOCAL pg_fencing.token = '50'; INSERT INTO la VALUES (1); INSERT INTO lb VALUES (1); COMMIT;
+SQL
+PGAPPNAME=lb-zombie psql -X -q -c "BEGIN" -c "SET LOCAL pg_fencing.token = '3'" -c "UPDATE lb SET id = 2" -c "COMMIT" >/dev/null 2>&1 || true
+got=$(q -c "SELECT string_agg(coalesce(rejected, -1) || ':' || coalesce(last_rejection_application_name, '-'), ',' ORDER BY resource) FROM fencing_resources WHERE resource LIKE 'xxx%'")
+[ "$got" = "0:-,1:lb-zombie" ] && ok "one row per resource, each with its own counts: $got" \
+    || bad "long resource names: fencing_resources gives '$got', want '0:-,1:lb-zombie'"
+
+echo "-- application_name cannot pose as the log line's other fields"
+PGAPPNAME='x", client 10.9.8.7:4242, backend pid 1 --' psql -X -q -c "BEGIN" -c "SET LOCAL pg_fencing.token = '1'" -c "UPDATE ledger SET amount = 1" -c "COMMIT" >/dev/null 2>&1 || true
+line=$(log_lines | grep -F '10.9.8.7' || true)
+grep -qF 'application_name "x\", client 10.9.8.7:4242, backend pid 1 --", client 127.0.0.1:' <<<"$line" \
+    && ok "the quote is escaped: ${line#* LOG:  }" || bad "application_name is not escaped: '$line'"
 
 echo "-- pg_stat_statements: the recommended token forms add no entries per call"
 entries() { q -c "SELECT count(*) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'obs') AND query NOT LIKE '%pg_stat_statements%'"; }

@@ -160,6 +160,32 @@ SQL
     [ "$got" = "19 20 true psql" ] && ok "new columns of fencing_protected_tables are filled: $got" \
         || bad "fencing_protected_tables' last rejection after the upgrade: '$got' (want '19 20 true psql')"
 
+    # pg_dump carries everything along: a restored copy keeps marks, tombstones and protections,
+    # refuses stale writes, and can protect more tables (the protection ids' sequence came too).
+    restored="${db}_restored"
+    pg_dump -Fc -d "$db" -f "$WORK/$db.dump"
+    q -c "CREATE DATABASE $restored"
+    pg_restore -d "$restored" "$WORK/$db.dump"
+    snapshot "$restored" | grep -v '^view|' >"$WORK/restored.txt"
+    snapshot "$db" | grep -v '^view|' >"$WORK/source.txt"
+    if diff -u "$WORK/source.txt" "$WORK/restored.txt" >/dev/null; then
+        ok "pg_dump/pg_restore of the upgraded database keeps every mark, tombstone, protection and row"
+    else
+        diff -u "$WORK/source.txt" "$WORK/restored.txt" || true
+        bad "the restored database differs from the upgraded one (diff above)"
+    fi
+    got=$(q -d "$restored" -c "SELECT string_agg(relation::text || '=' || active, ',' ORDER BY relation::text) FROM fencing_protected_tables")
+    [ "$got" = "accounts=true,ledger=true,parted=true" ] && ok "every protection is active after the restore ($got)" \
+        || bad "protections after the restore: '$got'"
+    expect_error "$restored" FT001 "BEGIN; SET LOCAL pg_fencing.token = '159'; UPDATE ledger SET amount = 0; COMMIT;"
+    expect_error "$restored" FT001 "BEGIN; SET LOCAL pg_fencing.token = '399'; TRUNCATE parted_1; COMMIT;"
+    if got=$(q -d "$restored" -c "CREATE TABLE after_restore (id int PRIMARY KEY)" -c "SELECT fencing_protect('after_restore')" \
+            -c "SELECT count(*) FROM _pg_fencing.protected_table" 2>&1 | tail -1); then
+        ok "a table protected after the restore gets a new protection id ($got protections)"
+    else
+        bad "fencing_protect after pg_restore failed: $got"
+    fi
+
     # The upgraded catalog equals a fresh install of the current version.
     fresh="fresh_${CURRENT//./_}"
     q -c "CREATE DATABASE $fresh"

@@ -8,6 +8,7 @@
 #     that added it (so editing the script and its checksum together is caught too);
 #   * a script in sql/ for a version other than the one in development is not listed;
 #   * a released version has no chain of upgrade scripts to the current version;
+#   * (with tags in the clone) a released version has no tag vX on a tree of version X;
 #   * the version numbers in Cargo.toml and META.json disagree.
 # Usage: scripts/check-sql-releases.sh [SOURCE_TREE]   (default: this repository)
 set -euo pipefail
@@ -52,6 +53,19 @@ for v in $released; do
     done
     [ "$at" = "$current" ] || bad "no chain of upgrade scripts from released version $v to $current (stuck at $at)"
 done
+
+# Each released version has its tag, made from a tree of that version (checked when the clone
+# has tags; a shallow clone without them is covered by the checksums alone).
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ -n "$(git tag -l 'v*')" ]; then
+    for v in $released; do
+        [ "$v" = "$current" ] && continue
+        if ! git rev-parse -q --verify "refs/tags/v$v" >/dev/null; then
+            bad "released version $v has no tag v$v"
+        elif [ "$(git show "v$v:Cargo.toml" | sed -n 's/^version = "\(.*\)"/\1/p' | head -1)" != "$v" ]; then
+            bad "tag v$v does not point at a tree of version $v"
+        fi
+    done
+fi
 
 meta=$(python3 -c 'import json; m=json.load(open("META.json")); print(m["version"], m["provides"]["pg_fencing"]["version"])')
 [ "$meta" = "$current $current" ] || bad "META.json versions ($meta) differ from Cargo.toml ($current)"

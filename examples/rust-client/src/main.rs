@@ -127,6 +127,11 @@ enum Verdict {
     /// `FT001` stale token (a newer holder wrote), `FT003` lock lost (lease expired or revoked),
     /// `FT006` token not verified as the current holder's.
     FencedOff,
+    /// `40001` serialization failure, `40P01` deadlock: PostgreSQL rolled the transaction back
+    /// for a concurrency reason that says nothing about the lock. Retrying the whole transaction
+    /// with the *same* token is safe: if a newer holder has written meanwhile, the retry gets
+    /// `FT001`.
+    Retry,
     /// Anything else (constraint, connection, a missing token `FT002`, etcd unreachable
     /// `FT005`, …): an ordinary error, not a verdict about who holds the lock.
     Failed,
@@ -135,6 +140,7 @@ enum Verdict {
 fn classify(sqlstate: Option<&str>) -> Verdict {
     match sqlstate {
         Some("FT001" | "FT003" | "FT006") => Verdict::FencedOff,
+        Some("40001" | "40P01") => Verdict::Retry,
         _ => Verdict::Failed,
     }
 }
@@ -166,7 +172,8 @@ impl From<tokio_postgres::Error> for Stop {
         };
         match classify(e.code().map(SqlState::code)) {
             Verdict::FencedOff => Stop::FencedOff(text),
-            Verdict::Failed => Stop::Failed(text),
+            // Only after `write` has used up its retries.
+            Verdict::Retry | Verdict::Failed => Stop::Failed(text),
         }
     }
 }
@@ -268,10 +275,7 @@ async fn lock_and_write(
         if i > 0 {
             tokio::time::sleep(args.interval).await;
         }
-        let balance = match args.style {
-            Style::Sql => write_sql(db, args.account, args.amount, token).await?,
-            Style::Function => write_function(db, args.account, args.amount, token).await?,
-        };
+        let balance = write(db, args, token).await?;
         println!(
             "wrote account={} balance={balance} token={token}",
             args.account
@@ -280,6 +284,34 @@ async fn lock_and_write(
 
     etcd.unlock(lock.key()).await?;
     Ok(())
+}
+
+/// One write, in its own transaction, retried (same token) after a serialization failure or a
+/// deadlock, at most `ATTEMPTS` times in all. Every other error, fenced off above all, ends it.
+async fn write(
+    db: &mut tokio_postgres::Client,
+    args: &Args,
+    token: i64,
+) -> Result<i64, tokio_postgres::Error> {
+    const ATTEMPTS: u32 = 3;
+    let mut attempt = 1;
+    loop {
+        let result = match args.style {
+            Style::Sql => write_sql(db, args.account, args.amount, token).await,
+            Style::Function => write_function(db, args.account, args.amount, token).await,
+        };
+        match result {
+            Err(e)
+                if attempt < ATTEMPTS
+                    && classify(e.code().map(SqlState::code)) == Verdict::Retry =>
+            {
+                eprintln!("retrying after {e} (attempt {attempt} of {ATTEMPTS}, same token)");
+                tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Style `sql`: the token as a transaction-local setting, then plain SQL. `set_config(…, true)`
@@ -311,6 +343,12 @@ async fn write_sql(
 
 /// Style `function`: `fenced_update` / `fenced_insert` take the token as an argument and leave
 /// the session's `pg_fencing.token` alone. They set whole values, so read the row first.
+///
+/// A plain read, not `SELECT … FOR UPDATE`: the row lock would be taken before the resource's
+/// fencing lock that `fenced_update` takes, the reverse of the order every plain write takes them
+/// in, and two holders could deadlock. No lock is needed either: only the lock holder writes, and
+/// if a newer holder writes between this read and `fenced_update`, the update fails with `FT001`
+/// instead of overwriting it.
 async fn write_function(
     db: &mut tokio_postgres::Client,
     account: i32,
@@ -319,10 +357,7 @@ async fn write_function(
 ) -> Result<i64, tokio_postgres::Error> {
     let tx = db.transaction().await?;
     let current = tx
-        .query_opt(
-            "SELECT balance FROM ledger WHERE account = $1 FOR UPDATE",
-            &[&account],
-        )
+        .query_opt("SELECT balance FROM ledger WHERE account = $1", &[&account])
         .await?;
     let sql = match current {
         Some(_) => {
@@ -357,9 +392,24 @@ mod tests {
     }
 
     #[test]
+    fn serialization_failures_and_deadlocks_are_retried() {
+        for code in [
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+        ] {
+            assert_eq!(
+                classify(Some(code.code())),
+                Verdict::Retry,
+                "{}",
+                code.code()
+            );
+        }
+    }
+
+    #[test]
     fn other_errors_are_ordinary_failures() {
         for code in [
-            "FT002", "FT004", "FT005", "23505", "40001", "55P03", "08006", "ft001", "",
+            "FT002", "FT004", "FT005", "23505", "55P03", "08006", "ft001", "",
         ] {
             assert_eq!(classify(Some(code)), Verdict::Failed, "{code}");
         }

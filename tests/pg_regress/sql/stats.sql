@@ -21,3 +21,12 @@ BEGIN; SET LOCAL pg_fencing.token = '2'; UPDATE st2 SET v = 0 WHERE id = 1; ROLL
 SELECT relation, accepted, rejected, last_rejected_token, last_rejection_high_water
 FROM fencing_protected_tables WHERE relation = 'st2'::regclass;
 SELECT kind, accepted, rejected FROM fencing_stats() WHERE kind = 'resource' AND name = 'stats-res';
+-- One domain by its full name: the same numbers as the views, with where the last rejection
+-- came from (host:port over TCP, [local] over a Unix socket).
+SELECT accepted, rejected, last_rejected_token, last_rejection_high_water,
+       last_rejection_application_name = current_setting('application_name') AS my_app,
+       last_rejection_client_addr ~ '^(127\.0\.0\.1:[0-9]+|\[local\])$' AS client_ok
+FROM fencing_domain_stats('resource', 'stats-res');
+SELECT count(*) FROM fencing_domain_stats('resource', 'never-counted');
+SELECT * FROM fencing_domain_stats('row', 'stats-res');
+\echo :LAST_ERROR_SQLSTATE

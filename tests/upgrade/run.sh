@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 source scripts/lib.sh
-PGPORT_TEST=54309
+PGPORT_TEST=${PGPORT_UPGRADE:-54309}
 CURRENT=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 EXTDIR="$($PGBIN/pg_config --sharedir)/extension"
 ADDED=""

@@ -340,25 +340,32 @@ $fn$;
 CREATE EVENT TRIGGER pg_fencing_sql_drop ON sql_drop EXECUTE FUNCTION _pg_fencing.on_sql_drop();
 
 -- Row triggers reach new partitions by themselves; statement triggers do not, so a partition
--- created or attached later gets them here. Only for trees whose root already has its guard:
--- while pg_restore rebuilds a protected tree, the root gets its guard in the same (last) phase
--- as the partitions get their statement triggers from the dump, and adding them here earlier
--- would make the dump's own CREATE TRIGGER fail.
+-- created or attached later gets them here. Not while check_function_bodies is off, as pg_dump's
+-- scripts run: a restore brings the statement triggers itself, and adding them here first (an
+-- ALTER TABLE of the restore fires this) would make the dump's own CREATE TRIGGER fail. A NOTICE
+-- says so (restores run with client_min_messages = warning); fencing_protected_tables shows such
+-- a partition as inactive, and fencing_protect on the root adds what is missing.
 CREATE FUNCTION _pg_fencing.on_ddl_end() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     p record;
     part regclass;
+    restoring boolean := current_setting('check_function_bodies') = 'off';
 BEGIN
     FOR p IN SELECT pt.id, pt.relid, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
-             JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p'
-               AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = pt.relid AND g.tgname = 'zz_pg_fencing_guard') LOOP
+             JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p' LOOP
         FOR part IN SELECT t.relid FROM _pg_fencing.tree(p.relid) t
                     JOIN pg_class c ON c.oid = t.relid
                     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = t.relid
                                       AND tg.tgname = CASE WHEN c.relkind = 'f' AND p.resource IS NOT NULL
                                                            THEN 'zz_pg_fencing_stmt' ELSE 'zz_pg_fencing_truncate' END)
                       AND NOT (c.relkind = 'f' AND p.resource IS NULL) LOOP
+            IF restoring THEN
+                RAISE NOTICE 'pg_fencing: not adding statement triggers to % while check_function_bodies is off (as in a restore, which brings its own)', part
+                    USING HINT = format('If this is not a restore, run SELECT fencing_protect(%L, %L, %L) again.',
+                                        p.relid, p.resource, p.token_column);
+                CONTINUE;
+            END IF;
             -- Never let this block the user's DDL: a partition we cannot guard shows up as
             -- inactive in fencing_protected_tables instead.
             BEGIN
@@ -504,7 +511,7 @@ FULL JOIN (SELECT pt.resource, array_agg(pt.relid ORDER BY pt.relid::text) AS ta
            GROUP BY pt.resource) p ON p.resource = h.resource
 LEFT JOIN LATERAL @extschema@.fencing_domain_stats('resource', coalesce(h.resource, p.resource)) s ON true;
 COMMENT ON VIEW @extschema@.fencing_resources IS
-'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, and client address: NULL unless superuser or member of pg_read_all_stats or of the rejected session''s role); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
+'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, and client address: NULL unless superuser or member of pg_read_all_stats or of the rejected session''s user); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
 
 CREATE VIEW @extschema@.fencing_protected_tables AS
 SELECT p.relid AS relation,

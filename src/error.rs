@@ -219,38 +219,75 @@ unsafe extern "C-unwind" {
     fn errhidecontext(hide_ctx: bool) -> c_int;
 }
 
-/// `text` in double quotes, with `"` and `\` escaped by a backslash: a client's
-/// `application_name` cannot pose as the fields that follow it in the log line.
+/// `text` with `\`, `"` and control characters (newlines above all) escaped by a backslash, as
+/// `\\`, `\"`, `\n`, `\r`, `\t` or `\xNN`: what a client chose (a resource, lock or
+/// application name, a row key) cannot pose as other fields of the log line or as a line of its
+/// own.
+fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` escaped (see `escaped`) in double quotes.
 fn quoted(text: &str) -> String {
-    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+    format!("\"{}\"", escaped(text))
 }
 
 /// The one log line of a refused write (FT001, FT003, FT006), or `None` for other errors and
 /// with `pg_fencing.log_rejections = off`. It names the resource or row, the token and the mark
 /// (or why the token was refused), and where the write came from, so an operator can find the
-/// zombie: `application_name`, client address and backend pid.
+/// zombie: `application_name`, client address and backend pid. Every text field is quoted and
+/// escaped.
 fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
     let what = match err {
         FenceError::StaleToken {
             domain,
             token,
             high_water,
-        } => format!(
-            "stale fencing token {token} for {domain}, whose high-water mark is {high_water}"
-        ),
+        } => {
+            let domain = match domain {
+                Domain::Resource(r) => format!("resource {}", quoted(r)),
+                Domain::Row { table, key } => {
+                    format!("row {} of table {}", quoted(key), quoted(table))
+                }
+            };
+            format!(
+                "stale fencing token {token} for {domain}, whose high-water mark is {high_water}"
+            )
+        }
         // fencing_acquire's own failure (its lease was lost before the grant): no write refused.
         FenceError::LockLost { token: 0, .. } => return None,
         FenceError::LockLost { lock, token, why } if why.is_empty() => {
-            format!("fencing token {token} of lock \"{lock}\", which was lost")
+            format!(
+                "fencing token {token} of lock {}, which was lost",
+                quoted(lock)
+            )
         }
-        FenceError::LockLost { lock, token, why } => {
-            format!("fencing token {token} of lock \"{lock}\", which was lost: {why}")
-        }
+        FenceError::LockLost { lock, token, why } => format!(
+            "fencing token {token} of lock {}, which was lost: {}",
+            quoted(lock),
+            escaped(why)
+        ),
         FenceError::NotVerified {
             resource,
             token,
             why,
-        } => format!("unverified fencing token {token} for resource \"{resource}\": {why}"),
+        } => format!(
+            "unverified fencing token {token} for resource {}: {}",
+            quoted(resource),
+            escaped(why)
+        ),
         _ => return None,
     };
     let level = crate::gucs::log_rejections_level()?;
@@ -331,12 +368,14 @@ mod unit {
     use super::*;
 
     #[test]
-    fn quoted_escapes_quotes_and_backslashes() {
+    fn quoted_escapes_quotes_backslashes_and_control_characters() {
         assert_eq!(quoted("zombie-1"), r#""zombie-1""#);
         assert_eq!(
             quoted(r#"x", client 10.9.8.7:4242, backend pid 1 \"#),
             r#""x\", client 10.9.8.7:4242, backend pid 1 \\""#
         );
+        assert_eq!(quoted("a\nLOG:  b\r\tc\u{7}"), r#""a\nLOG:  b\r\tc\x07""#);
+        assert!(!quoted("x\ny").contains('\n'));
     }
 
     #[test]

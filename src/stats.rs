@@ -123,7 +123,8 @@ struct LastRejection {
     token: i64,
     high_water: i64,
     pid: i32,
-    /// The role the rejected session ran as (`GetUserId()`), for who may see `client`.
+    /// The rejected session's user (`GetSessionUserId()`, as `pg_stat_activity.usesysid`; not
+    /// changed by `SET ROLE` or SECURITY DEFINER functions), for who may see `client`.
     role: u32,
     application_name: [u8; ORIGIN_LEN],
     client: [u8; ORIGIN_LEN],
@@ -231,7 +232,7 @@ fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
     for i in 0..SLOTS {
         let s = &table.slots[(start + i) % SLOTS];
         let current = s.key.load(Ordering::Acquire);
-        if current == key {
+        if current == key && same_name(s, name) {
             return Some(s);
         }
         if current == 0
@@ -248,12 +249,26 @@ fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
             s.ready.store(1, Ordering::Release);
             return Some(s);
         }
-        if s.key.load(Ordering::Acquire) == key {
+        if s.key.load(Ordering::Acquire) == key && same_name(s, name) {
             return Some(s);
         }
     }
     table.dropped.fetch_add(1, Ordering::Relaxed);
     None
+}
+
+/// Does the slot hold `name` (as far as it is kept: its first 63 bytes)? A slot is found by a
+/// 64-bit hash of the full name; this also makes two names whose hashes collide (which would take
+/// a crafted name) use different slots unless they share those bytes too. A slot still being
+/// claimed (`ready` not yet set) counts as a match.
+fn same_name(s: &Slot, name: &str) -> bool {
+    if s.ready.load(Ordering::Acquire) == 0 {
+        return true;
+    }
+    let mut kept = [0u8; NAME_LEN];
+    copy_text(&mut kept, name);
+    // SAFETY: written once before `ready` was set (release), seen above (acquire).
+    unsafe { *s.name.get() == kept }
 }
 
 /// Count an admitted write (or advance).
@@ -273,7 +288,7 @@ pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
             token,
             high_water,
             pid: origin.pid,
-            role: unsafe { pg_sys::GetUserId() }.to_u32(),
+            role: unsafe { pg_sys::GetSessionUserId() }.to_u32(),
             ..LastRejection::EMPTY
         };
         copy_text(&mut last.application_name, &origin.application_name);
@@ -296,7 +311,7 @@ fn find_slot(kind: Kind, name: &str) -> Option<&'static Slot> {
         let s = &table.slots[(start + i) % SLOTS];
         match s.key.load(Ordering::Acquire) {
             0 => return None,
-            k if k == key => return Some(s),
+            k if k == key && same_name(s, name) => return Some(s),
             _ => {}
         }
     }
@@ -333,7 +348,7 @@ fn own_slots() -> impl Iterator<Item = &'static Slot> {
 /// rejection read as one consistent copy: time, token, high-water mark, backend pid,
 /// `application_name`, and client address (`host:port`, `[local]` for a Unix socket, empty for a
 /// background process). As in `pg_stat_activity`, the client address is shown only to
-/// superusers, members of `pg_read_all_stats` and of the role the rejected session ran as; others
+/// superusers, members of `pg_read_all_stats` and of the rejected session's user; others
 /// see NULL. No row if the domain has not been counted, or without
 /// `shared_preload_libraries = 'pg_fencing'`. Error: 22023 for another `kind`.
 #[pg_extern(volatile, parallel_safe)]

@@ -73,7 +73,7 @@ if [ $((after - before)) = 2 ] && [ "$n2" = 1 ] && [ "$n3" = 1 ]; then
 else
     bad "expected one line per refused statement, got $((after - before)) (zombie-2: $n2, zombie-3: $n3)"
 fi
-log_lines | grep -F 'zombie-3' | grep -qF 'stale fencing token 2 for row (4) of table public.accounts, whose high-water mark is 7' \
+log_lines | grep -F 'zombie-3' | grep -qF 'stale fencing token 2 for row "(4)" of table "public.accounts", whose high-water mark is 7' \
     && ok "the row, token and mark are named" || bad "the zombie-3 line does not name row (4), token 2 and mark 7"
 
 echo "-- an accepted write is not logged; a rejection caught by the client's own savepoint is"
@@ -135,6 +135,15 @@ PGAPPNAME='x", client 10.9.8.7:4242, backend pid 1 --' psql -X -q -c "BEGIN" -c 
 line=$(log_lines | grep -F '10.9.8.7' || true)
 grep -qF 'application_name "x\", client 10.9.8.7:4242, backend pid 1 --", client 127.0.0.1:' <<<"$line" \
     && ok "the quote is escaped: ${line#* LOG:  }" || bad "application_name is not escaped: '$line'"
+q -c "SELECT fencing_advance(E'r\"; application_name \"forged\"\\nLOG:  all good', 10)" >/dev/null
+psql -X -q -c "SELECT fencing_advance(E'r\"; application_name \"forged\"\\nLOG:  all good', 9)" >/dev/null 2>&1 || true
+line=$(log_lines | grep -F 'forged' || true)
+if [ "$(grep -c . <<<"$line")" = 1 ] && grep -qF 'for resource "r\"; application_name \"forged\"\nLOG:  all good", whose high-water mark is 10' <<<"$line" \
+        && ! grep -q '^LOG:  all good' "$LOG"; then
+    ok "a resource name with a quote and a newline is escaped on one line: ${line#* LOG:  }"
+else
+    bad "resource name not escaped: '$line'"
+fi
 
 echo "-- pg_stat_statements: the recommended token forms add no entries per call"
 entries() { q -c "SELECT count(*) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'obs') AND query NOT LIKE '%pg_stat_statements%'"; }

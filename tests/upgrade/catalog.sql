@@ -50,3 +50,32 @@ FROM pg_extension WHERE extname = 'pg_fencing';
 SELECT 'event trigger ' || evtname || ' on ' || evtevent || ' ' || evtfoid::regproc::text || ' ' ||
        coalesce(evttags::text, '-') || ' enabled=' || evtenabled::text
 FROM pg_event_trigger ORDER BY 1;
+
+-- Owners of the extension's objects.
+SELECT 'owner ' || pg_describe_object(d.classid, d.objid, 0) || ' ' ||
+       coalesce((SELECT proowner::regrole::text FROM pg_proc WHERE d.classid = 'pg_proc'::regclass AND oid = d.objid),
+                (SELECT relowner::regrole::text FROM pg_class WHERE d.classid = 'pg_class'::regclass AND oid = d.objid),
+                (SELECT evtowner::regrole::text FROM pg_event_trigger WHERE d.classid = 'pg_event_trigger'::regclass AND oid = d.objid),
+                (SELECT nspowner::regrole::text FROM pg_namespace WHERE d.classid = 'pg_namespace'::regclass AND oid = d.objid),
+                '-')
+FROM pg_depend d
+WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+  AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'pg_fencing')
+ORDER BY 1;
+
+-- Storage options, sequences, column privileges and comments of the internal schema, and the
+-- schema's own privileges.
+SELECT 'reloptions ' || c.oid::regclass::text || ' ' || coalesce(c.reloptions::text, '-')
+FROM pg_class c WHERE c.relnamespace = '_pg_fencing'::regnamespace ORDER BY 1;
+SELECT 'sequence ' || s.seqrelid::regclass::text || ' ' || s.seqtypid::regtype::text || ' start ' || s.seqstart ||
+       ' inc ' || s.seqincrement || ' min ' || s.seqmin || ' max ' || s.seqmax || ' cache ' || s.seqcache || ' cycle ' || s.seqcycle
+FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid WHERE c.relnamespace = '_pg_fencing'::regnamespace ORDER BY 1;
+SELECT 'column ' || a.attrelid::regclass::text || '.' || a.attname || ' acl=' || coalesce(a.attacl::text, '-') ||
+       ' comment=' || coalesce(col_description(a.attrelid, a.attnum), '-')
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+WHERE c.relnamespace = '_pg_fencing'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+  AND (a.attacl IS NOT NULL OR col_description(a.attrelid, a.attnum) IS NOT NULL)
+ORDER BY 1;
+SELECT 'schema _pg_fencing acl=' || coalesce(nspacl::text, '-') || ' comment=' ||
+       coalesce(obj_description(oid, 'pg_namespace'), '-')
+FROM pg_namespace WHERE nspname = '_pg_fencing';

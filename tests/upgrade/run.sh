@@ -117,6 +117,15 @@ CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100);
 SELECT fencing_protect('parted', 'allocator');
 BEGIN; SET LOCAL pg_fencing.token = '500'; INSERT INTO parted VALUES (1, 'a'), (50, 'b'); COMMIT;
 SELECT fencing_reset('allocator', 400);
+-- a partition in a schema that sorts after the root's, and a disabled trigger there: pg_dump then
+-- puts an ALTER TABLE (DISABLE TRIGGER) between the root's guard and the partition's statement
+-- triggers in its output
+CREATE SCHEMA zparts;
+CREATE TABLE zparts.parted_2 PARTITION OF parted FOR VALUES FROM (100) TO (200);
+CREATE TABLE zparts.audit (x int);
+CREATE FUNCTION zparts.noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
+CREATE TRIGGER audit BEFORE INSERT ON zparts.audit FOR EACH ROW EXECUTE FUNCTION zparts.noop();
+ALTER TABLE zparts.audit DISABLE TRIGGER audit;
 -- a user's view on one of ours must survive the upgrade
 CREATE VIEW my_marks AS SELECT resource, high_water FROM fencing_resources;
 SQL
@@ -174,11 +183,24 @@ SQL
         diff -u "$WORK/source.txt" "$WORK/restored.txt" || true
         bad "the restored database differs from the upgraded one (diff above)"
     fi
-    got=$(q -d "$restored" -c "SELECT string_agg(relation::text || '=' || active, ',' ORDER BY relation::text) FROM fencing_protected_tables")
-    [ "$got" = "accounts=true,ledger=true,parted=true" ] && ok "every protection is active after the restore ($got)" \
-        || bad "protections after the restore: '$got'"
+    # The same as a plain SQL script, restored in one transaction that stops at the first error.
+    pg_dump -d "$db" -f "$WORK/$db.sql"
+    q -c "CREATE DATABASE ${restored}_plain"
+    if out=$(psql -X -q -1 -v ON_ERROR_STOP=1 -d "${restored}_plain" -f "$WORK/$db.sql" 2>&1 >/dev/null); then
+        ok "a plain pg_dump script restores with psql -1 -v ON_ERROR_STOP=1"
+    else
+        bad "plain restore failed: $out"
+    fi
+    for r in "$restored" "${restored}_plain"; do
+        got=$(q -d "$r" -c "SELECT string_agg(relation::text || '=' || active, ',' ORDER BY relation::text) FROM fencing_protected_tables")
+        [ "$got" = "accounts=true,ledger=true,parted=true" ] && ok "$r: every protection is active after the restore ($got)" \
+            || bad "$r: protections after the restore: '$got'"
+        got=$(q -d "$r" -c "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'zparts.parted_2'::regclass AND tgname LIKE 'zz_pg_fencing%' AND NOT tgisinternal")
+        [ "$got" -ge 2 ] && ok "$r: the partition in another schema has its triggers ($got)" || bad "$r: zparts.parted_2 has $got triggers"
+    done
     expect_error "$restored" FT001 "BEGIN; SET LOCAL pg_fencing.token = '159'; UPDATE ledger SET amount = 0; COMMIT;"
     expect_error "$restored" FT001 "BEGIN; SET LOCAL pg_fencing.token = '399'; TRUNCATE parted_1; COMMIT;"
+    expect_error "${restored}_plain" FT001 "BEGIN; SET LOCAL pg_fencing.token = '399'; TRUNCATE zparts.parted_2; COMMIT;"
     if got=$(q -d "$restored" -c "CREATE TABLE after_restore (id int PRIMARY KEY)" -c "SELECT fencing_protect('after_restore')" \
             -c "SELECT count(*) FROM _pg_fencing.protected_table" 2>&1 | tail -1); then
         ok "a table protected after the restore gets a new protection id ($got protections)"

@@ -300,11 +300,14 @@ async fn write(
             Style::Sql => write_sql(db, args.account, args.amount, token).await,
             Style::Function => write_function(db, args.account, args.amount, token).await,
         };
+        // In style `function` a missing row is inserted; if another client inserted it first
+        // (23505), the retry finds it and updates it.
+        let retry = |e: &tokio_postgres::Error| {
+            classify(e.code().map(SqlState::code)) == Verdict::Retry
+                || (args.style == Style::Function && e.code() == Some(&SqlState::UNIQUE_VIOLATION))
+        };
         match result {
-            Err(e)
-                if attempt < ATTEMPTS
-                    && classify(e.code().map(SqlState::code)) == Verdict::Retry =>
-            {
+            Err(e) if attempt < ATTEMPTS && retry(&e) => {
                 eprintln!("retrying after {e} (attempt {attempt} of {ATTEMPTS}, same token)");
                 tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
                 attempt += 1;
@@ -369,7 +372,11 @@ async fn write_function(
              'balance', $2::bigint), $3) ->> 'balance')::bigint"
         }
     };
-    let balance = current.map_or(0, |row| row.get::<_, i64>(0)) + amount;
+    // A NULL balance counts as 0.
+    let balance = current
+        .and_then(|row| row.get::<_, Option<i64>>(0))
+        .unwrap_or(0)
+        + amount;
     let row = tx.query_one(sql, &[&account, &balance, &token]).await?;
     tx.commit().await?;
     Ok(row.get(0))

@@ -222,7 +222,9 @@ fn hash(kind: Kind, name: &str) -> u64 {
     }
 }
 
-fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
+/// The slot of a domain. `claim`: take a free slot for a domain not seen yet (counting);
+/// otherwise only look (slots are never freed, so the probe stops at the first free one).
+fn probe(kind: Kind, name: &str, claim: bool) -> Option<&'static Slot> {
     if !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
@@ -232,29 +234,41 @@ fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
     for i in 0..SLOTS {
         let s = &table.slots[(start + i) % SLOTS];
         let current = s.key.load(Ordering::Acquire);
-        if current == key && same_name(s, name) {
-            return Some(s);
-        }
-        if current == 0
-            && s.key
+        if current == 0 {
+            if !claim {
+                return None;
+            }
+            if s.key
                 .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
-        {
-            s.database
-                .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Relaxed);
-            unsafe {
-                *s.kind.get() = kind as u8;
-                copy_text(&mut *s.name.get(), name);
+            {
+                s.database
+                    .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Relaxed);
+                unsafe {
+                    *s.kind.get() = kind as u8;
+                    copy_text(&mut *s.name.get(), name);
+                }
+                s.ready.store(1, Ordering::Release);
+                return Some(s);
             }
-            s.ready.store(1, Ordering::Release);
-            return Some(s);
         }
+        // Claimed meanwhile by another process, perhaps for this very domain.
         if s.key.load(Ordering::Acquire) == key && same_name(s, name) {
             return Some(s);
         }
     }
-    table.dropped.fetch_add(1, Ordering::Relaxed);
+    if claim {
+        table.dropped.fetch_add(1, Ordering::Relaxed);
+    }
     None
+}
+
+fn slot(kind: Kind, name: &str) -> Option<&'static Slot> {
+    probe(kind, name, true)
+}
+
+fn find_slot(kind: Kind, name: &str) -> Option<&'static Slot> {
+    probe(kind, name, false)
 }
 
 /// Does the slot hold `name` (as far as it is kept: its first 63 bytes)? A slot is found by a
@@ -265,10 +279,13 @@ fn same_name(s: &Slot, name: &str) -> bool {
     if s.ready.load(Ordering::Acquire) == 0 {
         return true;
     }
-    let mut kept = [0u8; NAME_LEN];
-    copy_text(&mut kept, name);
     // SAFETY: written once before `ready` was set (release), seen above (acquire).
-    unsafe { *s.name.get() == kept }
+    let kept = unsafe { &*s.name.get() };
+    let mut n = name.len().min(NAME_LEN - 1);
+    while !name.is_char_boundary(n) {
+        n -= 1;
+    }
+    kept[..n] == name.as_bytes()[..n] && kept[n] == 0
 }
 
 /// Count an admitted write (or advance).
@@ -296,26 +313,6 @@ pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
         s.with_last(|l| *l = last);
         s.rejected.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-/// The slot of a domain if it has one, without claiming a free one (slots are never freed, so
-/// the probe can stop at the first free slot).
-fn find_slot(kind: Kind, name: &str) -> Option<&'static Slot> {
-    if !ENABLED.load(Ordering::Relaxed) {
-        return None;
-    }
-    let table = STATS.get();
-    let key = hash(kind, name);
-    let start = (key % SLOTS as u64) as usize;
-    for i in 0..SLOTS {
-        let s = &table.slots[(start + i) % SLOTS];
-        match s.key.load(Ordering::Acquire) {
-            0 => return None,
-            k if k == key && same_name(s, name) => return Some(s),
-            _ => {}
-        }
-    }
-    None
 }
 
 /// Kind and name of a slot that is `ready`.

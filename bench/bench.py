@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """pg_fencing benchmarks: each variant side by side with its baseline, in the same run,
 alternating over several rounds; prints a markdown table of medians and ratios.
 

@@ -6,13 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" != "--no-setup" ]; then
-    ./scripts/setup.sh
+    ./scripts/setup.sh --test
 fi
 echo "building the release build of pg_fencing and the etcd-client baseline"
 cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
 (cd bench/etcd-lock-bench && cargo build --release -q)
 
 source scripts/lib.sh
+need_python
 CHILD_PIDS=""
 fresh_workdir
 trap 'cleanup_all' EXIT
@@ -31,5 +32,5 @@ max_wal_size = '4GB'" pg_start
     echo "Command: bench/run.sh (BENCH_ROUNDS=${BENCH_ROUNDS:-3} BENCH_SECONDS=${BENCH_SECONDS:-10} BENCH_ROWS_BIG=${BENCH_ROWS_BIG:-1000000})"
     echo
     ETCD_ENDPOINT="127.0.0.1:$ETCD_CLIENT_PORT" ETCD_BENCH_BIN=bench/etcd-lock-bench/target/release/etcd-lock-bench \
-        /usr/bin/python3 bench/bench.py
+        "$PY" bench/bench.py
 } | tee bench/latest.md

@@ -12,6 +12,8 @@
 #   * the version numbers in Cargo.toml and META.json disagree.
 # Usage: scripts/check-sql-releases.sh [SOURCE_TREE]   (default: this repository)
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+need_python
 cd "${1:-$(dirname "$0")/..}"
 ext=pg_fencing
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
@@ -67,7 +69,7 @@ if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ -n "$(git tag -l 'v*
     done
 fi
 
-meta=$(python3 -c 'import json; m=json.load(open("META.json")); print(m["version"], m["provides"]["pg_fencing"]["version"])')
+meta=$("$PY" -c 'import json; m=json.load(open("META.json")); print(m["version"], m["provides"]["pg_fencing"]["version"])')
 [ "$meta" = "$current $current" ] || bad "META.json versions ($meta) differ from Cargo.toml ($current)"
 
 [ $fail -eq 0 ] && echo "released SQL scripts unchanged; upgrade chain to $current complete; versions agree"

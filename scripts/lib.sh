@@ -1,12 +1,47 @@
-# Shared helpers for pg_fencing's scripts: a throwaway PostgreSQL cluster and a throwaway etcd,
-# both on 127.0.0.1, non-default ports, under a temp dir, removed by cleanup (also on Ctrl-C).
+# Shared helpers for pg_fencing's scripts: a hermetic environment, the project's Python
+# interpreter, a throwaway PostgreSQL cluster and a throwaway etcd, both on 127.0.0.1,
+# non-default ports, under a temp dir, removed by cleanup (also on Ctrl-C).
 # Source it; set WORK (temp dir) first or let fresh_workdir make one.
+#
+# Sourcing it makes the calling script hermetic (docs/testing.md, "The environment"): every
+# exported variable is dropped except those named in HERMETIC_KEEP below, so services and clients
+# (psql and libpq's PG* variables, etcdctl's ETCDCTL_*, Python's PYTHON*, cargo's build
+# settings) see only what the scripts set. Every entry script sources this file; setup.sh does
+# not, because installing packages needs the machine's registry settings (PIP_*, apt's).
+
+PROJECT_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# What survives: where the machine's tools are, how it reaches package registries (cargo may
+# download crates during a build), CI, and the project's own documented knobs (ports, LEASE_TTL,
+# KEEP_WORK, BENCH_*; README.md and docs/testing.md list them).
+HERMETIC_KEEP='^(PATH|HOME|USER|LOGNAME|SHELL|TERM|PWD|OLDPWD|SHLVL|CI|CARGO_HOME|RUSTUP_HOME|PGRX_HOME'
+HERMETIC_KEEP+='|https?_proxy|HTTPS?_PROXY|no_proxy|NO_PROXY|all_proxy|ALL_PROXY|SSL_CERT_FILE|SSL_CERT_DIR'
+HERMETIC_KEEP+='|CURL_CA_BUNDLE|CARGO_HTTP_[A-Z_]+|CARGO_NET_[A-Z_]+|CARGO_REGISTRIES_[A-Z0-9_]+'
+HERMETIC_KEEP+='|RUSTUP_DIST_SERVER|RUSTUP_UPDATE_ROOT'
+HERMETIC_KEEP+='|PGPORT_[A-Z]+|ETCD_[A-Z_]+_PORT|BOUNCER_PORT|LEASE_TTL|KEEP_WORK|BENCH_[A-Z_]+)$'
+
+hermetic_env() {
+    local v
+    for v in $(compgen -e); do
+        [[ $v =~ $HERMETIC_KEEP ]] || unset "$v" 2>/dev/null || true
+    done
+    export LANG=C.UTF-8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 ETCDCTL_API=3
+}
+hermetic_env
+
+# The project's Python: a virtualenv made by `scripts/setup.sh --test` from tests/requirements.txt.
+# Scripts run Python only as "$PY" (scripts/check-scripts.sh enforces it).
+PY="$PROJECT_ROOT/.venv/bin/python"
+need_python() {
+    if ! [ -x "$PY" ]; then
+        echo "$PY is missing: run scripts/setup.sh --test (it makes the project's virtualenv)" >&2
+        exit 1
+    fi
+}
 
 PGBIN=/usr/lib/postgresql/15/bin
 : "${PGPORT_TEST:=54329}"
 : "${ETCD_CLIENT_PORT:=23790}"
 : "${ETCD_PEER_PORT:=23800}"
-export ETCDCTL_API=3
 
 fresh_workdir() {
     WORK=$(mktemp -d /tmp/pg_fencing.XXXXXX)

@@ -1,17 +1,37 @@
 #!/usr/bin/env bash
 # Installs what pg_fencing needs on a fresh Debian 12 machine, skipping what is already there,
-# then builds and installs the extension into the system PostgreSQL 15.
-#   apt: postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client
-#        build-essential pkg-config python3-psycopg2 (for the stress checker) pgbouncer (pooler test)
-#   (a Rust toolchain with cargo must already be there, as on every machine of this kind: rustup)
-#   cargo: cargo-pgrx 0.18.1 (matches pgrx = "=0.18.1" in Cargo.toml), `cargo pgrx init --pg15`;
-#          cargo-fuzz (the fuzz targets in fuzz/; they build with the nightly toolchain that
-#          rustup installs on machines of this kind)
+# builds and installs the extension into the system PostgreSQL 15, and then checks that every
+# command and Python module the chosen profile needs is really there (it fails loudly if not).
+#
+# Usage: scripts/setup.sh [--test]
+#   (no flag)  building, installing and the demo (scripts/demo.sh):
+#              apt: postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo
+#                   etcd-server etcd-client build-essential pkg-config
+#              cargo: cargo-pgrx 0.18.1 (matches pgrx = "=0.18.1" in Cargo.toml), `cargo pgrx init --pg15`
+#   --test     also what the test command and the benchmarks need:
+#              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv
+#              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
+#                   /usr/bin/python3 from the pinned tests/requirements.txt; made again whenever
+#                   that file changes. Every script runs Python as .venv/bin/python, never the
+#                   first python3 on PATH (docs/testing.md, "The environment").
+#              cargo-fuzz and the nightly toolchain (the fuzz targets in fuzz/)
+# A Rust toolchain with cargo must already be there, as on every machine of this kind (rustup).
 # Needs root (or passwordless sudo) for apt and for installing into /usr/lib/postgresql.
+# It runs with the caller's environment on purpose (apt, pip and cargo need the machine's
+# registry settings); the scripts that test and benchmark are hermetic (scripts/lib.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+PROFILE=demo
+case "${1:-}" in
+    "") ;;
+    --test) PROFILE=test ;;
+    *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+esac
+
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+VENV=.venv
+REQUIREMENTS=tests/requirements.txt
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
@@ -24,7 +44,13 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client
-      build-essential pkg-config python3-psycopg2 pgbouncer)
+      build-essential pkg-config)
+# Commands the profile's scripts call, checked at the end (psql and pg_* come with postgresql-15).
+cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
+if [ "$PROFILE" = test ]; then
+    pkgs+=(pgbouncer procps git python3-venv)
+    cmds+=(pgbouncer pgrep git pg_restore pgbench)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -40,17 +66,44 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "0.18.1"; then
     log "cargo install cargo-pgrx 0.18.1 (takes about 6 minutes)"
     cargo install cargo-pgrx --version 0.18.1 --locked
 fi
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    log "cargo install cargo-fuzz (about 2 minutes)"
-    cargo install cargo-fuzz --locked
-fi
-if ! rustup run nightly rustc --version >/dev/null 2>&1; then
-    log "rustup toolchain install nightly (for the fuzz targets)"
-    rustup toolchain install nightly --profile minimal
-fi
 if ! grep -qs "pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
     log "cargo pgrx init --pg15 $PG_CONFIG"
     cargo pgrx init --pg15 "$PG_CONFIG"
+fi
+
+# The modules each requirement provides, from its "# import NAME" note (every line has one, so
+# the check below covers every requirement).
+modules=()
+if [ "$PROFILE" = test ]; then
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        log "cargo install cargo-fuzz (about 2 minutes)"
+        cargo install cargo-fuzz --locked
+    fi
+    if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+        log "rustup toolchain install nightly (for the fuzz targets)"
+        rustup toolchain install nightly --profile minimal
+    fi
+
+    while IFS= read -r line; do
+        line=${line%%$'\r'}
+        [[ -z ${line//[[:space:]]/} || $line =~ ^[[:space:]]*# ]] && continue
+        if ! [[ $line =~ \#[[:space:]]*import[[:space:]]+([A-Za-z0-9_.]+)[[:space:]]*$ ]]; then
+            echo "setup: $REQUIREMENTS: '$line' has no '# import MODULE' note (docs/testing.md)" >&2
+            exit 1
+        fi
+        modules+=("${BASH_REMATCH[1]}")
+    done <"$REQUIREMENTS"
+    # Debian's /usr/bin/python3 only makes the virtualenv (and tells when it changed, so that the
+    # virtualenv is made again).
+    base_version=$(/usr/bin/python3 -I -c 'import sys; print(sys.version.split()[0])')  # other python: the virtualenv's base
+    want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1) python $base_version"
+    if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.provisioned" 2>/dev/null)" != "$want" ]; then
+        log "Python virtualenv $VENV from $REQUIREMENTS"
+        rm -rf "$VENV"
+        /usr/bin/python3 -I -m venv "$VENV"  # other python: the virtualenv's base
+        "$VENV/bin/python" -I -m pip install --quiet --no-input --require-virtualenv -r "$REQUIREMENTS"
+        echo "$want" >"$VENV/.provisioned"
+    fi
 fi
 
 log "building and installing pg_fencing into $($PG_CONFIG --pkglibdir)"
@@ -59,3 +112,24 @@ if [ -n "$SUDO" ]; then
 else
     cargo pgrx install --pg-config "$PG_CONFIG"
 fi
+
+# The check: everything the profile's scripts call is there. -I: Python ignores PYTHON* variables
+# and the user's site-packages, so a module found here is one the virtualenv has.
+problems=()
+for c in "${cmds[@]}"; do
+    command -v "$c" >/dev/null 2>&1 || problems+=("command $c is missing")
+done
+cargo pgrx --version 2>/dev/null | grep -q "0.18.1" || problems+=("cargo pgrx 0.18.1 is missing")
+if [ "$PROFILE" = test ]; then
+    cargo fuzz --version >/dev/null 2>&1 || problems+=("cargo fuzz is missing")
+    rustup run nightly rustc --version >/dev/null 2>&1 || problems+=("the nightly toolchain is missing")
+    for m in "${modules[@]}"; do
+        "$VENV/bin/python" -I -c "import $m" 2>/dev/null || problems+=("Python module $m does not import in $VENV")
+    done
+fi
+if [ ${#problems[@]} -gt 0 ]; then
+    printf 'setup: FAILED, the %s profile is not provisioned:\n' "$PROFILE" >&2
+    printf '  - %s\n' "${problems[@]}" >&2
+    exit 1
+fi
+log "ok: the $PROFILE profile is provisioned${modules:+ (Python modules: ${modules[*]})}"

@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test of pg_fencing: installs what is missing (scripts/setup.sh), then
+# Runs every test of pg_fencing: installs what is missing (scripts/setup.sh --test), then checks
+# that it runs hermetically (docs/testing.md, "The environment"): scripts/lib.sh drops the
+# caller's environment but for what it names, a bare python3 (no third-party packages) goes first
+# on PATH so that a script using any Python but the project's virtualenv fails on every machine,
+# and scripts/check-scripts.sh reads the scripts for the same rules. Then
 #   1. unit tests and #[pg_test] tests   (cargo pgrx test pg15, in pgrx's own test cluster)
 #   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster)
 #   3. isolation specs                    (tests/isolation, concurrent interleavings)
@@ -8,7 +12,7 @@
 #   6. crash under load                   (tests/stress --crash: kill -9 of the postmaster)
 #   7. negative control                   (tests/stress --unfenced must be caught)
 #   8. streaming standby and promotion    (tests/replication)
-#   9. background worker with real etcd   (tests/worker)
+#   9. background worker with real etcd   (tests/worker/run.sh)
 #  10. pooler safety through pgbouncer    (tests/pooler, transaction mode)
 #  11. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
 #  12. observability                      (tests/observability: rejection log, views, pg_stat_statements)
@@ -22,15 +26,28 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 if [ "${1:-}" != "--no-setup" ]; then
-    ./scripts/setup.sh
+    ./scripts/setup.sh --test
 fi
 source scripts/lib.sh
+need_python
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 CHILD_PIDS=""
 fresh_workdir
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
+
+step "hermetic: the project's Python only, the caller's environment dropped (scripts/check-scripts.sh)"
+# A fresh machine's python3 has no psycopg2; make every machine look like that: a bare virtualenv
+# (no pip, no packages) first on PATH for everything below.
+/usr/bin/python3 -I -m venv --without-pip "$WORK/bare-python"  # other python: the bare one
+export PATH="$WORK/bare-python/bin:$PATH"
+if python3 -c 'import psycopg2' 2>/dev/null; then  # other python: checks the bare one
+    echo "FAIL: the bare python3 first on PATH ($(command -v python3)) imports psycopg2" >&2
+    exit 1
+fi
+echo "  python3 on PATH: $(command -v python3) (bare); the project's: $PY"
+scripts/check-scripts.sh
 
 if cargo fmt --version >/dev/null 2>&1; then
     step "formatting (cargo fmt --check)"
@@ -122,7 +139,7 @@ step "8/14 streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
 
 step "9/14 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
-/usr/bin/python3 tests/worker/worker_test.py
+tests/worker/run.sh
 
 step "10/14 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
 tests/pooler/run.sh

@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
+need_python
 PGPORT_TEST=${PGPORT_OBSERVABILITY:-54359}
 fail=0
 ok() { echo "  PASS: $*"; }
@@ -148,7 +149,7 @@ fi
 echo "-- pg_stat_statements: the recommended token forms add no entries per call"
 entries() { q -c "SELECT count(*) FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'obs') AND query NOT LIKE '%pg_stat_statements%'"; }
 calls() {  # $1 first token, $2 count: set_config with a parameter + UPDATE, and fenced_update
-    python3 - "$1" "$2" "$PGPORT_TEST" <<'PY'
+    "$PY" - "$1" "$2" "$PGPORT_TEST" <<'PY'
 import sys, psycopg2
 first, n, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 c = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="obs")

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Pooler safety: a fencing token set by one client must never be used by another client that
 later runs on the same server connection of a transaction-mode pgbouncer.
 

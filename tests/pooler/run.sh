@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
+need_python
 PGPORT_TEST=${PGPORT_POOLER:-54389}
 BOUNCER_PORT=${BOUNCER_PORT:-54399}
 CHILD_PIDS=""
@@ -48,6 +49,6 @@ for _ in $(seq 1 50); do
     psql -X -q -h 127.0.0.1 -p "$BOUNCER_PORT" -c 'SELECT 1' >/dev/null 2>&1 && break
     sleep 0.1
 done
-BOUNCER_PORT=$BOUNCER_PORT /usr/bin/python3 tests/pooler/pooler_test.py
+BOUNCER_PORT=$BOUNCER_PORT "$PY" tests/pooler/pooler_test.py
 # pgbouncer runs as postgres (under sudo): stop it by its pid file.
 [ -f "$WORK/pgbouncer.pid" ] && kill "$(cat "$WORK/pgbouncer.pid")" 2>/dev/null || true

@@ -14,6 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
+need_python
 
 CLIENTS=16 WRITES=20000 SECONDS_MAX=300 SEED=$RANDOM CRASH="" UNFENCED=""
 while [ $# -gt 0 ]; do
@@ -39,7 +40,6 @@ max_connections = 100
 fsync = on
 deadlock_timeout = 100ms" pg_start
 DSN="host=127.0.0.1 port=$PGPORT_TEST user=postgres dbname=postgres"
-PY=/usr/bin/python3
 LOG="$WORK/stress.log"
 
 echo "stress: $CLIENTS clients, $WRITES write attempts, seed $SEED${CRASH:+, with a crash}"

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Randomized stress test and independent checker for pg_fencing's invariant.
 
     for each resource and each row, the tokens of committed writes, taken in commit order,

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Tests of the pg_fencing background worker against real etcd 3.4 processes on 127.0.0.1.
 
 Each scenario prints "ok: ..." or "FAIL: ..."; the exit status is 1 if any failed.
@@ -50,6 +49,14 @@ def ok(cond, what, detail=""):
         FAILED.append(what)
 
 
+def etcdctl_env():
+    """The environment for etcdctl: ours, without the caller's ETCDCTL_* settings (etcdctl 3.4
+    refuses an --endpoints flag next to ETCDCTL_ENDPOINTS, and the tests pass their endpoints)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCDCTL_")}
+    env["ETCDCTL_API"] = "3"
+    return env
+
+
 def as_pg(args, **kw):
     if os.getuid() == 0:
         args = ["sudo", "-u", "postgres", "--"] + args
@@ -99,7 +106,7 @@ class Etcd:
                 p.wait(timeout=10)
 
     def ctl(self, *args, check=True, endpoints=None, timeout=30):
-        env = dict(os.environ, ETCDCTL_API="3")
+        env = etcdctl_env()
         return subprocess.run(["etcdctl", "--endpoints", endpoints or self.endpoints(), *args],
                               capture_output=True, text=True, env=env, check=check, timeout=timeout)
 
@@ -199,7 +206,7 @@ def scenarios_single(etcd, pg):
     cur.execute("SHOW pg_fencing.token")
     ok(cur.fetchone()[0] == str(pg_token), "fencing_acquire sets the session's pg_fencing.token")
     ok(any(k.startswith("orders/") for k in etcd.keys("orders/")), "the lock key uses the concurrency-mutex layout orders/<lease>")
-    env = dict(os.environ, ETCDCTL_API="3")
+    env = etcdctl_env()
     other = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "orders", "--",
                               "sh", "-c", "echo $ETCD_LOCK_REV"], stdout=subprocess.PIPE, text=True, env=env)
     time.sleep(1.0)
@@ -435,7 +442,7 @@ def scenario_kill9(etcd, pg):
 
 def etcdctl_holder(etcd, lock, ttl, hold_s):
     """`etcdctl lock --ttl TTL LOCK` holding for hold_s seconds; returns (process, token)."""
-    env = dict(os.environ, ETCDCTL_API="3")
+    env = etcdctl_env()
     p = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", f"--ttl={ttl}", lock, "--",
                           "sh", "-c", f"echo $ETCD_LOCK_REV; sleep {hold_s}"],
                          stdout=subprocess.PIPE, text=True, env=env)
@@ -583,7 +590,7 @@ def scenario_restore(etcd, pg):
     subprocess.run(["etcdctl", "snapshot", "restore", snap, "--data-dir", restored, "--name", m,
                     "--initial-cluster", etcd.cluster,
                     "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd.peer[m]}"],
-                   check=True, capture_output=True, env=dict(os.environ, ETCDCTL_API="3"))
+                   check=True, capture_output=True, env=etcdctl_env())
     etcd.dirs[m] = restored
     etcd.start()
     rev = etcd_revision(etcd)

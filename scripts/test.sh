@@ -30,7 +30,7 @@ if [ "${1:-}" != "--no-setup" ]; then
 fi
 source scripts/lib.sh
 need_python
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+step() { printf '\n\033[1m== [%5ss] %s\033[0m\n' "$SECONDS" "$*"; }
 
 CHILD_PIDS=""
 fresh_workdir

@@ -61,6 +61,7 @@ CASES
 fi
 
 for f in "${shells[@]}"; do
+    [ "$f" = scripts/check-scripts.sh ] && continue  # its self-test cases are data; it runs no Python
     while IFS= read -r hit; do
         finding "$f:${hit%%:*}: runs a Python other than \"\$PY\": ${hit#*:}"
     done < <(other_python "$f")

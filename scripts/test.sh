@@ -47,6 +47,7 @@ if python3 -c 'import psycopg2' 2>/dev/null; then  # other python: checks the ba
     exit 1
 fi
 echo "  python3 on PATH: $(command -v python3) (bare); the project's: $PY"
+scripts/check-scripts.sh --self-test
 scripts/check-scripts.sh
 
 if cargo fmt --version >/dev/null 2>&1; then

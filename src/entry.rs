@@ -109,7 +109,7 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
             };
             if !pg_sys::superuser() && !fence::may_write_resource(&resource) {
                 return Err(FenceError::Call {
-                    sqlstate: "42501",
+                    sqlstate: crate::sqlstate!("42501"),
                     message: format!("permission denied to advance resource \"{resource}\""),
                     detail: Some("fencing_advance needs INSERT, UPDATE or DELETE privilege on a table protected with this resource (it can fence off every writer of that resource).".into()),
                     hint: Some("Protect a table with this resource (fencing_protect) and grant write privileges on it, or call fencing_advance as a superuser.".into()),
@@ -186,7 +186,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
             if let Some(r) = resource.as_deref() {
                 if !fence::may_join_resource(r, relid) {
                     return Err(FenceError::Call {
-                        sqlstate: "42501",
+                        sqlstate: crate::sqlstate!("42501"),
                         message: format!("permission denied to protect a table with resource \"{r}\""),
                         detail: Some("The resource is in use (it guards other tables or has a high-water mark), and a table protected with it can raise its mark for all of them.".into()),
                         hint: Some("Use a resource of your own, or get INSERT, UPDATE or DELETE privilege on a table already protected with this resource (or ask a superuser).".into()),

@@ -111,7 +111,7 @@ pub enum FenceError {
     /// `FT004`, `22004`, `22023`, `42703`, `42P16`, `P0002`; see `fenced.rs`).
     #[error("{message}")]
     Call {
-        sqlstate: &'static str,
+        sqlstate: Sqlstate,
         message: String,
         detail: Option<String>,
         hint: Option<String>,
@@ -120,24 +120,24 @@ pub enum FenceError {
 
 impl FenceError {
     /// The five-character SQLSTATE of this error (see the table in README.md).
-    pub fn sqlstate(&self) -> &'static str {
+    pub fn sqlstate(&self) -> Sqlstate {
         match self {
-            FenceError::StaleToken { .. } => "FT001",
-            FenceError::NoToken { .. } => "FT002",
-            FenceError::TokenSyntax(_) => "22P02",
-            FenceError::TokenRange(_) => "22003",
-            FenceError::TokenNotPositive(_) => "22023",
-            FenceError::InvalidArgument(_) => "22023",
-            FenceError::NotAllowed(_) => "42501",
-            FenceError::InvalidTableDefinition(_) => "42P16",
-            FenceError::LockLost { .. } => "FT003",
-            FenceError::LockServiceUnavailable(_) => "FT005",
-            FenceError::LockTimeout(_) => "55P03",
-            FenceError::WorkerUnavailable(_) => "55000",
-            FenceError::TooManyLocks(_) => "53400",
-            FenceError::TriggerProtocol(_) => "39P01",
-            FenceError::NotVerified { .. } => "FT006",
-            FenceError::Call { sqlstate, .. } => sqlstate,
+            FenceError::StaleToken { .. } => crate::sqlstate!("FT001"),
+            FenceError::NoToken { .. } => crate::sqlstate!("FT002"),
+            FenceError::TokenSyntax(_) => crate::sqlstate!("22P02"),
+            FenceError::TokenRange(_) => crate::sqlstate!("22003"),
+            FenceError::TokenNotPositive(_) => crate::sqlstate!("22023"),
+            FenceError::InvalidArgument(_) => crate::sqlstate!("22023"),
+            FenceError::NotAllowed(_) => crate::sqlstate!("42501"),
+            FenceError::InvalidTableDefinition(_) => crate::sqlstate!("42P16"),
+            FenceError::LockLost { .. } => crate::sqlstate!("FT003"),
+            FenceError::LockServiceUnavailable(_) => crate::sqlstate!("FT005"),
+            FenceError::LockTimeout(_) => crate::sqlstate!("55P03"),
+            FenceError::WorkerUnavailable(_) => crate::sqlstate!("55000"),
+            FenceError::TooManyLocks(_) => crate::sqlstate!("53400"),
+            FenceError::TriggerProtocol(_) => crate::sqlstate!("39P01"),
+            FenceError::NotVerified { .. } => crate::sqlstate!("FT006"),
+            FenceError::Call { sqlstate, .. } => *sqlstate,
         }
     }
 
@@ -196,12 +196,57 @@ impl FenceError {
     }
 }
 
-/// PostgreSQL's MAKE_SQLSTATE for a five-character code.
-pub fn make_sqlstate(code: &str) -> c_int {
-    let b = code.as_bytes();
-    assert_eq!(b.len(), 5, "SQLSTATE must have five characters");
+/// A SQLSTATE: five ASCII digits or capital letters, checked when it is made. Written as
+/// `sqlstate!("FT001")`, which is evaluated at compile time, so a malformed code is a build error
+/// and raising an error can never fail (or panic into C) on one.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Sqlstate([u8; 5]);
+
+impl Sqlstate {
+    pub const fn new(code: &str) -> Sqlstate {
+        let b = code.as_bytes();
+        assert!(b.len() == 5, "a SQLSTATE has five characters");
+        let mut i = 0;
+        while i < 5 {
+            assert!(
+                b[i].is_ascii_digit() || b[i].is_ascii_uppercase(),
+                "a SQLSTATE is made of digits and capital letters"
+            );
+            i += 1;
+        }
+        Sqlstate([b[0], b[1], b[2], b[3], b[4]])
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Always ASCII (checked in `new`), so the fallback is never taken.
+        std::str::from_utf8(&self.0).unwrap_or("XX000")
+    }
+}
+
+impl std::fmt::Display for Sqlstate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Sqlstate {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// `sqlstate!("FT001")`: a [`Sqlstate`] checked at compile time.
+#[macro_export]
+macro_rules! sqlstate {
+    ($code:literal) => {
+        const { $crate::error::Sqlstate::new($code) }
+    };
+}
+
+/// PostgreSQL's MAKE_SQLSTATE. Total: a `Sqlstate` always has five valid characters.
+pub fn make_sqlstate(code: Sqlstate) -> c_int {
     let mut v: c_int = 0;
-    for (i, ch) in b.iter().enumerate() {
+    for (i, ch) in code.0.iter().enumerate() {
         v += (((*ch as c_int) - ('0' as c_int)) & 0x3F) << (6 * i);
     }
     v
@@ -382,9 +427,12 @@ mod unit {
     fn sqlstate_encoding_matches_postgres() {
         // ERRCODE_UNIQUE_VIOLATION = MAKE_SQLSTATE('2','3','5','0','5') = 23505 in PostgreSQL.
         assert_eq!(
-            make_sqlstate("23505"),
+            make_sqlstate(crate::sqlstate!("23505")),
             pgrx::PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION as c_int
         );
-        assert_ne!(make_sqlstate("FT001"), make_sqlstate("FT002"));
+        assert_ne!(
+            make_sqlstate(crate::sqlstate!("FT001")),
+            make_sqlstate(crate::sqlstate!("FT002"))
+        );
     }
 }

@@ -125,7 +125,7 @@ pub fn free_stale_plans() {
 }
 
 fn call_error(
-    sqlstate: &'static str,
+    sqlstate: crate::error::Sqlstate,
     message: String,
     detail: Option<String>,
     hint: Option<String>,
@@ -162,7 +162,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
     let token = match token {
         None => {
             return Err(call_error(
-                "FT002",
+                crate::sqlstate!("FT002"),
                 format!(
                     "no fencing token for a write to {}",
                     relid
@@ -176,8 +176,14 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
         Some(t) if t <= 0 => return Err(FenceError::TokenNotPositive(t.to_string())),
         Some(t) => t,
     };
-    let relid =
-        relid.ok_or_else(|| call_error("22004", "relation must not be NULL".into(), None, None))?;
+    let relid = relid.ok_or_else(|| {
+        call_error(
+            crate::sqlstate!("22004"),
+            "relation must not be NULL".into(),
+            None,
+            None,
+        )
+    })?;
 
     // Lock the table as the statement will (for a caller allowed to write it; others get the
     // statement's own permission error), so that invalidations from DDL that committed before
@@ -215,7 +221,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
         } else {
             if op == Op::Update && cols.is_empty() {
                 return Err(call_error(
-                    "22023",
+                    crate::sqlstate!("22023"),
                     "changes must name at least one column".into(),
                     None,
                     None,
@@ -332,7 +338,7 @@ pub unsafe fn finish(
         };
         if let Some(detail) = missed {
             return Err(call_error(
-                "FT004",
+                crate::sqlstate!("FT004"),
                 format!("protection of table {} is not active", regclass_text(relid)),
                 Some(detail),
                 Some("Check fencing_protected_tables.inactive_reason; fencing_protect re-creates missing triggers.".into()),
@@ -343,7 +349,7 @@ pub unsafe fn finish(
             None if processed == 0 && op != Op::Insert => {
                 let key = (*fcinfo).args.as_slice((*fcinfo).nargs as usize)[1].value;
                 Err(call_error(
-                    "P0002",
+                    crate::sqlstate!("P0002"),
                     format!(
                         "no row of {} has key {}",
                         regclass_text(relid),
@@ -376,7 +382,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
     };
     let t = found.ok_or_else(|| {
         call_error(
-            "FT004",
+            crate::sqlstate!("FT004"),
             format!("table {} is not protected by pg_fencing", regclass_text(relid)),
             None,
             Some("Run SELECT fencing_protect('table') first; fenced writes refuse tables without an active protection.".into()),
@@ -384,7 +390,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
     })?;
     if let Some(why) = &t.inactive {
         return Err(call_error(
-            "FT004",
+            crate::sqlstate!("FT004"),
             format!("protection of table {} is not active", regclass_text(relid)),
             Some(why.clone()),
             Some("Fix what the detail names (e.g. re-enable the trigger, reset session_replication_role), then retry; fencing_protect re-creates missing triggers.".into()),
@@ -441,7 +447,7 @@ fn load_target(relid: pg_sys::Oid, replica: bool) -> Result<Option<Target>, Fenc
             r.get::<String>(5)?.unwrap_or_default(),
         )))
     })
-    .map_err(|e| call_error("XX000", format!("pg_fencing: {e}"), None, None))?;
+    .map_err(|e| call_error(crate::sqlstate!("XX000"), format!("pg_fencing: {e}"), None, None))?;
     Ok(
         row.map(|(token_column, inactive, pk, columns, qualified)| Target {
             qualified,
@@ -493,7 +499,7 @@ fn columns_of(
 ) -> Result<Vec<String>, FenceError> {
     json::check_columns(object, &t.columns, &t.token_column).map_err(|e| match e {
         ShapeError::SetsTokenColumn => call_error(
-            "22023",
+            crate::sqlstate!("22023"),
             format!(
                 "{what} must not set the token column {}",
                 quote(&t.token_column)
@@ -515,7 +521,7 @@ fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceE
         let list = |v: &[String]| v.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
         match e {
             ShapeError::KeyMissing(cols) => call_error(
-                "22023",
+                crate::sqlstate!("22023"),
                 format!(
                     "key lacks primary key column(s) {} of {}",
                     list(&cols),
@@ -525,7 +531,7 @@ fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceE
                 hint,
             ),
             ShapeError::KeyExtra(cols) => call_error(
-                "22023",
+                crate::sqlstate!("22023"),
                 format!(
                     "key names column(s) {} that are not in the primary key of {}",
                     list(&cols),
@@ -535,7 +541,7 @@ fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceE
                 hint,
             ),
             ShapeError::KeyNull(cols) => call_error(
-                "22023",
+                crate::sqlstate!("22023"),
                 format!("key column(s) {} must not be null", list(&cols)),
                 None,
                 None,
@@ -549,13 +555,13 @@ fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceE
 fn shape_error(e: ShapeError, relid: pg_sys::Oid, what: &str) -> FenceError {
     match e {
         ShapeError::NotObject => call_error(
-            "22023",
+            crate::sqlstate!("22023"),
             format!("{what} must be a JSON object of column names and values"),
             None,
             None,
         ),
         ShapeError::UnknownColumn(c) => call_error(
-            "42703",
+            crate::sqlstate!("42703"),
             format!(
                 "column {} of relation {} does not exist",
                 quote(&c),
@@ -565,19 +571,19 @@ fn shape_error(e: ShapeError, relid: pg_sys::Oid, what: &str) -> FenceError {
             None,
         ),
         ShapeError::SetsTokenColumn => call_error(
-            "22023",
+            crate::sqlstate!("22023"),
             format!("{what} must not set the token column"),
             None,
             None,
         ),
         ShapeError::NoPrimaryKey => call_error(
-            "42P16",
+            crate::sqlstate!("42P16"),
             format!("table {} has no primary key", regclass_text(relid)),
             None,
             Some("fenced_update and fenced_delete find the row by its primary key.".into()),
         ),
         ShapeError::KeyMissing(c) | ShapeError::KeyExtra(c) | ShapeError::KeyNull(c) => call_error(
-            "22023",
+            crate::sqlstate!("22023"),
             format!(
                 "key must name exactly the primary key columns (not {})",
                 c.join(", ")

@@ -330,7 +330,7 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
     }
     if !unsafe { pg_sys::superuser() } && !crate::fence::may_write_resource(resource) {
         return Err(FenceError::Call {
-            sqlstate: "42501",
+            sqlstate: crate::sqlstate!("42501"),
             message: format!("permission denied to watch resource \"{resource}\""),
             detail: Some("A watch raises the resource's mark at every hand-over: it needs what fencing_advance needs (INSERT, UPDATE or DELETE privilege on a table protected with the resource).".into()),
             hint: None,
@@ -349,7 +349,7 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
                             .is_ok()
                     })
                     .ok_or_else(|| FenceError::Call {
-                        sqlstate: "53400",
+                        sqlstate: crate::sqlstate!("53400"),
                         message: format!(
                             "all {WATCH_SLOTS} watch slots of the pg_fencing worker are in use"
                         ),
@@ -388,7 +388,7 @@ pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
     let Some(sh) = shared() else { return Ok(false) };
     if !unsafe { pg_sys::superuser() } && !crate::fence::may_write_resource(resource) {
         return Err(FenceError::Call {
-            sqlstate: "42501",
+            sqlstate: crate::sqlstate!("42501"),
             message: format!("permission denied to unwatch resource \"{resource}\""),
             detail: None,
             hint: None,

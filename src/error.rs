@@ -424,6 +424,25 @@ mod unit {
     }
 
     #[test]
+    fn sqlstate_text_round_trips() {
+        assert_eq!(crate::sqlstate!("FT006").as_str(), "FT006");
+        assert_eq!(crate::sqlstate!("42P16").to_string(), "42P16");
+    }
+
+    #[test]
+    #[should_panic(expected = "five characters")]
+    fn sqlstate_of_four_characters_is_refused() {
+        // At run time this panics; written as sqlstate!("FT01") it does not compile.
+        let _ = Sqlstate::new("FT01");
+    }
+
+    #[test]
+    #[should_panic(expected = "digits and capital letters")]
+    fn sqlstate_in_lower_case_is_refused() {
+        let _ = Sqlstate::new("ft001");
+    }
+
+    #[test]
     fn sqlstate_encoding_matches_postgres() {
         // ERRCODE_UNIQUE_VIOLATION = MAKE_SQLSTATE('2','3','5','0','5') = 23505 in PostgreSQL.
         assert_eq!(

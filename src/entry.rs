@@ -80,6 +80,8 @@ v1_finfo!(pg_finfo_fencing_advance);
 /// `fencing_advance(resource text, token bigint) RETURNS bigint`: a new lock holder announces
 /// its token before it reads, so older holders are fenced off at once (not only when the new
 /// holder first writes). Raises the resource's high-water mark to `token` and returns the mark.
+/// The mark is durable before the call's transaction commits, whatever `synchronous_commit`
+/// says (`make_mark_durable`).
 /// Errors: `FT001` if `token` is below the mark (this caller is itself a stale holder), `FT002`
 /// for a NULL token, `22023` for a token <= 0 or an empty or NULL resource, `42501` unless the
 /// caller is a superuser or may write (INSERT, UPDATE or DELETE) a table protected with
@@ -117,8 +119,33 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
             }
             crate::worker::check_token(tok)?;
             let hw = fence::admit_resource(&resource, tok, true)?;
+            make_mark_durable();
             Ok(pg_sys::Datum::from(hw))
         })
+    }
+}
+
+/// A mark that `fencing_advance` reports has no data of its own that a caller would see lost with
+/// it, so it must be durable before the caller can rely on it, whatever `synchronous_commit`
+/// says (README "What it guarantees", asynchronous commit). The call's transaction gets a
+/// transaction id, so that it writes a commit record, and that commit is flushed like a
+/// synchronous one. The commit record lies after the commit of every write whose mark this call
+/// read (that commit was inserted before it became visible), so the flush also makes an earlier
+/// asynchronously committed mark durable. Costs one transaction id and one WAL flush per advance
+/// (one per hand-over). Not `XLogFlush(GetXLogInsertRecPtr())`: at a WAL page boundary that
+/// position lies past the end of the generated WAL and the flush fails (`tests/lifecycle`).
+fn make_mark_durable() {
+    // SAFETY: plain calls into the transaction machinery on the backend's main thread inside a
+    // transaction: GetCurrentTransactionId assigns an id if there is none (it may raise ERROR,
+    // e.g. on xid wraparound, which the surrounding `run` guard turns into a PostgreSQL error);
+    // ForceSyncCommit only sets a flag that RecordTransactionCommit reads. During recovery no id
+    // can be assigned, and a standby never gets here with a raised mark (the store fails
+    // read-only first), so it is skipped.
+    unsafe {
+        if !pg_sys::RecoveryInProgress() {
+            pg_sys::GetCurrentTransactionId();
+            pg_sys::ForceSyncCommit();
+        }
     }
 }
 

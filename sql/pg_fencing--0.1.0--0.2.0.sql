@@ -122,3 +122,6 @@ LEFT JOIN LATERAL @extschema@.fencing_domain_stats('table', p.id::text) s ON tru
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
 'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
+
+COMMENT ON FUNCTION @extschema@.fencing_release(text) IS
+'Releases a lock this session took with fencing_acquire and returns true; returns false if the session holds no such lock, or had lost it (lease expired or revoked; a WARNING says why, and the lock is forgotten either way). Locks are also released when the session ends. Error: 55000 worker not available.';

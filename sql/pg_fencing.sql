@@ -549,7 +549,7 @@ COMMENT ON FUNCTION @extschema@.fencing_acquire(text, interval) IS
 CREATE FUNCTION @extschema@.fencing_release(lock_name text) RETURNS boolean
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_release';
 COMMENT ON FUNCTION @extschema@.fencing_release(text) IS
-'Releases a lock this session took with fencing_acquire (true) or returns false. Locks are also released when the session ends. Error: 55000 worker not available.';
+'Releases a lock this session took with fencing_acquire and returns true; returns false if the session holds no such lock, or had lost it (lease expired or revoked; a WARNING says why, and the lock is forgotten either way). Locks are also released when the session ends. Error: 55000 worker not available.';
 
 CREATE VIEW @extschema@.fencing_locks AS SELECT * FROM @extschema@.fencing_lock_status();
 COMMENT ON VIEW @extschema@.fencing_locks IS

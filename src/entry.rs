@@ -440,8 +440,9 @@ pub fn fencing_watch_status() -> TableIterator<
 
 v1_finfo!(pg_finfo_fencing_release);
 /// `fencing_release(lock_name text) RETURNS boolean`: releases a lock this session took with
-/// `fencing_acquire` (true), or returns false if it holds no such lock. Clears
-/// `pg_fencing.token` if it was this lock's token. Error: `55000` worker not available.
+/// `fencing_acquire` (true), or returns false if it holds no such lock, or had lost it (a
+/// WARNING then says why; the lock's slot is freed either way). Clears `pg_fencing.token` if it
+/// was this lock's token. Error: `55000` worker not available.
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_release(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
     unsafe {

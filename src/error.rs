@@ -78,6 +78,11 @@ pub enum FenceError {
         why: String,
     },
 
+    /// FT003: `fencing_acquire`'s lease ended (expired or was revoked) while its request waited,
+    /// so the lock was not granted and no token was issued.
+    #[error("lock \"{lock}\" was not granted: its lease ended while the request waited")]
+    NotGranted { lock: String, why: String },
+
     /// FT005: the lock service is unreachable (or answered with an error).
     #[error("the lock service is unavailable: {0}")]
     LockServiceUnavailable(String),
@@ -131,6 +136,7 @@ impl FenceError {
             FenceError::NotAllowed(_) => crate::sqlstate!("42501"),
             FenceError::InvalidTableDefinition(_) => crate::sqlstate!("42P16"),
             FenceError::LockLost { .. } => crate::sqlstate!("FT003"),
+            FenceError::NotGranted { .. } => crate::sqlstate!("FT003"),
             FenceError::LockServiceUnavailable(_) => crate::sqlstate!("FT005"),
             FenceError::LockTimeout(_) => crate::sqlstate!("55P03"),
             FenceError::WorkerUnavailable(_) => crate::sqlstate!("55000"),
@@ -153,6 +159,7 @@ impl FenceError {
                 "Writes to a table protected by pg_fencing must carry the lock holder's fencing token.".into(),
             ),
             FenceError::LockLost { why, .. } if !why.is_empty() => Some(format!("{why}.")),
+            FenceError::NotGranted { why, .. } => Some(format!("{why}.")),
             FenceError::Call { detail, .. } => detail.clone(),
             _ => None,
         }
@@ -171,6 +178,10 @@ impl FenceError {
             ),
             FenceError::LockLost { .. } => Some(
                 "Another client may hold the lock now. Stop; call fencing_acquire again for a new token.".into(),
+            ),
+            FenceError::NotGranted { .. } => Some(
+                "Nothing was written with a token of this request. Call fencing_acquire again."
+                    .into(),
             ),
             FenceError::LockServiceUnavailable(_) => Some(
                 "Check pg_fencing.etcd_endpoints and that etcd is running; the worker reconnects by itself.".into(),
@@ -311,8 +322,6 @@ fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
                 "stale fencing token {token} for {domain}, whose high-water mark is {high_water}"
             )
         }
-        // fencing_acquire's own failure (its lease was lost before the grant): no write refused.
-        FenceError::LockLost { token: 0, .. } => return None,
         FenceError::LockLost { lock, token, why } if why.is_empty() => {
             format!(
                 "fencing token {token} of lock {}, which was lost",

@@ -521,8 +521,9 @@ pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
                 why,
             });
         }
-        unsafe { pg_sys::pg_usleep(1000) };
-        pgrx::check_for_interrupts!();
+        // On the latch: honours query cancel, statement_timeout and termination, and exits at
+        // once if the postmaster dies.
+        crate::worker::nap(1);
     }
 }
 

@@ -228,7 +228,7 @@ fn poll_pause(since_ms: i64) {
 
 /// Sleep on this backend's latch for up to `ms` milliseconds, then check for interrupts (query
 /// cancel, statement_timeout, termination); exits if the postmaster dies.
-fn nap(ms: i64) {
+pub(crate) fn nap(ms: i64) {
     unsafe {
         pg_sys::WaitLatch(
             pg_sys::MyLatch,
@@ -528,9 +528,8 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             slot.state.store(FREE, Ordering::Release);
             return Err(match code {
                 ERR_TIMEOUT => FenceError::LockTimeout(name.to_string()),
-                ERR_LEASE => FenceError::LockLost {
+                ERR_LEASE => FenceError::NotGranted {
                     lock: name.to_string(),
-                    token: 0,
                     why: msg,
                 },
                 _ => FenceError::LockServiceUnavailable(msg),
@@ -588,20 +587,34 @@ fn cancel_slot(sh: &Shared, slot: &Slot) {
     wake_worker(sh);
 }
 
-/// `fencing_release(lock_name)`: true if this session held (or had lost) the lock.
+/// `fencing_release(lock_name)`: true if this session held the lock until now and released it;
+/// false if it holds no such lock, or had lost it (its slot is freed all the same, with a
+/// WARNING that says why: the work done under it may have been fenced off).
 pub fn release(name: &str) -> Result<bool, FenceError> {
     let sh = shared()?;
     let me = unsafe { pg_sys::MyProcPid };
     let mut found = false;
+    let mut released = false;
     for s in sh.slots.iter() {
         let st = s.state.load(Ordering::Acquire);
         if s.owner_pid.load(Ordering::Relaxed) == me
             && (st == HELD || st == LOST)
             && s.name() == name
         {
+            let why = s.message();
             if s.transition(st, RELEASE_REQUESTED) {
                 found = true;
-                forget_session_token(s.token.load(Ordering::Relaxed));
+                let token = s.token.load(Ordering::Relaxed);
+                forget_session_token(token);
+                if st == HELD {
+                    released = true;
+                } else {
+                    pgrx::warning!(
+                        "pg_fencing: lock \"{name}\" (fencing token {token}) had already been lost before fencing_release{}{}",
+                        if why.is_empty() { "" } else { ": " },
+                        why
+                    );
+                }
             }
         }
     }
@@ -624,7 +637,7 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
             poll_pause(started);
         }
     }
-    Ok(found)
+    Ok(released)
 }
 
 /// If the session's `pg_fencing.token` is this token, clear it.
@@ -866,10 +879,14 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
     let mut cfg = read_config();
     cfg.state_dir = dir.clone();
+    // The etcd thread must never run PostgreSQL's signal handlers: they belong to this thread. A
+    // thread starts with its creator's signal mask, so block everything here before spawning
+    // (blocking inside the new thread would leave a window) and restore this thread's mask
+    // afterwards; tokio's threads inherit the blocked mask in turn.
+    let blocked = AllSignalsBlocked::new();
     let thread = std::thread::Builder::new()
         .name("pg_fencing etcd".into())
         .spawn(move || {
-            block_signals();
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
@@ -878,6 +895,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
                 Err(e) => eprintln!("pg_fencing: could not start the etcd runtime: {e}"),
             }
         });
+    drop(blocked);
     if let Err(e) = thread {
         pgrx::error!("pg_fencing: could not start the etcd thread: {e}");
     }
@@ -950,12 +968,33 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     unsafe { pg_sys::proc_exit(1) };
 }
 
-/// The etcd thread must not receive PostgreSQL's signals: they belong to the main thread.
-fn block_signals() {
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+/// Every signal blocked on the calling thread while this value lives; the thread's previous mask
+/// comes back when it is dropped. Signals that arrive meanwhile stay pending and are delivered
+/// then.
+struct AllSignalsBlocked(libc::sigset_t);
+
+impl AllSignalsBlocked {
+    fn new() -> Self {
+        // SAFETY: sigfillset initialises `all`; pthread_sigmask changes only the calling thread's
+        // mask and writes the previous one into `old`, which it fully initialises.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            AllSignalsBlocked(old)
+        }
+    }
+}
+
+impl Drop for AllSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: pthread_sigmask with a mask that `new` filled in; the value is made and
+        // dropped within one function on the worker's main thread, so the mask returns to the
+        // thread it came from.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
+        }
     }
 }
 
@@ -1227,7 +1266,10 @@ mod etcd {
             _ => false,
         };
         if !alive {
-            slot.fail(ERR_LEASE, "the lease expired before the lock was granted");
+            slot.fail(
+                ERR_LEASE,
+                "etcd reports the request's lease expired or revoked when it granted the lock",
+            );
             return give_up(c, slot, generation, lease_id).await;
         }
         slot.set_key(&key);

@@ -17,6 +17,9 @@ Scenarios (issue "Background worker", SPEC.md worker section):
                  lock survive, writes with the token keep working
   shutdown       pg_ctl stop -m fast takes at most about a second, etcd reachable or not
   no_preload     without shared_preload_libraries the worker functions fail with 55000
+  threads        the worker's etcd threads block PostgreSQL's signals; its main thread does not
+  verify_wait    a write waiting for a verify watch to catch up ends at once on pg_cancel_backend
+                 (57014) and on postmaster death (kill -9), not after pg_fencing.verify_max_lag
 """
 import json
 import os
@@ -25,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psycopg2
@@ -39,6 +43,7 @@ os.chmod(WORK, 0o755)
 if os.getuid() == 0:
     shutil.chown(WORK, "postgres", "postgres")
 PROCS = []
+ETCDS = []
 
 
 def ok(cond, what, detail=""):
@@ -73,6 +78,7 @@ class Etcd:
         self.peer = {m: base + 10 * i + 1 for i, m in enumerate(self.members)}
         self.cluster = ",".join(f"{m}=http://127.0.0.1:{self.peer[m]}" for m in self.members)
         self.dirs = {m: os.path.join(WORK, f"etcd-{m}") for m in self.members}
+        ETCDS.append(self)  # stopped at exit, whatever happened
 
     def endpoints(self):
         return ",".join(f"127.0.0.1:{self.client[m]}" for m in self.members)
@@ -280,7 +286,41 @@ def scenarios_single(etcd, pg):
     lines = log_lines(pg, f'pg_fencing refused a write (FT003): fencing token {tok} of lock "orders", which was lost')
     ok(len(lines) == 2 and all("backend pid" in l and "client 127.0.0.1:" in l for l in lines),
        f"each FT003 is logged once with its origin ({len(lines)} lines: {lines[-1] if lines else ''})")
+    del c1.notices[:]
     cur.execute("SELECT fencing_release('orders')")
+    released = cur.fetchone()[0]
+    warned = [n.strip() for n in c1.notices if 'lock "orders"' in n and "had already been lost" in n]
+    ok(released is False and len(warned) == 1,
+       f"fencing_release of the lost lock returns false with a WARNING saying why ({released}, {warned})")
+    ok(lock_state(cur, "orders") is None, "and the lost lock is forgotten")
+
+    print("== a request whose lease is revoked while it waits in the queue")
+    holder = etcdctl_holder(etcd, "queued", 10, 3)
+    holder.stdout.readline()
+    waiter = pg.connect()
+    outcome = {}
+
+    def queued_acquire():
+        try:
+            waiter.cursor().execute("SELECT fencing_acquire('queued', '15s')")
+            outcome["state"] = "ok"
+        except psycopg2.Error as e:
+            outcome["state"], outcome["message"] = e.pgcode, (e.pgerror or "").strip()
+    th = threading.Thread(target=queued_acquire)
+    th.start()
+    lease = wait_for(lambda: (cur.execute("SELECT lease_id FROM fencing_locks WHERE lock = 'queued'"),
+                              (cur.fetchone() or [None])[0])[1], 5)
+    cur.execute("SELECT lease_id, state FROM fencing_locks WHERE lock = 'queued'")
+    row = cur.fetchone()
+    ok(row is not None and row[0] is not None, f"the request waits in etcd's queue under its own lease ({row})")
+    if row and row[0]:
+        etcd.ctl("lease", "revoke", format(row[0], "x"))
+    th.join(20)
+    holder.wait(timeout=10)
+    msg = outcome.get("message", "")
+    ok(outcome.get("state") == "FT003" and "was not granted" in msg and "token 0" not in msg,
+       f"fencing_acquire fails with FT003: not granted, no token issued ({outcome})")
+    waiter.close()
 
     print("== waits longer than 5 s, cancelled requests leave no slot behind")
     holder = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "longwait", "--",
@@ -567,6 +607,87 @@ def scenario_watch(etcd, pg):
     c.close()
 
 
+def blocked_signals(pid, tid):
+    """The set of signal numbers thread tid of process pid blocks (from /proc)."""
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        mask = int(next(l for l in f if l.startswith("SigBlk:")).split()[1], 16)
+    return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+
+
+def scenario_worker_threads(pg):
+    print("== the worker's etcd threads never run PostgreSQL's signal handlers")
+    wpid = worker_pid(pg)
+    tids = [int(t) for t in os.listdir(f"/proc/{wpid}/task") if int(t) != wpid]
+    ok(len(tids) >= 1, f"the worker has its etcd thread(s) ({len(tids)})")
+    needed = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
+              signal.SIGALRM, signal.SIGCHLD}
+    missing = {t: sorted(int(s) for s in needed - blocked_signals(wpid, t)) for t in tids}
+    missing = {t: m for t, m in missing.items() if m}
+    ok(not missing, "every thread but the worker's main thread blocks PostgreSQL's signals", f"(unblocked: {missing})")
+    main_blocked = blocked_signals(wpid, wpid) & {int(signal.SIGTERM), int(signal.SIGHUP)}
+    ok(not main_blocked, "the worker's main thread still takes SIGTERM and SIGHUP", f"(blocked: {main_blocked})")
+
+
+def scenario_verify_wait(etcd, pg):
+    print("== a write waiting for the watch (verify) honours cancel and postmaster death")
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("SELECT fencing_watch('jobs', NULL, true)")
+    ok(wait_for(lambda: (cur.execute("SELECT view_age_ms FROM fencing_watches WHERE resource = 'jobs'"),
+                         (cur.fetchone()[0] or 10**9) < 500)[1], 5) is not None, "the verify watch is fresh")
+    # A token above etcd's revision waits for the watch to catch up, up to verify_max_lag (60 s).
+    token = etcd_revision(etcd) + 1000
+    w = pg.connect()
+    wcur = w.cursor()
+    wcur.execute("SET pg_fencing.verify_max_lag = 60000")
+    wcur.execute("SELECT pg_backend_pid()")
+    bpid = wcur.fetchone()[0]
+    outcome = {}
+
+    def waiting_write():
+        t0 = time.time()
+        outcome["state"] = write_with(wcur, "jobs_t", token)
+        outcome["after"] = time.time() - t0
+
+    th = threading.Thread(target=waiting_write)
+    th.start()
+    time.sleep(1.0)
+    ok(th.is_alive(), "the write waits for the watch")
+    cur.execute("SELECT pg_cancel_backend(%s)", (bpid,))
+    th.join(5)
+    ok(not th.is_alive() and outcome.get("state") == "57014" and outcome["after"] < 2.5,
+       f"pg_cancel_backend ends the wait at once (57014): {outcome}")
+
+    outcome.clear()
+    th = threading.Thread(target=lambda: outcome.update(state=sqlstate(
+        wcur, f"BEGIN; SET LOCAL pg_fencing.token = '{token}'; UPDATE jobs_t SET v = v + 1; COMMIT")))
+    th.start()
+    time.sleep(1.0)
+    ok(th.is_alive(), "a second write waits for the watch")
+    pid = pg.pid()
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.time()
+    while time.time() - t0 < 10 and os.path.exists(f"/proc/{bpid}"):
+        time.sleep(0.05)
+    gone = time.time() - t0
+    ok(not os.path.exists(f"/proc/{bpid}") and gone < 3,
+       f"after kill -9 of the postmaster the waiting backend exits at once ({gone:.1f}s, verify_max_lag 60 s)")
+    th.join(10)
+    # Restart as in scenario_kill9, once the old server's processes are gone (they notice the
+    # postmaster's death; the dead postmaster's lock files would look live).
+    ok(wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in children), 10) is not None,
+       "every process of the killed server exits")
+    time.sleep(0.5)
+    for f in (os.path.join(pg.data, "postmaster.pid"), os.path.join(WORK, f".s.PGSQL.{pg.port}.lock")):
+        if os.path.exists(f):
+            os.unlink(f)
+    pg.start()
+    c = pg.connect()
+    c.cursor().execute("SELECT fencing_unwatch('jobs')")
+    c.close()
+
+
 def etcd_revision(etcd):
     out = etcd.ctl("get", "none-such-key", "-w", "json").stdout
     return json.loads(out)["header"]["revision"]
@@ -700,6 +821,8 @@ def main():
     try:
         scenarios_single(etcd, pg)
         scenario_watch(etcd, pg)
+        scenario_worker_threads(pg)
+        scenario_verify_wait(etcd, pg)
         scenario_etcd_down(etcd, pg)
         scenario_kill9(etcd, pg)
         scenario_restore(etcd, pg)
@@ -710,6 +833,9 @@ def main():
     finally:
         for p in PROCS:
             if p.poll() is None:
+                p.kill()
+        for e in ETCDS:
+            for p in e.procs.values():
                 p.kill()
         for d in os.listdir(WORK):
             full = os.path.join(WORK, d)

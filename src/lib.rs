@@ -14,6 +14,7 @@ mod fenced;
 mod gucs;
 #[cfg(feature = "pg_test")]
 mod model_check;
+mod shmem_text;
 mod stats;
 mod token;
 mod trigger;

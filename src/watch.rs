@@ -22,9 +22,9 @@
 //! that passes stores its own token as usual, which is at least the hand-over revision.
 
 use crate::error::{FenceError, Token};
+use crate::shmem_text::ShmemText;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
-use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub const WATCH_SLOTS: usize = 64;
@@ -51,9 +51,9 @@ pub struct WatchSlot {
     /// Latest revision the watch has confirmed, and when (CLOCK_MONOTONIC ms; 0 never).
     pub(crate) latest: AtomicI64,
     pub(crate) confirmed_ms: AtomicI64,
-    resource: UnsafeCell<[u8; NAME_LEN]>,
-    prefix: UnsafeCell<[u8; KEY_LEN]>,
-    message: UnsafeCell<[u8; MSG_LEN]>,
+    resource: ShmemText<NAME_LEN>,
+    prefix: ShmemText<KEY_LEN>,
+    message: ShmemText<MSG_LEN>,
 }
 
 #[repr(C)]
@@ -69,7 +69,6 @@ pub struct WatchShared {
 
 unsafe impl PGRXSharedMemory for WatchShared {}
 unsafe impl Sync for WatchShared {}
-unsafe impl Sync for WatchSlot {}
 
 impl Default for WatchShared {
     fn default() -> Self {
@@ -85,9 +84,9 @@ impl Default for WatchShared {
                 handover: AtomicI64::new(0),
                 latest: AtomicI64::new(0),
                 confirmed_ms: AtomicI64::new(0),
-                resource: UnsafeCell::new([0; NAME_LEN]),
-                prefix: UnsafeCell::new([0; KEY_LEN]),
-                message: UnsafeCell::new([0; MSG_LEN]),
+                resource: ShmemText::default(),
+                prefix: ShmemText::default(),
+                message: ShmemText::default(),
             }),
         }
     }
@@ -96,30 +95,29 @@ impl Default for WatchShared {
 static WATCHES: PgAtomic<WatchShared> = unsafe { PgAtomic::new(c"pg_fencing watches") };
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-/// Fixed-size text fields of shared memory (the worker's helpers: NUL-terminated, cut to fit).
-fn put<const N: usize>(cell: &UnsafeCell<[u8; N]>, s: &str) {
-    unsafe { crate::worker::put(cell.get() as *mut u8, N, s.as_bytes()) }
-}
-
-fn get<const N: usize>(cell: &UnsafeCell<[u8; N]>) -> String {
-    unsafe { crate::worker::get(cell.get() as *const u8, N) }
-}
-
 impl WatchSlot {
     pub(crate) fn resource(&self) -> String {
-        get(&self.resource)
+        self.resource.get()
     }
     pub(crate) fn prefix(&self) -> String {
-        get(&self.prefix)
+        self.prefix.get()
     }
     fn set_prefix(&self, s: &str) {
-        put(&self.prefix, s)
+        self.prefix.set(s)
     }
     pub(crate) fn message(&self) -> String {
-        get(&self.message)
+        self.message.get()
     }
     pub(crate) fn set_message(&self, s: &str) {
-        put(&self.message, s)
+        self.message.set(s)
+    }
+    /// The watch task of `generation` reports its status; a task of an older registration
+    /// changes nothing (checked under the message's lock, so it cannot overwrite the status of
+    /// the registration that replaced it).
+    pub(crate) fn report(&self, generation: u64, s: &str) {
+        let _ = self
+            .message
+            .set_with(s, || self.generation.load(Ordering::Acquire) == generation);
     }
     /// Raise the hand-over revision on behalf of the watch task of `generation`; true if it
     /// went up. A task of an older registration changes nothing.
@@ -166,13 +164,11 @@ pub(crate) fn shared() -> Option<&'static WatchShared> {
 /// The active slot of `resource` (compared in place: this runs for every write while anything
 /// is watched).
 fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
-    let want = resource.as_bytes();
     let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
     sh.slots.iter().find(|s| {
-        s.state.load(Ordering::Acquire) == ACTIVE && s.dboid.load(Ordering::Acquire) == db && {
-            let buf = unsafe { &*s.resource.get() };
-            want.len() < buf.len() && &buf[..want.len()] == want && buf[want.len()] == 0
-        }
+        s.state.load(Ordering::Acquire) == ACTIVE
+            && s.dboid.load(Ordering::Acquire) == db
+            && s.resource.equals(resource)
     })
 }
 
@@ -268,7 +264,7 @@ pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
             continue;
         };
         slot.dboid.store(db, Ordering::Release);
-        put(&slot.resource, f[1]);
+        slot.resource.set(f[1]);
         slot.set_prefix(f[2]);
         slot.verify.store(verify == 1, Ordering::Release);
         slot.handover.store(handover, Ordering::Release);
@@ -358,7 +354,7 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
                     })?;
                 s.dboid
                     .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Release);
-                put(&s.resource, resource);
+                s.resource.set(resource);
                 s.handover.store(0, Ordering::Release);
                 s
             }
@@ -612,7 +608,7 @@ pub(crate) mod etcd_side {
                 Ok(()) => return,
                 Err(e) => {
                     // Start over from a fresh read of the lock's keys: nothing is missed.
-                    slot.set_message(&format!("reconnecting: {e}"));
+                    slot.report(generation, &format!("reconnecting: {e}"));
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
@@ -699,7 +695,7 @@ pub(crate) mod etcd_side {
         let mut from_history = holder_at_r0.is_some();
         let _ = stream.request_progress().await;
         let mut tick = tokio::time::interval(Duration::from_millis(200));
-        slot.set_message("watching");
+        slot.report(generation, "watching");
         loop {
             if slot.generation.load(Ordering::Acquire) != generation {
                 return Ok(());
@@ -717,7 +713,7 @@ pub(crate) mod etcd_side {
                             history_done = false;
                             // The history before r0 is compacted: keep the key's create revision
                             // as the hand-over revision (a lower bound) and watch from r0 on.
-                            slot.set_message("history compacted: hand-over revision of the current holder taken from its key");
+                            slot.report(generation, "history compacted: hand-over revision of the current holder taken from its key");
                             stream = c
                                 .watch(
                                     prefix.clone(),
@@ -760,7 +756,7 @@ pub(crate) mod etcd_side {
                                 // A new holder: granted at the later of its key's creation and
                                 // this event (its predecessor's deletion).
                                 raise(slot, hc.max(rev), generation);
-                                slot.set_message(&format!("lock changed hands at revision {}", hc.max(rev)));
+                                slot.report(generation, &format!("lock changed hands at revision {}", hc.max(rev)));
                             }
                         }
                     }

@@ -24,10 +24,10 @@
 
 use crate::error::FenceError;
 use crate::gucs;
+use crate::shmem_text::ShmemText;
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
-use std::cell::UnsafeCell;
 use std::sync::atomic::{
     AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
@@ -67,9 +67,10 @@ pub struct Slot {
     valid_until_ms: AtomicI64,
     deadline_ms: AtomicI64,
     error: AtomicU32,
-    name: UnsafeCell<[u8; NAME_LEN]>,
-    key: UnsafeCell<[u8; KEY_LEN]>,
-    message: UnsafeCell<[u8; MSG_LEN]>,
+    name: ShmemText<NAME_LEN>,
+    key: ShmemText<KEY_LEN>,
+    /// Why the slot is in its state (set together with the state change, see `ShmemText`).
+    message: ShmemText<MSG_LEN>,
 }
 
 #[repr(C)]
@@ -84,7 +85,7 @@ pub struct Shared {
     etcd_cluster_id: AtomicU64,
     etcd_highest_revision: AtomicI64,
     etcd_regressed: AtomicU32,
-    etcd_regression: UnsafeCell<[u8; MSG_LEN]>,
+    etcd_regression: ShmemText<MSG_LEN>,
     /// Set whenever the three above change; cleared by whoever saves them to the state file.
     etcd_state_dirty: AtomicU32,
     slots: [Slot; SLOTS],
@@ -92,9 +93,6 @@ pub struct Shared {
 
 unsafe impl PGRXSharedMemory for Shared {}
 unsafe impl Sync for Shared {}
-// Text fields are written by one side before a release store of `state` and read after an
-// acquire load of it.
-unsafe impl Sync for Slot {}
 
 impl Default for Shared {
     fn default() -> Self {
@@ -105,7 +103,7 @@ impl Default for Shared {
             etcd_cluster_id: AtomicU64::new(0),
             etcd_highest_revision: AtomicI64::new(0),
             etcd_regressed: AtomicU32::new(0),
-            etcd_regression: UnsafeCell::new([0; MSG_LEN]),
+            etcd_regression: ShmemText::default(),
             etcd_state_dirty: AtomicU32::new(0),
             slots: std::array::from_fn(|_| Slot {
                 state: AtomicU32::new(FREE),
@@ -117,9 +115,9 @@ impl Default for Shared {
                 valid_until_ms: AtomicI64::new(0),
                 deadline_ms: AtomicI64::new(0),
                 error: AtomicU32::new(0),
-                name: UnsafeCell::new([0; NAME_LEN]),
-                key: UnsafeCell::new([0; KEY_LEN]),
-                message: UnsafeCell::new([0; MSG_LEN]),
+                name: ShmemText::default(),
+                key: ShmemText::default(),
+                message: ShmemText::default(),
             }),
         }
     }
@@ -139,46 +137,43 @@ pub(crate) fn now_ms() -> i64 {
     ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
 }
 
-pub(crate) unsafe fn put(buf: *mut u8, cap: usize, s: &[u8]) {
-    let n = s.len().min(cap - 1);
-    unsafe {
-        std::ptr::copy_nonoverlapping(s.as_ptr(), buf, n);
-        *buf.add(n) = 0;
-    }
-}
-
-pub(crate) unsafe fn get(buf: *const u8, cap: usize) -> String {
-    let bytes = unsafe { std::slice::from_raw_parts(buf, cap) };
-    let len = bytes.iter().position(|b| *b == 0).unwrap_or(cap);
-    String::from_utf8_lossy(&bytes[..len]).into_owned()
-}
-
 impl Slot {
     fn name(&self) -> String {
-        unsafe { get(self.name.get() as *const u8, NAME_LEN) }
+        self.name.get()
     }
     fn key(&self) -> String {
-        unsafe { get(self.key.get() as *const u8, KEY_LEN) }
+        self.key.get()
     }
     fn message(&self) -> String {
-        unsafe { get(self.message.get() as *const u8, MSG_LEN) }
+        self.message.get()
     }
     fn set_key(&self, k: &[u8]) {
-        unsafe { put(self.key.get() as *mut u8, KEY_LEN, k) }
-    }
-    fn set_message(&self, m: &str) {
-        unsafe { put(self.message.get() as *mut u8, MSG_LEN, m.as_bytes()) }
+        self.key.set(&String::from_utf8_lossy(k))
     }
     fn transition(&self, from: u32, to: u32) -> bool {
         self.state
             .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
+    /// `transition` with the reason for the new state: whoever sees the new state and then reads
+    /// the message gets this one (see `ShmemText::set_with`).
+    fn transition_saying(&self, from: u32, to: u32, why: &str) -> bool {
+        self.message.set_with(why, || self.transition(from, to))
+    }
+    /// FAILED from one of `from`, with `code` and the reason: state, error code and message
+    /// change together under the message's lock (readers read the message, then the code).
+    fn fail_from(&self, from: &[u32], code: u32, why: &str) -> bool {
+        self.message.set_with(why, || {
+            let failed = from.iter().any(|&f| self.transition(f, FAILED));
+            if failed {
+                self.error.store(code, Ordering::Relaxed);
+            }
+            failed
+        })
+    }
     fn fail(&self, code: u32, msg: &str) {
-        self.set_message(msg);
-        self.error.store(code, Ordering::Relaxed);
         // Only a slot still being acquired fails; a cancelled one is freed by its cleanup.
-        let _ = self.transition(ACQUIRING, FAILED);
+        let _ = self.fail_from(&[ACQUIRING], code, msg);
     }
 }
 
@@ -267,7 +262,7 @@ impl Shared {
         if self.etcd_regressed.load(Ordering::Acquire) == 0 {
             return None;
         }
-        Some(unsafe { get(self.etcd_regression.get() as *const u8, MSG_LEN) })
+        Some(self.etcd_regression.get())
     }
 
     /// Record what a write's response header says about etcd. `floor`: the highest revision
@@ -310,19 +305,11 @@ impl Shared {
         let msg = format!(
             "{why}; tokens would no longer be comparable (a cluster restored from an old snapshot, or another cluster behind pg_fencing.etcd_endpoints)"
         );
-        unsafe {
-            put(
-                self.etcd_regression.get() as *mut u8,
-                MSG_LEN,
-                msg.as_bytes(),
-            )
-        };
+        self.etcd_regression.set(&msg);
         self.etcd_regressed.store(1, Ordering::Release);
         self.etcd_state_dirty.store(1, Ordering::Release);
         for s in self.slots.iter() {
-            if s.transition(HELD, LOST) {
-                s.set_message("etcd's revisions went backwards");
-            }
+            s.transition_saying(HELD, LOST, "etcd's revisions went backwards");
         }
         msg
     }
@@ -355,13 +342,7 @@ impl Shared {
         self.etcd_highest_revision.store(rev, Ordering::Release);
         if reg == 1 {
             let why = lines.next().unwrap_or("etcd's revisions went backwards");
-            unsafe {
-                put(
-                    self.etcd_regression.get() as *mut u8,
-                    MSG_LEN,
-                    why.as_bytes(),
-                )
-            };
+            self.etcd_regression.set(why);
             self.etcd_regressed.store(1, Ordering::Release);
         }
     }
@@ -412,7 +393,7 @@ pub fn reset_lock_service() {
     let was = sh.regression();
     sh.etcd_cluster_id.store(0, Ordering::Release);
     sh.etcd_highest_revision.store(0, Ordering::Release);
-    unsafe { put(sh.etcd_regression.get() as *mut u8, MSG_LEN, b"") };
+    sh.etcd_regression.set("");
     sh.etcd_regressed.store(0, Ordering::Release);
     sh.etcd_state_dirty.store(1, Ordering::Release);
     let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
@@ -510,9 +491,9 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
     slot.error.store(0, Ordering::Relaxed);
     slot.deadline_ms.store(deadline, Ordering::Relaxed);
     slot.valid_until_ms.store(0, Ordering::Relaxed);
-    unsafe { put(slot.name.get() as *mut u8, NAME_LEN, name.as_bytes()) };
+    slot.name.set(name);
     slot.set_key(lock_key_name(name).as_bytes());
-    slot.set_message("");
+    slot.message.set("");
     slot.state.store(REQUESTED, Ordering::Release);
     register_exit_callback();
     wake_worker(sh);
@@ -523,8 +504,10 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             return Ok(slot.token.load(Ordering::Relaxed));
         }
         if st == FAILED {
-            let code = slot.error.load(Ordering::Relaxed);
+            // The message first: reading it waits for the failing side's lock, after which its
+            // error code is visible too (see `Slot::fail_from`).
             let msg = slot.message();
+            let code = slot.error.load(Ordering::Relaxed);
             slot.state.store(FREE, Ordering::Release);
             return Err(match code {
                 ERR_TIMEOUT => FenceError::LockTimeout(name.to_string()),
@@ -843,11 +826,9 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     let sh = SHARED.get();
     // A previous incarnation of the worker died: its leases are no longer kept alive.
     for s in sh.slots.iter() {
-        let _ = s.transition(HELD, LOST);
-        if s.transition(ACQUIRING, FAILED) || s.transition(REQUESTED, FAILED) {
-            s.error.store(ERR_UNREACHABLE, Ordering::Relaxed);
-            s.set_message("the pg_fencing worker restarted");
-        }
+        let why = "the pg_fencing worker restarted";
+        let _ = s.transition_saying(HELD, LOST, why);
+        let _ = s.fail_from(&[ACQUIRING, REQUESTED], ERR_UNREACHABLE, why);
         let _ = s.transition(RELEASE_REQUESTED, FREE);
         let _ = s.transition(RELEASING, FREE);
         let _ = s.transition(CANCELLED, FREE);
@@ -951,13 +932,9 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     // leases if etcd answers quickly, never waiting long.
     sh.worker_latch.store(0, Ordering::Release);
     for s in sh.slots.iter() {
-        if s.transition(HELD, LOST) {
-            s.set_message("the pg_fencing worker stopped");
-        }
-        if s.transition(ACQUIRING, FAILED) || s.transition(REQUESTED, FAILED) {
-            s.error.store(ERR_UNREACHABLE, Ordering::Relaxed);
-            s.set_message("the pg_fencing worker stopped");
-        }
+        let why = "the pg_fencing worker stopped";
+        let _ = s.transition_saying(HELD, LOST, why);
+        let _ = s.fail_from(&[ACQUIRING, REQUESTED], ERR_UNREACHABLE, why);
     }
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     if tx.send(Cmd::Shutdown(done_tx)).is_ok() {
@@ -1367,8 +1344,7 @@ mod etcd {
 
     fn mark_lost(slot: &Slot, generation: u64, why: &str) {
         if current(slot, generation) {
-            slot.set_message(why);
-            let _ = slot.transition(HELD, LOST);
+            let _ = slot.transition_saying(HELD, LOST, why);
         }
     }
 

@@ -198,18 +198,53 @@ fn state_text(sh: &WatchShared) -> String {
 /// An exclusive advisory lock on `pg_fencing_watches.lock` in the data directory, held while
 /// registrations change and while the state file is written (backends and the worker are
 /// separate processes), released when dropped.
+///
+/// Lock order: a resource's heavyweight lock (`fence::lock_resource_exclusive`) is always taken
+/// before this one, never while holding it (`fencing_reset` and `fencing_unwatch` both need both;
+/// PostgreSQL's deadlock detector cannot see this lock). PostgreSQL processes wait for it on
+/// their latch (`take_interruptible`), so a wait honours cancel and postmaster death.
 pub(crate) struct StateLock(std::fs::File);
 
 impl StateLock {
-    pub(crate) fn take(dir: &str) -> std::io::Result<StateLock> {
-        use std::os::unix::io::AsRawFd;
-        let f = std::fs::OpenOptions::new()
+    fn open(dir: &str) -> std::io::Result<std::fs::File> {
+        std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
-            .open(std::path::Path::new(dir).join("pg_fencing_watches.lock"))?;
+            .open(std::path::Path::new(dir).join("pg_fencing_watches.lock"))
+    }
+
+    /// Try once; `Ok(false)` if another process holds it.
+    fn try_take(f: &std::fs::File) -> std::io::Result<bool> {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock on a descriptor this function's caller owns; no memory is passed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) | Some(libc::EINTR) => Ok(false),
+            _ => Err(e),
+        }
+    }
+
+    /// For the etcd thread (no PostgreSQL calls there): waits in `flock`.
+    pub(crate) fn take(dir: &str) -> std::io::Result<StateLock> {
+        use std::os::unix::io::AsRawFd;
+        let f = Self::open(dir)?;
+        // SAFETY: as in `try_take`.
         if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
             return Err(std::io::Error::last_os_error());
+        }
+        Ok(StateLock(f))
+    }
+
+    /// For backends and the worker's main thread: waits on the latch between tries, checking
+    /// for interrupts (query cancel, statement_timeout, termination) and postmaster death.
+    pub(crate) fn take_interruptible(dir: &str) -> std::io::Result<StateLock> {
+        let f = Self::open(dir)?;
+        while !Self::try_take(&f)? {
+            crate::worker::nap(1);
         }
         Ok(StateLock(f))
     }
@@ -290,7 +325,7 @@ fn with_state<T>(
             "pg_fencing: could not lock or save {STATE_FILE}: {e}"
         ))
     };
-    let _lock = StateLock::take(&dir).map_err(io)?;
+    let _lock = StateLock::take_interruptible(&dir).map_err(io)?;
     for line in load_state(sh, &dir) {
         pgrx::warning!("pg_fencing: ignored a line of {STATE_FILE} it cannot read: {line:?}");
     }
@@ -390,6 +425,10 @@ pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
             hint: None,
         });
     }
+    // The resource's lock before the state file's (see `StateLock`): storing the hand-over
+    // revision as the mark below needs it.
+    // (Taken even if nothing is watched: before the state file is loaded, `find` cannot tell.)
+    crate::fence::lock_resource_exclusive(resource);
     with_state(sh, || {
         let Some(slot) = find(sh, resource) else {
             return Ok(false);

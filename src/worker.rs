@@ -838,7 +838,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         sh.load_state_text(&text);
     }
     if let Some(wsh) = crate::watch::shared() {
-        match crate::watch::StateLock::take(&dir) {
+        match crate::watch::StateLock::take_interruptible(&dir) {
             Ok(_lock) => {
                 for line in crate::watch::load_state(wsh, &dir) {
                     pgrx::warning!("pg_fencing: ignored a line of pg_fencing_watches.state it cannot read: {line:?}");

@@ -18,9 +18,13 @@ Scenarios (issue "Background worker", SPEC.md worker section):
   shutdown       pg_ctl stop -m fast takes at most about a second, etcd reachable or not
   no_preload     without shared_preload_libraries the worker functions fail with 55000
   threads        the worker's etcd threads block PostgreSQL's signals; its main thread does not
+  state_lock     fencing_reset and fencing_unwatch take the resource's lock and the watch state's
+                 file lock in one order (no deadlock hidden from PostgreSQL); a wait for the file
+                 lock honours pg_cancel_backend
   verify_wait    a write waiting for a verify watch to catch up ends at once on pg_cancel_backend
                  (57014) and on postmaster death (kill -9), not after pg_fencing.verify_max_lag
 """
+import fcntl
 import json
 import os
 import shutil
@@ -688,6 +692,54 @@ def scenario_verify_wait(etcd, pg):
     c.close()
 
 
+def scenario_state_lock(pg):
+    print("== fencing_reset and fencing_unwatch at once: one lock order, no deadlock PostgreSQL cannot see")
+    a = pg.connect()
+    acur = a.cursor()
+    b = pg.connect()
+    bcur = b.cursor()
+    bcur.execute("SELECT pg_backend_pid()")
+    bpid = bcur.fetchone()[0]
+    acur.execute("SELECT fencing_watch('jobs')")
+    acur.execute("SELECT coalesce(fencing_high_water('jobs'), 0) + 1")
+    t = acur.fetchone()[0]
+    acur.execute("SELECT fencing_reset('jobs', %s)", (t,))   # a hand-over revision that unwatch stores
+    # A holds the resource's lock (an advance in an open transaction); B unwatches (it needs that
+    # lock and the watch state's file lock); then A resets (it needs both too).
+    acur.execute("BEGIN")
+    acur.execute("SELECT fencing_advance('jobs', %s)", (t,))
+    bcur.execute("SET lock_timeout = '8s'")
+    out = {}
+    th = threading.Thread(target=lambda: out.update(b=sqlstate(bcur, "SELECT fencing_unwatch('jobs')")))
+    th.start()
+    time.sleep(0.5)
+    t0 = time.time()
+    st = sqlstate(acur, "SELECT fencing_reset('jobs', %s)", (t,))
+    took = time.time() - t0
+    acur.execute("COMMIT" if st == "ok" else "ROLLBACK")
+    th.join(15)
+    ok(st == "ok" and took < 3, f"fencing_reset by the session holding the resource's lock goes through at once ({st}, {took:.1f}s)")
+    ok(out.get("b") == "ok", f"the waiting fencing_unwatch completes after that commit ({out})")
+
+    print("== a wait for the watch state's file lock honours cancel")
+    with open(os.path.join(pg.data, "pg_fencing_watches.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)   # as another process holding it for long would
+        out.clear()
+        th = threading.Thread(target=lambda: out.update(w=sqlstate(bcur, "SELECT fencing_watch('jobs')")))
+        th.start()
+        time.sleep(0.5)
+        ok(th.is_alive(), "fencing_watch waits while another process holds the file lock")
+        acur.execute("SELECT pg_cancel_backend(%s)", (bpid,))
+        th.join(5)
+        ok(not th.is_alive() and out.get("w") == "57014", f"pg_cancel_backend ends the wait at once (57014): {out}")
+        fcntl.flock(f, fcntl.LOCK_UN)
+    th.join(10)
+    acur.execute("SELECT count(*) FROM fencing_watches WHERE resource = 'jobs'")
+    ok(acur.fetchone()[0] == 0, "no watch of 'jobs' is left")
+    a.close()
+    b.close()
+
+
 def etcd_revision(etcd):
     out = etcd.ctl("get", "none-such-key", "-w", "json").stdout
     return json.loads(out)["header"]["revision"]
@@ -823,6 +875,7 @@ def main():
         scenario_watch(etcd, pg)
         scenario_worker_threads(pg)
         scenario_verify_wait(etcd, pg)
+        scenario_state_lock(pg)
         scenario_etcd_down(etcd, pg)
         scenario_kill9(etcd, pg)
         scenario_restore(etcd, pg)

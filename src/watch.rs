@@ -568,7 +568,7 @@ pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
 pub(crate) mod etcd_side {
     use super::*;
     use crate::worker::{etcd_connect, now_ms, WorkerConfig};
-    use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchOptions};
+    use etcd_client::{Client, EventType, GetOptions, WatchOptions};
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -671,8 +671,71 @@ pub(crate) mod etcd_side {
         }
     }
 
+    /// The lock's keys (key -> create revision) at `revision` (0: now), with the response's
+    /// revision. `Err(Some(e))`: that revision is compacted away.
+    async fn keys_at(
+        c: &mut Client,
+        prefix: &str,
+        revision: i64,
+    ) -> Result<(HashMap<Vec<u8>, i64>, Option<etcd_client::ResponseHeader>), (bool, String)> {
+        let mut opts = GetOptions::new().with_prefix();
+        if revision > 0 {
+            opts = opts.with_revision(revision);
+        }
+        let resp = tokio::time::timeout(Duration::from_secs(2), c.get(prefix, Some(opts)))
+            .await
+            .map_err(|_| (false, "reading the lock's keys timed out".to_string()))?
+            .map_err(|e| {
+                let text = e.to_string();
+                (text.contains("compacted"), text)
+            })?;
+        let keys = resp
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+            .collect();
+        Ok((keys, resp.header().cloned()))
+    }
+
+    /// The revision etcd's history now starts after (its compaction revision), learnt from a
+    /// watch that asks for `from`.
+    async fn compacted_up_to(c: &mut Client, prefix: &str, from: i64) -> Result<i64, String> {
+        let mut stream = c
+            .watch(
+                prefix,
+                Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        loop {
+            let resp = tokio::time::timeout(Duration::from_secs(2), stream.message())
+                .await
+                .map_err(|_| "asking etcd for its compaction revision timed out".to_string())?
+                .map_err(|e| e.to_string())?
+                .ok_or("the watch stream ended")?;
+            if resp.canceled() && resp.compact_revision() > 0 {
+                return Ok(resp.compact_revision());
+            }
+            if !resp.created() || resp.canceled() {
+                return Err("etcd reported no compaction revision".into());
+            }
+        }
+    }
+
     /// One watch from a fresh start. Returns Ok when the registration changed, Err on any
     /// failure (the caller starts over).
+    ///
+    /// It replays the lock's history from just after the last hand-over this slot applied
+    /// (its hand-over revision, kept in the state file across restarts), so a hand-over that
+    /// happened while the watch was not running (PostgreSQL or the worker stopped, the
+    /// connection to etcd cut) still raises the mark, even if the lock is free again by now.
+    /// Without an applied hand-over it starts at the current holder's key, or, if the lock is
+    /// free, raises the mark to the current revision (every token issued so far is at most
+    /// that, and none belongs to a holder any more). If etcd compacted
+    /// that history, it replays what is left (from the compaction revision on) and first raises
+    /// the mark to a safe bound for what is gone: the compaction revision if nobody held the
+    /// lock then (every token issued before is at most that), otherwise that holder's key's
+    /// create revision (a lower bound of its grant); the status says so.
     async fn watch_once(
         slot: &'static WatchSlot,
         generation: u64,
@@ -681,38 +744,57 @@ pub(crate) mod etcd_side {
         let mut c = etcd_connect(cfg).await?;
         let prefix = slot.prefix();
         let floor = crate::worker::etcd_highest_revision();
-        let resp = tokio::time::timeout(
-            Duration::from_secs(2),
-            c.get(
-                prefix.clone(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Ascend),
-                ),
-            ),
-        )
-        .await
-        .map_err(|_| "reading the lock's keys timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-        let r0 = resp.header().map(|h| h.revision()).unwrap_or(0);
-        if let Some(h) = resp.header() {
+        let (now_keys, header) = keys_at(&mut c, &prefix, 0).await.map_err(|(_, e)| e)?;
+        let r0 = header.as_ref().map(|h| h.revision()).unwrap_or(0);
+        if let Some(h) = &header {
             // A linearizable read sent after a write was answered sees at least its revision.
             crate::worker::observe_etcd_answer(h.cluster_id(), h.revision(), floor)
                 .map_err(|why| format!("not advancing marks: {why}"))?;
         }
-        let mut keys: HashMap<Vec<u8>, i64> = resp
-            .kvs()
-            .iter()
-            .map(|kv| (kv.key().to_vec(), kv.create_revision()))
-            .collect();
-        let holder_at_r0 = holder(&keys);
-        // The current holder got the lock no earlier than its key's creation; the deletion of
-        // its last predecessor (found in the history below, if not compacted) may be later.
-        if let Some(hc) = holder_at_r0 {
+        // The current holder got the lock no earlier than its key's creation: a lower bound at
+        // once, before the replay finds its exact grant (the deletion of its last predecessor).
+        if let Some(hc) = holder(&now_keys) {
             raise(slot, hc, generation);
         }
-        let start = holder_at_r0.unwrap_or(r0 + 1);
+        let applied = slot.handover.load(Ordering::Acquire);
+        let mut status = "watching".to_string();
+        if applied == 0 && holder(&now_keys).is_none() {
+            // Nothing applied yet (a new registration, or one whose hand-over revision was lost
+            // with an unsaved state file) and nobody holds the lock: every token issued so far
+            // is at most r0 and belongs to a former holder, so r0 is a safe mark.
+            raise(slot, r0, generation);
+            status = format!("watching; no hand-over known and the lock was free: mark raised to the current revision {r0}");
+        }
+        let base = if applied > 0 {
+            applied.min(r0)
+        } else {
+            holder(&now_keys).map(|hc| hc - 1).unwrap_or(r0)
+        };
+        let (mut keys, start) = if base >= r0 {
+            (now_keys, r0 + 1)
+        } else if base < 1 {
+            (HashMap::new(), 1)
+        } else {
+            match keys_at(&mut c, &prefix, base).await {
+                Ok((k, _)) => (k, base + 1),
+                Err((true, _)) => {
+                    let cr = compacted_up_to(&mut c, &prefix, base + 1).await?;
+                    let (k, _) = keys_at(&mut c, &prefix, cr).await.map_err(|(_, e)| e)?;
+                    match holder(&k) {
+                        None => {
+                            raise(slot, cr, generation);
+                            status = format!("watching; history before revision {cr} compacted: mark raised to {cr}, the lock was free then");
+                        }
+                        Some(hc) => {
+                            raise(slot, hc, generation);
+                            status = format!("watching; history before revision {cr} compacted: hand-over revision of the holder then taken from its key ({hc}), a lower bound");
+                        }
+                    }
+                    (k, cr + 1)
+                }
+                Err((false, e)) => return Err(e),
+            }
+        };
         let mut stream = tokio::time::timeout(
             Duration::from_secs(2),
             c.watch(
@@ -728,13 +810,11 @@ pub(crate) mod etcd_side {
         .await
         .map_err(|_| "starting the watch timed out".to_string())?
         .map_err(|e| e.to_string())?;
-        let mut history_done = holder_at_r0.is_none();
-        // Watching from the holder's create revision (history wanted) until a compaction makes
-        // us fall back to r0 + 1.
-        let mut from_history = holder_at_r0.is_some();
+        // The view is confirmed (for verify) only once the replay has reached r0.
+        let mut history_done = start > r0;
         let _ = stream.request_progress().await;
         let mut tick = tokio::time::interval(Duration::from_millis(200));
-        slot.report(generation, "watching");
+        slot.report(generation, &status);
         loop {
             if slot.generation.load(Ordering::Acquire) != generation {
                 return Ok(());
@@ -747,39 +827,16 @@ pub(crate) mod etcd_side {
                         continue;
                     }
                     if resp.canceled() {
-                        if resp.compact_revision() > 0 && from_history {
-                            from_history = false;
-                            history_done = false;
-                            // The history before r0 is compacted: keep the key's create revision
-                            // as the hand-over revision (a lower bound) and watch from r0 on.
-                            slot.report(generation, "history compacted: hand-over revision of the current holder taken from its key");
-                            stream = c
-                                .watch(
-                                    prefix.clone(),
-                                    Some(WatchOptions::new().with_prefix().with_prev_key().with_start_revision(r0 + 1)),
-                                )
-                                .await
-                                .map_err(|e| e.to_string())?;
-                            let _ = stream.request_progress().await;
-                            continue;
-                        }
+                        // Compacted between the read and the watch, or cancelled by etcd: start
+                        // over (the next start replays from the last applied hand-over).
                         return Err(format!("the watch was canceled ({})", resp.cancel_reason()));
                     }
                     for ev in resp.events() {
                         let Some(kv) = ev.kv() else { continue };
                         let rev = kv.mod_revision();
-                        if rev <= r0 {
-                            // History: the deletion of a predecessor of the holder at r0.
-                            if ev.event_type() == EventType::Delete {
-                                if let (Some(prev), Some(hc)) = (ev.prev_kv(), holder_at_r0) {
-                                    if prev.create_revision() < hc {
-                                        raise(slot, rev, generation);
-                                    }
-                                }
-                            }
-                            continue;
+                        if rev > r0 {
+                            history_done = true;
                         }
-                        history_done = true;
                         let before = holder(&keys);
                         match ev.event_type() {
                             EventType::Put => {

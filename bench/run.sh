@@ -4,10 +4,14 @@
 # markdown report (also written to bench/latest.md).
 #   bench/run.sh [--no-setup]          BENCH_ROUNDS=3 BENCH_SECONDS=10 BENCH_ROWS_BIG=1000000
 set -euo pipefail
-cd "$(dirname "$0")/.."
-if [ "${1:-}" != "--no-setup" ]; then
-    ./scripts/setup.sh --test
+# Setup runs with the caller's environment (registry settings); the benchmark is hermetic,
+# its builds included.
+if [ -z "${PGF_HERMETIC:-}" ] && [ "${1:-}" != "--no-setup" ]; then
+    "$(dirname "$0")/../scripts/setup.sh" --test
+    set -- --no-setup
 fi
+source "$(dirname "$0")/../scripts/hermetic.sh" "$@"
+cd "$(dirname "$0")/.."
 echo "building the release build of pg_fencing and the etcd-client baseline"
 cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
 (cd bench/etcd-lock-bench && cargo build --release -q)

@@ -5,11 +5,13 @@
 #      /usr/bin/python3 itself, nor stores such a path in a variable. Exceptions are lines marked
 #      "# other python: WHY" (making a virtualenv from Debian's interpreter; the bare-PATH check).
 #   2. Every shell script under scripts/, tests/ and bench/ (but setup.sh, which needs the
-#      caller's registry settings) sources scripts/lib.sh, which makes it hermetic.
+#      caller's registry settings) sources scripts/hermetic.sh "$@" before its first cd (it
+#      starts the script again with a clean environment) and then scripts/lib.sh.
 #   3. Python files are not entry points: no shebang, no execute bit; their run.sh starts them.
 # Usage: scripts/check-scripts.sh [--self-test]   (exit status 1 and one line per finding if a
 #        rule is broken; --self-test runs rule 1 on lines it must and must not catch)
 set -euo pipefail
+source "$(dirname "$0")/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
@@ -19,16 +21,23 @@ finding() { echo "check-scripts: $*" >&2; bad=1; }
 mapfile -t shells < <(git ls-files 'scripts/*.sh' 'tests/*.sh' 'bench/*.sh' '.ci/run' | sort)
 mapfile -t pys < <(git ls-files 'tests/*.py' 'bench/*.py' 'scripts/*.py' | sort)
 
-# 1. A python command: a word python, python3, python3.11 (with or without a directory) in command
-#    position (line start, after ; & | ( ` $( or a keyword, after exec/env and VAR=value
-#    prefixes), or a python path assigned to a variable.
-assign='[A-Za-z_][A-Za-z0-9_]*=[^[:space:]]*[[:space:]]+'
-py_cmd="(^|[;&|(\`]|\\\$\\(|\\b(if|then|else|elif|do|while|until|time|exec|!))[[:space:]]*(env[[:space:]]+(-[^[:space:]]+[[:space:]]+)*)?($assign)*([^[:space:];&|()]*/)?python[0-9.]*([[:space:]]|\$|\))"
-py_assign='[A-Za-z_][A-Za-z0-9_]*=["'"'"']?([^[:space:]]*/)?python[0-9.]*(["'"'"'[:space:]]|$)'
+# 1. Any mention of a Python interpreter or pip (python, python3, python3.11, pip, pip3, with or
+#    without a directory, quoted or not, in any position) outside comments, but the project's
+#    own ("$PY", .venv/bin/python, "$VENV/bin/python" in setup.sh) and lines marked
+#    "# other python: WHY". Broad on purpose: a mention that is only text gets the mark.
+py_word='(^|[^[:alnum:]_.-])(pip[0-9.]*|python[0-9.]*)([^[:alnum:]_-]|$)'
 other_python() {  # FILE: its lines (NUMBER:TEXT) that run or name a Python other than "$PY"
-    grep -nE "$py_cmd|$py_assign" "$1" | grep -vE '^[0-9]+:[[:space:]]*#' \
-        | grep -v '# other python: ' | grep -vF '/.venv/bin/python"' || true
+    local hit rest
+    grep -nE "$py_word" "$1" | grep -vE '^[0-9]+:[[:space:]]*#' | grep -v '# other python: ' \
+        | while IFS= read -r hit; do
+            # What is left once the project's own interpreter is taken out must name no Python.
+            rest=$(printf '%s' "$hit" | sed -E 's#"\$PROJECT_ROOT/\.venv/bin/python"##g;
+                s#"\$VENV/bin/python" -I -m pip install##g; s#"\$VENV/bin/python"##g')
+            if printf '%s' "$rest" | grep -qE "$py_word"; then printf '%s\n' "$hit"; fi
+        done || true
 }
+# Python files: no interpreter path or name in a string (they run Python as sys.executable).
+py_in_py='["'"'"'](/[^"'"'"']*/)?python[0-9.]*["'"'"']|/bin/python'
 
 if [ "${1:-}" = "--self-test" ]; then
     # The rule must catch each "bad" line (the forms that broke fresh machines) and no "good" one.
@@ -49,12 +58,29 @@ bad|if python -c 'import psycopg2'; then
 bad|exec env -i PATH=/bin python3.11 t.py
 bad|out=`python3 t.py`
 bad|sudo true && python3 t.py
+bad|"python3" t.py
+bad|"/usr/bin/python3" t.py
+bad|/usr/bin/env python3 t.py
+bad|timeout 60 /usr/bin/python3 tests/worker/worker_test.py
+bad|sudo -u postgres python3 t.py
+bad|as_pg python3 t.py
+bad|python3<<'PY'
+bad|{ python3 t.py; }
+bad|a) python3 t.py ;;
+bad|bash -c 'python3 t.py'
+bad|xargs python3
+bad|PY=/usr/bin/python3; "$PY" t.py
+bad|PYTHON=$(command -v python3)
+bad|pip3 install psycopg2
+bad|"$PY" -m pip install x
+bad|PY="$PROJECT_ROOT/.venv/bin/python"; python3 t.py
 good|"$PY" tests/stress/stress.py run
 good|BOUNCER_PORT=$BOUNCER_PORT "$PY" tests/pooler/pooler_test.py
-good|echo "the bare python3 first on PATH ($(command -v python3))"
 good|PY="$PROJECT_ROOT/.venv/bin/python"
+good|        "$VENV/bin/python" -I -m pip install --quiet --no-input --require-virtualenv -r "$REQUIREMENTS"
 good|# python3 tests/x.py in a comment
 good|/usr/bin/python3 -m venv "$VENV"  # other python: the virtualenv's base
+good|echo "Python modules: $m"
 CASES
     [ "$bad" -eq 0 ] && echo "check-scripts: self-test ok"
     exit "$bad"
@@ -69,9 +95,22 @@ done
 
 # 2. Hermetic entry points.
 for f in "${shells[@]}"; do
-    case "$f" in scripts/lib.sh | scripts/setup.sh | .ci/run) continue ;; esac
+    case "$f" in scripts/lib.sh | scripts/hermetic.sh | scripts/setup.sh | .ci/run) continue ;; esac
+    herm=$(grep -nE '^[[:space:]]*(source|\.)[[:space:]].*hermetic\.sh" "\$@"' "$f" | head -1 | cut -d: -f1 || true)
+    firstcd=$(grep -nE '^[[:space:]]*cd[[:space:]]' "$f" | head -1 | cut -d: -f1 || true)
+    if [ -z "$herm" ]; then
+        finding "$f: does not source scripts/hermetic.sh \"\$@\" (so it is not hermetic)"
+    elif [ -n "$firstcd" ] && [ "$firstcd" -lt "$herm" ]; then
+        finding "$f: changes directory (line $firstcd) before it sources scripts/hermetic.sh (line $herm)"
+    fi
     grep -qE '^[[:space:]]*(source|\.)[[:space:]].*lib\.sh' "$f" \
-        || finding "$f: does not source scripts/lib.sh (so it is not hermetic)"
+        || finding "$f: does not source scripts/lib.sh"
+done
+
+for f in "${pys[@]}"; do
+    while IFS= read -r hit; do
+        finding "$f:${hit%%:*}: names a Python interpreter (use sys.executable): ${hit#*:}"
+    done < <(grep -nE "$py_in_py" "$f" | grep -vE '^[0-9]+:[[:space:]]*#' || true)
 done
 
 # 3. Python files are started by their run.sh.

@@ -12,6 +12,7 @@
 #   * the version numbers in Cargo.toml and META.json disagree.
 # Usage: scripts/check-sql-releases.sh [SOURCE_TREE]   (default: this repository)
 set -euo pipefail
+source "$(dirname "$0")/hermetic.sh" "$@"
 source "$(dirname "$0")/lib.sh"
 need_python
 cd "${1:-$(dirname "$0")/..}"

@@ -16,12 +16,14 @@
 #              1 if a stale write was accepted on the protected table;
 #              2 if the scenario itself did not happen as described (e.g. tokens not increasing).
 set -euo pipefail
+# Setup runs with the caller's environment (registry settings); the demo itself is hermetic.
+if [ -z "${PGF_HERMETIC:-}" ] && [ "${1:-}" != "--no-setup" ]; then
+    "$(dirname "$0")/setup.sh"
+    set -- --no-setup
+fi
+source "$(dirname "$0")/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-
-if [ "${1:-}" != "--no-setup" ]; then
-    ./scripts/setup.sh
-fi
 
 source scripts/lib.sh
 LEASE_TTL=${LEASE_TTL:-3}

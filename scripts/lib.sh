@@ -3,27 +3,28 @@
 # non-default ports, under a temp dir, removed by cleanup (also on Ctrl-C).
 # Source it; set WORK (temp dir) first or let fresh_workdir make one.
 #
-# Sourcing it makes the calling script hermetic (docs/testing.md, "The environment"): every
-# exported variable is dropped except those named in HERMETIC_KEEP below, so services and clients
-# (psql and libpq's PG* variables, etcdctl's ETCDCTL_*, Python's PYTHON*, cargo's build
-# settings) see only what the scripts set. Every entry script sources this file; setup.sh does
-# not, because installing packages needs the machine's registry settings (PIP_*, apt's).
+# Sourcing it keeps the calling script hermetic (docs/testing.md, "The environment"): every
+# exported variable is dropped except those named in HERMETIC_KEEP (scripts/hermetic.sh), so
+# services and clients (psql and libpq's PG* variables, etcdctl's ETCDCTL_*, Python's PYTHON*,
+# cargo's build settings) see only what the scripts set. Every entry script sources
+# scripts/hermetic.sh first and this file after; setup.sh does neither, because installing
+# packages needs the machine's registry settings (PIP_*, apt's).
 
-PROJECT_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# What survives: where the machine's tools are, how it reaches package registries (cargo may
-# download crates during a build), CI, and the project's own documented knobs (ports, LEASE_TTL,
-# KEEP_WORK, BENCH_*; README.md and docs/testing.md list them).
-HERMETIC_KEEP='^(PATH|HOME|USER|LOGNAME|SHELL|TERM|PWD|OLDPWD|SHLVL|CI|CARGO_HOME|RUSTUP_HOME|PGRX_HOME'
-HERMETIC_KEEP+='|https?_proxy|HTTPS?_PROXY|no_proxy|NO_PROXY|all_proxy|ALL_PROXY|SSL_CERT_FILE|SSL_CERT_DIR'
-HERMETIC_KEEP+='|CURL_CA_BUNDLE|CARGO_HTTP_[A-Z_]+|CARGO_NET_[A-Z_]+|CARGO_REGISTRIES_[A-Z0-9_]+'
-HERMETIC_KEEP+='|RUSTUP_DIST_SERVER|RUSTUP_UPDATE_ROOT'
-HERMETIC_KEEP+='|PGPORT_[A-Z]+|ETCD_[A-Z_]+_PORT|BOUNCER_PORT|LEASE_TTL|KEEP_WORK|BENCH_[A-Z_]+)$'
+if [ -z "${PGF_HERMETIC:-}" ]; then
+    echo "$0: source scripts/hermetic.sh \"\$@\" first thing, before scripts/lib.sh (docs/testing.md)" >&2
+    exit 1
+fi
+PROJECT_ROOT=$(CDPATH='' cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# HERMETIC_KEEP (what survives) is defined in scripts/hermetic.sh; here it also drops what a
+# parent entry script exported for its own services (its cluster's PGHOST, say).
+source "$PROJECT_ROOT/scripts/hermetic.sh"
 
 hermetic_env() {
     local v
     for v in $(compgen -e); do
-        [[ $v =~ $HERMETIC_KEEP ]] || unset "$v" 2>/dev/null || true
+        [[ $v =~ ^(PGF_HERMETIC|PWD|OLDPWD|SHLVL)$ || $v =~ $HERMETIC_KEEP ]] || unset "$v" 2>/dev/null || true
     done
+    unset CDPATH
     export LANG=C.UTF-8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 ETCDCTL_API=3
 }
 hermetic_env

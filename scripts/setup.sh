@@ -96,7 +96,7 @@ if [ "$PROFILE" = test ]; then
     # Debian's /usr/bin/python3 only makes the virtualenv (and tells when it changed, so that the
     # virtualenv is made again).
     base_version=$(/usr/bin/python3 -I -c 'import sys; print(sys.version.split()[0])')  # other python: the virtualenv's base
-    want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1) python $base_version"
+    want="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1) python $base_version"  # other python: text
     if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.provisioned" 2>/dev/null)" != "$want" ]; then
         log "Python virtualenv $VENV from $REQUIREMENTS"
         rm -rf "$VENV"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of pg_fencing: installs what is missing (scripts/setup.sh --test), then checks
-# that it runs hermetically (docs/testing.md, "The environment"): scripts/lib.sh drops the
+# that it runs hermetically (docs/testing.md, "The environment"): scripts/hermetic.sh drops the
 # caller's environment but for what it names, a bare python3 (no third-party packages) goes first
 # on PATH so that a script using any Python but the project's virtualenv fails on every machine,
 # and scripts/check-scripts.sh reads the scripts for the same rules. Then
@@ -23,12 +23,15 @@
 # README.md "Install" says, so the suites test what users install.
 # Usage: scripts/test.sh [--no-setup]
 set -euo pipefail
+# Setup runs with the caller's environment (apt, pip and cargo need the machine's registry
+# settings); everything after it is hermetic.
+if [ -z "${PGF_HERMETIC:-}" ] && [ "${1:-}" != "--no-setup" ]; then
+    "$(dirname "$0")/setup.sh" --test
+    set -- --no-setup
+fi
+source "$(dirname "$0")/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-
-if [ "${1:-}" != "--no-setup" ]; then
-    ./scripts/setup.sh --test
-fi
 source scripts/lib.sh
 need_python
 step() { printf '\n\033[1m== [%5ss] %s\033[0m\n' "$SECONDS" "$*"; }
@@ -44,10 +47,10 @@ step "hermetic: the project's Python only, the caller's environment dropped (scr
 /usr/bin/python3 -I -m venv --without-pip "$WORK/bare-python"  # other python: the bare one
 export PATH="$WORK/bare-python/bin:$PATH"
 if python3 -c 'import psycopg2' 2>/dev/null; then  # other python: checks the bare one
-    echo "FAIL: the bare python3 first on PATH ($(command -v python3)) imports psycopg2" >&2
+    echo "FAIL: the bare python3 first on PATH ($(command -v python3)) imports psycopg2" >&2  # other python: text
     exit 1
 fi
-echo "  python3 on PATH: $(command -v python3) (bare); the project's: $PY"
+echo "  python3 on PATH: $(command -v python3) (bare); the project's: $PY"  # other python: text
 scripts/check-scripts.sh --self-test
 scripts/check-scripts.sh
 

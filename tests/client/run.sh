@@ -17,6 +17,7 @@
 #   tests/client/run.sh --unfenced   # negative control: the same without fencing_protect (and B
 #                                    # in style sql); the zombie write lands and the run must FAIL
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 
 UNFENCED=""

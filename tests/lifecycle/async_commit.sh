@@ -8,6 +8,7 @@
 # unflushed commit stays unflushed until the crash (the WAL writer would otherwise flush it
 # within 200 ms and hide the fault).
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 

@@ -11,6 +11,7 @@
 #     while SET LOCAL with a literal adds one per token (the negative control of the method).
 # Usage: tests/observability/run.sh   (pg_fencing's current build must be installed)
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 need_python

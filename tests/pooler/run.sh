@@ -3,6 +3,7 @@
 # cluster on 127.0.0.1:${PGPORT_POOLER:-54389} and pgbouncer on 127.0.0.1:${BOUNCER_PORT:-54399}
 # with a single server connection.
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 need_python

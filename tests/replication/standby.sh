@@ -2,6 +2,7 @@
 # High-water marks reach a physical standby, and after promotion a stale write is still refused.
 #   primary (127.0.0.1:54349) --streaming--> standby (127.0.0.1:54350), both throwaway clusters.
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 

@@ -12,6 +12,7 @@
 # Defaults: 16 clients, 20000 write attempts, at most 300 s. The long run in README.md:
 #   tests/stress/run.sh --writes 100000 --seconds 1800
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 need_python

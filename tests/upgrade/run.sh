@@ -14,6 +14,7 @@
 # Also runs scripts/check-sql-releases.sh, with a negative control that edits a released script.
 # Usage: tests/upgrade/run.sh   (pg_fencing's current build must be installed)
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 source scripts/lib.sh

@@ -698,7 +698,8 @@ pub(crate) mod etcd_side {
     }
 
     /// The revision etcd's history now starts after (its compaction revision), learnt from a
-    /// watch that asks for `from`.
+    /// watch that asks for `from`, a revision known to be compacted away (a watch from the
+    /// compaction revision itself is not cancelled: it would wait instead of answering).
     async fn compacted_up_to(c: &mut Client, prefix: &str, from: i64) -> Result<i64, String> {
         let mut stream = c
             .watch(
@@ -751,12 +752,13 @@ pub(crate) mod etcd_side {
             crate::worker::observe_etcd_answer(h.cluster_id(), h.revision(), floor)
                 .map_err(|why| format!("not advancing marks: {why}"))?;
         }
+        // The last hand-over applied, read before the lower bound below raises it.
+        let applied = slot.handover.load(Ordering::Acquire);
         // The current holder got the lock no earlier than its key's creation: a lower bound at
         // once, before the replay finds its exact grant (the deletion of its last predecessor).
         if let Some(hc) = holder(&now_keys) {
             raise(slot, hc, generation);
         }
-        let applied = slot.handover.load(Ordering::Acquire);
         let mut status = "watching".to_string();
         if applied == 0 && holder(&now_keys).is_none() {
             // Nothing applied yet (a new registration, or one whose hand-over revision was lost
@@ -778,7 +780,9 @@ pub(crate) mod etcd_side {
             match keys_at(&mut c, &prefix, base).await {
                 Ok((k, _)) => (k, base + 1),
                 Err((true, _)) => {
-                    let cr = compacted_up_to(&mut c, &prefix, base + 1).await?;
+                    // `base` itself is compacted (the read failed), so a watch from it is
+                    // cancelled with the compaction revision.
+                    let cr = compacted_up_to(&mut c, &prefix, base).await?;
                     let (k, _) = keys_at(&mut c, &prefix, cr).await.map_err(|(_, e)| e)?;
                     match holder(&k) {
                         None => {

@@ -579,26 +579,30 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
     let mut found = false;
     let mut released = false;
     for s in sh.slots.iter() {
-        let st = s.state.load(Ordering::Acquire);
-        if s.owner_pid.load(Ordering::Relaxed) == me
-            && (st == HELD || st == LOST)
-            && s.name() == name
-        {
-            let why = s.message();
-            if s.transition(st, RELEASE_REQUESTED) {
-                found = true;
-                let token = s.token.load(Ordering::Relaxed);
-                forget_session_token(token);
-                if st == HELD {
-                    released = true;
-                } else {
-                    pgrx::warning!(
-                        "pg_fencing: lock \"{name}\" (fencing token {token}) had already been lost before fencing_release{}{}",
-                        if why.is_empty() { "" } else { ": " },
-                        why
-                    );
-                }
-            }
+        if s.owner_pid.load(Ordering::Relaxed) != me || s.name() != name {
+            continue;
+        }
+        // The etcd thread may turn HELD into LOST meanwhile: then try again from LOST.
+        let mut st = s.state.load(Ordering::Acquire);
+        let mut why = s.message();
+        while (st == HELD || st == LOST) && !s.transition(st, RELEASE_REQUESTED) {
+            st = s.state.load(Ordering::Acquire);
+            why = s.message();
+        }
+        if st != HELD && st != LOST {
+            continue;
+        }
+        found = true;
+        let token = s.token.load(Ordering::Relaxed);
+        forget_session_token(token);
+        if st == HELD {
+            released = true;
+        } else {
+            pgrx::warning!(
+                "pg_fencing: lock \"{name}\" (fencing token {token}) had already been lost before fencing_release{}{}",
+                if why.is_empty() { "" } else { ": " },
+                why
+            );
         }
     }
     if found {

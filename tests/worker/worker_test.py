@@ -20,6 +20,8 @@ Scenarios (issue "Background worker", SPEC.md worker section):
   threads        the worker's etcd threads block PostgreSQL's signals; its main thread does not
   watch_gap      a hand-over (Z to A, then A releases) while PostgreSQL is stopped: after the restart
                  the watch replays etcd's history and the mark is A's; Z gets FT001
+  watch_compacted  a new watch right after etcd compacted up to the holder's key: it starts (no
+                 endless reconnect), the mark is a lower bound of the holder's grant
   state_lock     fencing_reset and fencing_unwatch take the resource's lock and the watch state's
                  file lock in one order (no deadlock hidden from PostgreSQL); a wait for the file
                  lock honours pg_cancel_backend
@@ -777,6 +779,33 @@ def scenario_watch_gap(etcd, pg):
     c.close()
 
 
+def scenario_watch_compacted(etcd, pg):
+    print("== a new watch right after etcd compacted its history up to the holder's grant")
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("DROP TABLE IF EXISTS comp_t")
+    cur.execute("CREATE TABLE comp_t (id int PRIMARY KEY, v int)")
+    cur.execute("SELECT fencing_protect('comp_t', 'comp')")
+    cur.execute("BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO comp_t VALUES (1, 0); COMMIT")
+    h = etcdctl_holder(etcd, "comp", 10, 4)
+    t = int(h.stdout.readline())
+    etcd.ctl("compact", str(etcd_revision(etcd)))   # the history before the holder's key is gone
+    cur.execute("SELECT fencing_watch('comp')")
+
+    def status():
+        cur.execute("SELECT status FROM fencing_watches WHERE resource = 'comp'")
+        return (cur.fetchone() or [""])[0]
+    ok(wait_for(lambda: status().startswith("watching"), 5) is not None and "compacted" in status(),
+       f"the watch starts and says the history is compacted ({status()!r})")
+    cur.execute("SELECT fencing_high_water('comp')")
+    m = cur.fetchone()[0] or 0
+    ok(0 < m <= t, f"the mark is a lower bound of the holder's grant ({m}, holder's token {t})")
+    ok(write_with(cur, "comp_t", t) == "ok", "the holder's own write is accepted")
+    h.wait(timeout=10)
+    cur.execute("SELECT fencing_unwatch('comp')")
+    c.close()
+
+
 def etcd_revision(etcd):
     out = etcd.ctl("get", "none-such-key", "-w", "json").stdout
     return json.loads(out)["header"]["revision"]
@@ -914,6 +943,7 @@ def main():
         scenario_verify_wait(etcd, pg)
         scenario_state_lock(pg)
         scenario_watch_gap(etcd, pg)
+        scenario_watch_compacted(etcd, pg)
         scenario_etcd_down(etcd, pg)
         scenario_kill9(etcd, pg)
         scenario_restore(etcd, pg)

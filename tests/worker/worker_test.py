@@ -202,6 +202,14 @@ def setup_schema(cur):
     cur.execute("SELECT fencing_protect('orders_t', 'orders')")
 
 
+def protected_table(cur, table, resource):
+    """A fresh table protected in resource mode, with one row written with token 1."""
+    cur.execute(f"DROP TABLE IF EXISTS {table}")
+    cur.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int)")
+    cur.execute("SELECT fencing_protect(%s, %s)", (table, resource))
+    cur.execute(f"BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO {table} VALUES (1, 0); COMMIT")
+
+
 def lock_state(cur, name):
     cur.execute("SELECT state, token FROM fencing_locks WHERE lock = %s", (name,))
     return cur.fetchone()
@@ -518,10 +526,7 @@ def scenario_watch(etcd, pg):
     print("== watched resource: a zombie is fenced off at the hand-over, before the new holder writes")
     c = pg.connect()
     cur = c.cursor()
-    cur.execute("DROP TABLE IF EXISTS jobs_t")
-    cur.execute("CREATE TABLE jobs_t (id int PRIMARY KEY, v int)")
-    cur.execute("SELECT fencing_protect('jobs_t', 'jobs')")
-    cur.execute("BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO jobs_t VALUES (1, 0); COMMIT")
+    protected_table(cur, "jobs_t", "jobs")
     cur.execute("SELECT fencing_watch('jobs')")
     ok(wait_for(lambda: (cur.execute("SELECT status FROM fencing_watches WHERE resource = 'jobs'"),
                          cur.fetchone()[0].startswith("watching"))[1], 5) is not None, "the worker watches lock 'jobs'")
@@ -748,10 +753,7 @@ def scenario_watch_gap(etcd, pg):
     print("== a hand-over while PostgreSQL is stopped still raises the mark (the watch replays history)")
     c = pg.connect()
     cur = c.cursor()
-    cur.execute("DROP TABLE IF EXISTS gap_t")
-    cur.execute("CREATE TABLE gap_t (id int PRIMARY KEY, v int)")
-    cur.execute("SELECT fencing_protect('gap_t', 'gap')")
-    cur.execute("BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO gap_t VALUES (1, 0); COMMIT")
+    protected_table(cur, "gap_t", "gap")
     cur.execute("SELECT fencing_watch('gap')")
     hz = etcdctl_holder(etcd, "gap", 10, 3)
     tz = int(hz.stdout.readline())
@@ -783,10 +785,7 @@ def scenario_watch_compacted(etcd, pg):
     print("== a new watch right after etcd compacted its history up to the holder's grant")
     c = pg.connect()
     cur = c.cursor()
-    cur.execute("DROP TABLE IF EXISTS comp_t")
-    cur.execute("CREATE TABLE comp_t (id int PRIMARY KEY, v int)")
-    cur.execute("SELECT fencing_protect('comp_t', 'comp')")
-    cur.execute("BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO comp_t VALUES (1, 0); COMMIT")
+    protected_table(cur, "comp_t", "comp")
     h = etcdctl_holder(etcd, "comp", 10, 4)
     t = int(h.stdout.readline())
     etcd.ctl("compact", str(etcd_revision(etcd)))   # the history before the holder's key is gone

@@ -371,7 +371,10 @@ pub unsafe extern "C-unwind" fn fencing_watch(fcinfo: FunctionCallInfo) -> pg_sy
 
 v1_finfo!(pg_finfo_fencing_unwatch);
 /// `fencing_unwatch(resource text) RETURNS boolean`: stops watching (true if it was watched).
-/// The mark keeps what the watch raised it to. Error: `42501` as for `fencing_watch`.
+/// The mark keeps what the watch raised it to: the hand-over revision is stored as the mark, and
+/// that mark is durable before the call's transaction commits, whatever `synchronous_commit`
+/// says (`make_mark_durable`), since the watch itself is gone at once. Error: `42501` as for
+/// `fencing_watch`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_unwatch(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
     unsafe {
@@ -379,7 +382,11 @@ pub unsafe extern "C-unwind" fn fencing_unwatch(fcinfo: FunctionCallInfo) -> pg_
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
             let resource = resource
                 .ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
-            Ok(pg_sys::Datum::from(crate::watch::unwatch(&resource)?))
+            let was_watched = crate::watch::unwatch(&resource)?;
+            if was_watched {
+                make_mark_durable();
+            }
+            Ok(pg_sys::Datum::from(was_watched))
         })
     }
 }

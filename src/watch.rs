@@ -672,7 +672,8 @@ pub(crate) mod etcd_side {
     }
 
     /// The lock's keys (key -> create revision) at `revision` (0: now), with the response's
-    /// revision. `Err(Some(e))`: that revision is compacted away.
+    /// revision. `Err((true, why))`: that revision is compacted away; `Err((false, why))`: any
+    /// other failure.
     async fn keys_at(
         c: &mut Client,
         prefix: &str,

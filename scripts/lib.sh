@@ -44,6 +44,17 @@ PGBIN=/usr/lib/postgresql/15/bin
 : "${ETCD_CLIENT_PORT:=23790}"
 : "${ETCD_PEER_PORT:=23800}"
 
+# Checks shared by the shell suites: `expect` prints ok/FAIL and sets fail=1 on a mismatch;
+# `sqlstate_of PSQL-COMMAND...` runs it and prints the SQLSTATE it fails with, or "ok".
+fail=0
+expect() {  # expect <what> <expected> <actual>
+    if [ "$2" = "$3" ]; then echo "  ok: $1 = $3"; else echo "  FAIL: $1: expected $2, got $3"; fail=1; fi
+}
+sqlstate_of() {
+    local out
+    if out=$("$@" -v VERBOSITY=verbose 2>&1); then echo ok; else echo "$out" | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1; fi
+}
+
 fresh_workdir() {
     WORK=$(mktemp -d /tmp/pg_fencing.XXXXXX)
     chmod 755 "$WORK"

@@ -22,14 +22,6 @@ wal_writer_delay = '10s'
 wal_writer_flush_after = 0
 fsync = on" pg_start
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
-fail=0
-expect() {  # expect <what> <expected> <actual>
-    if [ "$2" = "$3" ]; then echo "  ok: $1 = $3"; else echo "  FAIL: $1: expected $2, got $3"; fail=1; fi
-}
-sqlstate_of() {  # run SQL, print the SQLSTATE it fails with (or "ok")
-    local out
-    if out=$("${PSQL[@]}" -v VERBOSITY=verbose "$@" 2>&1); then echo ok; else echo "$out" | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1; fi
-}
 crash_and_restart() {
     as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m immediate -w stop >/dev/null
     as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null
@@ -53,7 +45,7 @@ expect "fencing_advance returns" 90 "$("${PSQL[@]}" -Atc "SELECT fencing_advance
 crash_and_restart
 expect "mark after the crash" 90 "$("${PSQL[@]}" -Atc "SELECT fencing_high_water('r')")"
 expect "an older holder's write after the crash" FT001 \
-    "$(sqlstate_of -c "BEGIN; SET LOCAL pg_fencing.token = '85'; UPDATE ledger SET v = 85 WHERE id = 1; COMMIT;")"
+    "$(sqlstate_of "${PSQL[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '85'; UPDATE ledger SET v = 85 WHERE id = 1; COMMIT;")"
 
 echo "== the same inside a transaction block, and with SET LOCAL synchronous_commit = off"
 expect "advance in a block" 95 "$("${PSQL[@]}" -Atc "BEGIN; SET LOCAL synchronous_commit = off; SELECT fencing_advance('r', 95); COMMIT;" | head -1)"
@@ -73,7 +65,7 @@ echo "== advances between WAL records of every length never fail (WAL page bound
 # 30,000 advances, each after an insert of a different length, so that some come exactly when
 # the WAL ends on a page boundary (where a flush to the insert position would fail, XX000).
 "${PSQL[@]}" -c "CREATE TABLE pad (id serial PRIMARY KEY, v text)"
-expect "30,000 advances after inserts of varying length" ok "$(sqlstate_of -c "DO \$\$ BEGIN
+expect "30,000 advances after inserts of varying length" ok "$(sqlstate_of "${PSQL[@]}" -c "DO \$\$ BEGIN
     FOR i IN 1..30000 LOOP
         INSERT INTO pad (v) VALUES (repeat('x', i % 97));
         PERFORM fencing_advance('r', 100);

@@ -21,14 +21,6 @@ PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
 wal_level = replica" pg_start
 P=(psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT_TEST")
 S=(psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$SPORT")
-fail=0
-expect() {  # expect <what> <expected> <actual>
-    if [ "$2" = "$3" ]; then echo "  ok: $1 = $3"; else echo "  FAIL: $1: expected $2, got $3"; fail=1; fi
-}
-sqlstate_of() {  # run SQL on a server, print the SQLSTATE it fails with (or "ok")
-    local out
-    if out=$("$@" -v VERBOSITY=verbose 2>&1); then echo ok; else echo "$out" | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1; fi
-}
 
 echo "== primary: protected tables and marks"
 "${P[@]}" -o /dev/null <<'SQL'

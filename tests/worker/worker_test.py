@@ -210,6 +210,11 @@ def protected_table(cur, table, resource):
     cur.execute(f"BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO {table} VALUES (1, 0); COMMIT")
 
 
+def high_water(cur, resource):
+    cur.execute("SELECT fencing_high_water(%s)", (resource,))
+    return cur.fetchone()[0] or 0
+
+
 def lock_state(cur, name):
     cur.execute("SELECT state, token FROM fencing_locks WHERE lock = %s", (name,))
     return cur.fetchone()
@@ -538,8 +543,7 @@ def scenario_watch(etcd, pg):
     granted = time.time()
 
     def mark():
-        cur.execute("SELECT fencing_high_water('jobs')")
-        return cur.fetchone()[0] or 0
+        return high_water(cur, "jobs")
     delay = wait_for(lambda: mark() > t1, 5)
     ok(delay is not None and t1 < mark() <= t2,
        f"the mark moved to the hand-over revision {mark()} (holder 1 had {t1}, holder 2 has {t2}) "
@@ -774,8 +778,7 @@ def scenario_watch_gap(etcd, pg):
     tz = int(hz.stdout.readline())
 
     def mark():
-        cur.execute("SELECT fencing_high_water('gap')")
-        return cur.fetchone()[0] or 0
+        return high_water(cur, "gap")
     ok(wait_for(lambda: mark() >= tz, 5) is not None, f"holder Z's hand-over raised the mark to {mark()} (Z has {tz})")
     c.close()
     time.sleep(0.5)   # the worker saves the hand-over revision in its state file (every 100 ms)
@@ -811,8 +814,7 @@ def scenario_watch_compacted(etcd, pg):
         return (cur.fetchone() or [""])[0]
     ok(wait_for(lambda: status().startswith("watching"), 5) is not None and "compacted" in status(),
        f"the watch starts and says the history is compacted ({status()!r})")
-    cur.execute("SELECT fencing_high_water('comp')")
-    m = cur.fetchone()[0] or 0
+    m = high_water(cur, "comp")
     ok(0 < m <= t, f"the mark is a lower bound of the holder's grant ({m}, holder's token {t})")
     ok(write_with(cur, "comp_t", t) == "ok", "the holder's own write is accepted")
     h.wait(timeout=10)

@@ -20,6 +20,7 @@
 # It runs with the caller's environment on purpose (apt, pip and cargo need the machine's
 # registry settings); the scripts that test and benchmark are hermetic (scripts/lib.sh).
 set -euo pipefail
+unset CDPATH  # its own cd must not depend on the caller's CDPATH
 cd "$(dirname "$0")/.."
 
 PROFILE=demo

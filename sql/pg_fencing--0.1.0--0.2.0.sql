@@ -125,3 +125,49 @@ COMMENT ON VIEW @extschema@.fencing_protected_tables IS
 
 COMMENT ON FUNCTION @extschema@.fencing_release(text) IS
 'Releases a lock this session took with fencing_acquire and returns true; returns false if the session holds no such lock, or had lost it (lease expired or revoked; a WARNING says why, and the lock is forgotten either way). Locks are also released when the session ends. Error: 55000 worker not available.';
+
+-- Watch registrations move from a file in the data directory into a WAL-logged table (issue 14:
+-- pg_upgrade, pg_dump/restore, promotion and PITR did not carry them). Registrations made under
+-- 0.1.0 (in the worker's shared memory, from that file) are copied into it below.
+-- Watched resources (fencing_watch): one row per resource of this database whose etcd lock the
+-- worker watches. WAL-logged and dumped, so streaming standbys, promotion, point-in-time recovery,
+-- pg_upgrade and pg_dump/restore carry the registration; the hand-over revision the watch derives
+-- from etcd is derived again on the new server before the resource admits a write.
+CREATE TABLE _pg_fencing.watch (
+    resource         text        PRIMARY KEY CHECK (resource <> ''),
+    lock_key_prefix  text        NOT NULL CHECK (lock_key_prefix <> ''),
+    verify           boolean     NOT NULL,
+    watched_at       timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+GRANT SELECT ON _pg_fencing.watch TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.watch', '');
+
+CREATE FUNCTION _pg_fencing.watch_changed(resource text, lock_key_prefix text, verify boolean) RETURNS void
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_watch_changed';
+REVOKE ALL ON FUNCTION _pg_fencing.watch_changed(text, text, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION _pg_fencing.watch_changed(text, text, boolean) IS
+'Called by the row trigger of _pg_fencing.watch: the worker starts (lock_key_prefix not NULL) or stops watching the resource when the transaction commits.';
+
+CREATE FUNCTION _pg_fencing.on_watch_change() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') AND (TG_OP = 'DELETE' OR OLD.resource IS DISTINCT FROM NEW.resource) THEN
+        PERFORM _pg_fencing.watch_changed(OLD.resource, NULL, NULL);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM _pg_fencing.watch_changed(NEW.resource, NEW.lock_key_prefix, NEW.verify);
+    END IF;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END
+$fn$;
+-- Also for rows that pg_restore loads: the restored watches start with the restore's commit.
+-- BEFORE, so that it also fires for fencing_watch's own internal statement.
+CREATE TRIGGER watch_changed BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.watch
+    FOR EACH ROW EXECUTE FUNCTION _pg_fencing.on_watch_change();
+INSERT INTO _pg_fencing.watch (resource, lock_key_prefix, verify)
+    SELECT w.resource, w.lock_key_prefix, w.verify FROM @extschema@.fencing_watches w;
+
+COMMENT ON FUNCTION @extschema@.fencing_watch(text, text, boolean) IS
+'The background worker watches etcd lock lock_name (default: the resource''s name, after pg_fencing.lock_prefix) and, whenever it changes hands, raises the resource''s mark to the hand-over revision (the later of the new holder key''s create revision and its predecessor''s deletion; never above the new holder''s token). Watches are per database. With verify, writes are also refused (FT006) unless their token is at most the latest revision etcd has reported, seen within pg_fencing.verify_max_lag. The registration is a row of _pg_fencing.watch (WAL-logged, so standbys, promotion, PITR, pg_upgrade and pg_dump/restore carry it) and takes effect when the transaction commits; after a (re)start the resource admits no write until the watch has read etcd (waiting at most pg_fencing.watch_sync_timeout, then FT005). Errors: 42501 not allowed to write the resource''s tables; 55000 no worker; 22023 bad names; 53400 all 64 watch slots in use; 0A000 at PREPARE TRANSACTION.';
+COMMENT ON FUNCTION @extschema@.fencing_unwatch(text) IS
+'Stops watching a resource in this database (true if it was watched) when the transaction commits; the hand-over revision the watch reached is stored as the resource''s mark then, durably. Errors: 42501 as fencing_watch; 0A000 at PREPARE TRANSACTION.';

@@ -57,6 +57,17 @@ CREATE TABLE _pg_fencing.reset_log (
     new_high_water  bigint      NOT NULL
 );
 
+-- Watched resources (fencing_watch): one row per resource of this database whose etcd lock the
+-- worker watches. WAL-logged and dumped, so streaming standbys, promotion, point-in-time recovery,
+-- pg_upgrade and pg_dump/restore carry the registration; the hand-over revision the watch derives
+-- from etcd is derived again on the new server before the resource admits a write.
+CREATE TABLE _pg_fencing.watch (
+    resource         text        PRIMARY KEY CHECK (resource <> ''),
+    lock_key_prefix  text        NOT NULL CHECK (lock_key_prefix <> ''),
+    verify           boolean     NOT NULL,
+    watched_at       timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+
 GRANT SELECT ON ALL TABLES IN SCHEMA _pg_fencing TO PUBLIC;
 
 -- pg_dump must carry the marks along with the tables they guard.
@@ -64,6 +75,7 @@ SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.resource_high_water', ''
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.row_tombstone', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.reset_log', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.watch', '');
 -- ... and the protection ids' sequence, or protecting a table after a restore reuses an id.
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table_id_seq', '');
 
@@ -398,15 +410,38 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_high_water(text) IS
 'Current high-water mark of a resource: the highest committed fencing token, or for a watched resource (fencing_watch) the revision of the lock''s last hand-over if that is higher; NULL if never seen.';
 
+CREATE FUNCTION _pg_fencing.watch_changed(resource text, lock_key_prefix text, verify boolean) RETURNS void
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_watch_changed';
+REVOKE ALL ON FUNCTION _pg_fencing.watch_changed(text, text, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION _pg_fencing.watch_changed(text, text, boolean) IS
+'Called by the row trigger of _pg_fencing.watch: the worker starts (lock_key_prefix not NULL) or stops watching the resource when the transaction commits.';
+
+CREATE FUNCTION _pg_fencing.on_watch_change() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') AND (TG_OP = 'DELETE' OR OLD.resource IS DISTINCT FROM NEW.resource) THEN
+        PERFORM _pg_fencing.watch_changed(OLD.resource, NULL, NULL);
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        PERFORM _pg_fencing.watch_changed(NEW.resource, NEW.lock_key_prefix, NEW.verify);
+    END IF;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END
+$fn$;
+-- Also for rows that pg_restore loads: the restored watches start with the restore's commit.
+-- BEFORE, so that it also fires for fencing_watch's own internal statement.
+CREATE TRIGGER watch_changed BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.watch
+    FOR EACH ROW EXECUTE FUNCTION _pg_fencing.on_watch_change();
+
 CREATE FUNCTION @extschema@.fencing_watch(resource text, lock_name text DEFAULT NULL, verify boolean DEFAULT false)
 RETURNS void LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'fencing_watch';
 COMMENT ON FUNCTION @extschema@.fencing_watch(text, text, boolean) IS
-'The background worker watches etcd lock lock_name (default: the resource''s name, after pg_fencing.lock_prefix) and, whenever it changes hands, raises the resource''s mark to the hand-over revision (the later of the new holder key''s create revision and its predecessor''s deletion; never above the new holder''s token). Watches are per database. With verify, writes are also refused (FT006) unless their token is at most the latest revision etcd has reported, seen within pg_fencing.verify_max_lag. Kept in shared memory and saved in the data directory; registration is not transactional. Errors: 42501 not allowed to write the resource''s tables; 55000 no worker; 22023 bad names; 53400 all 64 watch slots in use.';
+'The background worker watches etcd lock lock_name (default: the resource''s name, after pg_fencing.lock_prefix) and, whenever it changes hands, raises the resource''s mark to the hand-over revision (the later of the new holder key''s create revision and its predecessor''s deletion; never above the new holder''s token). Watches are per database. With verify, writes are also refused (FT006) unless their token is at most the latest revision etcd has reported, seen within pg_fencing.verify_max_lag. The registration is a row of _pg_fencing.watch (WAL-logged, so standbys, promotion, PITR, pg_upgrade and pg_dump/restore carry it) and takes effect when the transaction commits; after a (re)start the resource admits no write until the watch has read etcd (waiting at most pg_fencing.watch_sync_timeout, then FT005). Errors: 42501 not allowed to write the resource''s tables; 55000 no worker; 22023 bad names; 53400 all 64 watch slots in use; 0A000 at PREPARE TRANSACTION.';
 
 CREATE FUNCTION @extschema@.fencing_unwatch(resource text) RETURNS boolean
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'fencing_unwatch';
 COMMENT ON FUNCTION @extschema@.fencing_unwatch(text) IS
-'Stops watching a resource in this database (true if it was watched); the hand-over revision the watch reached is stored as the resource''s mark first. Error: 42501 as fencing_watch.';
+'Stops watching a resource in this database (true if it was watched) when the transaction commits; the hand-over revision the watch reached is stored as the resource''s mark then, durably. Errors: 42501 as fencing_watch; 0A000 at PREPARE TRANSACTION.';
 
 CREATE VIEW @extschema@.fencing_watches AS SELECT * FROM @extschema@.fencing_watch_status();
 COMMENT ON VIEW @extschema@.fencing_watches IS

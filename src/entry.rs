@@ -391,6 +391,26 @@ pub unsafe extern "C-unwind" fn fencing_unwatch(fcinfo: FunctionCallInfo) -> pg_
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_watch_changed);
+/// `_pg_fencing.watch_changed(resource text, lock_key_prefix text, verify boolean) RETURNS void`:
+/// called by the row trigger of `_pg_fencing.watch` for each changed row (`lock_key_prefix` NULL:
+/// the row is gone); the change reaches the worker when the transaction commits. Not granted to
+/// PUBLIC.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_watch_changed(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let prefix: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            let verify: Option<bool> = pgrx::fcinfo::pg_getarg(fcinfo, 2);
+            if let Some(r) = resource {
+                crate::watch::queue_change(&r, prefix.map(|p| (p, verify.unwrap_or(false))));
+            }
+            Ok(pgrx::fcinfo::pg_return_void())
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_reset_watch);
 /// `_pg_fencing.reset_watch(resource text, token bigint) RETURNS void`: `fencing_reset` of a
 /// watched resource also sets its hand-over revision. Not granted to PUBLIC.

@@ -26,6 +26,13 @@ static ETCD_ENDPOINTS: GucSetting<Option<CString>> = GucSetting::<Option<CString
 static LOCK_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(10);
 static VERIFY_MAX_LAG: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static WATCH_SYNC_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+
+/// `pg_fencing.watch_sync_timeout`: how long (milliseconds) a write to a watched resource waits
+/// for the watch to read etcd's state after it (re)started, before it is refused with `FT005`.
+pub fn watch_sync_timeout_ms() -> i32 {
+    WATCH_SYNC_TIMEOUT.get()
+}
 
 /// `pg_fencing.verify_max_lag`: how old (milliseconds) the worker's view of a watched lock may be
 /// for a write to a `verify` resource to be accepted.
@@ -293,6 +300,16 @@ pub fn init() {
         &VERIFY_MAX_LAG,
         // The watch confirms its view every 200 ms; a shorter limit would refuse the holder.
         250,
+        3_600_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_fencing.watch_sync_timeout",
+        c"How long a write to a watched resource waits for its watch to read etcd after a (re)start (milliseconds).",
+        c"After a server start, a new registration, or a database copied by pg_upgrade, pg_dump/restore, promotion or PITR, a watched resource admits no write until its watch has read the lock's state from etcd; a write waits at most this long, then fails with FT005. Default 10 s, like fencing_acquire's timeout.",
+        &WATCH_SYNC_TIMEOUT,
+        0,
         3_600_000,
         GucContext::Suset,
         GucFlags::UNIT_MS,

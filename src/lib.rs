@@ -75,6 +75,17 @@ unsafe extern "C-unwind" fn xact_callback(
     {
         // Tombstones of this transaction's per-row deletes, batched (see fence.rs).
         fence::flush_tombstones();
+        // Registration changes of watched resources reach shared memory with the commit.
+        let applied = if event == pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT {
+            watch::apply_pending()
+        } else {
+            watch::refuse_prepare()
+        };
+        if let Err(e) = applied {
+            // SAFETY: in a PRE_COMMIT/PRE_PREPARE callback an ERROR aborts the transaction
+            // (PostgreSQL's CommitTransaction/PrepareTransaction allow it there).
+            unsafe { error::raise(e) };
+        }
         return;
     }
     fence::forget_all();
@@ -86,6 +97,7 @@ unsafe extern "C-unwind" fn xact_callback(
         fence::forget_tombstones();
     }
     if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
+        watch::forget_pending();
         trigger::forget_verified();
         worker::abort_pending();
     }
@@ -101,6 +113,7 @@ unsafe extern "C-unwind" fn subxact_callback(
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         fence::forget_tombstones_of(my);
+        watch::forget_pending_of(my);
         fence::forget_all();
         trigger::forget_verified();
     }

@@ -338,7 +338,9 @@ fn with_state<T>(
 // ---------------------------------------------------------------------------------------------
 // SQL functions (see entry.rs)
 
-/// `fencing_watch(resource, lock_name, verify)`.
+/// `fencing_watch(resource, lock_name, verify)`: writes the registration into `_pg_fencing.watch`
+/// (WAL-logged, so standbys, promotion, PITR, pg_upgrade and pg_dump carry it); the watch starts
+/// when the transaction commits (`apply_pending`).
 pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceError> {
     // Watches are per database, like the marks they raise.
     let sh = shared().ok_or_else(|| {
@@ -367,56 +369,94 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
             hint: None,
         });
     }
-    with_state(sh, || {
-        let slot = match find(sh, resource) {
-            Some(s) => s,
-            None => {
-                let s = sh
-                    .slots
-                    .iter()
-                    .find(|s| {
-                        s.state
-                            .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
-                            .is_ok()
-                    })
-                    .ok_or_else(|| FenceError::Call {
-                        sqlstate: crate::sqlstate!("53400"),
-                        message: format!(
-                            "all {WATCH_SLOTS} watch slots of the pg_fencing worker are in use"
-                        ),
-                        detail: None,
-                        hint: Some("Unwatch resources that no longer need it (fencing_unwatch); see fencing_watches.".into()),
-                    })?;
-                s.dboid
-                    .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Release);
-                s.resource.set(resource);
-                s.handover.store(0, Ordering::Release);
-                s
-            }
-        };
-        // A new generation first: the old watch task can no longer change the slot.
-        slot.generation.fetch_add(1, Ordering::AcqRel);
-        slot.set_prefix(&prefix);
-        slot.verify.store(verify, Ordering::Release);
-        slot.latest.store(0, Ordering::Release);
-        slot.confirmed_ms.store(0, Ordering::Release);
-        slot.set_message("starting");
-        slot.generation.fetch_add(1, Ordering::AcqRel);
-        if slot
-            .state
-            .compare_exchange(BUSY, ACTIVE, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            sh.active.fetch_add(1, Ordering::AcqRel);
-        }
-        Ok(())
-    })
+    // One registration change per resource at a time (and the lock order of `StateLock`).
+    crate::fence::lock_resource_exclusive(resource);
+    // Refuse now rather than at commit when no slot is free (commit checks again).
+    if find(sh, resource).is_none()
+        && !sh.slots.iter().any(|s| s.state.load(Ordering::Acquire) == FREE)
+    {
+        return Err(slots_full());
+    }
+    crate::fence::exec_internal(
+        "INSERT INTO _pg_fencing.watch AS w (resource, lock_key_prefix, verify) VALUES ($1, $2, $3) \
+         ON CONFLICT (resource) DO UPDATE SET lock_key_prefix = EXCLUDED.lock_key_prefix, \
+             verify = EXCLUDED.verify, watched_at = pg_catalog.now()",
+        false,
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
+        &mut [
+            crate::fence::text_datum(resource),
+            crate::fence::text_datum(&prefix),
+            pg_sys::Datum::from(verify),
+        ],
+        false,
+        |_| (),
+    );
+    Ok(())
 }
 
-/// `fencing_unwatch(resource)`: true if it was watched. The hand-over revision the watch reached
-/// is stored as the resource's mark first, so fencing does not drop with the watch.
+fn slots_full() -> FenceError {
+    FenceError::Call {
+        sqlstate: crate::sqlstate!("53400"),
+        message: format!("all {WATCH_SLOTS} watch slots of the pg_fencing worker are in use"),
+        detail: None,
+        hint: Some(
+            "Unwatch resources that no longer need it (fencing_unwatch); see fencing_watches."
+                .into(),
+        ),
+    }
+}
+
+/// Make `resource` of this database watched with `prefix` and `verify` in shared memory (take
+/// the `StateLock` first). A registration that is already there unchanged is left alone (its
+/// watch keeps running); a changed one starts its watch over, and the resource admits no write
+/// until the new watch has read etcd.
+fn register(sh: &WatchShared, resource: &str, prefix: &str, verify: bool) -> Result<(), FenceError> {
+    let slot = match find(sh, resource) {
+        Some(s) => {
+            if s.prefix.equals(prefix) && s.verify.load(Ordering::Acquire) == verify {
+                return Ok(());
+            }
+            s
+        }
+        None => {
+            let s = sh
+                .slots
+                .iter()
+                .find(|s| {
+                    s.state
+                        .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                })
+                .ok_or_else(slots_full)?;
+            s.dboid
+                .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Release);
+            s.resource.set(resource);
+            s.handover.store(0, Ordering::Release);
+            s
+        }
+    };
+    // A new generation first: the old watch task can no longer change the slot.
+    slot.generation.fetch_add(1, Ordering::AcqRel);
+    slot.set_prefix(prefix);
+    slot.verify.store(verify, Ordering::Release);
+    slot.latest.store(0, Ordering::Release);
+    slot.confirmed_ms.store(0, Ordering::Release);
+    slot.set_message("starting");
+    slot.generation.fetch_add(1, Ordering::AcqRel);
+    if slot
+        .state
+        .compare_exchange(BUSY, ACTIVE, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        sh.active.fetch_add(1, Ordering::AcqRel);
+    }
+    Ok(())
+}
+
+/// `fencing_unwatch(resource)`: true if it was watched. Deletes the registration; the watch stops
+/// when the transaction commits, and the hand-over revision it reached is stored as the
+/// resource's mark then (`apply_pending`), so fencing does not drop with the watch.
 pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
-    let Some(sh) = shared() else { return Ok(false) };
     if !unsafe { pg_sys::superuser() } && !crate::fence::may_write_resource(resource) {
         return Err(FenceError::Call {
             sqlstate: crate::sqlstate!("42501"),
@@ -425,28 +465,186 @@ pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
             hint: None,
         });
     }
-    // The resource's lock before the state file's (see `StateLock`): storing the hand-over
-    // revision as the mark below needs it.
-    // (Taken even if nothing is watched: before the state file is loaded, `find` cannot tell.)
+    // The resource's lock before the state file's (see `StateLock`), held to the commit.
     crate::fence::lock_resource_exclusive(resource);
-    with_state(sh, || {
-        let Some(slot) = find(sh, resource) else {
-            return Ok(false);
-        };
-        let handover = slot.handover.load(Ordering::Acquire);
-        if handover > 0 {
-            crate::fence::raise_mark(resource, handover);
-        }
-        if slot
-            .state
-            .compare_exchange(ACTIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            slot.generation.fetch_add(1, Ordering::AcqRel);
-            sh.active.fetch_sub(1, Ordering::AcqRel);
-        }
-        Ok(true)
+    let deleted = crate::fence::exec_internal(
+        "DELETE FROM _pg_fencing.watch WHERE resource OPERATOR(pg_catalog.=) $1 RETURNING true",
+        false,
+        &[pg_sys::TEXTOID],
+        &mut [crate::fence::text_datum(resource)],
+        false,
+        |_| true,
+    )
+    .unwrap_or(false);
+    let in_memory = shared().and_then(|sh| find(sh, resource)).is_some();
+    // Also a registration that shared memory has and the table has not (one restored from the
+    // state file after a point-in-time recovery to before it existed, say).
+    queue_change(resource, None);
+    Ok(deleted || in_memory)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registrations follow the table `_pg_fencing.watch`, transactionally: its row trigger queues
+// each change (`queue_change`), and the changes reach shared memory just before the transaction
+// commits (`apply_pending`, from the `PRE_COMMIT` callback); an abort drops them. Rows that
+// arrive without the trigger (WAL replay on a standby that is then promoted, PITR, pg_upgrade)
+// are registered by the first backend of the database that needs them (`reconcile`), and a
+// watched resource admits no write until its watch has read etcd (`check`).
+
+thread_local! {
+    /// Changes of this transaction: (subtransaction, resource, Some((prefix, verify)) to watch
+    /// or None to stop), in order.
+    static PENDING: std::cell::RefCell<Vec<(pg_sys::SubTransactionId, String, Option<(String, bool)>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+    /// This backend has registered its database's rows of `_pg_fencing.watch`.
+    static RECONCILED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Without the worker (not preloaded): resources the table says are watched. A watch that
+    /// cannot run cannot raise marks, so their writes are refused (FT005) rather than admitted
+    /// on marks that may be behind.
+    static UNSERVED: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// From the row trigger of `_pg_fencing.watch` (`_pg_fencing.watch_changed`): `resource` is to be
+/// watched with `prefix`/`verify`, or (`None`) not watched, once this transaction commits.
+pub fn queue_change(resource: &str, watch: Option<(String, bool)>) {
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    PENDING.with(|p| p.borrow_mut().push((sub, resource.to_string(), watch)));
+}
+
+/// An aborted transaction changes no registration.
+pub fn forget_pending() {
+    PENDING.with(|p| p.borrow_mut().clear());
+}
+
+/// An aborted subtransaction: drop what it (and its children, whose ids are higher) queued.
+pub fn forget_pending_of(sub: pg_sys::SubTransactionId) {
+    PENDING.with(|p| p.borrow_mut().retain(|(s, _, _)| *s < sub));
+}
+
+/// Before PREPARE TRANSACTION: a registration change cannot wait for COMMIT PREPARED (another
+/// session would have to apply it), so such a transaction cannot be prepared.
+pub fn refuse_prepare() -> Result<(), FenceError> {
+    if PENDING.with(|p| p.borrow().is_empty()) {
+        return Ok(());
+    }
+    forget_pending();
+    Err(FenceError::Call {
+        sqlstate: crate::sqlstate!("0A000"),
+        message: "cannot PREPARE a transaction that has watched or unwatched a resource".into(),
+        detail: None,
+        hint: Some("Call fencing_watch and fencing_unwatch in a transaction of their own.".into()),
     })
+}
+
+/// At PRE_COMMIT: apply this transaction's registration changes to shared memory and the state
+/// file. A stopped watch's hand-over revision becomes the resource's mark, in this transaction.
+/// An error here (no free slot) aborts the transaction.
+pub fn apply_pending() -> Result<(), FenceError> {
+    let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let Some(sh) = shared() else { return Ok(()) };
+    // The last change of each resource wins.
+    let mut last: Vec<(String, Option<(String, bool)>)> = Vec::new();
+    for (_, r, w) in pending {
+        last.retain(|(x, _)| *x != r);
+        last.push((r, w));
+    }
+    // Resource locks before the state lock (see `StateLock`).
+    let mut stopping: Vec<&str> = last.iter().filter(|(_, w)| w.is_none()).map(|(r, _)| r.as_str()).collect();
+    stopping.sort_unstable();
+    for r in &stopping {
+        crate::fence::lock_resource_exclusive(r);
+    }
+    let mut marks = Vec::new();
+    with_state(sh, || {
+        for (r, w) in &last {
+            match w {
+                Some((prefix, verify)) => register(sh, r, prefix, *verify)?,
+                None => {
+                    if let Some(slot) = find(sh, r) {
+                        if slot
+                            .state
+                            .compare_exchange(ACTIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok()
+                        {
+                            slot.generation.fetch_add(1, Ordering::AcqRel);
+                            sh.active.fetch_sub(1, Ordering::AcqRel);
+                            marks.push((r.clone(), slot.handover.load(Ordering::Acquire)));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    })?;
+    // The watch is gone (no raise after this point); what it reached stays as the mark. Made
+    // durable with the commit by fencing_unwatch (`make_mark_durable`).
+    for (r, h) in marks {
+        if h > 0 {
+            crate::fence::raise_mark(&r, h);
+        }
+    }
+    Ok(())
+}
+
+/// Register this database's rows of `_pg_fencing.watch` that shared memory lacks, once per
+/// backend (after recovery: a standby's backend would miss rows replayed after its first look).
+fn reconcile() -> Result<(), FenceError> {
+    if RECONCILED.with(|r| r.get()) || unsafe { pg_sys::RecoveryInProgress() } {
+        return Ok(());
+    }
+    // Not in this database (or an extension version from before the table): nothing to do.
+    let exists = crate::fence::exec_internal(
+        "SELECT true FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+         WHERE n.nspname OPERATOR(pg_catalog.=) '_pg_fencing' AND c.relname OPERATOR(pg_catalog.=) 'watch'",
+        false,
+        &[],
+        &mut [],
+        true,
+        |_| true,
+    )
+    .unwrap_or(false);
+    let mut rows: Vec<(String, String, bool)> = Vec::new();
+    if exists {
+        rows = Spi::connect(|c| {
+            c.select(
+                "SELECT resource, lock_key_prefix, verify FROM _pg_fencing.watch ORDER BY resource",
+                None,
+                &[],
+            )?
+            .map(|row| {
+                Ok((
+                    row.get::<String>(1)?.unwrap_or_default(),
+                    row.get::<String>(2)?.unwrap_or_default(),
+                    row.get::<bool>(3)?.unwrap_or(false),
+                ))
+            })
+            .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+        .map_err(|e| FenceError::WorkerUnavailable(format!("pg_fencing: reading _pg_fencing.watch: {e}")))?;
+    }
+    match shared() {
+        None => UNSERVED.with(|u| *u.borrow_mut() = rows.into_iter().map(|(r, _, _)| r).collect()),
+        Some(sh) => {
+            // Only what is missing: a registration that differs may be another transaction's
+            // change applied at its pre-commit and not yet visible here. (A row whose deletion
+            // is just committing may come back this way: a watch too many, never one too few;
+            // fencing_unwatch removes it.)
+            let missing: Vec<_> = rows.into_iter().filter(|(r, _, _)| find(sh, r).is_none()).collect();
+            if !missing.is_empty() {
+                with_state(sh, || {
+                    for (r, p, v) in &missing {
+                        register(sh, r, p, *v)?;
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+    }
+    RECONCILED.with(|r| r.set(true));
+    Ok(())
 }
 
 /// `fencing_reset(resource, token)` of a watched resource: its hand-over revision becomes `token`
@@ -473,6 +671,9 @@ pub fn rows() -> Vec<(
     Option<i64>,
     String,
 )> {
+    if let Err(e) = reconcile() {
+        pgrx::warning!("{e}");
+    }
     let Some(sh) = shared() else {
         return Vec::new();
     };
@@ -502,6 +703,9 @@ pub fn rows() -> Vec<(
 
 /// The hand-over revision of a watched resource (0 if none or not watched).
 pub fn handover(resource: &str) -> Token {
+    if let Err(e) = reconcile() {
+        pgrx::warning!("{e}");
+    }
     shared()
         .filter(|sh| sh.active.load(Ordering::Acquire) > 0)
         .and_then(|sh| find(sh, resource))
@@ -512,13 +716,22 @@ pub fn handover(resource: &str) -> Token {
 /// The fencing check's part for a watched resource: its hand-over revision (to be treated as a
 /// mark), after the `verify` check (`FT006`) if the watch has it. 0 if not watched.
 pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
-    let Some(sh) = shared() else { return Ok(0) };
+    reconcile()?;
+    let Some(sh) = shared() else {
+        if UNSERVED.with(|u| u.borrow().iter().any(|r| r == resource)) {
+            return Err(FenceError::LockServiceUnavailable(format!(
+                "resource \"{resource}\" is watched (fencing_watch), but its watch cannot run: pg_fencing is not in shared_preload_libraries"
+            )));
+        }
+        return Ok(0);
+    };
     if sh.active.load(Ordering::Acquire) == 0 {
         return Ok(0);
     }
     let Some(slot) = find(sh, resource) else {
         return Ok(0);
     };
+    wait_until_synced(slot, resource)?;
     let handover = slot.handover.load(Ordering::Acquire);
     if !slot.verify.load(Ordering::Acquire) || token < handover {
         // Below the hand-over revision: a stale holder, refused by the mark (FT001).
@@ -560,6 +773,29 @@ pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
         // once if the postmaster dies.
         crate::worker::nap(1);
     }
+}
+
+/// A watch that (re)started (server start, new registration, a database copied onto this
+/// server) has not yet replayed the lock's history from etcd, so its hand-over revision may be
+/// behind: no write is admitted until it has (the SPEC's lifecycle rule: a fact not in WAL is
+/// derived again from the lock service before any write is admitted). Waits on the latch for at
+/// most `pg_fencing.watch_sync_timeout`, then refuses with FT005.
+fn wait_until_synced(slot: &WatchSlot, resource: &str) -> Result<(), FenceError> {
+    if slot.confirmed_ms.load(Ordering::Acquire) > 0 {
+        return Ok(());
+    }
+    let limit = crate::gucs::watch_sync_timeout_ms() as i64;
+    let started = crate::worker::now_ms();
+    while slot.confirmed_ms.load(Ordering::Acquire) == 0 {
+        if crate::worker::now_ms() - started >= limit {
+            return Err(FenceError::LockServiceUnavailable(format!(
+                "the watch of resource \"{resource}\" has not read etcd's state since it started ({}), so its hand-over revision may be behind (waited pg_fencing.watch_sync_timeout = {limit} ms)",
+                slot.message()
+            )));
+        }
+        crate::worker::nap(1);
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@
 #  13. the Rust client example            (examples/rust-client against real etcd, tests/client)
 #  14. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  15. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
-#                                          pg_dump/restore, promotion and pg_upgrade)
+#                                          pg_dump/restore, promotion and pg_upgrade; logical
+#                                          replication)
 # Between 1 and 2 the release package (cargo pgrx package) is installed by copying its files, as
 # README.md "Install" says, so the suites test what users install.
 # Usage: scripts/test.sh [--no-setup]
@@ -184,5 +185,7 @@ step "15/15 lifecycle paths: a mark raised by fencing_advance survives a crash u
 tests/lifecycle/async_commit.sh
 step "15/15 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion and pg_upgrade (tests/lifecycle)"
 tests/lifecycle/watch_carried.sh
+step "15/15 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
+tests/lifecycle/logical.sh
 
 step "all tests passed"

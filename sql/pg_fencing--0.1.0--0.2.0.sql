@@ -13,6 +13,13 @@
 --   * the DDL event trigger adds no statement triggers while check_function_bodies is off (as
 --     pg_dump's scripts run), so a restore no longer meets statement triggers it is about to
 --     create.
+--   * watch registrations are rows of the WAL-logged table _pg_fencing.watch (pg_upgrade,
+--     pg_dump/restore, promotion and PITR carry them), applied at commit;
+--   * logical replication: every protected table gets the REPLICA trigger zz_pg_fencing_replica
+--     (a subscription's changes raise the subscriber's marks and tombstones), pg_fencing's own
+--     tables get zz_pg_fencing_replicated (publishing them merges instead of overwriting), and
+--     _pg_fencing.tombstone_feed carries tombstones by table name; inactive_reason reports a
+--     subscribed table whose marks cannot follow the publisher's.
 -- New columns go at the end so that CREATE OR REPLACE VIEW keeps views that users built on ours.
 -- The library of 0.2.0 still serves every C symbol the 0.1.0 SQL names, so the server keeps
 -- working between installing the new files and running ALTER EXTENSION pg_fencing UPDATE.
@@ -171,3 +178,309 @@ COMMENT ON FUNCTION @extschema@.fencing_watch(text, text, boolean) IS
 'The background worker watches etcd lock lock_name (default: the resource''s name, after pg_fencing.lock_prefix) and, whenever it changes hands, raises the resource''s mark to the hand-over revision (the later of the new holder key''s create revision and its predecessor''s deletion; never above the new holder''s token). Watches are per database. With verify, writes are also refused (FT006) unless their token is at most the latest revision etcd has reported, seen within pg_fencing.verify_max_lag. The registration is a row of _pg_fencing.watch (WAL-logged, so standbys, promotion, PITR, pg_upgrade and pg_dump/restore carry it) and takes effect when the transaction commits; after a (re)start the resource admits no write until the watch has read etcd (waiting at most pg_fencing.watch_sync_timeout, then FT005). Errors: 42501 not allowed to write the resource''s tables; 55000 no worker; 22023 bad names; 53400 all 64 watch slots in use; 0A000 at PREPARE TRANSACTION.';
 COMMENT ON FUNCTION @extschema@.fencing_unwatch(text) IS
 'Stops watching a resource in this database (true if it was watched) when the transaction commits; the hand-over revision the watch reached is stored as the resource''s mark then, durably. Errors: 42501 as fencing_watch; 0A000 at PREPARE TRANSACTION.';
+
+-- Logical replication: the tombstones a publisher writes, by table name, for its subscribers
+-- (protection ids differ between servers). Written only with wal_level = logical, and deleted
+-- again in the same transaction, so it is always empty; what travels is its inserts. A
+-- subscriber that subscribes to it turns each into a tombstone of its own protection of that
+-- table (_pg_fencing.on_replicated_change).
+CREATE TABLE _pg_fencing.tombstone_feed (
+    relation    text   NOT NULL,
+    key         text   NOT NULL,
+    high_water  bigint NOT NULL CHECK (high_water > 0)
+);
+-- Its deletes are published too: the whole row identifies them (it has no key of its own).
+ALTER TABLE _pg_fencing.tombstone_feed REPLICA IDENTITY FULL;
+GRANT SELECT ON _pg_fencing.tombstone_feed TO PUBLIC;
+
+-- Logical replication (issue 14: a subscriber's marks stayed behind what it applied, and
+-- publishing pg_fencing's own tables overwrote the subscriber's). See sql/pg_fencing.sql.
+--
+-- A subscription applies changes with session_replication_role = replica, in which ordinary
+-- triggers do not fire. What a subscriber applies must still raise its marks and tombstones:
+--   * every protected table has the REPLICA row trigger zz_pg_fencing_replica (fencing_protect),
+--     with which the guard records instead of refusing (src/trigger.rs, record_replicated);
+--   * pg_fencing's own tables have the REPLICA row trigger zz_pg_fencing_replicated below, so
+--     that publishing them (FOR ALL TABLES does) merges instead of overwriting: a resource's mark
+--     only goes up, a tombstone_feed row becomes a tombstone of the subscriber's own protection
+--     of that table, and protections, tombstones by id, the reset log and watches stay the
+--     subscriber's own.
+CREATE FUNCTION _pg_fencing.replicated_row() RETURNS boolean
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_replicated_row';
+COMMENT ON FUNCTION _pg_fencing.replicated_row() IS
+'True in a logical replication worker, except while pg_fencing''s own internal statements run there: the row being written was applied by a subscription.';
+
+CREATE FUNCTION _pg_fencing.on_replicated_change() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    pid bigint;
+BEGIN
+    -- This function's own statements below, pg_fencing's bookkeeping, and sessions in replica
+    -- mode that are not a subscription's workers pass through.
+    IF pg_trigger_depth() > 1 OR NOT _pg_fencing.replicated_row() THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    IF TG_TABLE_NAME = 'resource_high_water' THEN
+        -- A mark only goes up: the publisher's is merged in, never lowered, never deleted.
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at)
+            VALUES (NEW.resource, NEW.high_water, clock_timestamp())
+            ON CONFLICT (resource) DO UPDATE SET high_water = excluded.high_water, updated_at = excluded.updated_at
+            WHERE h.high_water < excluded.high_water;
+        ELSIF TG_OP = 'UPDATE' AND NEW.resource = OLD.resource AND NEW.high_water > OLD.high_water THEN
+            NEW.updated_at := clock_timestamp();
+            RETURN NEW;
+        END IF;
+        RETURN NULL;
+    ELSIF TG_TABLE_NAME = 'tombstone_feed' AND TG_OP = 'INSERT' THEN
+        SELECT p.id INTO pid FROM _pg_fencing.protected_table p
+        WHERE p.relid = to_regclass(NEW.relation) AND p.resource IS NULL AND p.protected;
+        IF FOUND THEN
+            INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water)
+            VALUES (pid, NEW.key, NEW.high_water)
+            ON CONFLICT (protection_id, key) DO UPDATE SET high_water = excluded.high_water
+            WHERE h.high_water < excluded.high_water;
+        END IF;
+    END IF;
+    -- protected_table, row_tombstone (keyed by the publisher's ids), reset_log, watch: each
+    -- server keeps its own. tombstone_feed stores nothing here either.
+    RETURN NULL;
+END
+$fn$;
+COMMENT ON FUNCTION _pg_fencing.on_replicated_change() IS
+'REPLICA row trigger of pg_fencing''s own tables: merges what a subscription applies (marks only go up; tombstone_feed rows become tombstones of the subscriber''s own protections) and keeps the subscriber''s protections, tombstones by id, reset log and watches its own.';
+
+DO $do$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['resource_high_water', 'protected_table', 'row_tombstone', 'reset_log',
+                             'watch', 'tombstone_feed'] LOOP
+        EXECUTE format('CREATE TRIGGER zz_pg_fencing_replicated BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.%I '
+                       'FOR EACH ROW EXECUTE FUNCTION _pg_fencing.on_replicated_change()', t);
+        EXECUTE format('ALTER TABLE _pg_fencing.%I ENABLE REPLICA TRIGGER zz_pg_fencing_replicated', t);
+    END LOOP;
+END
+$do$;
+
+CREATE OR REPLACE FUNCTION _pg_fencing.inactive_reason(relation regclass, resource text) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    part regclass;
+    trig text;
+    state "char";
+    role text := current_setting('session_replication_role');
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = relation) THEN
+        RETURN 'table does not exist';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute a JOIN _pg_fencing.protected_table p ON p.relid = relation
+                   WHERE a.attrelid = relation AND a.attname = p.token_column AND a.attnum > 0
+                     AND NOT a.attisdropped AND a.atttypid = 'int8'::regtype AND a.attgenerated = '') THEN
+        RETURN format('the token column of %s is missing, renamed, not bigint, or generated', relation);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhparent
+               WHERE i.inhparent = relation AND c.relkind = 'r') THEN
+        RETURN format('%s has inheritance children, which are not fenced', relation);
+    END IF;
+    IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_index i
+                                    WHERE i.indrelid = relation AND i.indisprimary AND NOT i.indimmediate) THEN
+        RETURN format('the primary key of %s is DEFERRABLE; per-row writes are refused', relation);
+    END IF;
+    FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
+        IF (SELECT c.relkind FROM pg_class c WHERE c.oid = part) = 'f' THEN
+            RETURN format('%s is a foreign partition: it cannot carry a TRUNCATE trigger, so TRUNCATE of it is not fenced', part);
+        END IF;
+        FOREACH trig IN ARRAY CASE WHEN resource IS NULL
+                                   THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
+                                              'zz_pg_fencing_truncate', 'zz_pg_fencing_replica']
+                                   ELSE ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_truncate',
+                                              'zz_pg_fencing_stmt', 'zz_pg_fencing_replica'] END
+        LOOP
+            SELECT tg.tgenabled INTO state FROM pg_trigger tg WHERE tg.tgrelid = part AND tg.tgname = trig;
+            IF NOT FOUND THEN
+                RETURN format('trigger %s is missing on %s', trig, part);
+            ELSIF state = 'D' THEN
+                RETURN format('trigger %s is disabled on %s', trig, part);
+            ELSIF trig = 'zz_pg_fencing_replica' THEN
+                IF state = 'O' THEN
+                    RETURN format('trigger %s on %s does not fire in replica mode, so changes that logical replication applies are not recorded', trig, part);
+                END IF;
+            ELSIF state = 'O' AND role = 'replica' THEN
+                RETURN format('session_replication_role = replica skips trigger %s on %s (writes are recorded, not refused)', trig, part);
+            ELSIF state = 'R' AND role <> 'replica' THEN
+                RETURN format('trigger %s on %s fires only in replica mode', trig, part);
+            END IF;
+        END LOOP;
+    END LOOP;
+    -- A subscriber: rows of this table arrive by logical replication. Their tokens raise the
+    -- marks (zz_pg_fencing_replica), but the publisher's marks and tombstones that no row carries
+    -- (fencing_advance, the token of a DELETE or TRUNCATE) arrive only through pg_fencing's tables.
+    IF EXISTS (SELECT 1 FROM pg_subscription_rel sr JOIN _pg_fencing.tree(relation) t ON t.relid = sr.srrelid) THEN
+        IF resource IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_subscription_rel sr
+                                                WHERE sr.srrelid = '_pg_fencing.resource_high_water'::regclass) THEN
+            RETURN format('%s is written by a subscription, but _pg_fencing.resource_high_water is not subscribed: the mark follows replicated rows only, not the publisher''s advances and deletes', relation);
+        ELSIF resource IS NULL AND NOT EXISTS (SELECT 1 FROM pg_subscription_rel sr
+                                               WHERE sr.srrelid = '_pg_fencing.tombstone_feed'::regclass) THEN
+            RETURN format('%s is written by a subscription, but _pg_fencing.tombstone_feed is not subscribed: replicated deletes leave tombstones with the deleted row''s token, not the deleting write''s', relation);
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION @extschema@.fencing_protect(relation regclass, resource text DEFAULT NULL,
+                                            token_column name DEFAULT 'fence_token')
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    rel record;
+    pk name[];
+    col_type oid;
+    pid bigint;
+    part regclass;
+    args text;
+BEGIN
+    IF relation IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
+    END IF;
+    IF resource = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'resource must be NULL (per-row mode) or a non-empty name',
+            HINT = 'Pass the name of the lock that guards the table, e.g. ''settlement''.';
+    END IF;
+    IF token_column IS NULL OR token_column = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'token_column must be a column name';
+    END IF;
+    SELECT c.relkind, c.relowner INTO rel FROM pg_catalog.pg_class c WHERE c.oid = relation;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('relation with OID %s does not exist', relation::oid);
+    END IF;
+    IF rel.relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', relation),
+            HINT = 'fencing_protect accepts plain and partitioned tables.';
+    END IF;
+    IF pg_catalog.pg_partition_root(relation) <> relation THEN
+        RAISE EXCEPTION USING ERRCODE = '42809',
+            MESSAGE = format('%s is a partition; protect its root table %s', relation, pg_catalog.pg_partition_root(relation));
+    END IF;
+    IF NOT pg_catalog.pg_has_role(current_user, rel.relowner, 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('must be owner of table %s', relation);
+    END IF;
+
+    SELECT array_agg(a.attname ORDER BY k.ord) INTO pk
+    FROM pg_catalog.pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = relation AND i.indisprimary;
+    IF resource IS NULL AND pk IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16', MESSAGE = format('table %s has no primary key', relation),
+            DETAIL = 'Per-row mode fences each row by its primary key.',
+            HINT = 'Add a primary key, or protect the table in resource mode: fencing_protect(table, ''resource-name'').';
+    END IF;
+    IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                                    WHERE i.indrelid = relation AND i.indisprimary AND NOT i.indimmediate) THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('the primary key of %s is DEFERRABLE', relation),
+            DETAIL = 'Per-row mode relies on the primary key being checked when each row is written.',
+            HINT = 'Make the primary key NOT DEFERRABLE, or protect the table in resource mode.';
+    END IF;
+    IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                                    WHERE a.attrelid = relation AND a.attname = ANY (pk) AND a.attgenerated <> '') THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('the primary key of %s contains a generated column', relation),
+            DETAIL = 'Per-row mode identifies a row by its primary key before generated columns are computed.',
+            HINT = 'Protect the table in resource mode, or use a primary key without generated columns.';
+    END IF;
+    IF token_column = ANY (pk) THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('token column %I is part of the primary key of %s', token_column, relation);
+    END IF;
+
+    IF rel.relkind = 'r' AND EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhparent = relation) THEN
+        RAISE EXCEPTION USING ERRCODE = '42809',
+            MESSAGE = format('%s has inheritance children', relation),
+            DETAIL = 'Writes through the parent to rows of its children would not be fenced.',
+            HINT = 'Use declarative partitioning, or protect each table on its own.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = relation AND a.attname = token_column
+               AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> '') THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('token column %I of %s is a generated column', token_column, relation),
+            HINT = 'pg_fencing stamps the token column itself; use a plain bigint column.';
+    END IF;
+    SELECT a.atttypid INTO col_type FROM pg_catalog.pg_attribute a
+    WHERE a.attrelid = relation AND a.attname = token_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        EXECUTE format('ALTER TABLE %s ADD COLUMN %I bigint', relation, token_column);
+    ELSIF col_type <> 'pg_catalog.int8'::pg_catalog.regtype THEN
+        RAISE EXCEPTION USING ERRCODE = '42804',
+            MESSAGE = format('token column %I of %s has type %s, not bigint', token_column, relation, col_type::pg_catalog.regtype);
+    END IF;
+
+    pid := _pg_fencing.register(relation, resource, token_column::text);
+    args := format('%L, %L, %L', pid, coalesce(resource, ''), token_column);
+
+    -- Row triggers on a partitioned table are cloned to its partitions, present and future.
+    -- They are named to sort after triggers with ordinary names (BEFORE triggers fire in name order).
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    -- AFTER INSERT: resource mode stores a raised mark once a row really was inserted (not for
+    -- ON CONFLICT DO NOTHING); per-row mode checks the key's tombstone once the row is in the
+    -- unique index. Per-row mode also re-checks a key that an UPDATE changed.
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    -- Logical replication applies changes in replica mode, where the triggers above do not
+    -- fire: this one fires only there, and records what is applied instead of refusing it.
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_replica BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER zz_pg_fencing_replica', relation);
+    IF resource IS NULL THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_rekey AFTER UPDATE ON %s FOR EACH ROW '
+                       'WHEN (ROW(%s) IS DISTINCT FROM ROW(%s)) EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
+                       relation,
+                       (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(pk) c),
+                       (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(pk) c),
+                       args);
+    ELSE
+        PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
+    END IF;
+    -- Statement triggers are not cloned: every member of the partition tree gets its own.
+    FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
+        PERFORM _pg_fencing.add_statement_triggers(part, pid, resource, token_column);
+    END LOOP;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION @extschema@.fencing_unprotect(relation regclass) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    part regclass;
+BEGIN
+    IF NOT _pg_fencing.unregister(relation) THEN
+        RAISE NOTICE 'table % was not protected', relation;
+    END IF;
+    PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_guard');
+    PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_after');
+    PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
+    PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_replica');
+    FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
+        PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_truncate');
+        PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_stmt');
+    END LOOP;
+END
+$fn$;
+
+-- Tables protected before 0.2.0 get the REPLICA trigger (a partitioned table's clones with it).
+DO $do$
+DECLARE
+    p record;
+BEGIN
+    FOR p IN SELECT pt.id, pt.relid, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
+             WHERE pt.protected AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = pt.relid) LOOP
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_replica BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                       'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%L, %L, %L)',
+                       p.relid, p.id, coalesce(p.resource, ''), p.token_column);
+        EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER zz_pg_fencing_replica', p.relid);
+    END LOOP;
+END
+$do$;

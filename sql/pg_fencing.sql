@@ -68,6 +68,19 @@ CREATE TABLE _pg_fencing.watch (
     watched_at       timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 
+-- Logical replication: the tombstones a publisher writes, by table name, for its subscribers
+-- (protection ids differ between servers). Written only with wal_level = logical, and deleted
+-- again in the same transaction, so it is always empty; what travels is its inserts. A
+-- subscriber that subscribes to it turns each into a tombstone of its own protection of that
+-- table (_pg_fencing.on_replicated_change).
+CREATE TABLE _pg_fencing.tombstone_feed (
+    relation    text   NOT NULL,
+    key         text   NOT NULL,
+    high_water  bigint NOT NULL CHECK (high_water > 0)
+);
+-- Its deletes are published too: the whole row identifies them (it has no key of its own).
+ALTER TABLE _pg_fencing.tombstone_feed REPLICA IDENTITY FULL;
+
 GRANT SELECT ON ALL TABLES IN SCHEMA _pg_fencing TO PUBLIC;
 
 -- pg_dump must carry the marks along with the tables they guard.
@@ -75,9 +88,10 @@ SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.resource_high_water', ''
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.row_tombstone', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.reset_log', '');
-SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.watch', '');
 -- ... and the protection ids' sequence, or protecting a table after a restore reuses an id.
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table_id_seq', '');
+-- (Added in 0.2.0, after the sequence: an upgraded install lists them in this order too.)
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.watch', '');
 
 -- ---------------------------------------------------------------------------------------------
 -- C functions (src/entry.rs)
@@ -114,7 +128,9 @@ $fn$;
 
 -- Why the protection of relation is not active right now (NULL = active): a guard trigger that is
 -- missing or disabled on the table or one of its partitions, or skipped because of
--- session_replication_role.
+-- session_replication_role; or, on a logical replication subscriber, a table that a subscription
+-- writes while pg_fencing's own tables that carry the publisher's marks and tombstones are not
+-- subscribed.
 CREATE FUNCTION _pg_fencing.inactive_reason(relation regclass, resource text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -145,22 +161,38 @@ BEGIN
         END IF;
         FOREACH trig IN ARRAY CASE WHEN resource IS NULL
                                    THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
-                                              'zz_pg_fencing_truncate']
+                                              'zz_pg_fencing_truncate', 'zz_pg_fencing_replica']
                                    ELSE ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_truncate',
-                                              'zz_pg_fencing_stmt'] END
+                                              'zz_pg_fencing_stmt', 'zz_pg_fencing_replica'] END
         LOOP
             SELECT tg.tgenabled INTO state FROM pg_trigger tg WHERE tg.tgrelid = part AND tg.tgname = trig;
             IF NOT FOUND THEN
                 RETURN format('trigger %s is missing on %s', trig, part);
             ELSIF state = 'D' THEN
                 RETURN format('trigger %s is disabled on %s', trig, part);
+            ELSIF trig = 'zz_pg_fencing_replica' THEN
+                IF state = 'O' THEN
+                    RETURN format('trigger %s on %s does not fire in replica mode, so changes that logical replication applies are not recorded', trig, part);
+                END IF;
             ELSIF state = 'O' AND role = 'replica' THEN
-                RETURN format('session_replication_role = replica skips trigger %s on %s', trig, part);
+                RETURN format('session_replication_role = replica skips trigger %s on %s (writes are recorded, not refused)', trig, part);
             ELSIF state = 'R' AND role <> 'replica' THEN
                 RETURN format('trigger %s on %s fires only in replica mode', trig, part);
             END IF;
         END LOOP;
     END LOOP;
+    -- A subscriber: rows of this table arrive by logical replication. Their tokens raise the
+    -- marks (zz_pg_fencing_replica), but the publisher's marks and tombstones that no row carries
+    -- (fencing_advance, the token of a DELETE or TRUNCATE) arrive only through pg_fencing's tables.
+    IF EXISTS (SELECT 1 FROM pg_subscription_rel sr JOIN _pg_fencing.tree(relation) t ON t.relid = sr.srrelid) THEN
+        IF resource IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_subscription_rel sr
+                                                WHERE sr.srrelid = '_pg_fencing.resource_high_water'::regclass) THEN
+            RETURN format('%s is written by a subscription, but _pg_fencing.resource_high_water is not subscribed: the mark follows replicated rows only, not the publisher''s advances and deletes', relation);
+        ELSIF resource IS NULL AND NOT EXISTS (SELECT 1 FROM pg_subscription_rel sr
+                                               WHERE sr.srrelid = '_pg_fencing.tombstone_feed'::regclass) THEN
+            RETURN format('%s is written by a subscription, but _pg_fencing.tombstone_feed is not subscribed: replicated deletes leave tombstones with the deleted row''s token, not the deleting write''s', relation);
+        END IF;
+    END IF;
     RETURN NULL;
 END
 $fn$;
@@ -297,6 +329,11 @@ BEGIN
     -- unique index. Per-row mode also re-checks a key that an UPDATE changed.
     EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    -- Logical replication applies changes in replica mode, where the triggers above do not
+    -- fire: this one fires only there, and records what is applied instead of refusing it.
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_replica BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER zz_pg_fencing_replica', relation);
     IF resource IS NULL THEN
         EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_rekey AFTER UPDATE ON %s FOR EACH ROW '
                        'WHEN (ROW(%s) IS DISTINCT FROM ROW(%s)) EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
@@ -327,6 +364,7 @@ BEGIN
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_guard');
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_after');
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
+    PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_replica');
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_truncate');
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_stmt');
@@ -392,6 +430,76 @@ $fn$;
 CREATE EVENT TRIGGER pg_fencing_ddl_end ON ddl_command_end
     WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA')
     EXECUTE FUNCTION _pg_fencing.on_ddl_end();
+
+-- ---------------------------------------------------------------------------------------------
+-- Logical replication
+--
+-- A subscription applies changes with session_replication_role = replica, in which ordinary
+-- triggers do not fire. What a subscriber applies must still raise its marks and tombstones:
+--   * every protected table has the REPLICA row trigger zz_pg_fencing_replica (fencing_protect),
+--     with which the guard records instead of refusing (src/trigger.rs, record_replicated);
+--   * pg_fencing's own tables have the REPLICA row trigger zz_pg_fencing_replicated below, so
+--     that publishing them (FOR ALL TABLES does) merges instead of overwriting: a resource's mark
+--     only goes up, a tombstone_feed row becomes a tombstone of the subscriber's own protection
+--     of that table, and protections, tombstones by id, the reset log and watches stay the
+--     subscriber's own.
+CREATE FUNCTION _pg_fencing.replicated_row() RETURNS boolean
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_replicated_row';
+COMMENT ON FUNCTION _pg_fencing.replicated_row() IS
+'True in a logical replication worker, except while pg_fencing''s own internal statements run there: the row being written was applied by a subscription.';
+
+CREATE FUNCTION _pg_fencing.on_replicated_change() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    pid bigint;
+BEGIN
+    -- This function's own statements below, pg_fencing's bookkeeping, and sessions in replica
+    -- mode that are not a subscription's workers pass through.
+    IF pg_trigger_depth() > 1 OR NOT _pg_fencing.replicated_row() THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    IF TG_TABLE_NAME = 'resource_high_water' THEN
+        -- A mark only goes up: the publisher's is merged in, never lowered, never deleted.
+        IF TG_OP = 'INSERT' THEN
+            INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at)
+            VALUES (NEW.resource, NEW.high_water, clock_timestamp())
+            ON CONFLICT (resource) DO UPDATE SET high_water = excluded.high_water, updated_at = excluded.updated_at
+            WHERE h.high_water < excluded.high_water;
+        ELSIF TG_OP = 'UPDATE' AND NEW.resource = OLD.resource AND NEW.high_water > OLD.high_water THEN
+            NEW.updated_at := clock_timestamp();
+            RETURN NEW;
+        END IF;
+        RETURN NULL;
+    ELSIF TG_TABLE_NAME = 'tombstone_feed' AND TG_OP = 'INSERT' THEN
+        SELECT p.id INTO pid FROM _pg_fencing.protected_table p
+        WHERE p.relid = to_regclass(NEW.relation) AND p.resource IS NULL AND p.protected;
+        IF FOUND THEN
+            INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water)
+            VALUES (pid, NEW.key, NEW.high_water)
+            ON CONFLICT (protection_id, key) DO UPDATE SET high_water = excluded.high_water
+            WHERE h.high_water < excluded.high_water;
+        END IF;
+    END IF;
+    -- protected_table, row_tombstone (keyed by the publisher's ids), reset_log, watch: each
+    -- server keeps its own. tombstone_feed stores nothing here either.
+    RETURN NULL;
+END
+$fn$;
+COMMENT ON FUNCTION _pg_fencing.on_replicated_change() IS
+'REPLICA row trigger of pg_fencing''s own tables: merges what a subscription applies (marks only go up; tombstone_feed rows become tombstones of the subscriber''s own protections) and keeps the subscriber''s protections, tombstones by id, reset log and watches its own.';
+
+DO $do$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['resource_high_water', 'protected_table', 'row_tombstone', 'reset_log',
+                             'watch', 'tombstone_feed'] LOOP
+        EXECUTE format('CREATE TRIGGER zz_pg_fencing_replicated BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.%I '
+                       'FOR EACH ROW EXECUTE FUNCTION _pg_fencing.on_replicated_change()', t);
+        EXECUTE format('ALTER TABLE _pg_fencing.%I ENABLE REPLICA TRIGGER zz_pg_fencing_replicated', t);
+    END LOOP;
+END
+$do$;
 
 -- ---------------------------------------------------------------------------------------------
 -- Marks

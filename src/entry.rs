@@ -411,6 +411,22 @@ pub unsafe extern "C-unwind" fn pg_fencing_watch_changed(fcinfo: FunctionCallInf
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_replicated_row);
+/// `_pg_fencing.replicated_row() RETURNS boolean`: true in a logical replication worker (apply or
+/// table sync) except while one of pg_fencing's own internal statements runs there. The REPLICA
+/// triggers on `_pg_fencing`'s tables use it to tell rows that a subscription applies from the
+/// subscriber's own bookkeeping (and from a superuser's session in replica mode).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_replicated_row(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    unsafe {
+        run(fcinfo, || {
+            Ok(pg_sys::Datum::from(
+                pg_sys::IsLogicalWorker() && !fence::internal_write(),
+            ))
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_reset_watch);
 /// `_pg_fencing.reset_watch(resource text, token bigint) RETURNS void`: `fencing_reset` of a
 /// watched resource also sets its hand-over revision. Not granted to PUBLIC.

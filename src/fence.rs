@@ -385,6 +385,22 @@ pub fn flush_tombstones() {
         false,
         as_token,
     );
+    if logical_wal() {
+        // For subscribers: the same tombstones by table name (see `SQL_FEED_TOMBS`).
+        exec_internal(
+            SQL_FEED_TOMBS,
+            true,
+            &[
+                pg_sys::INT8ARRAYOID,
+                pg_sys::TEXTARRAYOID,
+                pg_sys::INT8ARRAYOID,
+            ],
+            &mut [p, k, t],
+            false,
+            as_token,
+        );
+        exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);
+    }
     unsafe { pg_sys::XactReadOnly = read_only };
     // Written in the deleting subtransaction itself (the usual case): they stand or fall with
     // it. Written in a younger one: remember them until the transaction ends.
@@ -500,6 +516,24 @@ const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (prote
      WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
      ON CONFLICT (protection_id, key) DO UPDATE \
      SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
+/// Logical replication (`wal_level = logical`): every tombstone written is also inserted into
+/// `_pg_fencing.tombstone_feed` under its table's qualified name and deleted again in the same
+/// transaction, so the table stays empty while its inserts reach subscribers that subscribe to
+/// it (there a REPLICA trigger turns each into a tombstone of the subscriber's own protection of
+/// that table; protection ids differ between servers, names do not).
+const SQL_FEED_TOMBS: &str = "INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
+     SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname), u.k, u.t \
+     FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
+     JOIN _pg_fencing.protected_table pt ON pt.id OPERATOR(pg_catalog.=) u.p \
+     JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt.relid::pg_catalog.oid \
+     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace";
+const SQL_FEED_CLEAR: &str = "DELETE FROM _pg_fencing.tombstone_feed";
+
+/// Is WAL written for logical decoding (publishers need `wal_level = logical`)?
+fn logical_wal() -> bool {
+    unsafe { pg_sys::wal_level >= pg_sys::WalLevel::WAL_LEVEL_LOGICAL as i32 }
+}
+
 const SQL_READ_TOMB: &str = "SELECT high_water FROM _pg_fencing.row_tombstone \
      WHERE protection_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
 
@@ -756,6 +790,36 @@ pub fn exec_internal<T>(
     }
 }
 
+thread_local! {
+    /// Depth of pg_fencing's own internal statements now running (see `internal_write`).
+    static INTERNAL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Is one of pg_fencing's own internal statements running? The REPLICA triggers on its tables
+/// (`_pg_fencing.on_replicated_change`) let these through: in a replica-mode session (logical
+/// replication's apply worker) they are the subscriber's own bookkeeping, not replicated rows.
+pub fn internal_write() -> bool {
+    INTERNAL.with(|d| d.get() > 0)
+}
+
+/// Transaction end: no internal statement is running any more (also after an error in one).
+pub fn forget_internal_write() {
+    INTERNAL.with(|d| d.set(0));
+}
+
+struct InternalWrite;
+impl InternalWrite {
+    fn begin() -> Self {
+        INTERNAL.with(|d| d.set(d.get() + 1));
+        InternalWrite
+    }
+}
+impl Drop for InternalWrite {
+    fn drop(&mut self) {
+        INTERNAL.with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
 fn exec_internal_pinned<T>(
     sql: &str,
     cached: bool,
@@ -784,6 +848,7 @@ fn exec_internal_pinned<T>(
             prepare(sql, types)
         };
         let nulls = vec![b' ' as std::ffi::c_char; args.len()];
+        let _internal = InternalWrite::begin();
         let rc = pg_sys::SPI_execute_snapshot(
             plan,
             args.as_mut_ptr(),
@@ -896,6 +961,28 @@ pub fn truncate_rows(
         false,
         as_token,
     );
+    if logical_wal() {
+        // For subscribers, as in `flush_tombstones` (see `SQL_FEED_TOMBS`).
+        // Under the protected (root) table's name, as the subscriber's protection knows it.
+        let feed = format!(
+            "INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
+             SELECT (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) \
+                     FROM _pg_fencing.protected_table pt \
+                     JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt.relid::pg_catalog.oid \
+                     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+                     WHERE pt.id OPERATOR(pg_catalog.=) $1), \
+                    {row_key}, $2 FROM {from}"
+        );
+        exec_internal(
+            &feed,
+            false,
+            &[pg_sys::INT8OID, pg_sys::INT8OID],
+            &mut [pg_sys::Datum::from(protection), pg_sys::Datum::from(token)],
+            false,
+            as_token,
+        );
+        exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);
+    }
     Ok(())
 }
 

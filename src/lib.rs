@@ -89,6 +89,7 @@ unsafe extern "C-unwind" fn xact_callback(
         return;
     }
     fence::forget_all();
+    fence::forget_internal_write();
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
         || event == pg_sys::XactEvent::XACT_EVENT_ABORT
         || event == pg_sys::XactEvent::XACT_EVENT_PREPARE

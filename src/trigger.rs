@@ -421,6 +421,11 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         let table_fn = || relation_name(rel);
         let table: &dyn Fn() -> String = &table_fn;
         verify_protection(rel, &args, table)?;
+        if pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 {
+            // Logical replication's apply worker (or a session in replica mode): only the
+            // REPLICA trigger zz_pg_fencing_replica fires; it records, never refuses.
+            return record_replicated(td, &args, table);
+        }
         if !row_level && op != pg_sys::TRIGGER_EVENT_TRUNCATE {
             // BEFORE INSERT/UPDATE/DELETE FOR EACH STATEMENT (resource mode): take the resource's
             // lock before the executor locks any row, so that every transaction takes resource
@@ -580,6 +585,66 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }
         }
+    }
+}
+
+/// A change applied with `session_replication_role = replica` (logical replication's apply and
+/// table-sync workers): the publisher already admitted it, and refusing it here would stop the
+/// subscription, so it is recorded, never refused: in resource mode the row's token raises the
+/// resource's mark; in per-row mode the row's token column travels with it, and a deleted key (or
+/// the old key of an UPDATE that changed it) keeps a tombstone with the deleted row's token. The
+/// publisher's own marks and tombstones, which no row carries (`fencing_advance`, the token of a
+/// DELETE), arrive through `_pg_fencing.resource_high_water` and `_pg_fencing.tombstone_feed` when
+/// those are published too (see `sql/pg_fencing.sql`, "Logical replication").
+unsafe fn record_replicated(
+    td: &pg_sys::TriggerData,
+    args: &Args,
+    table: &dyn Fn() -> String,
+) -> Result<pg_sys::Datum, FenceError> {
+    unsafe {
+        let event = td.tg_event;
+        let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
+        let row_level = event & pg_sys::TRIGGER_EVENT_ROW != 0;
+        let before = event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
+        if !row_level || !before {
+            return Ok(pg_sys::Datum::from(0usize));
+        }
+        let rel = td.tg_relation;
+        let tupdesc = (*rel).rd_att;
+        let info = relinfo(rel, args, table)?;
+        let attnum = info.token_attnum;
+        let (old, new) = match op {
+            pg_sys::TRIGGER_EVENT_INSERT => (None, Some(td.tg_trigtuple)),
+            pg_sys::TRIGGER_EVENT_UPDATE => (Some(td.tg_trigtuple), Some(td.tg_newtuple)),
+            _ => (Some(td.tg_trigtuple), None),
+        };
+        let positive = |t: Option<Token>| t.filter(|t| *t > 0);
+        match &args.resource {
+            Some(resource) => {
+                let highest = [old, new]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| positive(tuple_token(t, tupdesc, attnum)))
+                    .max();
+                if let Some(t) = highest {
+                    fence::raise_mark(resource, t);
+                }
+            }
+            None => {
+                if let Some(old) = old {
+                    let pk = check_primary_key(rel, info.pk.clone(), info.pk_immediate)?;
+                    let old_key = key_text(old, tupdesc, &pk);
+                    let gone = match new {
+                        None => true,
+                        Some(new) => key_text(new, tupdesc, &pk) != old_key,
+                    };
+                    if let (true, Some(t)) = (gone, positive(tuple_token(old, tupdesc, attnum))) {
+                        fence::record_row_delete(args.protection, &old_key, t);
+                    }
+                }
+            }
+        }
+        Ok(pg_sys::Datum::from(new.or(old).unwrap_or(std::ptr::null_mut())))
     }
 }
 

@@ -476,7 +476,11 @@ pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
         |_| true,
     )
     .unwrap_or(false);
-    let in_memory = shared().and_then(|sh| find(sh, resource)).is_some();
+    // As this transaction sees it: its own earlier watch/unwatch of the resource, else the
+    // running registrations.
+    let in_memory = PENDING
+        .with(|p| p.borrow().iter().rev().find(|(_, r, _)| r == resource).map(|(_, _, w)| w.is_some()))
+        .unwrap_or_else(|| shared().and_then(|sh| find(sh, resource)).is_some());
     // Also a registration that shared memory has and the table has not (one restored from the
     // state file after a point-in-time recovery to before it existed, say).
     queue_change(resource, None);

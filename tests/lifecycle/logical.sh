@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Logical replication keeps the subscriber's marks and tombstones at least as high as what it has
+# applied (issue 14, path 1). Changes applied by a subscription run with session_replication_role
+# = replica, so the ordinary guard triggers do not fire there; pg_fencing's replica-mode triggers
+# record what arrives instead of refusing it, and the publisher's own marks and tombstones travel
+# through _pg_fencing.resource_high_water and _pg_fencing.tombstone_feed.
+#
+#   publisher 127.0.0.1:${PGPORT_LOGICAL:-54429}, subscriber the next port; wal_level = logical.
+#   1. FOR ALL TABLES (pg_fencing's own tables included): resource mode 'jobs' with mark 10 on
+#      both; a publisher write with 12 arrives; a subscriber write with 11 is refused (FT001).
+#      fencing_advance and a DELETE on the publisher raise the subscriber's mark too. Per-row
+#      mode: a key deleted on the publisher with 25 (its row carried 20) cannot be re-inserted on
+#      the subscriber with 21. The subscriber's own protections and marks are not disturbed.
+#   2. FOR TABLE jobs only (without pg_fencing's tables): the replicated rows' tokens still raise
+#      the mark, and fencing_protected_tables says the protection is incomplete.
+set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
+cd "$(dirname "$0")/../.."
+source scripts/lib.sh
+
+CHILD_PIDS=""
+fresh_workdir
+SUBDATA=""
+cleanup() {
+    if [ -n "$SUBDATA" ] && [ -f "$SUBDATA/postmaster.pid" ]; then
+        as_pg "$PGBIN/pg_ctl" -D "$SUBDATA" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+    cleanup_all
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+PGPORT_TEST=${PGPORT_LOGICAL:-54429}
+PUB=$PGPORT_TEST
+SUB=$((PGPORT_TEST + 1))
+PG_EXTRA_CONF="wal_level = logical" pg_start
+SUBDATA="$WORK/sub"
+mkdir -p "$SUBDATA" && chown postgres:postgres "$SUBDATA"
+as_pg "$PGBIN/initdb" -D "$SUBDATA" -U postgres -A trust --no-sync >"$WORK/initdb-sub.log" 2>&1
+cat >>"$SUBDATA/postgresql.conf" <<CONF
+port = $SUB
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$WORK'
+fsync = off
+wal_level = logical
+CONF
+as_pg "$PGBIN/pg_ctl" -D "$SUBDATA" -l "$WORK/sub.log" -w -t 60 start >/dev/null
+PSQL=(psql -X -q -v ON_ERROR_STOP=1)
+pub() { "${PSQL[@]}" -p "$PUB" "$@"; }
+sub() { "${PSQL[@]}" -p "$SUB" "$@"; }
+
+# wait_for <what> <expected> <port> <db> <sql>: polls for up to 30 s.
+wait_for() {
+    local got=""
+    for _ in $(seq 1 300); do
+        got=$("${PSQL[@]}" -p "$3" -d "$4" -Atc "$5" 2>/dev/null || true)
+        [ "$got" = "$2" ] && break
+        sleep 0.1
+    done
+    expect "$1" "$2" "$got"
+}
+write() {  # write <port> <db> <token> <sql>: the SQLSTATE of <sql> run with that token
+    sqlstate_of "${PSQL[@]}" -p "$1" -d "$2" -c "BEGIN; SET LOCAL pg_fencing.token = '$3'; $4; COMMIT;"
+}
+
+SCHEMA="CREATE EXTENSION pg_fencing;
+CREATE TABLE jobs (id int PRIMARY KEY, v bigint);
+SELECT fencing_protect('jobs', 'jobs');
+CREATE TABLE items (id int PRIMARY KEY, v bigint);
+SELECT fencing_protect('items');
+SELECT fencing_advance('jobs', 10);"
+pub -o /dev/null -c "$SCHEMA"
+# The subscriber's own protected table (first, so that its protection ids differ from the
+# publisher's), with a mark of its own, which replication must not touch.
+sub -o /dev/null <<'SQL'
+CREATE EXTENSION pg_fencing;
+CREATE TABLE local_only (id int PRIMARY KEY, v bigint);
+SELECT fencing_protect('local_only', 'local');
+SELECT fencing_advance('local', 500);
+SQL
+sub -o /dev/null -c "${SCHEMA#CREATE EXTENSION pg_fencing;}"
+sub -o /dev/null -c "BEGIN; SET LOCAL pg_fencing.token = '7'; INSERT INTO items VALUES (99, 7); DELETE FROM items WHERE id = 99; COMMIT;"
+local_ids=$(sub -Atc "SELECT string_agg(relid::text || '=' || id, ',' ORDER BY id) FROM _pg_fencing.protected_table")
+
+echo "== 1. publication FOR ALL TABLES"
+pub -c "CREATE PUBLICATION everything FOR ALL TABLES"
+sub -c "CREATE SUBSCRIPTION everything CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION everything"
+wait_for "initial sync done" 0 "$SUB" postgres "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
+
+echo "-- resource mode: a replicated write raises the subscriber's mark"
+expect "publisher write with 12" ok "$(write "$PUB" postgres 12 "INSERT INTO jobs VALUES (1, 12)")"
+wait_for "the row arrived" 12 "$SUB" postgres "SELECT fence_token FROM jobs WHERE id = 1"
+expect "subscriber mark" 12 "$(sub -Atc "SELECT fencing_high_water('jobs')")"
+expect "subscriber write with 11" FT001 "$(write "$SUB" postgres 11 "UPDATE jobs SET v = 11 WHERE id = 1")"
+expect "fencing_protected_tables.active on the subscriber" "true|true|true" \
+    "$(sub -Atc "SELECT string_agg(active::text, '|' ORDER BY relation::text) FROM fencing_protected_tables")"
+
+echo "-- resource mode: fencing_advance and a DELETE on the publisher (no row carries their tokens)"
+pub -Atc "SELECT fencing_advance('jobs', 40)" >/dev/null
+wait_for "subscriber mark after the publisher's advance" 40 "$SUB" postgres "SELECT fencing_high_water('jobs')"
+expect "publisher delete with 45" ok "$(write "$PUB" postgres 45 "DELETE FROM jobs WHERE id = 1")"
+wait_for "subscriber mark after the publisher's delete" 45 "$SUB" postgres "SELECT fencing_high_water('jobs')"
+expect "subscriber write with 44" FT001 "$(write "$SUB" postgres 44 "INSERT INTO jobs VALUES (2, 44)")"
+
+echo "-- per-row mode: a key deleted on the publisher keeps its tombstone on the subscriber"
+expect "publisher insert of key 5 with 20" ok "$(write "$PUB" postgres 20 "INSERT INTO items VALUES (5, 20)")"
+wait_for "the row arrived" 20 "$SUB" postgres "SELECT fence_token FROM items WHERE id = 5"
+expect "publisher delete of key 5 with 25" ok "$(write "$PUB" postgres 25 "DELETE FROM items WHERE id = 5")"
+wait_for "the delete arrived" 0 "$SUB" postgres "SELECT count(*) FROM items WHERE id = 5"
+wait_for "tombstone of key 5 on the subscriber" 25 "$SUB" postgres \
+    "SELECT t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND t.key = '(5)'"
+expect "subscriber re-insert of key 5 with 21" FT001 "$(write "$SUB" postgres 21 "INSERT INTO items VALUES (5, 21)")"
+expect "subscriber re-insert of key 5 with 25" ok "$(write "$SUB" postgres 25 "INSERT INTO items VALUES (5, 25)")"
+expect "publisher: its tombstone feed stays empty" 0 "$(pub -Atc "SELECT count(*) FROM _pg_fencing.tombstone_feed")"
+
+echo "-- the subscriber's own state is untouched"
+expect "subscriber protections (ids)" "$local_ids" \
+    "$(sub -Atc "SELECT string_agg(relid::text || '=' || id, ',' ORDER BY id) FROM _pg_fencing.protected_table")"
+expect "subscriber's own mark" 500 "$(sub -Atc "SELECT fencing_high_water('local')")"
+expect "subscriber's own tombstone of key 99" 7 "$(sub -Atc "SELECT t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND t.key = '(99)'")"
+expect "no replication worker failed (apply or table sync errors)" 0 \
+    "$(grep -c 'logical replication .*worker.* exited with exit code' "$WORK/sub.log" || true)"
+sub -c "DROP SUBSCRIPTION everything"
+
+echo "== 2. publication FOR TABLE jobs only (pg_fencing's tables not published)"
+pub -c "CREATE PUBLICATION jobs_only FOR TABLE jobs"
+sub -c "CREATE DATABASE partial"
+"${PSQL[@]}" -p "$SUB" -d partial -o /dev/null -c "$SCHEMA"
+"${PSQL[@]}" -p "$SUB" -d partial -c "CREATE SUBSCRIPTION jobs_only CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION jobs_only"
+wait_for "initial sync done" 0 "$SUB" partial "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
+expect "publisher write with 60" ok "$(write "$PUB" postgres 60 "INSERT INTO jobs VALUES (3, 60)")"
+wait_for "the row arrived" 60 "$SUB" partial "SELECT fence_token FROM jobs WHERE id = 3"
+expect "subscriber mark follows the replicated row" 60 "$("${PSQL[@]}" -p "$SUB" -d partial -Atc "SELECT fencing_high_water('jobs')")"
+expect "subscriber write with 59" FT001 "$(write "$SUB" partial 59 "UPDATE jobs SET v = 59 WHERE id = 3")"
+reason=$("${PSQL[@]}" -p "$SUB" -d partial -Atc "SELECT active || ' ' || coalesce(inactive_reason, '') FROM fencing_protected_tables WHERE relation = 'jobs'::regclass")
+case "$reason" in
+    "false "*resource_high_water*) echo "  ok: the view says the protection is incomplete: $reason" ;;
+    *) echo "  FAIL: fencing_protected_tables should say that _pg_fencing.resource_high_water is not subscribed: $reason"; fail=1 ;;
+esac
+"${PSQL[@]}" -p "$SUB" -d partial -c "DROP SUBSCRIPTION jobs_only"
+exit $fail

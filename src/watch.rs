@@ -9,11 +9,16 @@
 //! service granted it the lock (its token), never above it.
 //!
 //! Where things live:
-//! * registrations (per database, like the marks they raise) and what the watch knows are in
-//!   shared memory (`WatchShared`), read by every
+//! * registrations (per database, like the marks they raise) are rows of `_pg_fencing.watch`,
+//!   WAL-logged, so standbys, promotion, PITR, pg_upgrade and pg_dump carry them (SPEC,
+//!   "Lifecycle guarantees"). A row trigger queues each change and the change reaches shared
+//!   memory at commit (`apply_pending`); rows that arrive without it (WAL replay, pg_upgrade) are
+//!   registered by the first backend of the database that looks (`reconcile`);
+//! * the running watches and what they know are in shared memory (`WatchShared`), read by every
 //!   backend's fencing check (`check`), and saved in `$PGDATA/pg_fencing_watches.state` (by the
-//!   backend that registers, and by the etcd thread whenever a hand-over raised a mark), so they
-//!   survive restarts; a restarted worker re-reads the current holder from etcd anyway;
+//!   backend that changes them, and by the etcd thread whenever a hand-over raised a mark), a
+//!   head start for restarts, never the only copy of a fact: a watch that (re)started admits no
+//!   write to its resource until it has read etcd (`wait_until_synced`);
 //! * the watch itself runs on the worker's etcd thread (`etcd_side`), never calling PostgreSQL;
 //!   after any error (disconnect, etcd restart, compaction) it starts over from a fresh read of
 //!   the lock's keys, so a hand-over is never missed silently.

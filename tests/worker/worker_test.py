@@ -19,7 +19,11 @@ Scenarios (issue "Background worker", SPEC.md worker section):
   no_preload     without shared_preload_libraries the worker functions fail with 55000
   threads        the worker's etcd threads block PostgreSQL's signals; its main thread does not
   watch_gap      a hand-over (Z to A, then A releases) while PostgreSQL is stopped: after the restart
-                 the watch replays etcd's history and the mark is A's; Z gets FT001
+                 the watch replays etcd's history and the mark is A's; Z, writing right after the
+                 restart, gets FT001 (the write waits until the watch has read etcd)
+  watch_txn      fencing_watch/fencing_unwatch take effect at commit (rollback, savepoint, PREPARE
+                 refused with 0A000); a new watch admits no write before it read etcd (FT005 with
+                 pg_fencing.watch_sync_timeout = 0)
   watch_compacted  a new watch right after etcd compacted up to the holder's key: it starts (no
                  endless reconnect), the mark is a lower bound of the holder's grant
   state_lock     fencing_reset and fencing_unwatch take the resource's lock and the watch state's
@@ -791,12 +795,67 @@ def scenario_watch_gap(etcd, pg):
     pg.start()
     c = pg.connect()
     cur = c.cursor()
+    # At once, before anything waited for the watch: the write waits until the restarted watch
+    # has replayed etcd's history (pg_fencing.watch_sync_timeout), then meets A's hand-over.
+    st = write_with(cur, "gap_t", tz)
+    ok(st == "FT001", f"zombie Z writes with its token {tz} right after the restart: FT001 ({st})")
     ok(wait_for(lambda: mark() >= ta, 10) is not None,
        f"after the restart the mark is A's hand-over revision {mark()} (Z had {tz}, A {ta}; the lock is free now)")
-    st = write_with(cur, "gap_t", tz)
-    ok(st == "FT001", f"zombie Z writes with its token {tz} after the restart: FT001 ({st})")
     cur.execute("SELECT fencing_unwatch('gap')")
     c.close()
+
+
+def scenario_watch_txn(etcd, pg):
+    print("== fencing_watch / fencing_unwatch are transactional; a new watch admits no write before it read etcd")
+    c = pg.connect()
+    cur = c.cursor()
+    o = pg.connect()
+    ocur = o.cursor()
+    protected_table(cur, "txn_t", "txn")
+
+    def listed(cur_=ocur):
+        cur_.execute("SELECT count(*) FROM fencing_watches WHERE resource = 'txn'")
+        return cur_.fetchone()[0]
+
+    def rows():
+        ocur.execute("SELECT count(*) FROM _pg_fencing.watch WHERE resource = 'txn'")
+        return ocur.fetchone()[0]
+    cur.execute("BEGIN")
+    cur.execute("SELECT fencing_watch('txn')")
+    ok(listed() == 0 and rows() == 0, "an uncommitted fencing_watch is not running for other sessions")
+    cur.execute("ROLLBACK")
+    ok(listed() == 0 and rows() == 0, "a rolled-back fencing_watch leaves no watch and no row")
+    cur.execute("BEGIN")
+    cur.execute("SELECT fencing_watch('txn')")
+    cur.execute("COMMIT")
+    cur.execute("SET pg_fencing.watch_sync_timeout = 0")
+    st = write_with(cur, "txn_t", 10**6)
+    ok(st == "FT005", f"a write right after the commit, before the watch read etcd, with watch_sync_timeout = 0: FT005 ({st})")
+    cur.execute("RESET pg_fencing.watch_sync_timeout")
+    ok(listed() == 1 and rows() == 1, "committed: the watch runs and its row exists")
+    ok(write_with(cur, "txn_t", 10**6) == "ok", "with the default watch_sync_timeout the write waits for the watch and passes")
+    cur.execute("BEGIN")
+    cur.execute("SELECT fencing_unwatch('txn')")
+    ok(listed() == 1, "an uncommitted fencing_unwatch leaves the watch running")
+    cur.execute("ROLLBACK")
+    ok(listed() == 1 and rows() == 1, "a rolled-back fencing_unwatch leaves the watch and its row")
+    cur.execute("BEGIN")
+    cur.execute("SAVEPOINT s")
+    cur.execute("SELECT fencing_unwatch('txn')")
+    cur.execute("ROLLBACK TO SAVEPOINT s")
+    cur.execute("COMMIT")
+    ok(listed() == 1, "an unwatch rolled back to a savepoint leaves the watch running")
+    cur.execute("BEGIN")
+    cur.execute("SELECT fencing_unwatch('txn')")
+    st = sqlstate(cur, "PREPARE TRANSACTION 'w'")
+    ok(st == "0A000", f"PREPARE TRANSACTION after fencing_unwatch: 0A000 ({st})")
+    cur.execute("ROLLBACK")
+    ok(listed() == 1, "still watched after the refused PREPARE")
+    cur.execute("SELECT fencing_unwatch('txn'), fencing_unwatch('txn')")
+    ok(cur.fetchone() == (True, False), "fencing_unwatch twice in one statement: true, then false")
+    ok(listed() == 0 and rows() == 0, "committed unwatch: no watch, no row")
+    c.close()
+    o.close()
 
 
 def scenario_watch_compacted(etcd, pg):
@@ -959,6 +1018,7 @@ def main():
         scenario_verify_wait(etcd, pg)
         scenario_state_lock(pg)
         scenario_watch_gap(etcd, pg)
+        scenario_watch_txn(etcd, pg)
         scenario_watch_compacted(etcd, pg)
         scenario_etcd_down(etcd, pg)
         scenario_kill9(etcd, pg)

@@ -53,6 +53,9 @@ pub struct WatchSlot {
     verify: AtomicBool,
     /// Highest hand-over revision seen (0: none yet).
     pub(crate) handover: AtomicI64,
+    /// The create revision of the lock key whose grant `handover` is (0: a bound, not a known
+    /// grant); see `pg_fencing_core::handover::compacted_bound`.
+    handover_key: AtomicI64,
     /// Latest revision the watch has confirmed, and when (CLOCK_MONOTONIC ms; 0 never).
     pub(crate) latest: AtomicI64,
     pub(crate) confirmed_ms: AtomicI64,
@@ -87,6 +90,7 @@ impl Default for WatchShared {
                 generation: AtomicU64::new(0),
                 verify: AtomicBool::new(false),
                 handover: AtomicI64::new(0),
+                handover_key: AtomicI64::new(0),
                 latest: AtomicI64::new(0),
                 confirmed_ms: AtomicI64::new(0),
                 resource: ShmemText::default(),
@@ -124,9 +128,10 @@ impl WatchSlot {
             .message
             .set_with(s, || self.generation.load(Ordering::Acquire) == generation);
     }
-    /// Raise the hand-over revision on behalf of the watch task of `generation`; true if it
-    /// went up. A task of an older registration changes nothing.
-    pub(crate) fn raise_handover(&self, rev: i64, generation: u64) -> bool {
+    /// Raise the hand-over revision on behalf of the watch task of `generation`, to the grant
+    /// of the key created at `key` (0: a bound, not a known grant); true if it went up. A task
+    /// of an older registration changes nothing.
+    pub(crate) fn raise_handover(&self, rev: i64, key: i64, generation: u64) -> bool {
         loop {
             if self.generation.load(Ordering::Acquire) != generation {
                 return false;
@@ -140,6 +145,10 @@ impl WatchSlot {
                 .compare_exchange(cur, rev, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
+                // Read together with `handover` only by this slot's one watch task, and saved
+                // (the state file) under the state lock: a racing reader at most sees a 0 key,
+                // which only makes a later compacted start fall back to the compaction revision.
+                self.handover_key.store(key, Ordering::Release);
                 return true;
             }
         }
@@ -180,8 +189,9 @@ fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
 // ---------------------------------------------------------------------------------------------
 // State file (plain file I/O: the etcd thread may call these too)
 
-/// One line per watch: database oid, resource, etcd key prefix, verify (0/1), hand-over revision;
-/// tab-separated (names with tabs or line breaks are refused at registration).
+/// One line per watch: database oid, resource, etcd key prefix, verify (0/1), hand-over revision,
+/// and the create revision of the key it was granted to (0 if unknown; absent in files written
+/// before 0.2.0); tab-separated (names with tabs or line breaks are refused at registration).
 fn state_text(sh: &WatchShared) -> String {
     let mut out = String::new();
     for s in sh.slots.iter() {
@@ -189,12 +199,13 @@ fn state_text(sh: &WatchShared) -> String {
             continue;
         }
         out.push_str(&format!(
-            "{}\t{}\t{}\t{}\t{}\n",
+            "{}\t{}\t{}\t{}\t{}\t{}\n",
             s.dboid.load(Ordering::Acquire),
             s.resource(),
             s.prefix(),
             s.verify.load(Ordering::Acquire) as u8,
-            s.handover.load(Ordering::Acquire)
+            s.handover.load(Ordering::Acquire),
+            s.handover_key.load(Ordering::Acquire)
         ));
     }
     out
@@ -288,10 +299,13 @@ pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
     let text = String::from_utf8_lossy(&bytes);
     for line in text.lines().filter(|l| !l.is_empty()) {
         let f: Vec<&str> = line.split('\t').collect();
-        let parsed = (f.len() == 5)
-            .then(|| (f[0].parse::<u32>(), f[3].parse::<u8>(), f[4].parse::<i64>()))
-            .and_then(|(d, v, h)| Some((d.ok()?, v.ok()?, h.ok()?)));
-        let Some((db, verify, handover)) = parsed else {
+        let parsed = (f.len() == 5 || f.len() == 6)
+            .then(|| {
+                let key = f.get(5).map(|k| k.parse::<i64>()).unwrap_or(Ok(0));
+                (f[0].parse::<u32>(), f[3].parse::<u8>(), f[4].parse::<i64>(), key)
+            })
+            .and_then(|(d, v, h, k)| Some((d.ok()?, v.ok()?, h.ok()?, k.ok()?)));
+        let Some((db, verify, handover, handover_key)) = parsed else {
             bad.push(line.to_string());
             continue;
         };
@@ -308,6 +322,7 @@ pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
         slot.set_prefix(f[2]);
         slot.verify.store(verify == 1, Ordering::Release);
         slot.handover.store(handover, Ordering::Release);
+        slot.handover_key.store(handover_key, Ordering::Release);
         slot.latest.store(0, Ordering::Release);
         slot.confirmed_ms.store(0, Ordering::Release);
         slot.set_message("starting");
@@ -437,6 +452,7 @@ fn register(sh: &WatchShared, resource: &str, prefix: &str, verify: bool) -> Res
                 .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Release);
             s.resource.set(resource);
             s.handover.store(0, Ordering::Release);
+            s.handover_key.store(0, Ordering::Release);
             s
         }
     };
@@ -664,6 +680,7 @@ pub fn reset(resource: &str, token: Token) -> Result<(), FenceError> {
     with_state(sh, || {
         if let Some(slot) = find(sh, resource) {
             slot.handover.store(token, Ordering::Release);
+            slot.handover_key.store(0, Ordering::Release);
         }
         Ok(())
     })
@@ -814,7 +831,8 @@ pub(crate) mod etcd_side {
     use super::*;
     use crate::worker::{etcd_connect, now_ms, WorkerConfig};
     use etcd_client::{Client, EventType, GetOptions, WatchOptions};
-    use std::collections::HashMap;
+    use pg_fencing_core::handover::{self, holder, GrantSearch};
+    use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -900,16 +918,13 @@ pub(crate) mod etcd_side {
         }
     }
 
-    fn holder(keys: &HashMap<Vec<u8>, i64>) -> Option<i64> {
-        keys.values().copied().min()
-    }
-
-    fn raise(slot: &WatchSlot, rev: i64, generation: u64) {
+    /// Raise to `rev`, the grant of the key created at `key` (0: a bound, not a known grant).
+    fn raise(slot: &WatchSlot, rev: i64, key: i64, generation: u64) {
         // etcd's revisions went backwards: no mark is advanced until fencing_reset.
         if crate::worker::lock_service_problem().is_some() {
             return;
         }
-        if rev > 0 && slot.raise_handover(rev, generation) {
+        if rev > 0 && slot.raise_handover(rev, key, generation) {
             if let Some(sh) = shared() {
                 sh.dirty.store(1, Ordering::Release);
             }
@@ -923,7 +938,7 @@ pub(crate) mod etcd_side {
         c: &mut Client,
         prefix: &str,
         revision: i64,
-    ) -> Result<(HashMap<Vec<u8>, i64>, Option<etcd_client::ResponseHeader>), (bool, String)> {
+    ) -> Result<(BTreeMap<Vec<u8>, i64>, Option<etcd_client::ResponseHeader>), (bool, String)> {
         let mut opts = GetOptions::new().with_prefix();
         if revision > 0 {
             opts = opts.with_revision(revision);
@@ -972,17 +987,16 @@ pub(crate) mod etcd_side {
     /// One watch from a fresh start. Returns Ok when the registration changed, Err on any
     /// failure (the caller starts over).
     ///
-    /// It replays the lock's history from just after the last hand-over this slot applied
-    /// (its hand-over revision, kept in the state file across restarts), so a hand-over that
-    /// happened while the watch was not running (PostgreSQL or the worker stopped, the
-    /// connection to etcd cut) still raises the mark, even if the lock is free again by now.
-    /// Without an applied hand-over it starts at the current holder's key, or, if the lock is
-    /// free, raises the mark to the current revision (every token issued so far is at most
-    /// that, and none belongs to a holder any more). If etcd compacted
-    /// that history, it replays what is left (from the compaction revision on) and first raises
-    /// the mark to a safe bound for what is gone: the compaction revision if nobody held the
-    /// lock then (every token issued before is at most that), otherwise that holder's key's
-    /// create revision (a lower bound of its grant); the status says so.
+    /// The decisions are `pg_fencing_core::handover`'s (checked there against every order of
+    /// events up to a bound). It starts from the lock's keys at the current revision `r0`, which
+    /// decide the hand-over revision without any history that happened while the watch was not
+    /// running (PostgreSQL or the worker stopped, the connection to etcd cut): if the lock is
+    /// free, every token issued so far is at most `r0` and belongs to a former holder, so the
+    /// mark becomes `r0`; if it is held, the holder's grant (found by `GrantSearch`, reading the
+    /// keys at past revisions) is above every former holder's token. Where etcd compacted the
+    /// revisions that search needs, it takes a safe bound instead (`handover::compacted_bound`)
+    /// and the status says so. Only then is the view confirmed, so the resource admits writes
+    /// (`wait_until_synced`); from `r0 + 1` on it follows etcd's events.
     async fn watch_once(
         slot: &'static WatchSlot,
         generation: u64,
@@ -991,60 +1005,57 @@ pub(crate) mod etcd_side {
         let mut c = etcd_connect(cfg).await?;
         let prefix = slot.prefix();
         let floor = crate::worker::etcd_highest_revision();
-        let (now_keys, header) = keys_at(&mut c, &prefix, 0).await.map_err(|(_, e)| e)?;
+        let (mut keys, header) = keys_at(&mut c, &prefix, 0).await.map_err(|(_, e)| e)?;
         let r0 = header.as_ref().map(|h| h.revision()).unwrap_or(0);
         if let Some(h) = &header {
             // A linearizable read sent after a write was answered sees at least its revision.
             crate::worker::observe_etcd_answer(h.cluster_id(), h.revision(), floor)
                 .map_err(|why| format!("not advancing marks: {why}"))?;
         }
-        // The last hand-over applied, read before the lower bound below raises it.
+        // The last hand-over applied (and whose grant it was).
         let applied = slot.handover.load(Ordering::Acquire);
-        // The current holder got the lock no earlier than its key's creation: a lower bound at
-        // once, before the replay finds its exact grant (the deletion of its last predecessor).
-        if let Some(hc) = holder(&now_keys) {
-            raise(slot, hc, generation);
-        }
+        let applied_key = slot.handover_key.load(Ordering::Acquire);
         let mut status = "watching".to_string();
-        if applied == 0 && holder(&now_keys).is_none() {
-            // Nothing applied yet (a new registration, or one whose hand-over revision was lost
-            // with an unsaved state file) and nobody holds the lock: every token issued so far
-            // is at most r0 and belongs to a former holder, so r0 is a safe mark.
-            raise(slot, r0, generation);
-            status = format!("watching; no hand-over known and the lock was free: mark raised to the current revision {r0}");
-        }
-        let base = if applied > 0 {
-            applied.min(r0)
-        } else {
-            holder(&now_keys).map(|hc| hc - 1).unwrap_or(r0)
-        };
-        let (mut keys, start) = if base >= r0 {
-            (now_keys, r0 + 1)
-        } else if base < 1 {
-            (HashMap::new(), 1)
-        } else {
-            match keys_at(&mut c, &prefix, base).await {
-                Ok((k, _)) => (k, base + 1),
-                Err((true, _)) => {
-                    // `base` itself is compacted (the read failed), so a watch from it is
-                    // cancelled with the compaction revision.
-                    let cr = compacted_up_to(&mut c, &prefix, base).await?;
-                    let (k, _) = keys_at(&mut c, &prefix, cr).await.map_err(|(_, e)| e)?;
-                    match holder(&k) {
-                        None => {
-                            raise(slot, cr, generation);
-                            status = format!("watching; history before revision {cr} compacted: mark raised to {cr}, the lock was free then");
-                        }
-                        Some(hc) => {
-                            raise(slot, hc, generation);
-                            status = format!("watching; history before revision {cr} compacted: hand-over revision of the holder then taken from its key ({hc}), a lower bound");
-                        }
-                    }
-                    (k, cr + 1)
+        match holder(&keys) {
+            None => {
+                raise(slot, r0, 0, generation);
+                if applied < r0 {
+                    status = format!("watching; the lock was free at revision {r0}: mark raised to it");
                 }
-                Err((false, e)) => return Err(e),
             }
-        };
+            Some(hc) => {
+                let mut search = GrantSearch::new(hc, r0);
+                let mut bound = None;
+                while let Some(mid) = search.next() {
+                    match keys_at(&mut c, &prefix, mid).await {
+                        Ok((k, _)) => search.holder_at(mid, holder(&k) == Some(hc)),
+                        Err((true, _)) => {
+                            // `mid` is compacted: etcd's history now starts at `cr`.
+                            let cr = compacted_up_to(&mut c, &prefix, mid).await?;
+                            let (k, _) = keys_at(&mut c, &prefix, cr).await.map_err(|(_, e)| e)?;
+                            if holder(&k) == Some(hc) {
+                                bound = Some((cr, handover::compacted_bound(Some(hc), cr, applied, applied_key)));
+                                break;
+                            }
+                            search.holder_at(cr, false);
+                        }
+                        Err((false, e)) => return Err(e),
+                    }
+                }
+                match bound {
+                    None => raise(slot, search.grant(), hc, generation),
+                    Some((cr, b)) => {
+                        raise(slot, b, if b == applied { applied_key } else { 0 }, generation);
+                        status = if b == cr {
+                            format!("watching; history before revision {cr} compacted while the lock was held: mark raised to {cr} (the holder may have to take the lock again)")
+                        } else {
+                            format!("watching; history before revision {cr} compacted: the holder is the one whose grant ({b}) was applied last")
+                        };
+                    }
+                }
+            }
+        }
+        let start = r0 + 1;
         let mut stream = tokio::time::timeout(
             Duration::from_secs(2),
             c.watch(
@@ -1060,8 +1071,8 @@ pub(crate) mod etcd_side {
         .await
         .map_err(|_| "starting the watch timed out".to_string())?
         .map_err(|e| e.to_string())?;
-        // The view is confirmed (for verify) only once the replay has reached r0.
-        let mut history_done = start > r0;
+        // Everything up to r0 is accounted for: the resource may admit writes.
+        slot.confirm(r0, now_ms(), generation);
         let _ = stream.request_progress().await;
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         slot.report(generation, &status);
@@ -1073,47 +1084,32 @@ pub(crate) mod etcd_side {
                 msg = stream.message() => {
                     let resp = msg.map_err(|e| e.to_string())?.ok_or("the watch stream ended")?;
                     if resp.created() && !resp.canceled() {
-                        // The watch exists; its history (if any) follows.
                         continue;
                     }
                     if resp.canceled() {
                         // Compacted between the read and the watch, or cancelled by etcd: start
-                        // over (the next start replays from the last applied hand-over).
+                        // over (from the keys at the then current revision).
                         return Err(format!("the watch was canceled ({})", resp.cancel_reason()));
                     }
                     for ev in resp.events() {
                         let Some(kv) = ev.kv() else { continue };
                         let rev = kv.mod_revision();
-                        if rev > r0 {
-                            history_done = true;
-                        }
-                        let before = holder(&keys);
-                        match ev.event_type() {
-                            EventType::Put => {
-                                keys.entry(kv.key().to_vec()).or_insert(kv.create_revision());
-                            }
-                            EventType::Delete => {
-                                keys.remove(kv.key());
-                            }
-                        }
-                        let after = holder(&keys);
-                        if after != before {
-                            if let Some(hc) = after {
-                                // A new holder: granted at the later of its key's creation and
-                                // this event (its predecessor's deletion).
-                                raise(slot, hc.max(rev), generation);
-                                slot.report(generation, &format!("lock changed hands at revision {}", hc.max(rev)));
-                            }
+                        let put = match ev.event_type() {
+                            EventType::Put => Some(kv.create_revision()),
+                            EventType::Delete => None,
+                        };
+                        // A new holder: granted at the later of its key's creation and this
+                        // event (its predecessor's deletion).
+                        if let Some((granted, key)) = handover::apply_event(&mut keys, kv.key().to_vec(), put, rev) {
+                            raise(slot, granted, key, generation);
+                            slot.report(generation, &format!("lock changed hands at revision {granted}"));
                         }
                     }
                     if let Some(h) = resp.header() {
-                        if h.revision() >= r0 && resp.events().is_empty() {
-                            // A progress report: every event up to this revision was delivered.
-                            history_done = true;
-                        }
-                        if history_done {
-                            slot.confirm(h.revision(), now_ms(), generation);
-                        }
+                        // Events are delivered in order and the watch started right after r0:
+                        // an answer (events or a progress report) confirms etcd's state up to its
+                        // revision, as far as this lock's keys are concerned.
+                        slot.confirm(h.revision(), now_ms(), generation);
                     }
                 }
                 _ = tick.tick() => {

@@ -2,5 +2,6 @@
 //! (`../fuzz`): parsing of fencing tokens given as text, and the shape check of the jsonb
 //! arguments of `fenced_update` / `fenced_insert` / `fenced_delete`.
 
+pub mod handover;
 pub mod json;
 pub mod token;

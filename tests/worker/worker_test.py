@@ -19,13 +19,14 @@ Scenarios (issue "Background worker", SPEC.md worker section):
   no_preload     without shared_preload_libraries the worker functions fail with 55000
   threads        the worker's etcd threads block PostgreSQL's signals; its main thread does not
   watch_gap      a hand-over (Z to A, then A releases) while PostgreSQL is stopped: after the restart
-                 the watch replays etcd's history and the mark is A's; Z, writing right after the
+                 the restarted watch derives the mark from etcd (A's grant); Z, writing right after the
                  restart, gets FT001 (the write waits until the watch has read etcd)
   watch_txn      fencing_watch/fencing_unwatch take effect at commit (rollback, savepoint, PREPARE
                  refused with 0A000); a new watch admits no write before it read etcd (FT005 with
                  pg_fencing.watch_sync_timeout = 0)
-  watch_compacted  a new watch right after etcd compacted up to the holder's key: it starts (no
-                 endless reconnect), the mark is a lower bound of the holder's grant
+  watch_compacted  a new watch after etcd compacted the history that tells the holder's grant:
+                 it starts (no endless reconnect), the mark is the compaction revision (a safe
+                 bound: the former holder and the holder are refused), the next holder writes
   state_lock     fencing_reset and fencing_unwatch take the resource's lock and the watch state's
                  file lock in one order (no deadlock hidden from PostgreSQL); a wait for the file
                  lock honours pg_cancel_backend
@@ -859,13 +860,20 @@ def scenario_watch_txn(etcd, pg):
 
 
 def scenario_watch_compacted(etcd, pg):
-    print("== a new watch right after etcd compacted its history up to the holder's grant")
+    print("== a new watch when etcd compacted the history it needs to find the holder's grant")
     c = pg.connect()
     cur = c.cursor()
     protected_table(cur, "comp_t", "comp")
-    h = etcdctl_holder(etcd, "comp", 10, 4)
-    t = int(h.stdout.readline())
-    etcd.ctl("compact", str(etcd_revision(etcd)))   # the history before the holder's key is gone
+    # P holds; H queues behind it and is granted when P releases (H's grant is after its key's
+    # creation); then unrelated writes, and a compaction of everything before now.
+    hp = etcdctl_holder(etcd, "comp", 10, 1)
+    tp = int(hp.stdout.readline())
+    hh = etcdctl_holder(etcd, "comp", 10, 6)
+    th = int(hh.stdout.readline())
+    for i in range(3):
+        etcd.ctl("put", f"pad/comp{i}", "x")
+    cr = etcd_revision(etcd)
+    etcd.ctl("compact", str(cr))
     cur.execute("SELECT fencing_watch('comp')")
 
     def status():
@@ -874,9 +882,16 @@ def scenario_watch_compacted(etcd, pg):
     ok(wait_for(lambda: status().startswith("watching"), 5) is not None and "compacted" in status(),
        f"the watch starts and says the history is compacted ({status()!r})")
     m = high_water(cur, "comp")
-    ok(0 < m <= t, f"the mark is a lower bound of the holder's grant ({m}, holder's token {t})")
-    ok(write_with(cur, "comp_t", t) == "ok", "the holder's own write is accepted")
-    h.wait(timeout=10)
+    ok(m == cr, f"the mark is the compaction revision {cr}, a safe bound (P had {tp}, H {th}): {m}")
+    ok(write_with(cur, "comp_t", tp) == "FT001", "P, fenced off by H's grant, is refused")
+    ok(write_with(cur, "comp_t", th) == "FT001",
+       "H's own grant is below the bound (no history tells it): H is refused too and must take the lock again")
+    hh.wait(timeout=15)
+    hn = etcdctl_holder(etcd, "comp", 10, 1)
+    tn = int(hn.stdout.readline())
+    ok(wait_for(lambda: high_water(cur, "comp") >= tn, 5) is not None and write_with(cur, "comp_t", tn) == "ok",
+       f"the next holder ({tn}) writes")
+    hn.wait(timeout=10)
     cur.execute("SELECT fencing_unwatch('comp')")
     c.close()
 

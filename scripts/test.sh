@@ -21,6 +21,9 @@
 #  15. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade; logical
 #                                          replication)
+#  16. network partitions                 (tests/partition: three etcd members and PostgreSQL in
+#                                          network namespaces, randomized faults, 150 s, checked by
+#                                          tests/stress's checker; and its negative control)
 # Between 1 and 2 the release package (cargo pgrx package) is installed by copying its files, as
 # README.md "Install" says, so the suites test what users install.
 # Usage: scripts/test.sh [--no-setup]
@@ -66,7 +69,7 @@ fi
 step "released SQL scripts unchanged (scripts/check-sql-releases.sh)"
 scripts/check-sql-releases.sh
 
-step "1/15 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
+step "1/16 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
 (cd fencing-core && cargo test -q 2>&1 | grep -E "^test result|FAILED|panicked")
 mkdir -p "$WORK/pgrx-data"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
@@ -96,7 +99,7 @@ cmp "$PACKAGE/usr/lib/postgresql/15/lib/pg_fencing.so" "$($PGBIN/pg_config --pkg
 grep -q "default_version = '$VERSION'" "$($PGBIN/pg_config --sharedir)/extension/pg_fencing.control"
 echo "  installed pg_fencing $VERSION from the package by copying files"
 
-step "2/15 pg_regress (tests/pg_regress)"
+step "2/16 pg_regress (tests/pg_regress)"
 # The #[pg_test] cluster above runs without preloading; this one preloads the library, so both
 # ways are tested (the statistics need it).
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
@@ -111,7 +114,7 @@ if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=pos
     exit 1
 fi
 
-step "3/15 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
+step "3/16 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
 ISOLATION="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress"
 mkdir -p "$WORK/isolation"
 psql -X -q -c "CREATE DATABASE pg_fencing_isolation"
@@ -124,16 +127,16 @@ if ! "$ISOLATION" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=p
 fi
 pg_stop
 
-step "4/15 zombie-client demo with a real etcd (scripts/demo.sh)"
+step "4/16 zombie-client demo with a real etcd (scripts/demo.sh)"
 ./scripts/demo.sh --no-setup
 
-step "5/15 randomized stress test, 16 clients, checked by an independent checker (tests/stress)"
+step "5/16 randomized stress test, 16 clients, checked by an independent checker (tests/stress)"
 tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1
 
-step "6/15 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
+step "6/16 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
 
-step "7/15 negative control: the same checker must catch violations when fencing is switched off"
+step "7/16 negative control: the same checker must catch violations when fencing is switched off"
 if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
     echo "$out" | tail -15
     echo "FAIL: the checker found no violation in an unfenced run" >&2
@@ -142,22 +145,22 @@ fi
 echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run failed without a VIOLATION" >&2; exit 1; }
 echo "  (expected: the checker reports violations when the guard is off)"
 
-step "8/15 streaming standby and promotion (tests/replication)"
+step "8/16 streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
 
-step "9/15 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
+step "9/16 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
 tests/worker/run.sh
 
-step "10/15 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
+step "10/16 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
 tests/pooler/run.sh
 
-step "11/15 upgrade: ALTER EXTENSION pg_fencing UPDATE from every released version; released scripts never edited (tests/upgrade)"
+step "11/16 upgrade: ALTER EXTENSION pg_fencing UPDATE from every released version; released scripts never edited (tests/upgrade)"
 tests/upgrade/run.sh
 
-step "12/15 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
+step "12/16 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
 tests/observability/run.sh
 
-step "13/15 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
+step "13/16 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
 tests/client/run.sh
 # Negative control: without fencing_protect the same scenario must let the zombie's write land.
 if out=$(tests/client/run.sh --unfenced 2>&1); then
@@ -167,7 +170,7 @@ if out=$(tests/client/run.sh --unfenced 2>&1); then
 fi
 echo "$out" | grep -m2 "FAIL" | sed 's/^/  expected with --unfenced: /'
 
-step "14/15 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
+step "14/16 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
 for target in token_parse json_shape; do
     corpus="$WORK/fuzz-$target"
     mkdir -p "$corpus"
@@ -181,11 +184,16 @@ for target in token_parse json_shape; do
     grep -E "^(Done|stat::number_of_executed_units)" "$WORK/fuzz-$target.log" | sed "s/^/  $target: /"
 done
 
-step "15/15 lifecycle paths: a mark raised by fencing_advance survives a crash under synchronous_commit = off (tests/lifecycle)"
+step "15/16 lifecycle paths: a mark raised by fencing_advance survives a crash under synchronous_commit = off (tests/lifecycle)"
 tests/lifecycle/async_commit.sh
-step "15/15 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion and pg_upgrade (tests/lifecycle)"
+step "15/16 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion and pg_upgrade (tests/lifecycle)"
 tests/lifecycle/watch_carried.sh
-step "15/15 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
+step "15/16 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
 tests/lifecycle/logical.sh
+
+step "16/16 network partitions between PostgreSQL and a three-member etcd cluster, 150 s, independent checker (tests/partition)"
+tests/partition/run.sh --seconds 150 --seed 14
+step "16/16 negative control: the same without fencing must show violations (tests/partition --unfenced)"
+tests/partition/run.sh --seconds 60 --seed 3 --unfenced
 
 step "all tests passed"

@@ -397,7 +397,9 @@ v1_finfo!(pg_finfo_pg_fencing_watch_changed);
 /// the row is gone); the change reaches the worker when the transaction commits. Not granted to
 /// PUBLIC.
 #[unsafe(no_mangle)]
-pub unsafe extern "C-unwind" fn pg_fencing_watch_changed(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+pub unsafe extern "C-unwind" fn pg_fencing_watch_changed(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -417,7 +419,9 @@ v1_finfo!(pg_finfo_pg_fencing_replicated_row);
 /// triggers on `_pg_fencing`'s tables use it to tell rows that a subscription applies from the
 /// subscriber's own bookkeeping (and from a superuser's session in replica mode).
 #[unsafe(no_mangle)]
-pub unsafe extern "C-unwind" fn pg_fencing_replicated_row(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+pub unsafe extern "C-unwind" fn pg_fencing_replicated_row(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
     unsafe {
         run(fcinfo, || {
             Ok(pg_sys::Datum::from(

@@ -644,7 +644,9 @@ unsafe fn record_replicated(
                 }
             }
         }
-        Ok(pg_sys::Datum::from(new.or(old).unwrap_or(std::ptr::null_mut())))
+        Ok(pg_sys::Datum::from(
+            new.or(old).unwrap_or(std::ptr::null_mut()),
+        ))
     }
 }
 

@@ -302,7 +302,12 @@ pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
         let parsed = (f.len() == 5 || f.len() == 6)
             .then(|| {
                 let key = f.get(5).map(|k| k.parse::<i64>()).unwrap_or(Ok(0));
-                (f[0].parse::<u32>(), f[3].parse::<u8>(), f[4].parse::<i64>(), key)
+                (
+                    f[0].parse::<u32>(),
+                    f[3].parse::<u8>(),
+                    f[4].parse::<i64>(),
+                    key,
+                )
             })
             .and_then(|(d, v, h, k)| Some((d.ok()?, v.ok()?, h.ok()?, k.ok()?)));
         let Some((db, verify, handover, handover_key)) = parsed else {
@@ -393,7 +398,10 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
     crate::fence::lock_resource_exclusive(resource);
     // Refuse now rather than at commit when no slot is free (commit checks again).
     if find(sh, resource).is_none()
-        && !sh.slots.iter().any(|s| s.state.load(Ordering::Acquire) == FREE)
+        && !sh
+            .slots
+            .iter()
+            .any(|s| s.state.load(Ordering::Acquire) == FREE)
     {
         return Err(slots_full());
     }
@@ -430,7 +438,12 @@ fn slots_full() -> FenceError {
 /// the `StateLock` first). A registration that is already there unchanged is left alone (its
 /// watch keeps running); a changed one starts its watch over, and the resource admits no write
 /// until the new watch has read etcd.
-fn register(sh: &WatchShared, resource: &str, prefix: &str, verify: bool) -> Result<(), FenceError> {
+fn register(
+    sh: &WatchShared,
+    resource: &str,
+    prefix: &str,
+    verify: bool,
+) -> Result<(), FenceError> {
     let slot = match find(sh, resource) {
         Some(s) => {
             if s.prefix.equals(prefix) && s.verify.load(Ordering::Acquire) == verify {
@@ -500,7 +513,13 @@ pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
     // As this transaction sees it: its own earlier watch/unwatch of the resource, else the
     // running registrations.
     let in_memory = PENDING
-        .with(|p| p.borrow().iter().rev().find(|(_, r, _)| r == resource).map(|(_, _, w)| w.is_some()))
+        .with(|p| {
+            p.borrow()
+                .iter()
+                .rev()
+                .find(|(_, r, _)| r == resource)
+                .map(|(_, _, w)| w.is_some())
+        })
         .unwrap_or_else(|| shared().and_then(|sh| find(sh, resource)).is_some());
     // Also a registration that shared memory has and the table has not (one restored from the
     // state file after a point-in-time recovery to before it existed, say).
@@ -577,7 +596,11 @@ pub fn apply_pending() -> Result<(), FenceError> {
         last.push((r, w));
     }
     // Resource locks before the state lock (see `StateLock`).
-    let mut stopping: Vec<&str> = last.iter().filter(|(_, w)| w.is_none()).map(|(r, _)| r.as_str()).collect();
+    let mut stopping: Vec<&str> = last
+        .iter()
+        .filter(|(_, w)| w.is_none())
+        .map(|(r, _)| r.as_str())
+        .collect();
     stopping.sort_unstable();
     for r in &stopping {
         crate::fence::lock_resource_exclusive(r);
@@ -648,7 +671,9 @@ fn reconcile() -> Result<(), FenceError> {
             })
             .collect::<Result<Vec<_>, pgrx::spi::Error>>()
         })
-        .map_err(|e| FenceError::WorkerUnavailable(format!("pg_fencing: reading _pg_fencing.watch: {e}")))?;
+        .map_err(|e| {
+            FenceError::WorkerUnavailable(format!("pg_fencing: reading _pg_fencing.watch: {e}"))
+        })?;
     }
     match shared() {
         None => UNSERVED.with(|u| *u.borrow_mut() = rows.into_iter().map(|(r, _, _)| r).collect()),
@@ -657,7 +682,10 @@ fn reconcile() -> Result<(), FenceError> {
             // change applied at its pre-commit and not yet visible here. (A row whose deletion
             // is just committing may come back this way: a watch too many, never one too few;
             // fencing_unwatch removes it.)
-            let missing: Vec<_> = rows.into_iter().filter(|(r, _, _)| find(sh, r).is_none()).collect();
+            let missing: Vec<_> = rows
+                .into_iter()
+                .filter(|(r, _, _)| find(sh, r).is_none())
+                .collect();
             if !missing.is_empty() {
                 with_state(sh, || {
                     for (r, p, v) in &missing {
@@ -1020,7 +1048,8 @@ pub(crate) mod etcd_side {
             None => {
                 raise(slot, r0, 0, generation);
                 if applied < r0 {
-                    status = format!("watching; the lock was free at revision {r0}: mark raised to it");
+                    status =
+                        format!("watching; the lock was free at revision {r0}: mark raised to it");
                 }
             }
             Some(hc) => {
@@ -1034,7 +1063,10 @@ pub(crate) mod etcd_side {
                             let cr = compacted_up_to(&mut c, &prefix, mid).await?;
                             let (k, _) = keys_at(&mut c, &prefix, cr).await.map_err(|(_, e)| e)?;
                             if holder(&k) == Some(hc) {
-                                bound = Some((cr, handover::compacted_bound(Some(hc), cr, applied, applied_key)));
+                                bound = Some((
+                                    cr,
+                                    handover::compacted_bound(Some(hc), cr, applied, applied_key),
+                                ));
                                 break;
                             }
                             search.holder_at(cr, false);
@@ -1045,7 +1077,12 @@ pub(crate) mod etcd_side {
                 match bound {
                     None => raise(slot, search.grant(), hc, generation),
                     Some((cr, b)) => {
-                        raise(slot, b, if b == applied { applied_key } else { 0 }, generation);
+                        raise(
+                            slot,
+                            b,
+                            if b == applied { applied_key } else { 0 },
+                            generation,
+                        );
                         status = if b == cr {
                             format!("watching; history before revision {cr} compacted while the lock was held: mark raised to {cr} (the holder may have to take the lock again)")
                         } else {

@@ -31,7 +31,10 @@ pub struct GrantSearch {
 
 impl GrantSearch {
     pub fn new(hc: i64, r0: i64) -> Self {
-        GrantSearch { lo: hc, hi: r0.max(hc) }
+        GrantSearch {
+            lo: hc,
+            hi: r0.max(hc),
+        }
     }
     /// The next revision to read the lock's keys at, or None when the grant is found.
     pub fn next(&self) -> Option<i64> {
@@ -273,8 +276,14 @@ mod model {
                     );
                     n.mark = t;
                     out.push((format!("write {c} ({t}) admitted"), n));
-                } else if n.synced && n.keys.contains_key(&c) && n.keys.get(&c).copied() == holder(&n.keys) && n.compacted == 0 {
-                    panic!("the current holder {c} (token {t}) was refused by a synced watch: {n:?}");
+                } else if n.synced
+                    && n.keys.contains_key(&c)
+                    && n.keys.get(&c).copied() == holder(&n.keys)
+                    && n.compacted == 0
+                {
+                    panic!(
+                        "the current holder {c} (token {t}) was refused by a synced watch: {n:?}"
+                    );
                 }
             }
         }
@@ -291,7 +300,6 @@ mod model {
             let mut n = s.clone();
             reconnect(&mut n, strategy);
             out.push(("watch (re)starts".into(), n));
-
         }
         if s.file != (s.handover, s.handover_key) {
             let mut n = s.clone();
@@ -335,15 +343,14 @@ mod model {
             if s.steps >= DEPTH {
                 continue;
             }
-            let next = std::panic::catch_unwind(|| steps(&s, strategy))
-                .map_err(|e| {
-                    let why = e
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_default();
-                    format!("after {trace:?}: {why}")
-                })?;
+            let next = std::panic::catch_unwind(|| steps(&s, strategy)).map_err(|e| {
+                let why = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                format!("after {trace:?}: {why}")
+            })?;
             for (what, mut n) in next {
                 n.steps = s.steps + 1;
                 let mut key = n.clone();
@@ -362,7 +369,9 @@ mod model {
     fn every_order_of_events_up_to_the_bound_fences_every_former_holder() {
         let n = explore(Strategy::Replay).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 10_000, "the model explored only {n} states");
-        eprintln!("watch model: {n} distinct states, every order of up to {DEPTH} steps, no violation");
+        eprintln!(
+            "watch model: {n} distinct states, every order of up to {DEPTH} steps, no violation"
+        );
     }
 
     #[test]

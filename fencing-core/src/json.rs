@@ -70,7 +70,11 @@ pub fn check_key(key: &Members, pk: &[String]) -> Result<(), ShapeError> {
     if pk.is_empty() {
         return Err(ShapeError::NoPrimaryKey);
     }
-    let missing: Vec<String> = pk.iter().filter(|c| !key.contains_key(*c)).cloned().collect();
+    let missing: Vec<String> = pk
+        .iter()
+        .filter(|c| !key.contains_key(*c))
+        .cloned()
+        .collect();
     if !missing.is_empty() {
         return Err(ShapeError::KeyMissing(missing));
     }
@@ -111,16 +115,40 @@ mod unit {
     fn columns_and_keys() {
         let c = cols(&["id", "v", "fence_token"]);
         let m = parse_object(r#"{"v": 1, "id": 2}"#).unwrap();
-        assert_eq!(check_columns(&m, &c, "fence_token").unwrap(), vec!["id", "v"]);
+        assert_eq!(
+            check_columns(&m, &c, "fence_token").unwrap(),
+            vec!["id", "v"]
+        );
         let m = parse_object(r#"{"nope": 1}"#).unwrap();
-        assert_eq!(check_columns(&m, &c, "fence_token"), Err(ShapeError::UnknownColumn("nope".into())));
+        assert_eq!(
+            check_columns(&m, &c, "fence_token"),
+            Err(ShapeError::UnknownColumn("nope".into()))
+        );
         let m = parse_object(r#"{"fence_token": 1}"#).unwrap();
-        assert_eq!(check_columns(&m, &c, "fence_token"), Err(ShapeError::SetsTokenColumn));
+        assert_eq!(
+            check_columns(&m, &c, "fence_token"),
+            Err(ShapeError::SetsTokenColumn)
+        );
         let pk = vec!["id".to_string()];
-        assert_eq!(check_key(&parse_object(r#"{"id": 1}"#).unwrap(), &pk), Ok(()));
-        assert_eq!(check_key(&parse_object(r#"{}"#).unwrap(), &pk), Err(ShapeError::KeyMissing(vec!["id".into()])));
-        assert_eq!(check_key(&parse_object(r#"{"id": 1, "v": 2}"#).unwrap(), &pk), Err(ShapeError::KeyExtra(vec!["v".into()])));
-        assert_eq!(check_key(&parse_object(r#"{"id": null}"#).unwrap(), &pk), Err(ShapeError::KeyNull(vec!["id".into()])));
-        assert_eq!(check_key(&parse_object(r#"{"id": 1}"#).unwrap(), &[]), Err(ShapeError::NoPrimaryKey));
+        assert_eq!(
+            check_key(&parse_object(r#"{"id": 1}"#).unwrap(), &pk),
+            Ok(())
+        );
+        assert_eq!(
+            check_key(&parse_object(r#"{}"#).unwrap(), &pk),
+            Err(ShapeError::KeyMissing(vec!["id".into()]))
+        );
+        assert_eq!(
+            check_key(&parse_object(r#"{"id": 1, "v": 2}"#).unwrap(), &pk),
+            Err(ShapeError::KeyExtra(vec!["v".into()]))
+        );
+        assert_eq!(
+            check_key(&parse_object(r#"{"id": null}"#).unwrap(), &pk),
+            Err(ShapeError::KeyNull(vec!["id".into()]))
+        );
+        assert_eq!(
+            check_key(&parse_object(r#"{"id": 1}"#).unwrap(), &[]),
+            Err(ShapeError::NoPrimaryKey)
+        );
     }
 }

@@ -5,7 +5,7 @@
 # and writing with their tokens while tests/partition/partition.py cuts, isolates and slows the
 # links on a randomized schedule; then tests/stress/stress.py's independent checker reads the
 # history (check --lock-service) and fails on any stale write that committed.
-# Only addresses inside the namespaces made here (10.78.0.0/24) and loopback are used.
+# Only addresses inside the namespaces made here (a /24 in 10.78.0.0/16) and loopback are used.
 # --unfenced is the negative control: the clients write in replica mode, where the guard refuses
 # nothing, and the run passes only if the checker finds violations.
 # Needs root (ip netns). Usage: tests/partition/run.sh [--seconds 150] [--seed N] [--unfenced]
@@ -29,7 +29,8 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 
-NET=10.78.0
+# A subnet and names of this run's own (two runs at once do not meet).
+NET=10.78.$(( $$ % 250 ))
 TAG=pgf$$
 BR="${TAG}br"
 PGNS="${TAG}-pg"

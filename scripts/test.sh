@@ -186,7 +186,7 @@ done
 
 step "15/16 lifecycle paths: a mark raised by fencing_advance survives a crash under synchronous_commit = off (tests/lifecycle)"
 tests/lifecycle/async_commit.sh
-step "15/16 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion and pg_upgrade (tests/lifecycle)"
+step "15/16 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion, PITR and pg_upgrade (tests/lifecycle)"
 tests/lifecycle/watch_carried.sh
 step "15/16 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
 tests/lifecycle/logical.sh

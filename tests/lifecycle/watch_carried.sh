@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A watched resource stays fenced on every path that copies or moves the database (issue 14,
-# path 2): pg_dump/restore, a promoted physical standby, pg_upgrade. The watch registration lives
+# path 2): pg_dump/restore, a promoted physical standby, point-in-time recovery, pg_upgrade. The watch registration lives
 # in a WAL-logged table (_pg_fencing.watch), so all three carry it; what the watch derived from
 # etcd (the hand-over revision) is derived again from etcd on the new server before any write to
 # the resource is admitted.
@@ -24,6 +24,9 @@ cleanup() {
     if [ -n "$STANDBY" ] && [ -f "$STANDBY/postmaster.pid" ]; then
         as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m immediate -w stop >/dev/null 2>&1 || true
     fi
+    if [ -n "${PITR:-}" ] && [ -f "$PITR/postmaster.pid" ]; then
+        as_pg "$PGBIN/pg_ctl" -D "$PITR" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
     if [ -n "${NEWDATA:-}" ] && [ -f "$NEWDATA/postmaster.pid" ]; then
         as_pg "$PGBIN/pg_ctl" -D "$NEWDATA" -m immediate -w stop >/dev/null 2>&1 || true
     fi
@@ -37,7 +40,11 @@ etcd_start
 CONF="shared_preload_libraries = 'pg_fencing'
 pg_fencing.etcd_endpoints = '127.0.0.1:$ETCD_CLIENT_PORT'
 wal_level = replica"
-PG_EXTRA_CONF="$CONF" pg_start
+mkdir -p "$WORK/archive"
+[ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/archive"
+PG_EXTRA_CONF="$CONF
+archive_mode = on
+archive_command = 'cp %p $WORK/archive/%f'" pg_start
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 
 # wait_for <what> <expected> <port> <db> <sql>: polls for up to 20 s.
@@ -67,8 +74,13 @@ echo "== a standby from a base backup taken before the watch existed"
 STANDBY="$WORK/standby"
 mkdir -p "$STANDBY" && chown postgres:postgres "$STANDBY" && chmod 700 "$STANDBY"
 as_pg "$PGBIN/pg_basebackup" -h 127.0.0.1 -p "$PGPORT_TEST" -U postgres -D "$STANDBY" -R -X stream >/dev/null
+# The same base backup, kept for a point-in-time recovery later.
+PITR="$WORK/pitr"
+cp -a "$STANDBY" "$PITR"
+rm -f "$PITR/standby.signal"
 cat >>"$STANDBY/postgresql.conf" <<CONF
 port = $PORT2
+archive_mode = off
 CONF
 as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -l "$WORK/standby.log" -w -t 60 start >/dev/null
 
@@ -106,6 +118,32 @@ wait_for "promoted: out of recovery" f "$PORT2" postgres "SELECT pg_is_in_recove
 expect "promoted: a write with H - 1" FT001 "$(stale_write "$PORT2" postgres $((H - 1)))"
 expect "promoted: watch listed" jobs "$("${PSQL[@]}" -p "$PORT2" -Atc "SELECT resource FROM fencing_watches")"
 as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m fast -w stop >/dev/null
+
+echo "== point-in-time recovery from the base backup to a restore point after the hand-over"
+"${PSQL[@]}" -Atc "SELECT pg_create_restore_point('after_handover')" >/dev/null
+"${PSQL[@]}" -Atc "SELECT pg_switch_wal()" >/dev/null
+"${PSQL[@]}" -Atc "CHECKPOINT" >/dev/null
+# The segment holding the restore point was closed by pg_switch_wal; wait until it is archived.
+seg=$("${PSQL[@]}" -Atc "SELECT pg_walfile_name(pg_current_wal_lsn() - 1)")
+for _ in $(seq 1 100); do
+    [ -f "$WORK/archive/$seg" ] && break
+    sleep 0.1
+done
+cat >>"$PITR/postgresql.conf" <<CONF
+port = $PORT2
+restore_command = 'cp $WORK/archive/%f %p'
+archive_mode = off
+recovery_target_timeline = '1'
+recovery_target_name = 'after_handover'
+recovery_target_action = 'promote'
+CONF
+touch "$PITR/recovery.signal"
+chown postgres:postgres "$PITR/recovery.signal"
+as_pg "$PGBIN/pg_ctl" -D "$PITR" -l "$WORK/pitr.log" -w -t 120 start >/dev/null
+wait_for "recovered: out of recovery" f "$PORT2" postgres "SELECT pg_is_in_recovery()"
+expect "recovered: a write with H - 1" FT001 "$(stale_write "$PORT2" postgres $((H - 1)))"
+expect "recovered: watch listed" jobs "$("${PSQL[@]}" -p "$PORT2" -Atc "SELECT resource FROM fencing_watches")"
+as_pg "$PGBIN/pg_ctl" -D "$PITR" -m fast -w stop >/dev/null
 
 echo "== pg_upgrade (copy mode) to a new cluster"
 as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m fast -w stop >/dev/null

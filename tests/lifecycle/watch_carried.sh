@@ -22,7 +22,7 @@ fresh_workdir
 STANDBY=""
 cleanup() {
     # The etcdctl holders run in process groups of their own (setsid): end the whole group.
-    for p in ${CHILD_PIDS:-}; do kill -TERM -- "-$p" 2>/dev/null || true; done
+    for p in ${CHILD_PIDS:-}; do kill -KILL -- "-$p" 2>/dev/null || true; done
     if [ -n "$STANDBY" ] && [ -f "$STANDBY/postmaster.pid" ]; then
         as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m immediate -w stop >/dev/null 2>&1 || true
     fi

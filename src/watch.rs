@@ -51,9 +51,6 @@ pub struct WatchSlot {
     /// Bumped on every (re-)registration: the etcd thread restarts the slot's watch.
     pub(crate) generation: AtomicU64,
     verify: AtomicBool,
-    /// Registered from the state file at server start and not confirmed by a registration since
-    /// (see `reconcile`: such a slot without a row in `_pg_fencing.watch` is stale).
-    from_file: AtomicBool,
     /// Highest hand-over revision seen (0: none yet).
     pub(crate) handover: AtomicI64,
     /// The create revision of the lock key whose grant `handover` is (0: a bound, not a known
@@ -92,7 +89,6 @@ impl Default for WatchShared {
                 dboid: AtomicU32::new(0),
                 generation: AtomicU64::new(0),
                 verify: AtomicBool::new(false),
-                from_file: AtomicBool::new(false),
                 handover: AtomicI64::new(0),
                 handover_key: AtomicI64::new(0),
                 latest: AtomicI64::new(0),
@@ -332,7 +328,6 @@ pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
         slot.verify.store(verify == 1, Ordering::Release);
         slot.handover.store(handover, Ordering::Release);
         slot.handover_key.store(handover_key, Ordering::Release);
-        slot.from_file.store(true, Ordering::Release);
         slot.latest.store(0, Ordering::Release);
         slot.confirmed_ms.store(0, Ordering::Release);
         slot.set_message("starting");
@@ -451,7 +446,6 @@ fn register(
 ) -> Result<(), FenceError> {
     let slot = match find(sh, resource) {
         Some(s) => {
-            s.from_file.store(false, Ordering::Release);
             if s.prefix.equals(prefix) && s.verify.load(Ordering::Acquire) == verify {
                 return Ok(());
             }
@@ -472,7 +466,6 @@ fn register(
             s.resource.set(resource);
             s.handover.store(0, Ordering::Release);
             s.handover_key.store(0, Ordering::Release);
-            s.from_file.store(false, Ordering::Release);
             s
         }
     };
@@ -689,35 +682,12 @@ fn reconcile() -> Result<(), FenceError> {
             // change applied at its pre-commit and not yet visible here. (A row whose deletion
             // is just committing may come back this way: a watch too many, never one too few;
             // fencing_unwatch removes it.)
-            let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
-            let listed = |r: &str| rows.iter().any(|(x, _, _)| x == r);
-            // Stale: registered from the state file at server start, never registered again,
-            // and without a row (the state file outlived its registration: a crash between a
-            // registration's pre-commit and its commit, a point-in-time recovery to before it,
-            // DROP EXTENSION). Rows committed before the server started are visible to every
-            // snapshot, so none of these has a row we cannot see.
-            let stale = |s: &WatchSlot| {
-                s.state.load(Ordering::Acquire) == ACTIVE
-                    && s.dboid.load(Ordering::Acquire) == db
-                    && s.from_file.load(Ordering::Acquire)
-                    && !listed(&s.resource())
-            };
             let missing: Vec<_> = rows
-                .iter()
+                .into_iter()
                 .filter(|(r, _, _)| find(sh, r).is_none())
-                .cloned()
                 .collect();
-            if !missing.is_empty() || sh.slots.iter().any(stale) {
+            if !missing.is_empty() {
                 with_state(sh, || {
-                    for s in sh.slots.iter().filter(|s| stale(s)) {
-                        if s.state
-                            .compare_exchange(ACTIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire)
-                            .is_ok()
-                        {
-                            s.generation.fetch_add(1, Ordering::AcqRel);
-                            sh.active.fetch_sub(1, Ordering::AcqRel);
-                        }
-                    }
                     for (r, p, v) in &missing {
                         register(sh, r, p, *v)?;
                     }

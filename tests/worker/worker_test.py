@@ -21,8 +21,6 @@ Scenarios (issue "Background worker", SPEC.md worker section):
   watch_gap      a hand-over (Z to A, then A releases) while PostgreSQL is stopped: after the restart
                  the restarted watch derives the mark from etcd (A's grant); Z, writing right after the
                  restart, gets FT001 (the write waits until the watch has read etcd)
-  watch_stale    a running watch whose row is gone (as after PITR) is dropped after a restart by
-                 the first session that looks
   watch_txn      fencing_watch/fencing_unwatch take effect at commit (rollback, savepoint, PREPARE
                  refused with 0A000); a new watch admits no write before it read etcd (FT005 with
                  pg_fencing.watch_sync_timeout = 0)
@@ -861,32 +859,6 @@ def scenario_watch_txn(etcd, pg):
     o.close()
 
 
-def scenario_watch_stale(etcd, pg):
-    print("== a watch whose row is gone (as after a point-in-time recovery to before it) is dropped after a restart")
-    c = pg.connect()
-    cur = c.cursor()
-    protected_table(cur, "stale_t", "stale")
-    cur.execute("SELECT fencing_watch('stale')")
-    # The row disappears without the trigger (what WAL replay to an earlier point would leave).
-    cur.execute("BEGIN; ALTER TABLE _pg_fencing.watch DISABLE TRIGGER watch_changed; "
-                "DELETE FROM _pg_fencing.watch WHERE resource = 'stale'; "
-                "ALTER TABLE _pg_fencing.watch ENABLE TRIGGER watch_changed; COMMIT")
-
-    def listed():
-        cur.execute("SELECT count(*) FROM fencing_watches WHERE resource = 'stale'")
-        return cur.fetchone()[0]
-    ok(listed() == 1, "before the restart the running watch is still listed (one watch too many, never too few)")
-    c.close()
-    time.sleep(0.3)
-    pg.stop()
-    pg.start()
-    c = pg.connect()
-    cur = c.cursor()
-    ok(listed() == 0, "after the restart the first look drops the watch the state file kept without its row")
-    ok(write_with(cur, "stale_t", 10**6) == "ok", "writes to the resource are not held for a watch that does not exist")
-    c.close()
-
-
 def scenario_watch_compacted(etcd, pg):
     print("== a new watch when etcd compacted the history it needs to find the holder's grant")
     c = pg.connect()
@@ -1062,7 +1034,6 @@ def main():
         scenario_state_lock(pg)
         scenario_watch_gap(etcd, pg)
         scenario_watch_txn(etcd, pg)
-        scenario_watch_stale(etcd, pg)
         scenario_watch_compacted(etcd, pg)
         scenario_etcd_down(etcd, pg)
         scenario_kill9(etcd, pg)

@@ -141,8 +141,12 @@ COMMENT ON FUNCTION @extschema@.fencing_release(text) IS
 -- pg_upgrade and pg_dump/restore carry the registration; the hand-over revision the watch derives
 -- from etcd is derived again on the new server before the resource admits a write.
 CREATE TABLE _pg_fencing.watch (
-    resource         text        PRIMARY KEY CHECK (resource <> ''),
-    lock_key_prefix  text        NOT NULL CHECK (lock_key_prefix <> ''),
+    -- The limits fencing_watch checks (and shared memory holds): no tabs or line breaks,
+    -- resource shorter than 256 bytes, key prefix shorter than 320.
+    resource         text        PRIMARY KEY CHECK (resource <> '' AND octet_length(resource) < 256
+                                                    AND resource !~ '[\t\n\r]'),
+    lock_key_prefix  text        NOT NULL CHECK (lock_key_prefix <> '' AND octet_length(lock_key_prefix) < 320
+                                                 AND lock_key_prefix !~ '[\t\n\r]'),
     verify           boolean     NOT NULL,
     watched_at       timestamptz NOT NULL DEFAULT pg_catalog.now()
 );

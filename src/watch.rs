@@ -419,6 +419,9 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
         false,
         |_| (),
     );
+    // Queued here too, not only by the table's trigger: that trigger does not fire with
+    // session_replication_role = replica.
+    queue_change(resource, Some((prefix, verify)));
     Ok(())
 }
 
@@ -607,6 +610,20 @@ pub fn apply_pending() -> Result<(), FenceError> {
     }
     let mut marks = Vec::new();
     with_state(sh, || {
+        // Everything that can fail first, before any slot changes: an error after a change
+        // would abort the transaction with shared memory already changed.
+        let needed = last
+            .iter()
+            .filter(|(r, w)| w.is_some() && find(sh, r).is_none())
+            .count();
+        let free = sh
+            .slots
+            .iter()
+            .filter(|s| s.state.load(Ordering::Acquire) == FREE)
+            .count();
+        if needed > free {
+            return Err(slots_full());
+        }
         for (r, w) in &last {
             match w {
                 Some((prefix, verify)) => register(sh, r, prefix, *verify)?,

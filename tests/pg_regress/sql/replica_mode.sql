@@ -60,3 +60,27 @@ RESET session_replication_role;
 SELECT fencing_high_water('rm');
 SELECT fencing_unprotect('rm_jobs');
 SELECT count(*) FROM pg_trigger WHERE tgrelid = 'rm_jobs'::regclass AND tgname LIKE 'zz_pg_fencing%';
+
+-- fencing_watch in replica mode still starts the watch at commit (the table's own trigger does
+-- not fire there)
+SET session_replication_role = replica;
+SELECT fencing_watch('rm_w');
+RESET session_replication_role;
+SELECT resource FROM fencing_watches WHERE resource = 'rm_w';
+SELECT fencing_unwatch('rm_w');
+-- registrations fencing_watch would refuse are refused by the table too
+\set VERBOSITY terse
+INSERT INTO _pg_fencing.watch VALUES (repeat('q', 300), 'q/', false);
+\echo :LAST_ERROR_SQLSTATE
+INSERT INTO _pg_fencing.watch VALUES (E'a\tb', 'q/', false);
+\echo :LAST_ERROR_SQLSTATE
+\set VERBOSITY default
+-- a commit that fails for want of watch slots changes no running watch (its unwatch included)
+SELECT fencing_watch('rm_keep');
+BEGIN;
+SELECT fencing_unwatch('rm_keep');
+SELECT count(fencing_watch('rm_many_' || g)) FROM generate_series(1, 64) g;
+COMMIT;
+\echo :LAST_ERROR_SQLSTATE
+SELECT resource FROM fencing_watches WHERE resource LIKE 'rm\_%' ORDER BY 1;
+SELECT fencing_unwatch('rm_keep');

@@ -55,6 +55,17 @@ sqlstate_of() {
     if out=$("$@" -v VERBOSITY=verbose 2>&1); then echo ok; else echo "$out" | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p' | head -1; fi
 }
 
+# wait_for <what> <expected> <port> <db> <sql>: polls the query for up to 30 s, then `expect`s.
+wait_for() {
+    local got=""
+    for _ in $(seq 1 300); do
+        got=$(psql -X -q -p "$3" -d "$4" -Atc "$5" 2>/dev/null || true)
+        [ "$got" = "$2" ] && break
+        sleep 0.1
+    done
+    expect "$1" "$2" "$got"
+}
+
 fresh_workdir() {
     WORK=$(mktemp -d /tmp/pg_fencing.XXXXXX)
     chmod 755 "$WORK"

@@ -48,16 +48,6 @@ PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 pub() { "${PSQL[@]}" -p "$PUB" "$@"; }
 sub() { "${PSQL[@]}" -p "$SUB" "$@"; }
 
-# wait_for <what> <expected> <port> <db> <sql>: polls for up to 30 s.
-wait_for() {
-    local got=""
-    for _ in $(seq 1 300); do
-        got=$("${PSQL[@]}" -p "$3" -d "$4" -Atc "$5" 2>/dev/null || true)
-        [ "$got" = "$2" ] && break
-        sleep 0.1
-    done
-    expect "$1" "$2" "$got"
-}
 write() {  # write <port> <db> <token> <sql>: the SQLSTATE of <sql> run with that token
     sqlstate_of "${PSQL[@]}" -p "$1" -d "$2" -c "BEGIN; SET LOCAL pg_fencing.token = '$3'; $4; COMMIT;"
 }

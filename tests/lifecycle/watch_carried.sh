@@ -49,16 +49,6 @@ archive_mode = on
 archive_command = 'cp %p $WORK/archive/%f'" pg_start
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 
-# wait_for <what> <expected> <port> <db> <sql>: polls for up to 20 s.
-wait_for() {
-    local got=""
-    for _ in $(seq 1 200); do
-        got=$("${PSQL[@]}" -p "$3" -d "$4" -Atc "$5" 2>/dev/null || true)
-        [ "$got" = "$2" ] && break
-        sleep 0.1
-    done
-    expect "$1" "$2" "$got"
-}
 stale_write() {  # stale_write <port> <db> <token>: the SQLSTATE of a write with that token
     sqlstate_of "${PSQL[@]}" -p "$1" -d "$2" -c "BEGIN; SET LOCAL pg_fencing.token = '$3'; UPDATE jobs SET v = $3 WHERE id = 1; COMMIT;"
 }

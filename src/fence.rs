@@ -373,22 +373,15 @@ pub fn flush_tombstones() {
     if read_only && !unsafe { pg_sys::RecoveryInProgress() } {
         unsafe { pg_sys::XactReadOnly = false };
     }
-    exec_internal(
-        SQL_STORE_TOMBS,
-        true,
-        &[
-            pg_sys::INT8ARRAYOID,
-            pg_sys::TEXTARRAYOID,
-            pg_sys::INT8ARRAYOID,
-        ],
-        &mut [p, k, t],
-        false,
-        as_token,
-    );
-    if logical_wal() {
-        // For subscribers: the same tombstones by table name (see `SQL_FEED_TOMBS`).
+    // With logical WAL, the same batch also goes to subscribers by table name (`SQL_FEED_TOMBS`).
+    let feed: &[&str] = if logical_wal() {
+        &[SQL_FEED_TOMBS]
+    } else {
+        &[]
+    };
+    for sql in std::iter::once(&SQL_STORE_TOMBS).chain(feed) {
         exec_internal(
-            SQL_FEED_TOMBS,
+            sql,
             true,
             &[
                 pg_sys::INT8ARRAYOID,
@@ -399,6 +392,8 @@ pub fn flush_tombstones() {
             false,
             as_token,
         );
+    }
+    if !feed.is_empty() {
         exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);
     }
     unsafe { pg_sys::XactReadOnly = read_only };

@@ -19,8 +19,8 @@
 #  13. the Rust client example            (examples/rust-client against real etcd, tests/client)
 #  14. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  15. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
-#                                          pg_dump/restore, promotion and pg_upgrade; logical
-#                                          replication)
+#                                          pg_dump/restore, promotion and pg_upgrade, and from
+#                                          0.1.0 through ALTER EXTENSION UPDATE; logical replication)
 #  16. network partitions                 (tests/partition: three etcd members and PostgreSQL in
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
@@ -188,6 +188,8 @@ step "15/16 lifecycle paths: a mark raised by fencing_advance survives a crash u
 tests/lifecycle/async_commit.sh
 step "15/16 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion, PITR and pg_upgrade (tests/lifecycle)"
 tests/lifecycle/watch_carried.sh
+step "15/16 lifecycle paths: a watch registered under 0.1.0 survives ALTER EXTENSION UPDATE and the loss of its state file (tests/lifecycle)"
+tests/lifecycle/watch_upgrade.sh
 step "15/16 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
 tests/lifecycle/logical.sh
 

@@ -394,6 +394,7 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
             hint: None,
         });
     }
+    require_watch_table("fencing_watch")?;
     // One registration change per resource at a time (and the lock order of `StateLock`).
     crate::fence::lock_resource_exclusive(resource);
     // Refuse now rather than at commit when no slot is free (commit checks again).
@@ -502,6 +503,7 @@ pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
             hint: None,
         });
     }
+    require_watch_table("fencing_unwatch")?;
     // The resource's lock before the state file's (see `StateLock`), held to the commit.
     crate::fence::lock_resource_exclusive(resource);
     let deleted = crate::fence::exec_internal(
@@ -656,12 +658,9 @@ pub fn apply_pending() -> Result<(), FenceError> {
 
 /// Register this database's rows of `_pg_fencing.watch` that shared memory lacks, once per
 /// backend (after recovery: a standby's backend would miss rows replayed after its first look).
-fn reconcile() -> Result<(), FenceError> {
-    if RECONCILED.with(|r| r.get()) || unsafe { pg_sys::RecoveryInProgress() } {
-        return Ok(());
-    }
-    // Not in this database (or an extension version from before the table): nothing to do.
-    let exists = crate::fence::exec_internal(
+/// This database has `_pg_fencing.watch` (its extension's SQL objects are 0.2.0 or later).
+fn watch_table_exists() -> bool {
+    crate::fence::exec_internal(
         "SELECT true FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
          WHERE n.nspname OPERATOR(pg_catalog.=) '_pg_fencing' AND c.relname OPERATOR(pg_catalog.=) 'watch'",
         false,
@@ -670,9 +669,32 @@ fn reconcile() -> Result<(), FenceError> {
         true,
         |_| true,
     )
-    .unwrap_or(false);
+    .unwrap_or(false)
+}
+
+/// `fencing_watch`/`fencing_unwatch` write `_pg_fencing.watch`: in a database whose extension
+/// is still at 0.1.0's SQL (the new library installed, `ALTER EXTENSION ... UPDATE` not yet run)
+/// they refuse with 55000 and say what to do; the watches 0.1.0 registered keep running (from
+/// the state file) and the update carries them into the table.
+fn require_watch_table(function: &str) -> Result<(), FenceError> {
+    if watch_table_exists() {
+        return Ok(());
+    }
+    Err(FenceError::Call {
+        sqlstate: crate::sqlstate!("55000"),
+        message: format!("{function} needs pg_fencing's SQL objects of version 0.2.0 or later in this database"),
+        detail: Some("Watch registrations are rows of _pg_fencing.watch, which this database's extension does not have yet.".into()),
+        hint: Some("Run ALTER EXTENSION pg_fencing UPDATE; the watches registered before it keep running and are carried into the table.".into()),
+    })
+}
+
+fn reconcile() -> Result<(), FenceError> {
+    if RECONCILED.with(|r| r.get()) || unsafe { pg_sys::RecoveryInProgress() } {
+        return Ok(());
+    }
+    // Not in this database (or an extension version from before the table): nothing to do.
     let mut rows: Vec<(String, String, bool)> = Vec::new();
-    if exists {
+    if watch_table_exists() {
         rows = Spi::connect(|c| {
             c.select(
                 "SELECT resource, lock_key_prefix, verify FROM _pg_fencing.watch ORDER BY resource",

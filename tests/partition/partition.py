@@ -25,12 +25,14 @@ Partitions are blackhole routes inside the namespaces (iproute2 only).
 
     partition.py run --dsn DSN --log FILE --endpoints E1,E2,E3 --hosts NS=IP,... --pg-ns NS
                      [--seconds 120] [--seed S] [--sql-clients 4] [--etcd-clients 3] [--unfenced]
-                     [--pause-rate 0.2]
+                     [--pause-rate 0.2] [--etcd-history FILE]
 """
 import argparse
+import base64
 import json
 import os
 import random
+import re
 import select
 import signal
 import subprocess
@@ -46,6 +48,45 @@ ROWS = 4
 
 def sqlstate_of(exc):
     return getattr(exc, "pgcode", None) or "CONN"
+
+
+def mark_of(exc):
+    """The high-water mark an FT001 refusal reports in its DETAIL, for the checker to account for."""
+    diag = getattr(exc, "diag", None)
+    m = re.search(r"high-water mark of .* is (\d+)\.$", (diag and diag.message_detail) or "")
+    return int(m.group(1)) if m else None
+
+
+def dump_etcd_history(endpoints, path):
+    """etcd's whole event history of the lock keys ("stress-" prefix), for the checker: a watch
+    from revision 1, read up to a marker key written after the run."""
+    for _ in range(30):
+        try:
+            subprocess.run(["etcdctl", "--endpoints", endpoints, "--command-timeout=5s", "put", "stress-~end", "x"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=etcdctl_env())
+            break
+        except subprocess.CalledProcessError:
+            time.sleep(1)
+    else:
+        raise SystemExit("partition: etcd did not take the end marker after the heal")
+    p = subprocess.Popen(["etcdctl", "--endpoints", endpoints, "watch", "--prefix", "stress-", "--rev", "1", "-w", "json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=etcdctl_env())
+    end = base64.b64encode(b"stress-~end").decode()
+    deadline = time.time() + 120
+    try:
+        with open(path, "w") as out:
+            while time.time() < deadline:
+                ready, _, _ = select.select([p.stdout], [], [], deadline - time.time())
+                line = p.stdout.readline() if ready else ""
+                if not line:
+                    break
+                out.write(line)
+                if end in line:
+                    return
+        raise SystemExit("partition: etcd's history did not reach the end marker")
+    finally:
+        p.kill()
+        p.wait()
 
 
 def etcdctl_env():
@@ -134,7 +175,8 @@ class Client(threading.Thread):
                 except psycopg2.Error as e:
                     self.log.emit({"ev": "write", "txn": tag, "op": "write", "table": table, "resource": resource,
                                    "rows": [rid], "token": token, "outcome": sqlstate_of(e), "t0": t0,
-                                   "t1": time.time(), "message": str(e).splitlines()[0] if str(e) else ""})
+                                   "t1": time.time(), "message": str(e).splitlines()[0] if str(e) else "",
+                                   "mark": mark_of(e)})
                     raise
             conn.commit()
             self.log.emit({"ev": "commit", "txn": tag, "xid": xid, "outcome": "ok", "t": time.time()})
@@ -315,6 +357,8 @@ def run(args):
         c.join(args.seconds + 60)
     nemesis.join(30)
     nemesis.heal()
+    if args.etcd_history:
+        dump_etcd_history(args.endpoints, args.etcd_history)
     faults = ", ".join(f"{k} {v}" for k, v in sorted(nemesis.counts.items()))
     print(f"partition: {args.seconds:.0f} s, {len(clients)} clients, faults: {faults or 'none'}"
           f" (slow links by {'netem' if nemesis.netem else 'tbf'})")
@@ -332,6 +376,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sql-clients", type=int, default=4)
     ap.add_argument("--etcd-clients", type=int, default=3)
+    ap.add_argument("--etcd-history", help="write etcd's event history of the lock keys here after the run")
     ap.add_argument("--unfenced", action="store_true", help="negative control: writes are not refused")
     ap.add_argument("--pause-rate", type=float, default=0.2, help="share of writes preceded by a pause > TTL")
     run(ap.parse_args())

@@ -105,12 +105,14 @@ LOG="$WORK/history.log"
 echo "partition: etcd members $ENDPOINTS, PostgreSQL $NET.10 (namespace $PGNS), ${SECONDS_MAX}s, seed $SEED"
 "$PY" tests/stress/stress.py setup --dsn "$DSN"
 "$PY" tests/partition/partition.py run --dsn "$DSN" --log "$LOG" --endpoints "$ENDPOINTS" --hosts "$HOSTS" \
-    --pg-ns "$PGNS" --seconds "$SECONDS_MAX" --seed "$SEED" $UNFENCED
+    --pg-ns "$PGNS" --seconds "$SECONDS_MAX" --seed "$SEED" --etcd-history "$WORK/etcd-history.jsonl" $UNFENCED
 if [ -z "$UNFENCED" ]; then
-    "$PY" tests/stress/stress.py check --dsn "$DSN" --log "$LOG" --lock-service
+    "$PY" tests/stress/stress.py check --dsn "$DSN" --log "$LOG" --lock-service \
+        --etcd-history "$WORK/etcd-history.jsonl"
     exit $?
 fi
-if "$PY" tests/stress/stress.py check --dsn "$DSN" --log "$LOG" --lock-service >"$WORK/check.out"; then
+if "$PY" tests/stress/stress.py check --dsn "$DSN" --log "$LOG" --lock-service \
+        --etcd-history "$WORK/etcd-history.jsonl" >"$WORK/check.out"; then
     cat "$WORK/check.out"
     echo "FAIL: negative control: stale writes committed without fencing, and the checker found nothing" >&2
     exit 1

@@ -3,7 +3,7 @@
 //! `pg_fencing.token` (string, user-settable): the fencing token that plain
 //! `INSERT`/`UPDATE`/`DELETE`/`MERGE`/`COPY`/`TRUNCATE` on protected tables carry. It is a string
 //! because GUCs hold at most 32-bit integers and tokens are 64-bit. Its check hook refuses anything
-//! that is not a token at `SET` time (`22P02`, `22003`, `22023`, see `token.rs`); the empty string
+//! that is not a token at `SET` time (`22P02`, `22003`, `22023`, see `error.rs`, `parse_token`); the empty string
 //! means "no token". `SET LOCAL` is the recommended form: the value then ends with the transaction,
 //! so it cannot leak to the next client of a transaction-mode pooler.
 //!
@@ -14,8 +14,7 @@
 //! tokens from postgresql.conf or ALTER ROLE/DATABASE ... SET never. `session` lets a plain `SET`
 //! last for the session, as any setting.
 
-use crate::error::{make_sqlstate, Token};
-use crate::token::parse_token;
+use crate::error::{make_sqlstate, parse_token, Token};
 use pgrx::prelude::*;
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -105,102 +104,18 @@ pub fn lease_ttl() -> i32 {
     LEASE_TTL.get()
 }
 
-/// Set (or clear) this session's `pg_fencing.token` at session level, as `SET` would.
-pub fn set_session_token(token: Option<Token>) {
-    let value = CString::new(token.map(|t| t.to_string()).unwrap_or_default()).unwrap_or_default();
-    unsafe {
-        pg_sys::set_config_option(
-            c"pg_fencing.token".as_ptr(),
-            value.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SET,
-            true,
-            0,
-            false,
-        );
-    }
-}
-
 /// The parsed value of `pg_fencing.token`; 0 means "no token". Written by the assign hook only.
 static CURRENT_TOKEN: AtomicI64 = AtomicI64::new(0);
 
-/// The token the current write carries: this session's `pg_fencing.token`, `None` when unset,
-/// empty, or (with `pg_fencing.token_scope = transaction`) set by `SET` in an earlier transaction.
-#[inline]
-pub fn current_token() -> Option<Token> {
-    match CURRENT_TOKEN.load(Ordering::Relaxed) {
-        0 => None,
-        t if in_scope(t) => Some(t),
-        _ => None,
-    }
+/// The parsed value of `pg_fencing.token`, whether or not it counts here (0: none); see
+/// `rule/session_token.rs` for which tokens count.
+pub fn token_value() -> Token {
+    CURRENT_TOKEN.load(Ordering::Relaxed)
 }
 
-/// True when `pg_fencing.token` holds a token that does not count here because it was set with
-/// `SET` in an earlier transaction (for the message of FT002).
-pub fn token_out_of_scope() -> bool {
-    match CURRENT_TOKEN.load(Ordering::Relaxed) {
-        0 => false,
-        t => !in_scope(t),
-    }
-}
-
-/// Does the current value of `pg_fencing.token` count in this transaction?
-fn in_scope(token: Token) -> bool {
-    if TOKEN_SCOPE.get() == TokenScope::Session {
-        return true;
-    }
-    let Some(record) = token_record() else {
-        return true;
-    };
-    // SAFETY: the record is a GUC definition, alive for the life of the backend; read on the
-    // main thread only.
-    let (stack, source) = unsafe { ((*record).stack, (*record).source) };
-    // Set (SET LOCAL, SET, a function's SET clause, fenced_*) in the current transaction: the
-    // GUC machinery keeps an undo entry until the transaction ends.
-    if !stack.is_null() {
-        return true;
-    }
-    // From this connection's startup packet (PGOPTIONS): not something one client of a pooled
-    // connection leaves for the next. A token from postgresql.conf or ALTER ROLE/DATABASE ... SET
-    // does not count: a fixed token in the configuration would defeat fencing.
-    if source == pg_sys::GucSource::PGC_S_CLIENT {
-        return true;
-    }
-    if source < pg_sys::GucSource::PGC_S_SESSION {
-        return false;
-    }
-    // A plain SET in an earlier transaction counts only for the token of a lock this session
-    // holds through fencing_acquire (the lock itself is session-scoped).
-    crate::worker::held_by_this_session(token)
-}
-
-/// The GUC definition of `pg_fencing.token` (found once per backend).
-fn token_record() -> Option<*mut pg_sys::config_generic> {
-    use std::sync::atomic::AtomicPtr;
-    static RECORD: AtomicPtr<pg_sys::config_generic> = AtomicPtr::new(std::ptr::null_mut());
-    let cached = RECORD.load(Ordering::Relaxed);
-    if !cached.is_null() {
-        return Some(cached);
-    }
-    unsafe {
-        let vars = pg_sys::get_guc_variables();
-        let n = pg_sys::GetNumConfigOptions();
-        if vars.is_null() {
-            return None;
-        }
-        for i in 0..n as usize {
-            let v = *vars.add(i);
-            if !v.is_null()
-                && !(*v).name.is_null()
-                && CStr::from_ptr((*v).name).to_bytes() == b"pg_fencing.token"
-            {
-                RECORD.store(v, Ordering::Relaxed);
-                return Some(v);
-            }
-        }
-    }
-    None
+/// `pg_fencing.token_scope = session`?
+pub fn token_scope_is_session() -> bool {
+    TOKEN_SCOPE.get() == TokenScope::Session
 }
 
 #[pg_guard]

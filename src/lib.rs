@@ -1,123 +1,55 @@
 //! pg_fencing: storage-side fencing tokens for PostgreSQL.
 //!
-//! Module map: `fence` (the rule and its locking), `trigger` (the guard trigger on protected
-//! tables), `fenced` (the fenced_* functions), `entry` (C entry points that raise our SQLSTATEs), `gucs` (configuration),
-//! `token` (token parsing), `error` (errors and SQLSTATEs). The SQL surface is in
-//! `sql/pg_fencing.sql`.
+//! Layers, each depending only on those below it (docs/design.md, "Module map"):
+//! * `api` — the SQL surface: C entry points, argument decoding, raising errors;
+//! * `guard` — the guard trigger: decodes trigger events;
+//! * `rule` — the one implementation of the fencing rule and its locking order;
+//! * `state` — marks, tombstones, privileges, counters; `lock_service` — the background worker,
+//!   its lock and watch slots, and the etcd thread (reached by `rule` through a narrow interface);
+//! * `pg` — the thin PostgreSQL-interface layer; `gucs`, `error`, `cache` depend on nothing of
+//!   ours but `error`.
+//!
+//! `backend` owns the per-backend state's life cycle (transaction, subtransaction and relcache
+//! callbacks). The SQL surface is declared in `sql/pg_fencing.sql`.
 
 use pgrx::prelude::*;
 
-mod entry;
+mod api;
+mod backend;
+mod cache;
 mod error;
-mod fence;
-mod fenced;
+mod guard;
 mod gucs;
+mod lock_service;
 #[cfg(feature = "pg_test")]
 mod model_check;
-mod shmem_text;
-mod stats;
-mod token;
-mod trigger;
-mod watch;
-mod worker;
+mod pg;
+mod rule;
+mod state;
 
 ::pgrx::pg_module_magic!();
-
-/// Insert into one of the per-backend caches, emptying it first once it holds `cap` entries:
-/// every cache here refills cheaply on a miss, so this only bounds its memory.
-pub(crate) fn cache_insert<K: std::hash::Hash + Eq, V>(
-    map: &mut std::collections::HashMap<K, V>,
-    key: K,
-    value: V,
-    cap: usize,
-) {
-    if map.len() >= cap {
-        map.clear();
-    }
-    map.insert(key, value);
-}
 
 pgrx::extension_sql_file!(
     "../sql/pg_fencing.sql",
     name = "pg_fencing_api",
     requires = [
-        stats::fencing_stats,
-        stats::fencing_domain_stats,
-        entry::fencing_lock_status,
-        entry::fencing_watch_status
+        state::stats::fencing_stats,
+        state::stats::fencing_domain_stats,
+        api::functions::fencing_lock_status,
+        api::functions::fencing_watch_status
     ],
     finalize
 );
 
 /// Runs when the library is loaded: with `shared_preload_libraries`, or on the first call of
 /// one of its functions in a backend.
-#[pg_guard]
+#[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
-    stats::init_if_preloading();
-    worker::init_if_preloading();
-    watch::init_if_preloading();
-    trigger::register_relcache_callback();
-    unsafe {
-        pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
-        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
-    }
-}
-
-/// Locks taken by the fencing rule end with the transaction; so does what we know about them.
-#[pg_guard]
-unsafe extern "C-unwind" fn xact_callback(
-    event: pg_sys::XactEvent::Type,
-    _arg: *mut std::ffi::c_void,
-) {
-    if event == pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT
-        || event == pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE
-    {
-        // Tombstones of this transaction's per-row deletes, batched (see fence.rs).
-        fence::flush_tombstones();
-        // Registration changes of watched resources reach shared memory with the commit.
-        let applied = if event == pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT {
-            watch::apply_pending()
-        } else {
-            watch::refuse_prepare()
-        };
-        if let Err(e) = applied {
-            // SAFETY: in a PRE_COMMIT/PRE_PREPARE callback an ERROR aborts the transaction
-            // (PostgreSQL's CommitTransaction/PrepareTransaction allow it there).
-            unsafe { error::raise(e) };
-        }
-        return;
-    }
-    fence::forget_all();
-    fence::forget_internal_write();
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
-        || event == pg_sys::XactEvent::XACT_EVENT_ABORT
-        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
-    {
-        fenced::free_stale_plans();
-        fence::forget_tombstones();
-    }
-    if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
-        watch::forget_pending();
-        trigger::forget_verified();
-        worker::abort_pending();
-    }
-}
-
-/// A subtransaction abort releases the locks it took and undoes the marks it wrote.
-#[pg_guard]
-unsafe extern "C-unwind" fn subxact_callback(
-    event: pg_sys::SubXactEvent::Type,
-    my: pg_sys::SubTransactionId,
-    _parent: pg_sys::SubTransactionId,
-    _arg: *mut std::ffi::c_void,
-) {
-    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        fence::forget_tombstones_of(my);
-        watch::forget_pending_of(my);
-        fence::forget_all();
-        trigger::forget_verified();
-    }
+    state::stats::init_if_preloading();
+    lock_service::locks::init_if_preloading();
+    lock_service::watch::init_if_preloading();
+    backend::init();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

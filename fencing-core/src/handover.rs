@@ -1,6 +1,6 @@
 //! The decisions of a watched resource's watch (`fencing_watch`), without etcd or PostgreSQL:
 //! how a (re)started watch finds the hand-overs it has not applied yet, and which revision each
-//! event of etcd's history makes the resource's hand-over revision. `src/watch.rs` drives these
+//! event of etcd's history makes the resource's hand-over revision. `src/lock_service/etcd/watch.rs` drives these
 //! with etcd's answers; the model at the end of this file drives them with every order of lock
 //! requests, releases, compactions, lost connections, server restarts and database copies up to a
 //! bound, and checks that no write from a fenced-off holder is ever admitted.
@@ -189,7 +189,7 @@ mod model {
         }
     }
 
-    /// The watch (re)connects, as `src/watch.rs` does: from the keys at the current revision
+    /// The watch (re)connects, as `src/lock_service/etcd/watch.rs` does: from the keys at the current revision
     /// alone (free: the current revision; held: the holder's grant, by `GrantSearch` over reads
     /// at past revisions, or `compacted_bound` where those are compacted); then it follows live
     /// events.

@@ -10,7 +10,7 @@ use thiserror::Error;
 /// not converted, so no number is ever rounded or refused for not fitting an f64).
 pub type Members = BTreeMap<String, String>;
 
-/// Why an argument has the wrong shape. `fenced.rs` turns each into a PostgreSQL error.
+/// Why an argument has the wrong shape. `src/api/fenced.rs` turns each into a PostgreSQL error.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum ShapeError {
     /// 22023: not a JSON object.

@@ -1,6 +1,6 @@
 //! Parsing of fencing tokens given as text (the `pg_fencing.token` GUC).
 //!
-//! A fencing token is a positive 64-bit integer, 1 ..= 9223372036854775807 (the SPEC's "Terms").
+//! A fencing token is a positive 64-bit integer, 1 ..= 9223372036854775807 (docs/design.md, "Terms").
 //! Text that is not exactly such an integer is refused, never clamped: `22P02` for text that is
 //! not an integer, `22003` for an integer outside bigint, `22023` for zero or a negative number.
 //! Surrounding ASCII whitespace and one leading `+` are accepted, as PostgreSQL's `int8in`

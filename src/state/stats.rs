@@ -10,6 +10,7 @@
 //! (kind `table`, named by its protection id). The table has a fixed number of slots; domains
 //! beyond that are not counted (`fencing_stats()` reports how many were dropped).
 
+use crate::pg::session::origin;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::cell::UnsafeCell;
@@ -19,67 +20,6 @@ const SLOTS: usize = 1024;
 const NAME_LEN: usize = 64;
 /// Room for an `application_name` (NAMEDATALEN) and for a client address with its port.
 const ORIGIN_LEN: usize = 64;
-
-/// Where a refused write came from: the session's `application_name`, its client address
-/// (`host:port`, `[local]` for a Unix socket, empty for a background process) and backend pid.
-pub struct Origin {
-    pub application_name: String,
-    pub client: String,
-    pub pid: i32,
-}
-
-thread_local! {
-    /// The client address never changes during a backend's life; computed on first need.
-    static CLIENT: std::cell::OnceCell<String> = const { std::cell::OnceCell::new() };
-}
-
-/// The origin of the current session (see `Origin`). Must run inside a pgrx guard: it calls
-/// PostgreSQL's `inet_client_addr()`/`inet_client_port()` the first time.
-pub fn origin() -> Origin {
-    let client = CLIENT.with(|c| c.get_or_init(client_address).clone());
-    let application_name = unsafe {
-        let p = pg_sys::application_name;
-        if p.is_null() {
-            String::new()
-        } else {
-            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
-    };
-    Origin {
-        application_name,
-        client,
-        pid: unsafe { pg_sys::MyProcPid },
-    }
-}
-
-fn client_address() -> String {
-    unsafe {
-        if pg_sys::MyProcPort.is_null() {
-            return String::new();
-        }
-        // Both are NULL for a Unix-socket connection.
-        let Some(addr) = pgrx::direct_function_call_as_datum(pg_sys::inet_client_addr, &[]) else {
-            return "[local]".into();
-        };
-        let text = pgrx::direct_function_call_as_datum(pg_sys::inet_out, &[Some(addr)])
-            .map(|d| {
-                std::ffi::CStr::from_ptr(d.cast_mut_ptr::<std::ffi::c_char>())
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .unwrap_or_default();
-        let port = pgrx::direct_function_call::<i32>(pg_sys::inet_client_port, &[]);
-        let host = if text.contains(':') {
-            format!("[{text}]")
-        } else {
-            text
-        };
-        match port {
-            Some(p) => format!("{host}:{p}"),
-            None => host,
-        }
-    }
-}
 
 /// Copy `text` into a fixed buffer, cut at a character boundary, NUL-terminated.
 fn copy_text(buf: &mut [u8], text: &str) {

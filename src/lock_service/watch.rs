@@ -1,4 +1,4 @@
-//! Watched resources (SPEC, "Watched resources"): the background worker watches an etcd lock and,
+//! Watched resources (docs/design.md, "Watched resources"): the background worker watches an etcd lock and,
 //! whenever it changes hands, raises the resource's effective high-water mark to the hand-over
 //! revision, so an older holder is fenced off the moment the lock changes hands, before the new
 //! holder writes. With `verify`, a write must also carry a token that etcd can have issued to the
@@ -10,7 +10,7 @@
 //!
 //! Where things live:
 //! * registrations (per database, like the marks they raise) are rows of `_pg_fencing.watch`,
-//!   WAL-logged, so standbys, promotion, PITR, pg_upgrade and pg_dump carry them (SPEC,
+//!   WAL-logged, so standbys, promotion, PITR, pg_upgrade and pg_dump carry them (docs/design.md,
 //!   "Lifecycle guarantees"). A row trigger queues each change and the change reaches shared
 //!   memory at commit (`apply_pending`); rows that arrive without it (WAL replay, pg_upgrade) are
 //!   registered by the first backend of the database that looks (`reconcile`);
@@ -27,49 +27,50 @@
 //! that passes stores its own token as usual, which is at least the hand-over revision.
 
 use crate::error::{FenceError, Token};
-use crate::shmem_text::ShmemText;
+use super::shmem_text::ShmemText;
+use crate::pg::locks::{lock_resource, LockMode};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub const WATCH_SLOTS: usize = 64;
-const NAME_LEN: usize = 256;
-const KEY_LEN: usize = 320;
-const MSG_LEN: usize = 256;
-const STATE_FILE: &str = "pg_fencing_watches.state";
+pub(super) const NAME_LEN: usize = 256;
+pub(super) const KEY_LEN: usize = 320;
+pub(super) const MSG_LEN: usize = 256;
+pub(super) const STATE_FILE: &str = "pg_fencing_watches.state";
 
-const FREE: u32 = 0;
-const ACTIVE: u32 = 1;
-const BUSY: u32 = 2; // a backend is filling the slot in
-const DRAINING: u32 = 3; // unwatched: free once the etcd thread has stopped its watch task
+pub(super) const FREE: u32 = 0;
+pub(super) const ACTIVE: u32 = 1;
+pub(super) const BUSY: u32 = 2; // a backend is filling the slot in
+pub(super) const DRAINING: u32 = 3; // unwatched: free once the etcd thread has stopped its watch task
 
 #[repr(C)]
 pub struct WatchSlot {
     pub(crate) state: AtomicU32,
     /// The database whose resource this is (marks are per database, and so are watches).
-    dboid: AtomicU32,
+    pub(super) dboid: AtomicU32,
     /// Bumped on every (re-)registration: the etcd thread restarts the slot's watch.
     pub(crate) generation: AtomicU64,
-    verify: AtomicBool,
+    pub(super) verify: AtomicBool,
     /// Highest hand-over revision seen (0: none yet).
     pub(crate) handover: AtomicI64,
     /// The create revision of the lock key whose grant `handover` is (0: a bound, not a known
     /// grant); see `pg_fencing_core::handover::compacted_bound`.
-    handover_key: AtomicI64,
+    pub(super) handover_key: AtomicI64,
     /// Latest revision the watch has confirmed, and when (CLOCK_MONOTONIC ms; 0 never).
     pub(crate) latest: AtomicI64,
     pub(crate) confirmed_ms: AtomicI64,
-    resource: ShmemText<NAME_LEN>,
-    prefix: ShmemText<KEY_LEN>,
-    message: ShmemText<MSG_LEN>,
+    pub(super) resource: ShmemText<NAME_LEN>,
+    pub(super) prefix: ShmemText<KEY_LEN>,
+    pub(super) message: ShmemText<MSG_LEN>,
 }
 
 #[repr(C)]
 pub struct WatchShared {
     /// Number of ACTIVE slots (a fast "nothing is watched" for every write).
-    active: AtomicU32,
+    pub(super) active: AtomicU32,
     /// The state file has been loaded into the slots (once per server start).
-    loaded: AtomicU32,
+    pub(super) loaded: AtomicU32,
     /// Set when a hand-over raised a mark; the etcd thread saves the state file and clears it.
     pub(crate) dirty: AtomicU32,
     pub(crate) slots: [WatchSlot; WATCH_SLOTS],
@@ -111,7 +112,7 @@ impl WatchSlot {
     pub(crate) fn prefix(&self) -> String {
         self.prefix.get()
     }
-    fn set_prefix(&self, s: &str) {
+    pub(super) fn set_prefix(&self, s: &str) {
         self.prefix.set(s)
     }
     pub(crate) fn message(&self) -> String {
@@ -177,7 +178,7 @@ pub(crate) fn shared() -> Option<&'static WatchShared> {
 
 /// The active slot of `resource` (compared in place: this runs for every write while anything
 /// is watched).
-fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
+pub(super) fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
     let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
     sh.slots.iter().find(|s| {
         s.state.load(Ordering::Acquire) == ACTIVE
@@ -192,7 +193,7 @@ fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
 /// One line per watch: database oid, resource, etcd key prefix, verify (0/1), hand-over revision,
 /// and the create revision of the key it was granted to (0 if unknown; absent in files written
 /// before 0.2.0); tab-separated (names with tabs or line breaks are refused at registration).
-fn state_text(sh: &WatchShared) -> String {
+pub(super) fn state_text(sh: &WatchShared) -> String {
     let mut out = String::new();
     for s in sh.slots.iter() {
         if s.state.load(Ordering::Acquire) != ACTIVE {
@@ -215,7 +216,7 @@ fn state_text(sh: &WatchShared) -> String {
 /// registrations change and while the state file is written (backends and the worker are
 /// separate processes), released when dropped.
 ///
-/// Lock order: a resource's heavyweight lock (`fence::lock_resource_exclusive`) is always taken
+/// Lock order: a resource's heavyweight lock (`pg::locks::lock_resource`) is always taken
 /// before this one, never while holding it (`fencing_reset` and `fencing_unwatch` both need both;
 /// PostgreSQL's deadlock detector cannot see this lock). PostgreSQL processes wait for it on
 /// their latch (`take_interruptible`), so a wait honours cancel and postmaster death.
@@ -260,7 +261,7 @@ impl StateLock {
     pub(crate) fn take_interruptible(dir: &str) -> std::io::Result<StateLock> {
         let f = Self::open(dir)?;
         while !Self::try_take(&f)? {
-            crate::worker::nap(1);
+            crate::lock_service::locks::nap(1);
         }
         Ok(StateLock(f))
     }
@@ -340,11 +341,11 @@ pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
 
 /// A backend changes watches: under the `StateLock`, after loading the state file if nobody has
 /// yet, then saves the file.
-fn with_state<T>(
+pub(super) fn with_state<T>(
     sh: &WatchShared,
     change: impl FnOnce() -> Result<T, FenceError>,
 ) -> Result<T, FenceError> {
-    let dir = crate::worker::data_dir();
+    let dir = crate::lock_service::locks::data_dir();
     let io = |e: std::io::Error| {
         FenceError::WorkerUnavailable(format!(
             "pg_fencing: could not lock or save {STATE_FILE}: {e}"
@@ -361,7 +362,7 @@ fn with_state<T>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// SQL functions (see entry.rs)
+// SQL functions (see api/functions.rs)
 
 /// `fencing_watch(resource, lock_name, verify)`: writes the registration into `_pg_fencing.watch`
 /// (WAL-logged, so standbys, promotion, PITR, pg_upgrade and pg_dump carry it); the watch starts
@@ -386,7 +387,7 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
             KEY_LEN - 1
         )));
     }
-    if !unsafe { pg_sys::superuser() } && !crate::fence::may_write_resource(resource) {
+    if !unsafe { pg_sys::superuser() } && !crate::state::privileges::may_write_resource(resource) {
         return Err(FenceError::Call {
             sqlstate: crate::sqlstate!("42501"),
             message: format!("permission denied to watch resource \"{resource}\""),
@@ -396,7 +397,7 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
     }
     require_watch_table("fencing_watch")?;
     // One registration change per resource at a time (and the lock order of `StateLock`).
-    crate::fence::lock_resource_exclusive(resource);
+    lock_resource(resource, LockMode::Exclusive);
     // Refuse now rather than at commit when no slot is free (commit checks again).
     if find(sh, resource).is_none()
         && !sh
@@ -406,15 +407,15 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
     {
         return Err(slots_full());
     }
-    crate::fence::exec_internal(
+    crate::pg::spi::exec_internal(
         "INSERT INTO _pg_fencing.watch AS w (resource, lock_key_prefix, verify) VALUES ($1, $2, $3) \
          ON CONFLICT (resource) DO UPDATE SET lock_key_prefix = EXCLUDED.lock_key_prefix, \
              verify = EXCLUDED.verify, watched_at = pg_catalog.now()",
         false,
         &[pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::BOOLOID],
         &mut [
-            crate::fence::text_datum(resource),
-            crate::fence::text_datum(&prefix),
+            crate::pg::spi::text_datum(resource),
+            crate::pg::spi::text_datum(&prefix),
             pg_sys::Datum::from(verify),
         ],
         false,
@@ -426,7 +427,7 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
     Ok(())
 }
 
-fn slots_full() -> FenceError {
+pub(super) fn slots_full() -> FenceError {
     FenceError::Call {
         sqlstate: crate::sqlstate!("53400"),
         message: format!("all {WATCH_SLOTS} watch slots of the pg_fencing worker are in use"),
@@ -442,7 +443,7 @@ fn slots_full() -> FenceError {
 /// the `StateLock` first). A registration that is already there unchanged is left alone (its
 /// watch keeps running); a changed one starts its watch over, and the resource admits no write
 /// until the new watch has read etcd.
-fn register(
+pub(super) fn register(
     sh: &WatchShared,
     resource: &str,
     prefix: &str,
@@ -495,7 +496,7 @@ fn register(
 /// when the transaction commits, and the hand-over revision it reached is stored as the
 /// resource's mark then (`apply_pending`), so fencing does not drop with the watch.
 pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
-    if !unsafe { pg_sys::superuser() } && !crate::fence::may_write_resource(resource) {
+    if !unsafe { pg_sys::superuser() } && !crate::state::privileges::may_write_resource(resource) {
         return Err(FenceError::Call {
             sqlstate: crate::sqlstate!("42501"),
             message: format!("permission denied to unwatch resource \"{resource}\""),
@@ -505,12 +506,12 @@ pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
     }
     require_watch_table("fencing_unwatch")?;
     // The resource's lock before the state file's (see `StateLock`), held to the commit.
-    crate::fence::lock_resource_exclusive(resource);
-    let deleted = crate::fence::exec_internal(
+    lock_resource(resource, LockMode::Exclusive);
+    let deleted = crate::pg::spi::exec_internal(
         "DELETE FROM _pg_fencing.watch WHERE resource OPERATOR(pg_catalog.=) $1 RETURNING true",
         false,
         &[pg_sys::TEXTOID],
-        &mut [crate::fence::text_datum(resource)],
+        &mut [crate::pg::spi::text_datum(resource)],
         false,
         |_| true,
     )
@@ -586,14 +587,17 @@ pub fn refuse_prepare() -> Result<(), FenceError> {
 }
 
 /// At PRE_COMMIT: apply this transaction's registration changes to shared memory and the state
-/// file. A stopped watch's hand-over revision becomes the resource's mark, in this transaction.
-/// An error here (no free slot) aborts the transaction.
-pub fn apply_pending() -> Result<(), FenceError> {
+/// file. Returns the stopped watches' hand-over revisions, for the caller to store as the
+/// resources' marks in this transaction (`backend.rs`, with `rule::raise_mark`; the resources'
+/// exclusive locks are already held). An error here (no free slot) aborts the transaction.
+pub fn apply_pending() -> Result<Vec<(String, Token)>, FenceError> {
     let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if pending.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    let Some(sh) = shared() else { return Ok(()) };
+    let Some(sh) = shared() else {
+        return Ok(Vec::new());
+    };
     // The last change of each resource wins.
     let mut last: Vec<(String, Option<(String, bool)>)> = Vec::new();
     for (_, r, w) in pending {
@@ -608,7 +612,7 @@ pub fn apply_pending() -> Result<(), FenceError> {
         .collect();
     stopping.sort_unstable();
     for r in &stopping {
-        crate::fence::lock_resource_exclusive(r);
+        lock_resource(r, LockMode::Exclusive);
     }
     let mut marks = Vec::new();
     with_state(sh, || {
@@ -648,19 +652,14 @@ pub fn apply_pending() -> Result<(), FenceError> {
     })?;
     // The watch is gone (no raise after this point); what it reached stays as the mark. Made
     // durable with the commit by fencing_unwatch (`make_mark_durable`).
-    for (r, h) in marks {
-        if h > 0 {
-            crate::fence::raise_mark(&r, h);
-        }
-    }
-    Ok(())
+    Ok(marks.into_iter().filter(|(_, h)| *h > 0).collect())
 }
 
 /// Register this database's rows of `_pg_fencing.watch` that shared memory lacks, once per
 /// backend (after recovery: a standby's backend would miss rows replayed after its first look).
 /// This database has `_pg_fencing.watch` (its extension's SQL objects are 0.2.0 or later).
-fn watch_table_exists() -> bool {
-    crate::fence::exec_internal(
+pub(super) fn watch_table_exists() -> bool {
+    crate::pg::spi::exec_internal(
         "SELECT true FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
          WHERE n.nspname OPERATOR(pg_catalog.=) '_pg_fencing' AND c.relname OPERATOR(pg_catalog.=) 'watch'",
         false,
@@ -676,7 +675,7 @@ fn watch_table_exists() -> bool {
 /// is still at 0.1.0's SQL (the new library installed, `ALTER EXTENSION ... UPDATE` not yet run)
 /// they refuse with 55000 and say what to do; the watches 0.1.0 registered keep running (from
 /// the state file) and the update carries them into the table.
-fn require_watch_table(function: &str) -> Result<(), FenceError> {
+pub(super) fn require_watch_table(function: &str) -> Result<(), FenceError> {
     if watch_table_exists() {
         return Ok(());
     }
@@ -688,7 +687,7 @@ fn require_watch_table(function: &str) -> Result<(), FenceError> {
     })
 }
 
-fn reconcile() -> Result<(), FenceError> {
+pub(super) fn reconcile() -> Result<(), FenceError> {
     if RECONCILED.with(|r| r.get()) || unsafe { pg_sys::RecoveryInProgress() } {
         return Ok(());
     }
@@ -770,7 +769,7 @@ pub fn rows() -> Vec<(
     let Some(sh) = shared() else {
         return Vec::new();
     };
-    let now = crate::worker::now_ms();
+    let now = crate::lock_service::locks::now_ms();
     let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
     sh.slots
         .iter()
@@ -831,9 +830,9 @@ pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
         return Ok(handover);
     }
     let max_lag = crate::gucs::verify_max_lag_ms() as i64;
-    let started = crate::worker::now_ms();
+    let started = crate::lock_service::locks::now_ms();
     loop {
-        let now = crate::worker::now_ms();
+        let now = crate::lock_service::locks::now_ms();
         let confirmed = slot.confirmed_ms.load(Ordering::Acquire);
         let latest = slot.latest.load(Ordering::Acquire);
         let fresh = confirmed > 0 && now - confirmed <= max_lag;
@@ -864,334 +863,29 @@ pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
         }
         // On the latch: honours query cancel, statement_timeout and termination, and exits at
         // once if the postmaster dies.
-        crate::worker::nap(1);
+        crate::lock_service::locks::nap(1);
     }
 }
 
 /// A watch that (re)started (server start, new registration, a database copied onto this
 /// server) has not yet replayed the lock's history from etcd, so its hand-over revision may be
-/// behind: no write is admitted until it has (the SPEC's lifecycle rule: a fact not in WAL is
+/// behind: no write is admitted until it has (the lifecycle rule, docs/design.md "Lifecycle guarantees": a fact not in WAL is
 /// derived again from the lock service before any write is admitted). Waits on the latch for at
 /// most `pg_fencing.watch_sync_timeout`, then refuses with FT005.
-fn wait_until_synced(slot: &WatchSlot, resource: &str) -> Result<(), FenceError> {
+pub(super) fn wait_until_synced(slot: &WatchSlot, resource: &str) -> Result<(), FenceError> {
     if slot.confirmed_ms.load(Ordering::Acquire) > 0 {
         return Ok(());
     }
     let limit = crate::gucs::watch_sync_timeout_ms() as i64;
-    let started = crate::worker::now_ms();
+    let started = crate::lock_service::locks::now_ms();
     while slot.confirmed_ms.load(Ordering::Acquire) == 0 {
-        if crate::worker::now_ms() - started >= limit {
+        if crate::lock_service::locks::now_ms() - started >= limit {
             return Err(FenceError::LockServiceUnavailable(format!(
                 "the watch of resource \"{resource}\" has not read etcd's state since it started ({}), so its hand-over revision may be behind (waited pg_fencing.watch_sync_timeout = {limit} ms)",
                 slot.message()
             )));
         }
-        crate::worker::nap(1);
+        crate::lock_service::locks::nap(1);
     }
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// The etcd thread's side: tokio + etcd-client, no PostgreSQL calls.
-
-pub(crate) mod etcd_side {
-    use super::*;
-    use crate::worker::{etcd_connect, now_ms, WorkerConfig};
-    use etcd_client::{Client, EventType, GetOptions, WatchOptions};
-    use pg_fencing_core::handover::{self, holder, GrantSearch};
-    use std::collections::BTreeMap;
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    /// Starts, restarts and stops one watch task per registered resource; saves the state file
-    /// when a hand-over raised a mark.
-    pub(crate) async fn supervise(cfg: Arc<Mutex<WorkerConfig>>) {
-        let Some(sh) = shared() else { return };
-        // Per slot: the generation and endpoints its task was started with, and the task.
-        type Running = (u64, Vec<String>, tokio::task::JoinHandle<()>);
-        let mut running: Vec<Option<Running>> = (0..WATCH_SLOTS).map(|_| None).collect();
-        loop {
-            let current_cfg = cfg.lock().map(|c| c.clone()).ok();
-            let endpoints = current_cfg
-                .as_ref()
-                .map(|c| c.endpoints().to_vec())
-                .unwrap_or_default();
-            for (i, s) in sh.slots.iter().enumerate() {
-                let state = s.state.load(Ordering::Acquire);
-                let generation = s.generation.load(Ordering::Acquire);
-                let same = running[i]
-                    .as_ref()
-                    .map(|(g, e, _)| *g == generation && *e == endpoints)
-                    .unwrap_or(false);
-                if state == ACTIVE && !same {
-                    // A new registration, or new endpoints after a reload: start over.
-                    if let Some((_, _, h)) = running[i].take() {
-                        h.abort();
-                        let _ = h.await;
-                    }
-                    if let Some(c) = current_cfg.clone() {
-                        running[i] = Some((
-                            generation,
-                            endpoints.clone(),
-                            tokio::spawn(watch_slot(s, generation, c)),
-                        ));
-                    }
-                } else if state != ACTIVE {
-                    if let Some((_, _, h)) = running[i].take() {
-                        h.abort();
-                        let _ = h.await;
-                    }
-                    // The task is gone: the slot may be reused.
-                    let _ = s.state.compare_exchange(
-                        DRAINING,
-                        FREE,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    );
-                }
-            }
-            if sh.dirty.swap(0, Ordering::AcqRel) != 0 {
-                if let Some(dir) = current_cfg.map(|c| c.state_dir).filter(|d| !d.is_empty()) {
-                    let _ = tokio::task::spawn_blocking(move || {
-                        let saved =
-                            StateLock::take(&dir).and_then(|_lock| save_state(sh, &dir, "etcd"));
-                        if let Err(e) = saved {
-                            sh.dirty.store(1, Ordering::Release);
-                            eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
-                        }
-                    })
-                    .await;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn watch_slot(slot: &'static WatchSlot, generation: u64, cfg: WorkerConfig) {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            if slot.generation.load(Ordering::Acquire) != generation {
-                return;
-            }
-            match watch_once(slot, generation, &cfg).await {
-                Ok(()) => return,
-                Err(e) => {
-                    // Start over from a fresh read of the lock's keys: nothing is missed.
-                    slot.report(generation, &format!("reconnecting: {e}"));
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-            }
-        }
-    }
-
-    /// Raise to `rev`, the grant of the key created at `key` (0: a bound, not a known grant).
-    fn raise(slot: &WatchSlot, rev: i64, key: i64, generation: u64) {
-        // etcd's revisions went backwards: no mark is advanced until fencing_reset.
-        if crate::worker::lock_service_problem().is_some() {
-            return;
-        }
-        if rev > 0 && slot.raise_handover(rev, key, generation) {
-            if let Some(sh) = shared() {
-                sh.dirty.store(1, Ordering::Release);
-            }
-        }
-    }
-
-    /// The lock's keys (key -> create revision) at `revision` (0: now), with the response's
-    /// revision. `Err((true, why))`: that revision is compacted away; `Err((false, why))`: any
-    /// other failure.
-    async fn keys_at(
-        c: &mut Client,
-        prefix: &str,
-        revision: i64,
-    ) -> Result<(BTreeMap<Vec<u8>, i64>, Option<etcd_client::ResponseHeader>), (bool, String)> {
-        let mut opts = GetOptions::new().with_prefix();
-        if revision > 0 {
-            opts = opts.with_revision(revision);
-        }
-        let resp = tokio::time::timeout(Duration::from_secs(2), c.get(prefix, Some(opts)))
-            .await
-            .map_err(|_| (false, "reading the lock's keys timed out".to_string()))?
-            .map_err(|e| {
-                let text = e.to_string();
-                (text.contains("compacted"), text)
-            })?;
-        let keys = resp
-            .kvs()
-            .iter()
-            .map(|kv| (kv.key().to_vec(), kv.create_revision()))
-            .collect();
-        Ok((keys, resp.header().cloned()))
-    }
-
-    /// The revision etcd's history now starts after (its compaction revision), learnt from a
-    /// watch that asks for `from`, a revision known to be compacted away (a watch from the
-    /// compaction revision itself is not cancelled: it would wait instead of answering).
-    async fn compacted_up_to(c: &mut Client, prefix: &str, from: i64) -> Result<i64, String> {
-        let mut stream = c
-            .watch(
-                prefix,
-                Some(WatchOptions::new().with_prefix().with_start_revision(from)),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        loop {
-            let resp = tokio::time::timeout(Duration::from_secs(2), stream.message())
-                .await
-                .map_err(|_| "asking etcd for its compaction revision timed out".to_string())?
-                .map_err(|e| e.to_string())?
-                .ok_or("the watch stream ended")?;
-            if resp.canceled() && resp.compact_revision() > 0 {
-                return Ok(resp.compact_revision());
-            }
-            if !resp.created() || resp.canceled() {
-                return Err("etcd reported no compaction revision".into());
-            }
-        }
-    }
-
-    /// One watch from a fresh start. Returns Ok when the registration changed, Err on any
-    /// failure (the caller starts over).
-    ///
-    /// The decisions are `pg_fencing_core::handover`'s (checked there against every order of
-    /// events up to a bound). It starts from the lock's keys at the current revision `r0`, which
-    /// decide the hand-over revision without any history that happened while the watch was not
-    /// running (PostgreSQL or the worker stopped, the connection to etcd cut): if the lock is
-    /// free, every token issued so far is at most `r0` and belongs to a former holder, so the
-    /// mark becomes `r0`; if it is held, the holder's grant (found by `GrantSearch`, reading the
-    /// keys at past revisions) is above every former holder's token. Where etcd compacted the
-    /// revisions that search needs, it takes a safe bound instead (`handover::compacted_bound`)
-    /// and the status says so. Only then is the view confirmed, so the resource admits writes
-    /// (`wait_until_synced`); from `r0 + 1` on it follows etcd's events.
-    async fn watch_once(
-        slot: &'static WatchSlot,
-        generation: u64,
-        cfg: &WorkerConfig,
-    ) -> Result<(), String> {
-        let mut c = etcd_connect(cfg).await?;
-        let prefix = slot.prefix();
-        let floor = crate::worker::etcd_highest_revision();
-        let (mut keys, header) = keys_at(&mut c, &prefix, 0).await.map_err(|(_, e)| e)?;
-        let r0 = header.as_ref().map(|h| h.revision()).unwrap_or(0);
-        if let Some(h) = &header {
-            // A linearizable read sent after a write was answered sees at least its revision.
-            crate::worker::observe_etcd_answer(h.cluster_id(), h.revision(), floor)
-                .map_err(|why| format!("not advancing marks: {why}"))?;
-        }
-        // The last hand-over applied (and whose grant it was).
-        let applied = slot.handover.load(Ordering::Acquire);
-        let applied_key = slot.handover_key.load(Ordering::Acquire);
-        let mut status = "watching".to_string();
-        match holder(&keys) {
-            None => {
-                raise(slot, r0, 0, generation);
-                if applied < r0 {
-                    status =
-                        format!("watching; the lock was free at revision {r0}: mark raised to it");
-                }
-            }
-            Some(hc) => {
-                let mut search = GrantSearch::new(hc, r0);
-                let mut bound = None;
-                while let Some(mid) = search.next() {
-                    match keys_at(&mut c, &prefix, mid).await {
-                        Ok((k, _)) => search.holder_at(mid, holder(&k) == Some(hc)),
-                        Err((true, _)) => {
-                            // `mid` is compacted: etcd's history now starts at `cr`.
-                            let cr = compacted_up_to(&mut c, &prefix, mid).await?;
-                            let (k, _) = keys_at(&mut c, &prefix, cr).await.map_err(|(_, e)| e)?;
-                            if holder(&k) == Some(hc) {
-                                bound = Some((
-                                    cr,
-                                    handover::compacted_bound(Some(hc), cr, applied, applied_key),
-                                ));
-                                break;
-                            }
-                            search.holder_at(cr, false);
-                        }
-                        Err((false, e)) => return Err(e),
-                    }
-                }
-                match bound {
-                    None => raise(slot, search.grant(), hc, generation),
-                    Some((cr, b)) => {
-                        raise(
-                            slot,
-                            b,
-                            if b == applied { applied_key } else { 0 },
-                            generation,
-                        );
-                        status = if b == cr {
-                            format!("watching; history before revision {cr} compacted while the lock was held: mark raised to {cr} (the holder may have to take the lock again)")
-                        } else {
-                            format!("watching; history before revision {cr} compacted: the holder is the one whose grant ({b}) was applied last")
-                        };
-                    }
-                }
-            }
-        }
-        let start = r0 + 1;
-        let mut stream = tokio::time::timeout(
-            Duration::from_secs(2),
-            c.watch(
-                prefix.clone(),
-                Some(
-                    WatchOptions::new()
-                        .with_prefix()
-                        .with_prev_key()
-                        .with_start_revision(start),
-                ),
-            ),
-        )
-        .await
-        .map_err(|_| "starting the watch timed out".to_string())?
-        .map_err(|e| e.to_string())?;
-        // Everything up to r0 is accounted for: the resource may admit writes.
-        slot.confirm(r0, now_ms(), generation);
-        let _ = stream.request_progress().await;
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        slot.report(generation, &status);
-        loop {
-            if slot.generation.load(Ordering::Acquire) != generation {
-                return Ok(());
-            }
-            tokio::select! {
-                msg = stream.message() => {
-                    let resp = msg.map_err(|e| e.to_string())?.ok_or("the watch stream ended")?;
-                    if resp.created() && !resp.canceled() {
-                        continue;
-                    }
-                    if resp.canceled() {
-                        // Compacted between the read and the watch, or cancelled by etcd: start
-                        // over (from the keys at the then current revision).
-                        return Err(format!("the watch was canceled ({})", resp.cancel_reason()));
-                    }
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        let rev = kv.mod_revision();
-                        let put = match ev.event_type() {
-                            EventType::Put => Some(kv.create_revision()),
-                            EventType::Delete => None,
-                        };
-                        // A new holder: granted at the later of its key's creation and this
-                        // event (its predecessor's deletion).
-                        if let Some((granted, key)) = handover::apply_event(&mut keys, kv.key().to_vec(), put, rev) {
-                            raise(slot, granted, key, generation);
-                            slot.report(generation, &format!("lock changed hands at revision {granted}"));
-                        }
-                    }
-                    if let Some(h) = resp.header() {
-                        // Events are delivered in order and the watch started right after r0:
-                        // an answer (events or a progress report) confirms etcd's state up to its
-                        // revision, as far as this lock's keys are concerned.
-                        slot.confirm(h.revision(), now_ms(), generation);
-                    }
-                }
-                _ = tick.tick() => {
-                    stream.request_progress().await.map_err(|e| e.to_string())?;
-                }
-            }
-        }
-    }
 }

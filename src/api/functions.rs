@@ -2,11 +2,14 @@
 //!
 //! Each one runs its body inside pgrx's guard (so PostgreSQL errors and Rust panics inside it are
 //! handled the pgrx way) and gets back a `Result`. An `Err(FenceError)` is raised here, in the
-//! outermost frame, where no pgrx boundary can rewrite its SQLSTATE to `XX000` (see `error.rs`).
+//! outermost frame, where no pgrx boundary can rewrite its SQLSTATE to `XX000` (see `pg/report.rs`).
 //! The SQL declarations of these functions are in `sql/pg_fencing.sql`.
 
-use crate::error::{raise, FenceError};
-use crate::{fence, fenced, token, trigger};
+use crate::api::fenced;
+use crate::error::{self as token, FenceError};
+use crate::guard::trigger;
+use crate::pg::report::raise;
+use crate::rule;
 use pgrx::pg_sys::{self, FunctionCallInfo};
 use pgrx::prelude::*;
 
@@ -34,13 +37,13 @@ macro_rules! v1_finfo {
 }
 
 v1_finfo!(pg_finfo_fencing_guard);
-/// `fencing_guard() RETURNS trigger`: the guard trigger of protected tables (see `trigger.rs`).
+/// `fencing_guard() RETURNS trigger`: the guard trigger of protected tables (see `guard/trigger.rs`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_guard(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
     unsafe { run(fcinfo, || trigger::fire(fcinfo)) }
 }
 
-/// The three steps of a `fenced_*` call (see `fenced.rs`). The statement runs in this frame,
+/// The three steps of a `fenced_*` call (see `api/fenced.rs`). The statement runs in this frame,
 /// outside pgrx's guard, so that its errors keep their SQLSTATE; only plain data is alive here.
 unsafe fn fenced_call(fcinfo: FunctionCallInfo, op: fenced::Op) -> pg_sys::Datum {
     unsafe {
@@ -109,7 +112,7 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                     })
                 }
             };
-            if !pg_sys::superuser() && !fence::may_write_resource(&resource) {
+            if !pg_sys::superuser() && !crate::state::privileges::may_write_resource(&resource) {
                 return Err(FenceError::Call {
                     sqlstate: crate::sqlstate!("42501"),
                     message: format!("permission denied to advance resource \"{resource}\""),
@@ -117,8 +120,8 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                     hint: Some("Protect a table with this resource (fencing_protect) and grant write privileges on it, or call fencing_advance as a superuser.".into()),
                 });
             }
-            crate::worker::check_token(tok)?;
-            let hw = fence::admit_resource(&resource, tok, true)?;
+            crate::lock_service::locks::check_token(tok)?;
+            let hw = rule::admit_resource(&resource, tok, true)?;
             make_mark_durable();
             Ok(pg_sys::Datum::from(hw))
         })
@@ -162,7 +165,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_lock_resource(
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
             let resource = resource
                 .ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
-            match fence::lock_resource_exclusive(&resource) {
+            match rule::lock_resource_exclusive(&resource) {
                 Some(hw) => Ok(pg_sys::Datum::from(hw)),
                 None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
             }
@@ -211,7 +214,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
                 FenceError::InvalidArgument("token_column must not be NULL".into())
             })?;
             if let Some(r) = resource.as_deref() {
-                if !fence::may_join_resource(r, relid) {
+                if !crate::state::privileges::may_join_resource(r, relid) {
                     return Err(FenceError::Call {
                         sqlstate: crate::sqlstate!("42501"),
                         message: format!("permission denied to protect a table with resource \"{r}\""),
@@ -222,8 +225,8 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
             }
             let mut args = [
                 pg_sys::Datum::from(relid),
-                fence::text_datum(resource.as_deref().unwrap_or("")),
-                fence::text_datum(&column),
+                crate::pg::spi::text_datum(resource.as_deref().unwrap_or("")),
+                crate::pg::spi::text_datum(&column),
             ];
             let nulls_resource = resource.is_none();
             let sql = if nulls_resource {
@@ -237,7 +240,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
                  SET resource = excluded.resource, token_column = excluded.token_column, protected = true \
                  RETURNING id"
             };
-            let id = fence::exec_internal(
+            let id = crate::pg::spi::exec_internal(
                 sql,
                 false,
                 &[pg_sys::REGCLASSOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
@@ -262,7 +265,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_unregister(fcinfo: FunctionCallInfo) 
             let relid: pg_sys::Oid = pgrx::fcinfo::pg_getarg(fcinfo, 0)
                 .ok_or_else(|| FenceError::InvalidArgument("relation must not be NULL".into()))?;
             require_owner(relid)?;
-            let found = fence::exec_internal(
+            let found = crate::pg::spi::exec_internal(
                 "UPDATE _pg_fencing.protected_table SET protected = false WHERE relid = $1 AND protected RETURNING true",
                 false,
                 &[pg_sys::REGCLASSOID],
@@ -309,8 +312,8 @@ pub unsafe extern "C-unwind" fn fencing_acquire(fcinfo: FunctionCallInfo) -> pg_
                 ));
             }
             let token =
-                crate::worker::acquire(&name, std::time::Duration::from_micros(micros as u64))?;
-            crate::gucs::set_session_token(Some(token));
+                crate::lock_service::locks::acquire(&name, std::time::Duration::from_micros(micros as u64))?;
+            crate::pg::guc::set_session_token(Some(token));
             Ok(pg_sys::Datum::from(token))
         })
     }
@@ -326,7 +329,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_reset_lock_service(
 ) -> pg_sys::Datum {
     unsafe {
         run(fcinfo, || {
-            crate::worker::reset_lock_service();
+            crate::lock_service::locks::reset_lock_service();
             Ok(pgrx::fcinfo::pg_return_void())
         })
     }
@@ -340,8 +343,8 @@ pub unsafe extern "C-unwind" fn pg_fencing_lock_service_problem(
     fcinfo: FunctionCallInfo,
 ) -> pg_sys::Datum {
     unsafe {
-        run(fcinfo, || match crate::worker::lock_service_problem() {
-            Some(why) => Ok(fence::text_datum(&why)),
+        run(fcinfo, || match crate::lock_service::locks::lock_service_problem() {
+            Some(why) => Ok(crate::pg::spi::text_datum(&why)),
             None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
         })
     }
@@ -350,7 +353,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_lock_service_problem(
 v1_finfo!(pg_finfo_fencing_watch);
 /// `fencing_watch(resource text, lock_name text DEFAULT NULL, verify boolean DEFAULT false)`:
 /// the background worker watches etcd lock `lock_name` (default: the resource's name) and raises
-/// the resource's mark to the revision of every hand-over (see `watch.rs`). Errors: `42501`
+/// the resource's mark to the revision of every hand-over (see `lock_service/watch.rs`). Errors: `42501`
 /// unless superuser or allowed to write a table protected with the resource, `55000` without the
 /// worker, `22023` bad names, `53400` all 64 watch slots in use.
 #[unsafe(no_mangle)]
@@ -363,7 +366,7 @@ pub unsafe extern "C-unwind" fn fencing_watch(fcinfo: FunctionCallInfo) -> pg_sy
             let resource = resource
                 .ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
             let lock = lock.unwrap_or_else(|| resource.clone());
-            crate::watch::watch(&resource, &lock, verify.unwrap_or(false))?;
+            crate::lock_service::watch::watch(&resource, &lock, verify.unwrap_or(false))?;
             Ok(pgrx::fcinfo::pg_return_void())
         })
     }
@@ -382,7 +385,7 @@ pub unsafe extern "C-unwind" fn fencing_unwatch(fcinfo: FunctionCallInfo) -> pg_
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
             let resource = resource
                 .ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
-            let was_watched = crate::watch::unwatch(&resource)?;
+            let was_watched = crate::lock_service::watch::unwatch(&resource)?;
             if was_watched {
                 make_mark_durable();
             }
@@ -406,7 +409,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_watch_changed(
             let prefix: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
             let verify: Option<bool> = pgrx::fcinfo::pg_getarg(fcinfo, 2);
             if let Some(r) = resource {
-                crate::watch::queue_change(&r, prefix.map(|p| (p, verify.unwrap_or(false))));
+                crate::lock_service::watch::queue_change(&r, prefix.map(|p| (p, verify.unwrap_or(false))));
             }
             Ok(pgrx::fcinfo::pg_return_void())
         })
@@ -425,7 +428,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_replicated_row(
     unsafe {
         run(fcinfo, || {
             Ok(pg_sys::Datum::from(
-                pg_sys::IsLogicalWorker() && !fence::internal_write(),
+                pg_sys::IsLogicalWorker() && !crate::pg::spi::internal_write(),
             ))
         })
     }
@@ -441,7 +444,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_reset_watch(fcinfo: FunctionCallInfo)
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
             let tok: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
             if let (Some(r), Some(t)) = (resource, tok) {
-                crate::watch::reset(&r, t)?;
+                crate::lock_service::watch::reset(&r, t)?;
             }
             Ok(pgrx::fcinfo::pg_return_void())
         })
@@ -458,7 +461,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_watch_handover(
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
-            match resource.map(|r| crate::watch::handover(&r)) {
+            match resource.map(|r| crate::lock_service::watch::handover(&r)) {
                 Some(h) if h > 0 => Ok(pg_sys::Datum::from(h)),
                 _ => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
             }
@@ -482,7 +485,7 @@ pub fn fencing_watch_status() -> TableIterator<
         name!(status, String),
     ),
 > {
-    TableIterator::new(crate::watch::rows())
+    TableIterator::new(crate::lock_service::watch::rows())
 }
 
 v1_finfo!(pg_finfo_fencing_release);
@@ -497,7 +500,7 @@ pub unsafe extern "C-unwind" fn fencing_release(fcinfo: FunctionCallInfo) -> pg_
             let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
             let name = name
                 .ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
-            Ok(pg_sys::Datum::from(crate::worker::release(&name)?))
+            Ok(pg_sys::Datum::from(crate::lock_service::locks::release(&name)?))
         })
     }
 }
@@ -518,5 +521,5 @@ pub fn fencing_lock_status() -> TableIterator<
         name!(pid, i32),
     ),
 > {
-    TableIterator::new(crate::worker::lock_rows())
+    TableIterator::new(crate::lock_service::locks::lock_rows())
 }

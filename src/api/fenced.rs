@@ -7,7 +7,7 @@
 //! (protection, primary key, columns, whether the protection is active) are cached per backend
 //! and dropped on any relcache invalidation, like the trigger's cache.
 //!
-//! The call runs in three steps (see `entry.rs`): `prepare` (guarded: checks the arguments, sets
+//! The call runs in three steps (see `api/functions.rs`): `prepare` (guarded: checks the arguments, sets
 //! `pg_fencing.token` at a new GUC nesting level, connects to SPI), the statement itself
 //! (`execute`, with nothing but plain data on the Rust stack, so an error raised inside it, such
 //! as the trigger's `FT001` or a user trigger's own SQLSTATE, reaches the caller unchanged), and
@@ -15,10 +15,11 @@
 //! fired for every row written).
 
 use crate::error::FenceError;
+use crate::guard::trigger;
 use pg_fencing_core::json::{self, Members, ShapeError};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_long, CStr, CString};
 use std::rc::Rc;
@@ -47,9 +48,8 @@ pub struct Prepared {
     plan: pg_sys::SPIPlanPtr,
     args: [pg_sys::Datum; 2],
     guc_level: c_int,
-    guarded_before: u64,
-    after_expected_before: u64,
-    after_fired_before: u64,
+    /// The guard's firing counts before the statement ran.
+    before: trigger::Firings,
 }
 
 /// Facts about a table that fenced calls need, cached per backend.
@@ -76,32 +76,6 @@ thread_local! {
     /// Plans dropped from `PLANS` by an invalidation; freed at the end of the transaction, when
     /// none of them can be running.
     static STALE_PLANS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-    /// Rows the guard trigger admitted in this backend (BEFORE ROW firings).
-    static GUARDED_ROWS: Cell<u64> = const { Cell::new(0) };
-    /// AFTER ROW firings of the guard that BEFORE ROW firings announced (an INSERT, an UPDATE
-    /// that changes a per-row key), and those that happened.
-    static AFTER_EXPECTED: Cell<u64> = const { Cell::new(0) };
-    static AFTER_FIRED: Cell<u64> = const { Cell::new(0) };
-}
-
-fn bump(c: &'static std::thread::LocalKey<Cell<u64>>) {
-    c.with(|c| c.set(c.get().wrapping_add(1)));
-}
-
-/// Called by the guard trigger for every row it admits (BEFORE ROW).
-pub fn note_guarded_row() {
-    bump(&GUARDED_ROWS);
-}
-
-/// Called by the BEFORE ROW guard when the row's AFTER ROW check must follow (the AFTER trigger
-/// finishes the check once the row is in the unique index, see `fence.rs`).
-pub fn note_after_expected() {
-    bump(&AFTER_EXPECTED);
-}
-
-/// Called by the AFTER ROW guard.
-pub fn note_after_fired() {
-    bump(&AFTER_FIRED);
 }
 
 /// Relcache invalidation (any relation: a partition's trigger, an attached partition or a
@@ -152,7 +126,7 @@ fn quote(name: &str) -> String {
 }
 
 /// Step 1 (guarded): check the arguments, find or prepare the statement, set the token, connect
-/// to SPI. Errors are returned for the caller to raise (see `entry.rs`).
+/// to SPI. Errors are returned for the caller to raise (see `api/functions.rs`).
 ///
 /// # Safety
 /// `fcinfo` must be the call's own argument block.
@@ -254,9 +228,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
             plan,
             args: datums,
             guc_level,
-            guarded_before: GUARDED_ROWS.with(|c| c.get()),
-            after_expected_before: AFTER_EXPECTED.with(|c| c.get()),
-            after_fired_before: AFTER_FIRED.with(|c| c.get()),
+            before: trigger::firings(),
         })
     }
 }
@@ -311,15 +283,10 @@ pub unsafe fn finish(
         }
         pg_sys::SPI_finish();
         pg_sys::AtEOXact_GUC(true, p.guc_level);
-        let guarded = GUARDED_ROWS
-            .with(|c| c.get())
-            .wrapping_sub(p.guarded_before);
-        let expected = AFTER_EXPECTED
-            .with(|c| c.get())
-            .wrapping_sub(p.after_expected_before);
-        let fired = AFTER_FIRED
-            .with(|c| c.get())
-            .wrapping_sub(p.after_fired_before);
+        let now = trigger::firings();
+        let guarded = now.guarded_rows.wrapping_sub(p.before.guarded_rows);
+        let expected = now.after_expected.wrapping_sub(p.before.after_expected);
+        let fired = now.after_fired.wrapping_sub(p.before.after_fired);
         let relid: Option<pg_sys::Oid> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
         let relid = relid.unwrap_or(pg_sys::Oid::INVALID);
         // A trigger disabled (e.g. on a partition) after the protection was checked: the write
@@ -375,7 +342,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
         _ => {
             let t = load_target(relid, replica)?.map(Rc::new);
             TARGETS.with(|m| {
-                crate::cache_insert(&mut m.borrow_mut(), relid.to_u32(), t.clone(), 1000)
+                crate::cache::cache_insert(&mut m.borrow_mut(), relid.to_u32(), t.clone(), 1000)
             });
             t
         }

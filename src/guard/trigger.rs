@@ -11,13 +11,13 @@
 //! (per-row mode); in per-row mode `AFTER UPDATE FOR EACH ROW WHEN (the key changed)` does the
 //! same for the new key. Statement events: `BEFORE TRUNCATE`, and in resource mode `BEFORE INSERT
 //! OR UPDATE OR DELETE FOR EACH STATEMENT`, which takes the resource lock before any row lock.
-//! The decision itself is in `fence.rs`.
+//! The decision itself is in `rule`.
 
 use crate::error::{FenceError, Token};
-use crate::fence;
-use crate::gucs::current_token;
+use crate::rule;
+use crate::rule::session_token::current_token;
 use pgrx::prelude::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 
@@ -28,8 +28,40 @@ thread_local! {
     /// re-create or drop the triggers (and only the table's owner can attach triggers to it).
     static VERIFIED: RefCell<HashMap<(u32, u64), ()>> = RefCell::new(HashMap::new());
     /// Per relation (and token column): the token column's attribute number and the primary
-    /// key. Dropped on relcache invalidation of the relation (see `register_relcache_callback`).
+    /// key. Dropped on relcache invalidation of the relation (see `forget_relation`).
     static RELINFO: RefCell<HashMap<(u32, u64), RelInfo>> = RefCell::new(HashMap::new());
+}
+
+thread_local! {
+    static FIRINGS: Cell<Firings> = const {
+        Cell::new(Firings { guarded_rows: 0, after_expected: 0, after_fired: 0 })
+    };
+}
+
+/// Counts of the guard's firings in this backend, for `fenced_*` to check that the guard saw
+/// every row its statement wrote (compare two readings).
+#[derive(Clone, Copy, Debug)]
+pub struct Firings {
+    /// Rows the guard admitted (BEFORE ROW firings).
+    pub guarded_rows: u64,
+    /// AFTER ROW firings that BEFORE ROW firings announced (an INSERT, an UPDATE that changes a
+    /// per-row key; the AFTER trigger finishes the check once the row is in the unique index).
+    pub after_expected: u64,
+    /// AFTER ROW firings that happened.
+    pub after_fired: u64,
+}
+
+/// The counts now (see [`Firings`]).
+pub fn firings() -> Firings {
+    FIRINGS.with(|f| f.get())
+}
+
+fn count(bump: impl FnOnce(&mut Firings)) {
+    FIRINGS.with(|f| {
+        let mut v = f.get();
+        bump(&mut v);
+        f.set(v);
+    });
 }
 
 #[derive(Clone)]
@@ -39,42 +71,25 @@ struct RelInfo {
     pk_immediate: bool,
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    crate::fenced::invalidate();
-    fence::forget_mark_tables();
+/// Relcache invalidation of `relid` (`None`: of every relation): its cached trigger arguments
+/// and table information are stale (called by `backend.rs`).
+pub fn forget_relation(relid: Option<pg_sys::Oid>) {
     ARGS.with(|a| a.borrow_mut().clear());
     RELINFO.with(|r| {
         let mut r = r.borrow_mut();
-        if relid == pg_sys::Oid::INVALID {
-            r.clear();
-        } else {
-            r.retain(|(id, _), _| *id != relid.to_u32());
+        match relid {
+            None => r.clear(),
+            Some(relid) => r.retain(|(id, _), _| *id != relid.to_u32()),
         }
     });
 }
 
-/// Called once from `_PG_init`.
-pub fn register_relcache_callback() {
-    unsafe {
-        pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0usize))
-    };
-}
-
 fn args_hash(args: &Args) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= *b as u64;
-            h = h.wrapping_mul(0x100000001b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x100000001b3);
-    };
-    eat(&args.protection.to_le_bytes());
-    eat(args.resource.as_deref().unwrap_or("").as_bytes());
-    eat(args.token_column.as_bytes());
-    h
+    pg_fencing_core::hash::fnv1a(&[
+        &args.protection.to_le_bytes(),
+        args.resource.as_deref().unwrap_or("").as_bytes(),
+        args.token_column.as_bytes(),
+    ])
 }
 
 /// Token column and primary key of `rel`, from the per-backend cache.
@@ -94,7 +109,7 @@ unsafe fn relinfo(
         pk,
         pk_immediate,
     };
-    RELINFO.with(|r| crate::cache_insert(&mut r.borrow_mut(), key, info.clone(), 10_000));
+    RELINFO.with(|r| crate::cache::cache_insert(&mut r.borrow_mut(), key, info.clone(), 10_000));
     Ok(info)
 }
 
@@ -120,7 +135,7 @@ unsafe fn verify_protection(
     }
     let resource = args.resource.clone().unwrap_or_default();
     let column = args.token_column.to_string_lossy().into_owned();
-    let ok = fence::exec_internal(
+    let ok = crate::pg::spi::exec_internal(
         "SELECT true FROM _pg_fencing.protected_table p WHERE p.id OPERATOR(pg_catalog.=) $1 AND p.protected \
          AND p.relid OPERATOR(pg_catalog.=) coalesce(pg_catalog.pg_partition_root($2), $2) \
          AND (p.resource OPERATOR(pg_catalog.=) $3 OR (p.resource IS NULL AND $3 OPERATOR(pg_catalog.=) '')) \
@@ -130,8 +145,8 @@ unsafe fn verify_protection(
         &mut [
             pg_sys::Datum::from(args.protection),
             pg_sys::Datum::from(relid),
-            fence::text_datum(&resource),
-            fence::text_datum(&column),
+            crate::pg::spi::text_datum(&resource),
+            crate::pg::spi::text_datum(&column),
         ],
         true,
         |d| d.value() != 0,
@@ -143,7 +158,7 @@ unsafe fn verify_protection(
             table()
         )));
     }
-    VERIFIED.with(|v| crate::cache_insert(&mut v.borrow_mut(), cache_key, (), 10_000));
+    VERIFIED.with(|v| crate::cache::cache_insert(&mut v.borrow_mut(), cache_key, (), 10_000));
     Ok(())
 }
 
@@ -168,7 +183,7 @@ unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<std::rc::Rc<Args>, F
         return Ok(a);
     }
     let args = std::rc::Rc::new(unsafe { parse_trigger_args(trigger)? });
-    ARGS.with(|m| crate::cache_insert(&mut m.borrow_mut(), oid, args.clone(), 10_000));
+    ARGS.with(|m| crate::cache::cache_insert(&mut m.borrow_mut(), oid, args.clone(), 10_000));
     Ok(args)
 }
 
@@ -257,7 +272,7 @@ unsafe fn primary_key(rel: pg_sys::Relation) -> (Vec<i16>, bool) {
 }
 
 /// Primary key columns of a per-row protected table. Per-row mode relies on the primary key's
-/// unique check waiting for an in-flight delete of the same key (see `fence.rs`); a DEFERRABLE
+/// unique check waiting for an in-flight delete of the same key (see `rule`); a DEFERRABLE
 /// key does not wait there, so it is refused (42P16).
 unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Result<Vec<i16>, FenceError> {
     let (cols, immediate) = unsafe { primary_key(rel) };
@@ -310,7 +325,7 @@ unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i
     if independent {
         unsafe { key_text_pinned(tuple, tupdesc, pk) }
     } else {
-        fence::with_pinned_settings(|| unsafe { key_text_pinned(tuple, tupdesc, pk) })
+        crate::pg::spi::with_pinned_settings(|| unsafe { key_text_pinned(tuple, tupdesc, pk) })
     }
 }
 
@@ -433,16 +448,16 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
             // taking the resource lock there first could deadlock against a holder of the
             // resource lock that waits for that row). Without a token the row triggers raise FT002.
             if let (Some(resource), Some(token)) = (&args.resource, current_token()) {
-                crate::worker::check_token(token)?;
-                fence::admit_resource(resource, token, false)?;
+                crate::lock_service::locks::check_token(token)?;
+                rule::admit_resource(resource, token, false)?;
             }
             return Ok(pg_sys::Datum::from(0usize));
         }
         let token = current_token().ok_or_else(|| FenceError::NoToken {
             target: format!("a write to protected table {}", table()),
-            set_earlier: crate::gucs::token_out_of_scope(),
+            set_earlier: crate::rule::session_token::token_out_of_scope(),
         })?;
-        crate::worker::check_token(token)?;
+        crate::lock_service::locks::check_token(token)?;
 
         if !row_level {
             if before {
@@ -467,23 +482,23 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 td.tg_trigtuple
             };
             let stamped = tuple_token(row, tupdesc, attnum).unwrap_or(token);
-            crate::fenced::note_after_fired();
+            count(|f| f.after_fired = f.after_fired.wrapping_add(1));
             match &args.resource {
                 Some(resource) if op == pg_sys::TRIGGER_EVENT_INSERT => {
-                    fence::admit_resource(resource, stamped, true)?;
+                    rule::admit_resource(resource, stamped, true)?;
                 }
                 None if op == pg_sys::TRIGGER_EVENT_INSERT
                     || op == pg_sys::TRIGGER_EVENT_UPDATE =>
                 {
                     let pk = pk_of()?;
                     let key = key_text(row, tupdesc, &pk);
-                    fence::admit_row_insert(args.protection, table, &key, stamped, true)?;
+                    rule::admit_row_insert(args.protection, table, &key, stamped, true)?;
                     if op == pg_sys::TRIGGER_EVENT_UPDATE {
                         // The key changed (the trigger's WHEN clause), possibly by a BEFORE trigger
                         // that ran after the guard: the old key is gone, so it keeps a tombstone.
                         let old_key = key_text(td.tg_trigtuple, tupdesc, &pk);
                         if old_key != key {
-                            fence::record_row_delete(args.protection, &old_key, stamped);
+                            crate::state::tombstones::record_row_delete(args.protection, &old_key, stamped);
                         }
                     }
                 }
@@ -493,11 +508,11 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
         }
 
         // Counted for fenced_* calls, which check that every row they wrote came through here.
-        crate::fenced::note_guarded_row();
+        count(|f| f.guarded_rows = f.guarded_rows.wrapping_add(1));
         match (&args.resource, op) {
             (Some(resource), pg_sys::TRIGGER_EVENT_INSERT) => {
-                fence::admit_resource(resource, token, false)?;
-                crate::fenced::note_after_expected();
+                rule::admit_resource(resource, token, false)?;
+                count(|f| f.after_expected = f.after_expected.wrapping_add(1));
                 Ok(pg_sys::Datum::from(stamp(
                     td.tg_trigtuple,
                     tupdesc,
@@ -506,7 +521,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 )))
             }
             (Some(resource), pg_sys::TRIGGER_EVENT_UPDATE) => {
-                fence::admit_resource(resource, token, true)?;
+                rule::admit_resource(resource, token, true)?;
                 Ok(pg_sys::Datum::from(stamp(
                     td.tg_newtuple,
                     tupdesc,
@@ -515,16 +530,16 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 )))
             }
             (Some(resource), _delete) => {
-                fence::admit_resource(resource, token, true)?;
+                rule::admit_resource(resource, token, true)?;
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }
             (None, pg_sys::TRIGGER_EVENT_INSERT) => {
                 // The key's tombstone is checked by the AFTER INSERT trigger, once the row is in
-                // the unique index (see fence.rs); here the row only gets its token.
+                // the unique index (see `rule`); here the row only gets its token.
                 if !info.pk_immediate || info.pk.is_empty() {
                     pk_of()?;
                 }
-                crate::fenced::note_after_expected();
+                count(|f| f.after_expected = f.after_expected.wrapping_add(1));
                 Ok(pg_sys::Datum::from(stamp(
                     td.tg_trigtuple,
                     tupdesc,
@@ -536,7 +551,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 let pk = pk_of()?;
                 let old = td.tg_trigtuple;
                 let row_token = tuple_token(old, tupdesc, attnum);
-                fence::admit_row(
+                rule::admit_row(
                     args.protection,
                     table,
                     &|| key_text(old, tupdesc, &pk),
@@ -557,9 +572,9 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                     let new_key = key_text(td.tg_newtuple, tupdesc, &pk);
                     if new_key != old_key {
                         // The key changes: the old key is deleted, the new one is inserted.
-                        fence::admit_row_insert(args.protection, table, &new_key, token, false)?;
-                        fence::record_row_delete(args.protection, &old_key, token);
-                        crate::fenced::note_after_expected();
+                        rule::admit_row_insert(args.protection, table, &new_key, token, false)?;
+                        crate::state::tombstones::record_row_delete(args.protection, &old_key, token);
+                        count(|f| f.after_expected = f.after_expected.wrapping_add(1));
                     }
                 }
                 Ok(pg_sys::Datum::from(stamp(
@@ -573,7 +588,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                 let pk = pk_of()?;
                 let key = key_text(td.tg_trigtuple, tupdesc, &pk);
                 let row_token = tuple_token(td.tg_trigtuple, tupdesc, attnum);
-                fence::admit_row(
+                rule::admit_row(
                     args.protection,
                     table,
                     &|| key.clone(),
@@ -581,7 +596,7 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                     row_token,
                     true,
                 )?;
-                fence::record_row_delete(args.protection, &key, token);
+                crate::state::tombstones::record_row_delete(args.protection, &key, token);
                 Ok(pg_sys::Datum::from(td.tg_trigtuple))
             }
         }
@@ -627,7 +642,7 @@ unsafe fn record_replicated(
                     .filter_map(|t| positive(tuple_token(t, tupdesc, attnum)))
                     .max();
                 if let Some(t) = highest {
-                    fence::raise_mark(resource, t);
+                    rule::raise_mark(resource, t);
                 }
             }
             None => {
@@ -639,7 +654,7 @@ unsafe fn record_replicated(
                         Some(new) => key_text(new, tupdesc, &pk) != old_key,
                     };
                     if let (true, Some(t)) = (gone, positive(tuple_token(old, tupdesc, attnum))) {
-                        fence::record_row_delete(args.protection, &old_key, t);
+                        crate::state::tombstones::record_row_delete(args.protection, &old_key, t);
                     }
                 }
             }
@@ -660,7 +675,7 @@ unsafe fn truncate(
     token: Token,
 ) -> Result<(), FenceError> {
     if let Some(resource) = &args.resource {
-        fence::admit_resource(resource, token, true)?;
+        rule::admit_resource(resource, token, true)?;
         return Ok(());
     }
     let (relid, pk_names) = unsafe {
@@ -680,5 +695,5 @@ unsafe fn truncate(
         ((*rel).rd_id, names)
     };
     let token_col = spi::quote_identifier(args.token_column.to_string_lossy().into_owned());
-    fence::truncate_rows(args.protection, relid, table, &pk_names, &token_col, token)
+    crate::state::tombstones::truncate_rows(args.protection, relid, table, &pk_names, &token_col, token)
 }

@@ -1,0 +1,96 @@
+//! The life cycle of per-backend state, in one place: PostgreSQL's transaction, subtransaction
+//! and relcache callbacks are registered here, and each calls the resets of the modules that keep
+//! state (`rule`'s held locks, `state/tombstones.rs`'s pending batch, `pg/spi.rs`'s internal
+//! statement depth, `lock_service/watch.rs`'s pending registrations, `guard/trigger.rs`'s and
+//! `api/fenced.rs`'s caches, `pg/index.rs`'s table locations).
+
+use crate::api::fenced;
+use crate::guard::trigger;
+use crate::lock_service::{locks, watch};
+use crate::pg::{index, report, spi};
+use crate::rule;
+use crate::state::tombstones;
+use pgrx::prelude::*;
+
+/// Register the callbacks (from `_PG_init`, once per backend).
+pub fn init() {
+    // SAFETY: called once from _PG_init on the backend's main thread; the callbacks are
+    // `extern "C-unwind"` functions with PostgreSQL's signatures, guarded by #[pg_guard], and
+    // live as long as the library (which is never unloaded).
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
+        pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0usize));
+    }
+}
+
+/// Locks taken by the fencing rule end with the transaction; so does what we know about them.
+#[pg_guard]
+unsafe extern "C-unwind" fn xact_callback(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT
+        || event == pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE
+    {
+        // Tombstones of this transaction's per-row deletes, batched (see state/tombstones.rs).
+        tombstones::flush_tombstones();
+        // Registration changes of watched resources reach shared memory with the commit.
+        let applied = if event == pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT {
+            // A stopped watch's hand-over revision becomes the resource's mark, in this
+            // transaction (made durable with the commit by fencing_unwatch).
+            watch::apply_pending().map(|marks| {
+                for (resource, handover) in marks {
+                    rule::raise_mark(&resource, handover);
+                }
+            })
+        } else {
+            watch::refuse_prepare()
+        };
+        if let Err(e) = applied {
+            // SAFETY: in a PRE_COMMIT/PRE_PREPARE callback an ERROR aborts the transaction
+            // (PostgreSQL's CommitTransaction/PrepareTransaction allow it there).
+            unsafe { report::raise(e) };
+        }
+        return;
+    }
+    rule::forget_all();
+    spi::forget_internal_write();
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
+        || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
+    {
+        fenced::free_stale_plans();
+        tombstones::forget_tombstones();
+    }
+    if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
+        watch::forget_pending();
+        trigger::forget_verified();
+        locks::abort_pending();
+    }
+}
+
+/// A subtransaction abort releases the locks it took and undoes the marks it wrote.
+#[pg_guard]
+unsafe extern "C-unwind" fn subxact_callback(
+    event: pg_sys::SubXactEvent::Type,
+    my: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        tombstones::forget_tombstones_of(my);
+        watch::forget_pending_of(my);
+        rule::forget_all();
+        trigger::forget_verified();
+    }
+}
+
+/// A relation changed (or every relation, `relid` invalid): cached trigger arguments, table
+/// information, `fenced_*` targets and the locations of pg_fencing's own tables may be stale.
+#[pg_guard]
+unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    fenced::invalidate();
+    index::forget_located();
+    trigger::forget_relation((relid != pg_sys::Oid::INVALID).then_some(relid));
+}

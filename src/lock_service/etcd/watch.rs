@@ -1,0 +1,304 @@
+//! The etcd thread's side: tokio + etcd-client, no PostgreSQL calls.
+#![forbid(unsafe_code)]
+
+use super::client::{connect, Config};
+use crate::lock_service::locks::{etcd_highest_revision, lock_service_problem, now_ms, observe_etcd_answer};
+use crate::lock_service::watch::*;
+use std::sync::atomic::Ordering;
+use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use pg_fencing_core::handover::{self, holder, GrantSearch};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Starts, restarts and stops one watch task per registered resource; saves the state file
+/// when a hand-over raised a mark.
+pub(crate) async fn supervise(cfg: Arc<Mutex<Config>>) {
+    let Some(sh) = shared() else { return };
+    // Per slot: the generation and endpoints its task was started with, and the task.
+    type Running = (u64, Vec<String>, tokio::task::JoinHandle<()>);
+    let mut running: Vec<Option<Running>> = (0..WATCH_SLOTS).map(|_| None).collect();
+    loop {
+        let current_cfg = cfg.lock().map(|c| c.clone()).ok();
+        let endpoints = current_cfg
+            .as_ref()
+            .map(|c| c.endpoints().to_vec())
+            .unwrap_or_default();
+        for (i, s) in sh.slots.iter().enumerate() {
+            let state = s.state.load(Ordering::Acquire);
+            let generation = s.generation.load(Ordering::Acquire);
+            let same = running[i]
+                .as_ref()
+                .map(|(g, e, _)| *g == generation && *e == endpoints)
+                .unwrap_or(false);
+            if state == ACTIVE && !same {
+                // A new registration, or new endpoints after a reload: start over.
+                if let Some((_, _, h)) = running[i].take() {
+                    h.abort();
+                    let _ = h.await;
+                }
+                if let Some(c) = current_cfg.clone() {
+                    running[i] = Some((
+                        generation,
+                        endpoints.clone(),
+                        tokio::spawn(watch_slot(s, generation, c)),
+                    ));
+                }
+            } else if state != ACTIVE {
+                if let Some((_, _, h)) = running[i].take() {
+                    h.abort();
+                    let _ = h.await;
+                }
+                // The task is gone: the slot may be reused.
+                let _ = s.state.compare_exchange(
+                    DRAINING,
+                    FREE,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+        }
+        if sh.dirty.swap(0, Ordering::AcqRel) != 0 {
+            if let Some(dir) = current_cfg.map(|c| c.state_dir).filter(|d| !d.is_empty()) {
+                let _ = tokio::task::spawn_blocking(move || {
+                    let saved =
+                        StateLock::take(&dir).and_then(|_lock| save_state(sh, &dir, "etcd"));
+                    if let Err(e) = saved {
+                        sh.dirty.store(1, Ordering::Release);
+                        eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
+                    }
+                })
+                .await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn watch_slot(slot: &'static WatchSlot, generation: u64, cfg: Config) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if slot.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        match watch_once(slot, generation, &cfg).await {
+            Ok(()) => return,
+            Err(e) => {
+                // Start over from a fresh read of the lock's keys: nothing is missed.
+                slot.report(generation, &format!("reconnecting: {e}"));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Raise to `rev`, the grant of the key created at `key` (0: a bound, not a known grant).
+fn raise(slot: &WatchSlot, rev: i64, key: i64, generation: u64) {
+    // etcd's revisions went backwards: no mark is advanced until fencing_reset.
+    if lock_service_problem().is_some() {
+        return;
+    }
+    if rev > 0 && slot.raise_handover(rev, key, generation) {
+        if let Some(sh) = shared() {
+            sh.dirty.store(1, Ordering::Release);
+        }
+    }
+}
+
+/// The lock's keys (key -> create revision) at `revision` (0: now), with the response's
+/// revision. `Err((true, why))`: that revision is compacted away; `Err((false, why))`: any
+/// other failure.
+async fn keys_at(
+    c: &mut Client,
+    prefix: &str,
+    revision: i64,
+) -> Result<(BTreeMap<Vec<u8>, i64>, Option<etcd_client::ResponseHeader>), (bool, String)> {
+    let mut opts = GetOptions::new().with_prefix();
+    if revision > 0 {
+        opts = opts.with_revision(revision);
+    }
+    let resp = tokio::time::timeout(Duration::from_secs(2), c.get(prefix, Some(opts)))
+        .await
+        .map_err(|_| (false, "reading the lock's keys timed out".to_string()))?
+        .map_err(|e| {
+            let text = e.to_string();
+            (text.contains("compacted"), text)
+        })?;
+    let keys = resp
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+        .collect();
+    Ok((keys, resp.header().cloned()))
+}
+
+/// The revision etcd's history now starts after (its compaction revision), learnt from a
+/// watch that asks for `from`, a revision known to be compacted away (a watch from the
+/// compaction revision itself is not cancelled: it would wait instead of answering).
+async fn compacted_up_to(c: &mut Client, prefix: &str, from: i64) -> Result<i64, String> {
+    let mut stream = c
+        .watch(
+            prefix,
+            Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let resp = tokio::time::timeout(Duration::from_secs(2), stream.message())
+            .await
+            .map_err(|_| "asking etcd for its compaction revision timed out".to_string())?
+            .map_err(|e| e.to_string())?
+            .ok_or("the watch stream ended")?;
+        if resp.canceled() && resp.compact_revision() > 0 {
+            return Ok(resp.compact_revision());
+        }
+        if !resp.created() || resp.canceled() {
+            return Err("etcd reported no compaction revision".into());
+        }
+    }
+}
+
+/// One watch from a fresh start. Returns Ok when the registration changed, Err on any
+/// failure (the caller starts over).
+///
+/// The decisions are `pg_fencing_core::handover`'s (checked there against every order of
+/// events up to a bound). It starts from the lock's keys at the current revision `r0`, which
+/// decide the hand-over revision without any history that happened while the watch was not
+/// running (PostgreSQL or the worker stopped, the connection to etcd cut): if the lock is
+/// free, every token issued so far is at most `r0` and belongs to a former holder, so the
+/// mark becomes `r0`; if it is held, the holder's grant (found by `GrantSearch`, reading the
+/// keys at past revisions) is above every former holder's token. Where etcd compacted the
+/// revisions that search needs, it takes a safe bound instead (`handover::compacted_bound`)
+/// and the status says so. Only then is the view confirmed, so the resource admits writes
+/// (`wait_until_synced`); from `r0 + 1` on it follows etcd's events.
+async fn watch_once(
+    slot: &'static WatchSlot,
+    generation: u64,
+    cfg: &Config,
+) -> Result<(), String> {
+    let mut c = connect(cfg).await?;
+    let prefix = slot.prefix();
+    let floor = etcd_highest_revision();
+    let (mut keys, header) = keys_at(&mut c, &prefix, 0).await.map_err(|(_, e)| e)?;
+    let r0 = header.as_ref().map(|h| h.revision()).unwrap_or(0);
+    if let Some(h) = &header {
+        // A linearizable read sent after a write was answered sees at least its revision.
+        observe_etcd_answer(h.cluster_id(), h.revision(), floor)
+            .map_err(|why| format!("not advancing marks: {why}"))?;
+    }
+    // The last hand-over applied (and whose grant it was).
+    let applied = slot.handover.load(Ordering::Acquire);
+    let applied_key = slot.handover_key.load(Ordering::Acquire);
+    let mut status = "watching".to_string();
+    match holder(&keys) {
+        None => {
+            raise(slot, r0, 0, generation);
+            if applied < r0 {
+                status =
+                    format!("watching; the lock was free at revision {r0}: mark raised to it");
+            }
+        }
+        Some(hc) => {
+            let mut search = GrantSearch::new(hc, r0);
+            let mut bound = None;
+            while let Some(mid) = search.next() {
+                match keys_at(&mut c, &prefix, mid).await {
+                    Ok((k, _)) => search.holder_at(mid, holder(&k) == Some(hc)),
+                    Err((true, _)) => {
+                        // `mid` is compacted: etcd's history now starts at `cr`.
+                        let cr = compacted_up_to(&mut c, &prefix, mid).await?;
+                        let (k, _) = keys_at(&mut c, &prefix, cr).await.map_err(|(_, e)| e)?;
+                        if holder(&k) == Some(hc) {
+                            bound = Some((
+                                cr,
+                                handover::compacted_bound(Some(hc), cr, applied, applied_key),
+                            ));
+                            break;
+                        }
+                        search.holder_at(cr, false);
+                    }
+                    Err((false, e)) => return Err(e),
+                }
+            }
+            match bound {
+                None => raise(slot, search.grant(), hc, generation),
+                Some((cr, b)) => {
+                    raise(
+                        slot,
+                        b,
+                        if b == applied { applied_key } else { 0 },
+                        generation,
+                    );
+                    status = if b == cr {
+                        format!("watching; history before revision {cr} compacted while the lock was held: mark raised to {cr} (the holder may have to take the lock again)")
+                    } else {
+                        format!("watching; history before revision {cr} compacted: the holder is the one whose grant ({b}) was applied last")
+                    };
+                }
+            }
+        }
+    }
+    let start = r0 + 1;
+    let mut stream = tokio::time::timeout(
+        Duration::from_secs(2),
+        c.watch(
+            prefix.clone(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_prev_key()
+                    .with_start_revision(start),
+            ),
+        ),
+    )
+    .await
+    .map_err(|_| "starting the watch timed out".to_string())?
+    .map_err(|e| e.to_string())?;
+    // Everything up to r0 is accounted for: the resource may admit writes.
+    slot.confirm(r0, now_ms(), generation);
+    let _ = stream.request_progress().await;
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    slot.report(generation, &status);
+    loop {
+        if slot.generation.load(Ordering::Acquire) != generation {
+            return Ok(());
+        }
+        tokio::select! {
+            msg = stream.message() => {
+                let resp = msg.map_err(|e| e.to_string())?.ok_or("the watch stream ended")?;
+                if resp.created() && !resp.canceled() {
+                    continue;
+                }
+                if resp.canceled() {
+                    // Compacted between the read and the watch, or cancelled by etcd: start
+                    // over (from the keys at the then current revision).
+                    return Err(format!("the watch was canceled ({})", resp.cancel_reason()));
+                }
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    let rev = kv.mod_revision();
+                    let put = match ev.event_type() {
+                        EventType::Put => Some(kv.create_revision()),
+                        EventType::Delete => None,
+                    };
+                    // A new holder: granted at the later of its key's creation and this
+                    // event (its predecessor's deletion).
+                    if let Some((granted, key)) = handover::apply_event(&mut keys, kv.key().to_vec(), put, rev) {
+                        raise(slot, granted, key, generation);
+                        slot.report(generation, &format!("lock changed hands at revision {granted}"));
+                    }
+                }
+                if let Some(h) = resp.header() {
+                    // Events are delivered in order and the watch started right after r0:
+                    // an answer (events or a progress report) confirms etcd's state up to its
+                    // revision, as far as this lock's keys are concerned.
+                    slot.confirm(h.revision(), now_ms(), generation);
+                }
+            }
+            _ = tick.tick() => {
+                stream.request_progress().await.map_err(|e| e.to_string())?;
+            }
+        }
+    }
+}

@@ -1,0 +1,771 @@
+//! Locks taken from SQL (`fencing_acquire` / `fencing_release`): the shared-memory slots, the
+//! backend side of a request, and what etcd has told the worker about itself (revision
+//! regression). The worker's main thread is `worker.rs`, the etcd side `etcd/locks.rs`.
+//!
+//! Lock protocol (docs/design.md, "Worker"): each acquisition gets its own lease (TTL
+//! `pg_fencing.lease_ttl`) kept alive every TTL/3, and takes the lock with etcd's lock service,
+//! which uses the concurrency-mutex layout (`<prefix><name>/<lease id in hex>`) exactly as
+//! `etcdctl lock` and Go's `concurrency.Mutex` do, so all three exclude each other. The token is
+//! the response-header revision of the grant (what `etcdctl lock` exports as `ETCD_LOCK_REV` and
+//! `Mutex.Header().Revision` returns). Before a token is returned, the lease is checked to be
+//! alive (etcd 3.4 can grant the lock to a waiter whose lease just expired).
+//!
+//! Lease loss: every slot carries `valid_until` (CLOCK_MONOTONIC ms): the send time of the last
+//! keepalive that etcd answered plus the TTL it granted. A write carrying the token of a slot
+//! that is past `valid_until` (or marked lost) fails with FT003 in the backend itself, even if
+//! the worker is frozen, so it fails before etcd can have given the lock to anyone else.
+
+use crate::error::FenceError;
+use crate::gucs;
+use super::shmem_text::ShmemText;
+use pgrx::bgworkers::BackgroundWorkerBuilder;
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+use std::time::Duration;
+
+pub const SLOTS: usize = 64;
+pub(super) const NAME_LEN: usize = 256;
+pub(super) const KEY_LEN: usize = 320;
+pub(super) const MSG_LEN: usize = 256;
+
+// Slot states.
+pub(super) const FREE: u32 = 0;
+pub(super) const RESERVED: u32 = 1; // a backend is filling in a request
+pub(super) const REQUESTED: u32 = 2; // waiting for the worker
+pub(super) const ACQUIRING: u32 = 3; // the etcd thread works on it
+pub(super) const HELD: u32 = 4;
+pub(super) const FAILED: u32 = 5; // see `error`; the requesting backend frees the slot
+pub(super) const CANCELLED: u32 = 6; // the backend gave up; the etcd thread cleans up and frees it
+pub(super) const RELEASE_REQUESTED: u32 = 7;
+pub(super) const RELEASING: u32 = 8;
+pub(super) const LOST: u32 = 9;
+
+// Failure codes.
+pub(super) const ERR_UNREACHABLE: u32 = 1; // FT005
+pub(super) const ERR_TIMEOUT: u32 = 2; // 55P03
+pub(super) const ERR_LEASE: u32 = 3; // FT003
+pub(super) const ERR_OTHER: u32 = 4; // FT005 with the message
+
+#[repr(C)]
+pub struct Slot {
+    pub(super) state: AtomicU32,
+    pub(super) generation: AtomicU64,
+    pub(super) owner_pid: AtomicI32,
+    pub(super) token: AtomicI64,
+    pub(super) lease: AtomicI64,
+    pub(super) ttl: AtomicI64,
+    pub(super) valid_until_ms: AtomicI64,
+    pub(super) deadline_ms: AtomicI64,
+    pub(super) error: AtomicU32,
+    pub(super) name: ShmemText<NAME_LEN>,
+    pub(super) key: ShmemText<KEY_LEN>,
+    /// Why the slot is in its state (set together with the state change, see `ShmemText`).
+    pub(super) message: ShmemText<MSG_LEN>,
+}
+
+#[repr(C)]
+pub struct Shared {
+    pub(super) worker_latch: AtomicUsize,
+    pub(super) worker_pid: AtomicI32,
+    /// 0 unknown, 1 connected, 2 unreachable.
+    pub(super) etcd: AtomicU32,
+    /// What etcd has told us about itself (see "Revision regression" below): its cluster id
+    /// (0 = not known yet), the highest revision it answered a write with, and whether it has
+    /// since answered from another cluster or with a lower revision (1), with why.
+    pub(super) etcd_cluster_id: AtomicU64,
+    pub(super) etcd_highest_revision: AtomicI64,
+    pub(super) etcd_regressed: AtomicU32,
+    pub(super) etcd_regression: ShmemText<MSG_LEN>,
+    /// Set whenever the three above change; cleared by whoever saves them to the state file.
+    pub(super) etcd_state_dirty: AtomicU32,
+    pub(super) slots: [Slot; SLOTS],
+}
+
+unsafe impl PGRXSharedMemory for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            worker_latch: AtomicUsize::new(0),
+            worker_pid: AtomicI32::new(0),
+            etcd: AtomicU32::new(0),
+            etcd_cluster_id: AtomicU64::new(0),
+            etcd_highest_revision: AtomicI64::new(0),
+            etcd_regressed: AtomicU32::new(0),
+            etcd_regression: ShmemText::default(),
+            etcd_state_dirty: AtomicU32::new(0),
+            slots: std::array::from_fn(|_| Slot {
+                state: AtomicU32::new(FREE),
+                generation: AtomicU64::new(0),
+                owner_pid: AtomicI32::new(0),
+                token: AtomicI64::new(0),
+                lease: AtomicI64::new(0),
+                ttl: AtomicI64::new(0),
+                valid_until_ms: AtomicI64::new(0),
+                deadline_ms: AtomicI64::new(0),
+                error: AtomicU32::new(0),
+                name: ShmemText::default(),
+                key: ShmemText::default(),
+                message: ShmemText::default(),
+            }),
+        }
+    }
+}
+
+pub(super) static SHARED: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_fencing worker") };
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Milliseconds on CLOCK_MONOTONIC: one clock for all processes of the machine, and unlike the
+/// wall clock it never jumps back (which would make an expired lease look valid).
+pub(crate) fn now_ms() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
+}
+
+impl Slot {
+    pub(super) fn name(&self) -> String {
+        self.name.get()
+    }
+    pub(super) fn key(&self) -> String {
+        self.key.get()
+    }
+    pub(super) fn message(&self) -> String {
+        self.message.get()
+    }
+    pub(super) fn set_key(&self, k: &[u8]) {
+        self.key.set(&String::from_utf8_lossy(k))
+    }
+    pub(super) fn transition(&self, from: u32, to: u32) -> bool {
+        self.state
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+    /// `transition` with the reason for the new state: whoever sees the new state and then reads
+    /// the message gets this one (see `ShmemText::set_with`).
+    pub(super) fn transition_saying(&self, from: u32, to: u32, why: &str) -> bool {
+        self.message.set_with(why, || self.transition(from, to))
+    }
+    /// FAILED from one of `from`, with `code` and the reason: state, error code and message
+    /// change together under the message's lock (readers read the message, then the code).
+    pub(super) fn fail_from(&self, from: &[u32], code: u32, why: &str) -> bool {
+        self.message.set_with(why, || {
+            let failed = from.iter().any(|&f| self.transition(f, FAILED));
+            if failed {
+                self.error.store(code, Ordering::Relaxed);
+            }
+            failed
+        })
+    }
+    pub(super) fn fail(&self, code: u32, msg: &str) {
+        // Only a slot still being acquired fails; a cancelled one is freed by its cleanup.
+        let _ = self.fail_from(&[ACQUIRING], code, msg);
+    }
+}
+
+/// Register the shared memory and the worker. Only possible while preloading.
+pub fn init_if_preloading() {
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    pg_shmem_init!(SHARED);
+    ENABLED.store(true, Ordering::Relaxed);
+    BackgroundWorkerBuilder::new("pg_fencing etcd worker")
+        .set_type("pg_fencing etcd worker")
+        .set_function("pg_fencing_worker_main")
+        .set_library("pg_fencing")
+        .enable_shmem_access(None)
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load();
+}
+
+pub(super) fn shared() -> Result<&'static Shared, FenceError> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Err(FenceError::WorkerUnavailable(
+            "the pg_fencing background worker is not running: pg_fencing is not in shared_preload_libraries".into(),
+        ));
+    }
+    Ok(SHARED.get())
+}
+
+pub(super) fn wake_worker(sh: &Shared) {
+    let latch = sh.worker_latch.load(Ordering::Acquire);
+    if latch != 0 {
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
+
+/// Wait for the worker to move a slot on: the first 50 ms since `since_ms` in steps of 100 µs (an
+/// etcd round trip on a local network is well under a millisecond), then on the latch for 1 ms.
+/// Checks for interrupts either way.
+pub(super) fn poll_pause(since_ms: i64) {
+    if now_ms() - since_ms < 50 {
+        unsafe { pg_sys::pg_usleep(100) };
+        pgrx::check_for_interrupts!();
+    } else {
+        nap(1);
+    }
+}
+
+/// Sleep on this backend's latch for up to `ms` milliseconds, then check for interrupts (query
+/// cancel, statement_timeout, termination); exits if the postmaster dies.
+pub(crate) fn nap(ms: i64) {
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pgrx::check_for_interrupts!();
+}
+
+pub(super) fn lock_key_name(name: &str) -> String {
+    format!("{}{}", gucs::lock_prefix(), name)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Revision regression
+//
+// A fencing token is an etcd revision, so tokens only stay comparable while revisions only grow.
+// An etcd cluster restored from an older snapshot (without `--bump-revision`), or another cluster
+// behind the same endpoints, answers with lower revisions: the worker would hand out tokens below
+// ones it handed out before. So the worker remembers etcd's cluster id and the highest revision
+// etcd answered a write (lease grant, lock) with, in shared memory and in the file
+// `$PGDATA/pg_fencing_etcd.state` (saved right after it changes, so it survives restarts). A
+// write sent after another write was answered is applied after it, so its answer carries at
+// least that revision, from whichever member it comes; a lower one (or another cluster id) can
+// only mean a regression. (Answers to writes in flight together may arrive in any order, so each
+// answer is compared with the highest revision known when its request was sent.) From then on `fencing_acquire` fails with FT005 and held locks are lost, until a
+// superuser runs `fencing_reset` (which forgets what the worker knew about etcd).
+
+pub(super) const STATE_FILE: &str = "pg_fencing_etcd.state";
+
+impl Shared {
+    pub(super) fn regression(&self) -> Option<String> {
+        if self.etcd_regressed.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        Some(self.etcd_regression.get())
+    }
+
+    /// Record what a write's response header says about etcd. `floor`: the highest revision
+    /// known when the request was sent (answers to requests in flight together may arrive in any
+    /// order, but a write sent after another write's answer is applied after it, so its answer
+    /// carries at least that revision). `Err` (with why) if etcd went backwards, now or before.
+    pub(super) fn observe_etcd(&self, cluster_id: u64, revision: i64, floor: i64) -> Result<(), String> {
+        if let Some(why) = self.regression() {
+            return Err(why);
+        }
+        let known = self.etcd_cluster_id.load(Ordering::Acquire);
+        if known != 0 && cluster_id != 0 && cluster_id != known {
+            return Err(self.regress(format!(
+                "etcd answered from cluster {cluster_id:x}, not from cluster {known:x} as before"
+            )));
+        }
+        if revision > 0 && revision < floor {
+            return Err(self.regress(format!(
+                "etcd's revision went back from {floor} to {revision}"
+            )));
+        }
+        let mut changed = false;
+        if known == 0 && cluster_id != 0 {
+            changed |= self
+                .etcd_cluster_id
+                .compare_exchange(0, cluster_id, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        }
+        changed |= self
+            .etcd_highest_revision
+            .fetch_max(revision, Ordering::AcqRel)
+            < revision;
+        if changed {
+            self.etcd_state_dirty.store(1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    pub(super) fn regress(&self, why: String) -> String {
+        let msg = format!(
+            "{why}; tokens would no longer be comparable (a cluster restored from an old snapshot, or another cluster behind pg_fencing.etcd_endpoints)"
+        );
+        self.etcd_regression.set(&msg);
+        self.etcd_regressed.store(1, Ordering::Release);
+        self.etcd_state_dirty.store(1, Ordering::Release);
+        for s in self.slots.iter() {
+            s.transition_saying(HELD, LOST, "etcd's revisions went backwards");
+        }
+        msg
+    }
+
+    /// The state file's text: `cluster_id highest_revision regressed` and the reason.
+    pub(super) fn state_text(&self) -> String {
+        format!(
+            "{:x} {} {}\n{}\n",
+            self.etcd_cluster_id.load(Ordering::Acquire),
+            self.etcd_highest_revision.load(Ordering::Acquire),
+            self.etcd_regressed.load(Ordering::Acquire),
+            self.regression().unwrap_or_default()
+        )
+    }
+
+    pub(super) fn load_state_text(&self, text: &str) {
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
+        if head.len() != 3 {
+            return;
+        }
+        let (Ok(cid), Ok(rev), Ok(reg)) = (
+            u64::from_str_radix(head[0], 16),
+            head[1].parse::<i64>(),
+            head[2].parse::<u32>(),
+        ) else {
+            return;
+        };
+        self.etcd_cluster_id.store(cid, Ordering::Release);
+        self.etcd_highest_revision.store(rev, Ordering::Release);
+        if reg == 1 {
+            let why = lines.next().unwrap_or("etcd's revisions went backwards");
+            self.etcd_regression.set(why);
+            self.etcd_regressed.store(1, Ordering::Release);
+        }
+    }
+}
+
+/// Save the state file if it changed: write a temporary file, flush it to disk, rename it over
+/// the old one. Plain file I/O, so the etcd thread may call it too. `tag` keeps concurrent
+/// writers (worker, a backend running fencing_reset) off each other's temporary file.
+pub(super) fn save_state(sh: &Shared, dir: &str, tag: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    if sh.etcd_state_dirty.swap(0, Ordering::AcqRel) == 0 {
+        return Ok(());
+    }
+    let path = std::path::Path::new(dir).join(STATE_FILE);
+    let tmp = std::path::Path::new(dir).join(format!("{STATE_FILE}.{tag}.tmp"));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(sh.state_text().as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        sh.etcd_state_dirty.store(1, Ordering::Release);
+    }
+    result
+}
+
+pub(crate) fn data_dir() -> String {
+    unsafe {
+        if pg_sys::DataDir.is_null() {
+            ".".into()
+        } else {
+            std::ffi::CStr::from_ptr(pg_sys::DataDir)
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+}
+
+/// `_pg_fencing.reset_lock_service()` (called by `fencing_reset`): forget what the worker knew
+/// about etcd (cluster id, highest revision, a regression), so that it learns them anew.
+pub fn reset_lock_service() {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    let sh = SHARED.get();
+    let was = sh.regression();
+    sh.etcd_cluster_id.store(0, Ordering::Release);
+    sh.etcd_highest_revision.store(0, Ordering::Release);
+    sh.etcd_regression.set("");
+    sh.etcd_regressed.store(0, Ordering::Release);
+    sh.etcd_state_dirty.store(1, Ordering::Release);
+    let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
+    if let Err(e) = save_state(sh, &data_dir(), &tag) {
+        pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
+    }
+    if let Some(why) = was {
+        log!("pg_fencing: fencing_reset cleared the etcd revision regression ({why}); the worker hands out tokens again");
+    }
+}
+
+/// For the watches of `watch.rs` (their etcd side, `etcd/watch.rs`) (etcd thread): the highest revision etcd answered a write
+/// with, and the check of an answer to a linearizable read sent when that was `floor` (see
+/// `Shared::observe_etcd`). A regression found here stops tokens and marks alike.
+pub(crate) fn etcd_highest_revision() -> i64 {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return 0;
+    }
+    SHARED.get().etcd_highest_revision.load(Ordering::Acquire)
+}
+
+pub(crate) fn observe_etcd_answer(
+    cluster_id: u64,
+    revision: i64,
+    floor: i64,
+) -> Result<(), String> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    SHARED.get().observe_etcd(cluster_id, revision, floor)
+}
+
+/// Why the lock service cannot be trusted right now (`None`: fine, or no worker).
+pub fn lock_service_problem() -> Option<String> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return None;
+    }
+    SHARED.get().regression()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backend side
+
+/// `fencing_acquire(lock_name, timeout)`: see `api/functions.rs`.
+pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
+    let sh = shared()?;
+    if gucs::etcd_endpoints().trim().is_empty() {
+        return Err(FenceError::WorkerUnavailable(
+            "pg_fencing.etcd_endpoints is empty, so the worker takes no locks".into(),
+        ));
+    }
+    if name.is_empty() || name.len() >= NAME_LEN - 64 {
+        return Err(FenceError::InvalidArgument(format!(
+            "lock_name must have 1 to {} bytes",
+            NAME_LEN - 65
+        )));
+    }
+    // The etcd key is <prefix><name>/<lease id in hex>; it must fit, never be cut.
+    if lock_key_name(name).len() + 17 >= KEY_LEN {
+        return Err(FenceError::InvalidArgument(format!(
+            "pg_fencing.lock_prefix and lock_name together must have fewer than {} bytes",
+            KEY_LEN - 17
+        )));
+    }
+    if let Some(why) = sh.regression() {
+        return Err(FenceError::LockServiceUnavailable(format!(
+            "{why}; a superuser must check etcd and run fencing_reset before new tokens are handed out"
+        )));
+    }
+    wait_for_worker(sh)?;
+    let me = unsafe { pg_sys::MyProcPid };
+    for s in sh.slots.iter() {
+        let st = s.state.load(Ordering::Acquire);
+        if s.owner_pid.load(Ordering::Relaxed) == me
+            && (st == HELD || st == LOST)
+            && s.name() == name
+        {
+            return Err(FenceError::InvalidArgument(format!(
+                "this session already holds lock \"{name}\" (token {}); release it first",
+                s.token.load(Ordering::Relaxed)
+            )));
+        }
+    }
+    let slot = sh
+        .slots
+        .iter()
+        .find(|s| s.transition(FREE, RESERVED))
+        .ok_or_else(|| FenceError::TooManyLocks(SLOTS))?;
+    let started = now_ms();
+    let deadline = started + timeout.as_millis() as i64;
+    slot.generation.fetch_add(1, Ordering::AcqRel);
+    slot.owner_pid.store(me, Ordering::Relaxed);
+    slot.token.store(0, Ordering::Relaxed);
+    slot.lease.store(0, Ordering::Relaxed);
+    slot.error.store(0, Ordering::Relaxed);
+    slot.deadline_ms.store(deadline, Ordering::Relaxed);
+    slot.valid_until_ms.store(0, Ordering::Relaxed);
+    slot.name.set(name);
+    slot.set_key(lock_key_name(name).as_bytes());
+    slot.message.set("");
+    slot.state.store(REQUESTED, Ordering::Release);
+    register_exit_callback();
+    wake_worker(sh);
+
+    loop {
+        let st = slot.state.load(Ordering::Acquire);
+        if st == HELD {
+            return Ok(slot.token.load(Ordering::Relaxed));
+        }
+        if st == FAILED {
+            // The message first: reading it waits for the failing side's lock, after which its
+            // error code is visible too (see `Slot::fail_from`).
+            let msg = slot.message();
+            let code = slot.error.load(Ordering::Relaxed);
+            slot.state.store(FREE, Ordering::Release);
+            return Err(match code {
+                ERR_TIMEOUT => FenceError::LockTimeout(name.to_string()),
+                ERR_LEASE => FenceError::NotGranted {
+                    lock: name.to_string(),
+                    why: msg,
+                },
+                _ => FenceError::LockServiceUnavailable(msg),
+            });
+        }
+        if now_ms() >= deadline {
+            cancel_slot(sh, slot);
+            return Err(FenceError::LockTimeout(name.to_string()));
+        }
+        if sh.worker_latch.load(Ordering::Acquire) == 0 && slot.transition(REQUESTED, FREE) {
+            return Err(FenceError::LockServiceUnavailable(
+                "the pg_fencing worker stopped".into(),
+            ));
+        }
+        poll_pause(started);
+    }
+}
+
+/// FT005 unless the worker is running (it may be restarting: wait up to two seconds).
+pub(super) fn wait_for_worker(sh: &Shared) -> Result<(), FenceError> {
+    let deadline = now_ms() + 2000;
+    while sh.worker_latch.load(Ordering::Acquire) == 0 {
+        if now_ms() >= deadline {
+            return Err(FenceError::LockServiceUnavailable(
+                "the pg_fencing worker is not running".into(),
+            ));
+        }
+        nap(10);
+    }
+    Ok(())
+}
+
+pub(super) fn cancel_slot(sh: &Shared, slot: &Slot) {
+    loop {
+        let st = slot.state.load(Ordering::Acquire);
+        match st {
+            REQUESTED | ACQUIRING | RESERVED => {
+                if slot.transition(st, CANCELLED) {
+                    break;
+                }
+            }
+            HELD | LOST => {
+                if slot.transition(st, RELEASE_REQUESTED) {
+                    break;
+                }
+            }
+            FAILED => {
+                if slot.transition(FAILED, FREE) {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    wake_worker(sh);
+}
+
+/// `fencing_release(lock_name)`: true if this session held the lock until now and released it;
+/// false if it holds no such lock, or had lost it (its slot is freed all the same, with a
+/// WARNING that says why: the work done under it may have been fenced off).
+pub fn release(name: &str) -> Result<bool, FenceError> {
+    let sh = shared()?;
+    let me = unsafe { pg_sys::MyProcPid };
+    let mut found = false;
+    let mut released = false;
+    for s in sh.slots.iter() {
+        if s.owner_pid.load(Ordering::Relaxed) != me || s.name() != name {
+            continue;
+        }
+        // The etcd thread may turn HELD into LOST meanwhile: then try again from LOST.
+        let mut st = s.state.load(Ordering::Acquire);
+        let mut why = s.message();
+        while (st == HELD || st == LOST) && !s.transition(st, RELEASE_REQUESTED) {
+            st = s.state.load(Ordering::Acquire);
+            why = s.message();
+        }
+        if st != HELD && st != LOST {
+            continue;
+        }
+        found = true;
+        let token = s.token.load(Ordering::Relaxed);
+        forget_session_token(token);
+        if st == HELD {
+            released = true;
+        } else {
+            pgrx::warning!(
+                "pg_fencing: lock \"{name}\" (fencing token {token}) had already been lost before fencing_release{}{}",
+                if why.is_empty() { "" } else { ": " },
+                why
+            );
+        }
+    }
+    if found {
+        wake_worker(sh);
+        // Wait (briefly) until etcd has deleted our key, so that the next holder, in or outside
+        // PostgreSQL, can have the lock as soon as this returns.
+        let started = now_ms();
+        let deadline = started + 3000;
+        while now_ms() < deadline
+            && sh.slots.iter().any(|s| {
+                s.owner_pid.load(Ordering::Relaxed) == me
+                    && matches!(
+                        s.state.load(Ordering::Acquire),
+                        RELEASE_REQUESTED | RELEASING
+                    )
+                    && s.name() == name
+            })
+        {
+            poll_pause(started);
+        }
+    }
+    Ok(released)
+}
+
+/// If the session's `pg_fencing.token` is this token, clear it.
+pub(super) fn forget_session_token(token: i64) {
+    if gucs::token_value() == token {
+        crate::pg::guc::set_session_token(None);
+    }
+}
+
+/// Backend exit: release held locks and cancel pending requests.
+#[pg_guard]
+unsafe extern "C-unwind" fn on_backend_exit(_code: i32, _arg: pg_sys::Datum) {
+    release_all_of_mine(true);
+}
+
+/// Transaction abort (e.g. `fencing_acquire` interrupted by a cancel or `statement_timeout`):
+/// cancel this session's pending requests. Held locks stay held (they are session-scoped).
+pub fn abort_pending() {
+    release_all_of_mine(false);
+}
+
+pub(super) fn release_all_of_mine(including_held: bool) {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    let sh = SHARED.get();
+    let me = unsafe { pg_sys::MyProcPid };
+    let mut any = false;
+    for s in sh.slots.iter() {
+        if s.owner_pid.load(Ordering::Relaxed) != me {
+            continue;
+        }
+        let st = s.state.load(Ordering::Acquire);
+        let pending = matches!(st, REQUESTED | ACQUIRING | RESERVED | FAILED);
+        if pending || (including_held && matches!(st, HELD | LOST)) {
+            cancel_slot(sh, s);
+            any = true;
+        }
+    }
+    if any {
+        wake_worker(sh);
+    }
+}
+
+pub(super) fn register_exit_callback() {
+    use std::sync::Once;
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| unsafe {
+        pg_sys::before_shmem_exit(Some(on_backend_exit), pg_sys::Datum::from(0usize));
+    });
+}
+
+/// Is `token` the token of a lock this session holds (or held and lost) through
+/// `fencing_acquire`? (Such a token counts in every transaction of the session; see `gucs.rs`.)
+pub fn held_by_this_session(token: i64) -> bool {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return false;
+    }
+    let me = unsafe { pg_sys::MyProcPid };
+    SHARED.get().slots.iter().any(|s| {
+        s.owner_pid.load(Ordering::Relaxed) == me
+            && s.token.load(Ordering::Relaxed) == token
+            && matches!(s.state.load(Ordering::Acquire), HELD | LOST)
+    })
+}
+
+/// FT003 if `token` is the token of a lock taken through the worker (by any session) and that lock
+/// is lost: marked lost by the worker, or past the end of its lease as last confirmed by etcd.
+pub fn check_token(token: i64) -> Result<(), FenceError> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let sh = SHARED.get();
+    for s in sh.slots.iter() {
+        // Any session's write carrying a lost lock's token fails, not only the holder's.
+        if s.token.load(Ordering::Relaxed) != token {
+            continue;
+        }
+        let st = s.state.load(Ordering::Acquire);
+        let expired = st == HELD && now_ms() >= s.valid_until_ms.load(Ordering::Relaxed);
+        if st == LOST || expired {
+            return Err(FenceError::LockLost {
+                lock: s.name(),
+                token,
+                why: if expired {
+                    "its lease has not been confirmed by etcd within its TTL".into()
+                } else {
+                    s.message()
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Rows of the `fencing_locks` view.
+pub fn lock_rows() -> Vec<(
+    String,
+    String,
+    Option<i64>,
+    Option<i64>,
+    Option<f64>,
+    String,
+    i32,
+)> {
+    let mut out = Vec::new();
+    if !ENABLED.load(Ordering::Relaxed) {
+        return out;
+    }
+    let sh = SHARED.get();
+    if let Some(why) = sh.regression() {
+        // Not a lock: the lock service itself, which no longer hands out tokens.
+        out.push((
+            String::new(),
+            why,
+            None,
+            None,
+            None,
+            "etcd_regressed".to_string(),
+            sh.worker_pid.load(Ordering::Relaxed),
+        ));
+    }
+    let now = now_ms();
+    for s in sh.slots.iter() {
+        let st = s.state.load(Ordering::Acquire);
+        let state = match st {
+            FREE | RESERVED => continue,
+            REQUESTED | ACQUIRING => "acquiring",
+            HELD if now >= s.valid_until_ms.load(Ordering::Relaxed) => "lost",
+            HELD => "held",
+            FAILED => "failed",
+            CANCELLED => "cancelling",
+            RELEASE_REQUESTED | RELEASING => "releasing",
+            LOST => "lost",
+            _ => "unknown",
+        };
+        let token = s.token.load(Ordering::Relaxed);
+        let lease = s.lease.load(Ordering::Relaxed);
+        let valid = s.valid_until_ms.load(Ordering::Relaxed);
+        out.push((
+            s.name(),
+            s.key(),
+            (token > 0).then_some(token),
+            (lease != 0).then_some(lease),
+            (st == HELD).then(|| ((valid - now).max(0) as f64) / 1000.0),
+            state.to_string(),
+            s.owner_pid.load(Ordering::Relaxed),
+        ));
+    }
+    out
+}

@@ -1,0 +1,188 @@
+//! The background worker's main thread (PostgreSQL's `autoprewarm.c` discipline): the only thread
+//! of the worker that calls PostgreSQL. It waits on its latch (1 s at most), handles SIGHUP
+//! (re-reads the settings and passes them on), SIGTERM and postmaster death, loads the state
+//! files at start, saves the etcd state file, and forwards the backends' requests from the lock
+//! slots to the etcd thread over a channel. The etcd thread (`etcd/`) is spawned with every
+//! signal blocked, so PostgreSQL's handlers only ever run here.
+//!
+//! On SIGTERM or postmaster death every held lock is marked lost first (writes with its token
+//! fail at once, FT003), then the etcd thread gets a short chance to revoke the leases.
+
+use super::etcd::client::Config;
+use super::etcd::locks::Cmd;
+use super::locks::*;
+use super::{etcd, watch};
+use crate::gucs;
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::prelude::*;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn read_config() -> Config {
+    Config {
+        endpoints: gucs::etcd_endpoints()
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        ttl: gucs::lease_ttl() as i64,
+        state_dir: String::new(),
+    }
+}
+
+/// Entry point of the background worker.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let sh = SHARED.get();
+    // A previous incarnation of the worker died: its leases are no longer kept alive.
+    for s in sh.slots.iter() {
+        let why = "the pg_fencing worker restarted";
+        let _ = s.transition_saying(HELD, LOST, why);
+        let _ = s.fail_from(&[ACQUIRING, REQUESTED], ERR_UNREACHABLE, why);
+        let _ = s.transition(RELEASE_REQUESTED, FREE);
+        let _ = s.transition(RELEASING, FREE);
+        let _ = s.transition(CANCELLED, FREE);
+    }
+    let dir = data_dir();
+    if let Ok(text) = std::fs::read_to_string(std::path::Path::new(&dir).join(STATE_FILE)) {
+        sh.load_state_text(&text);
+    }
+    if let Some(wsh) = watch::shared() {
+        match watch::StateLock::take_interruptible(&dir) {
+            Ok(_lock) => {
+                for line in watch::load_state(wsh, &dir) {
+                    pgrx::warning!("pg_fencing: ignored a line of pg_fencing_watches.state it cannot read: {line:?}");
+                }
+            }
+            Err(e) => pgrx::warning!("pg_fencing: could not lock pg_fencing_watches.state: {e}"),
+        }
+    }
+    let mut logged_regression = false;
+    sh.worker_pid
+        .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
+    sh.worker_latch
+        .store(unsafe { pg_sys::MyLatch } as usize, Ordering::Release);
+    log!(
+        "pg_fencing worker started (etcd endpoints: \"{}\")",
+        gucs::etcd_endpoints()
+    );
+
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
+    let mut cfg = read_config();
+    cfg.state_dir = dir.clone();
+    // The etcd thread must never run PostgreSQL's signal handlers: they belong to this thread. A
+    // thread starts with its creator's signal mask, so block everything here before spawning
+    // (blocking inside the new thread would leave a window) and restore this thread's mask
+    // afterwards; tokio's threads inherit the blocked mask in turn.
+    let blocked = AllSignalsBlocked::new();
+    let thread = std::thread::Builder::new()
+        .name("pg_fencing etcd".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match rt {
+                Ok(rt) => rt.block_on(etcd::locks::run(rx, cfg, sh)),
+                Err(e) => eprintln!("pg_fencing: could not start the etcd runtime: {e}"),
+            }
+        });
+    drop(blocked);
+    if let Err(e) = thread {
+        pgrx::error!("pg_fencing: could not start the etcd thread: {e}");
+    }
+
+    let mut dispatched: [u64; SLOTS] = [0; SLOTS];
+    let mut acquiring: [u64; SLOTS] = [u64::MAX; SLOTS];
+    while BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            let mut c = read_config();
+            c.state_dir = dir.clone();
+            let _ = tx.send(Cmd::Config(c));
+        }
+        match sh.regression() {
+            Some(why) if !logged_regression => {
+                pgrx::warning!("pg_fencing: the worker stopped handing out tokens: {why}. Check etcd, then run fencing_reset (see README, \"Recovery after an etcd restore\").");
+                logged_regression = true;
+            }
+            None => logged_regression = false,
+            _ => {}
+        }
+        if let Err(e) = save_state(sh, &dir, "worker") {
+            pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
+        }
+        for (i, s) in sh.slots.iter().enumerate() {
+            let generation = s.generation.load(Ordering::Acquire);
+            match s.state.load(Ordering::Acquire) {
+                REQUESTED => {
+                    if s.transition(REQUESTED, ACQUIRING) {
+                        acquiring[i] = generation;
+                        let _ = tx.send(Cmd::Acquire(i, generation));
+                    }
+                }
+                // Cancelled before the request reached the etcd thread: nothing to clean up.
+                CANCELLED if acquiring[i] != generation => {
+                    let _ = s.transition(CANCELLED, FREE);
+                }
+                RELEASE_REQUESTED => {
+                    if s.transition(RELEASE_REQUESTED, RELEASING) {
+                        let _ = tx.send(Cmd::Release(i, generation));
+                    }
+                }
+                CANCELLED if dispatched[i] != generation => {
+                    dispatched[i] = generation;
+                    let _ = tx.send(Cmd::Cancel(i, generation));
+                }
+                _ => {}
+            }
+        }
+    }
+    // SIGTERM or postmaster death. First make every held lock lost, so that writes with their
+    // tokens fail at once (FT003): nobody keeps their leases alive from now on. Then revoke the
+    // leases if etcd answers quickly, never waiting long.
+    sh.worker_latch.store(0, Ordering::Release);
+    for s in sh.slots.iter() {
+        let why = "the pg_fencing worker stopped";
+        let _ = s.transition_saying(HELD, LOST, why);
+        let _ = s.fail_from(&[ACQUIRING, REQUESTED], ERR_UNREACHABLE, why);
+    }
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    if tx.send(Cmd::Shutdown(done_tx)).is_ok() {
+        let _ = done_rx.recv_timeout(Duration::from_millis(700));
+    }
+    log!("pg_fencing worker stopped");
+    // Exit code 1: if only the worker was stopped (not the server), the postmaster restarts it.
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+/// Every signal blocked on the calling thread while this value lives; the thread's previous mask
+/// comes back when it is dropped. Signals that arrive meanwhile stay pending and are delivered
+/// then.
+struct AllSignalsBlocked(libc::sigset_t);
+
+impl AllSignalsBlocked {
+    fn new() -> Self {
+        // SAFETY: sigfillset initialises `all`; pthread_sigmask changes only the calling thread's
+        // mask and writes the previous one into `old`, which it fully initialises.
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            AllSignalsBlocked(old)
+        }
+    }
+}
+
+impl Drop for AllSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: pthread_sigmask with a mask that `new` filled in; the value is made and
+        // dropped within one function on the worker's main thread, so the mask returns to the
+        // thread it came from.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
+        }
+    }
+}

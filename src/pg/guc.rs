@@ -1,0 +1,76 @@
+//! GUC internals that pgrx has no safe interface for: where the current value of
+//! `pg_fencing.token` came from, and setting it at session level (`fencing_acquire`). The GUC
+//! definitions themselves are in `gucs.rs`. (PostgreSQL 16 changed `get_guc_variables`; the
+//! version differences of this walk belong here.)
+
+use crate::error::Token;
+use pgrx::pg_sys;
+use std::ffi::{CStr, CString};
+use std::sync::atomic::Ordering;
+
+/// Where the current value of `pg_fencing.token` came from: `set_in_transaction` (SET LOCAL, SET,
+/// a function's SET clause or `fenced_*` in the current transaction: the GUC machinery keeps an
+/// undo entry until the transaction ends) and its source (`PGC_S_CLIENT` for the startup
+/// packet, `PGC_S_SESSION` for SET, lower for the configuration). `None` if the definition
+/// cannot be found (the caller then counts the token).
+pub struct TokenOrigin {
+    pub set_in_transaction: bool,
+    pub source: pg_sys::GucSource::Type,
+}
+
+/// See [`TokenOrigin`].
+pub fn token_origin() -> Option<TokenOrigin> {
+    let record = token_record()?;
+    // SAFETY: the record is a GUC definition, alive for the life of the backend; read on the
+    // main thread only.
+    let (stack, source) = unsafe { ((*record).stack, (*record).source) };
+    Some(TokenOrigin {
+        set_in_transaction: !stack.is_null(),
+        source,
+    })
+}
+
+/// The GUC definition of `pg_fencing.token` (found once per backend).
+fn token_record() -> Option<*mut pg_sys::config_generic> {
+    use std::sync::atomic::AtomicPtr;
+    static RECORD: AtomicPtr<pg_sys::config_generic> = AtomicPtr::new(std::ptr::null_mut());
+    let cached = RECORD.load(Ordering::Relaxed);
+    if !cached.is_null() {
+        return Some(cached);
+    }
+    unsafe {
+        let vars = pg_sys::get_guc_variables();
+        let n = pg_sys::GetNumConfigOptions();
+        if vars.is_null() {
+            return None;
+        }
+        for i in 0..n as usize {
+            let v = *vars.add(i);
+            if !v.is_null()
+                && !(*v).name.is_null()
+                && CStr::from_ptr((*v).name).to_bytes() == b"pg_fencing.token"
+            {
+                RECORD.store(v, Ordering::Relaxed);
+                return Some(v);
+            }
+        }
+    }
+    None
+}
+
+/// Set (or clear) this session's `pg_fencing.token` at session level, as `SET` would.
+pub fn set_session_token(token: Option<Token>) {
+    let value = CString::new(token.map(|t| t.to_string()).unwrap_or_default()).unwrap_or_default();
+    unsafe {
+        pg_sys::set_config_option(
+            c"pg_fencing.token".as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SET,
+            true,
+            0,
+            false,
+        );
+    }
+}

@@ -1,0 +1,115 @@
+//! Point reads of pg_fencing's own tables through their unique indexes (the marks and
+//! tombstones on every write), without SPI: open the table, scan the index with the latest
+//! committed snapshot, read one bigint column.
+
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CStr;
+
+/// A table of schema `_pg_fencing`, the unique index its reads go through, and the bigint column
+/// they read.
+pub struct UniqueIndex {
+    pub table: &'static CStr,
+    pub index: &'static CStr,
+    pub value: &'static CStr,
+}
+
+/// Where a table of schema `_pg_fencing` lives: (table, unique index, attribute number of the
+/// bigint value column).
+#[derive(Clone, Copy)]
+struct Located {
+    heap: pg_sys::Oid,
+    index: pg_sys::Oid,
+    value_attnum: i32,
+}
+
+thread_local! {
+    /// Per table name; dropped on relcache invalidation (`forget_located`).
+    static LOCATED: RefCell<HashMap<&'static CStr, Located>> = RefCell::new(HashMap::new());
+}
+
+/// Relcache invalidation: the extension (and its tables) may have been dropped and re-created.
+pub fn forget_located() {
+    LOCATED.with(|m| m.borrow_mut().clear());
+}
+
+fn locate(which: &UniqueIndex) -> Option<Located> {
+    if let Some(t) = LOCATED.with(|m| m.borrow().get(which.table).copied()) {
+        return Some(t);
+    }
+    let t = unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true);
+        if nsp == pg_sys::Oid::INVALID {
+            return None;
+        }
+        let heap = pg_sys::get_relname_relid(which.table.as_ptr(), nsp);
+        let index = pg_sys::get_relname_relid(which.index.as_ptr(), nsp);
+        if heap == pg_sys::Oid::INVALID || index == pg_sys::Oid::INVALID {
+            return None;
+        }
+        let value_attnum = pg_sys::get_attnum(heap, which.value.as_ptr()) as i32;
+        if value_attnum <= 0 {
+            return None;
+        }
+        Located {
+            heap,
+            index,
+            value_attnum,
+        }
+    };
+    LOCATED.with(|m| m.borrow_mut().insert(which.table, t));
+    Some(t)
+}
+
+/// Read the value column of the row whose key columns equal `keys` ((attribute number, equality
+/// function, value) per column), straight through the table's unique index with the latest
+/// committed snapshot: the same answer as a `SELECT` through SPI, without the round trip.
+/// `None` if the table cannot be found this way (the caller then runs its `SELECT`);
+/// `Some(None)` if there is no such row.
+pub fn read_by_index(which: &UniqueIndex, keys: &[(i16, u32, pg_sys::Datum)]) -> Option<Option<i64>> {
+    let t = locate(which)?;
+    unsafe {
+        let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let tupdesc = (*heap).rd_att;
+        let natts = (*tupdesc).natts as usize;
+        let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
+        for (attno, proc_, value) in keys {
+            let collation = (*tupdesc).attrs.as_slice(natts)[(*attno - 1) as usize].attcollation;
+            let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
+            pg_sys::ScanKeyEntryInitialize(
+                &mut key,
+                0,
+                *attno,
+                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::Oid::INVALID,
+                collation,
+                pg_sys::Oid::from(*proc_),
+                *value,
+            );
+            scankeys.push(key);
+        }
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(
+            heap,
+            t.index,
+            true,
+            snapshot,
+            scankeys.len() as i32,
+            scankeys.as_mut_ptr(),
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        let mut found = None;
+        if !tuple.is_null() {
+            let mut isnull = false;
+            let d = pg_sys::heap_getattr(tuple, t.value_attnum, tupdesc, &mut isnull);
+            if !isnull {
+                found = Some(d.value() as i64);
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        Some(found)
+    }
+}

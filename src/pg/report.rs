@@ -1,0 +1,175 @@
+//! Raising a `FenceError` as a PostgreSQL ERROR with its own SQLSTATE (`FTxxx` included), and
+//! the one log line of a refused write (`pg_fencing.log_rejections`).
+
+use crate::error::{make_sqlstate, Domain, FenceError};
+use std::ffi::{c_char, c_int, CString};
+
+// Declared here rather than taken from pgrx's bindings: pgrx keeps them out of `pg_sys` on purpose.
+unsafe extern "C-unwind" {
+    fn errstart(elevel: c_int, domain: *const c_char) -> bool;
+    fn errcode(sqlerrcode: c_int) -> c_int;
+    fn errmsg(fmt: *const c_char, ...) -> c_int;
+    fn errdetail(fmt: *const c_char, ...) -> c_int;
+    fn errhint(fmt: *const c_char, ...) -> c_int;
+    fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
+    fn errhidestmt(hide_stmt: bool) -> c_int;
+    fn errhidecontext(hide_ctx: bool) -> c_int;
+}
+
+/// `text` with `\`, `"` and control characters (newlines above all) escaped by a backslash, as
+/// `\\`, `\"`, `\n`, `\r`, `\t` or `\xNN`: what a client chose (a resource, lock or
+/// application name, a row key) cannot pose as other fields of the log line or as a line of its
+/// own.
+fn escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `text` escaped (see `escaped`) in double quotes.
+fn quoted(text: &str) -> String {
+    format!("\"{}\"", escaped(text))
+}
+
+/// The one log line of a refused write (FT001, FT003, FT006), or `None` for other errors and
+/// with `pg_fencing.log_rejections = off`. It names the resource or row, the token and the mark
+/// (or why the token was refused), and where the write came from, so an operator can find the
+/// zombie: `application_name`, client address and backend pid. Every text field is quoted and
+/// escaped.
+fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
+    let what = match err {
+        FenceError::StaleToken {
+            domain,
+            token,
+            high_water,
+        } => {
+            let domain = match domain {
+                Domain::Resource(r) => format!("resource {}", quoted(r)),
+                Domain::Row { table, key } => {
+                    format!("row {} of table {}", quoted(key), quoted(table))
+                }
+            };
+            format!(
+                "stale fencing token {token} for {domain}, whose high-water mark is {high_water}"
+            )
+        }
+        FenceError::LockLost { lock, token, why } if why.is_empty() => {
+            format!(
+                "fencing token {token} of lock {}, which was lost",
+                quoted(lock)
+            )
+        }
+        FenceError::LockLost { lock, token, why } => format!(
+            "fencing token {token} of lock {}, which was lost: {}",
+            quoted(lock),
+            escaped(why)
+        ),
+        FenceError::NotVerified {
+            resource,
+            token,
+            why,
+        } => format!(
+            "unverified fencing token {token} for resource {}: {}",
+            quoted(resource),
+            escaped(why)
+        ),
+        _ => return None,
+    };
+    let level = crate::gucs::log_rejections_level()?;
+    let origin = crate::pg::session::origin();
+    let client = if origin.client.is_empty() {
+        "none"
+    } else {
+        &origin.client
+    };
+    Some((
+        level,
+        format!(
+            "pg_fencing refused a write ({}): {what}; application_name {}, client {client}, backend pid {}",
+            err.sqlstate(),
+            quoted(&origin.application_name),
+            origin.pid
+        ),
+    ))
+}
+
+fn to_pg_cstr(s: &str) -> *mut c_char {
+    let c = CString::new(s.replace('\0', "")).unwrap_or_default();
+    // SAFETY: pstrdup copies into the current memory context; the error machinery copies again.
+    unsafe { pgrx::pg_sys::pstrdup(c.as_ptr()) }
+}
+
+/// Raise `err` as a PostgreSQL ERROR with its own SQLSTATE. Never returns.
+///
+/// A refused write (FT001, FT003, FT006) is first logged once at `pg_fencing.log_rejections`
+/// (see `rejection_log_line`): this is the only place such an error is raised, and an error
+/// that passes through an outer `fenced_*` call is not raised again.
+///
+/// # Safety
+/// Must be called from the outermost frame of a C entry point, outside any pgrx guard, with no
+/// Rust value still alive that needs dropping (the longjmp skips destructors).
+pub unsafe fn raise(err: FenceError) -> ! {
+    // Guarded: the first call reads the client address through PostgreSQL functions.
+    let log = unsafe {
+        pgrx::pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
+            rejection_log_line(&err).map(|(level, line)| (level, to_pg_cstr(&line)))
+        })
+    };
+    let code = make_sqlstate(err.sqlstate());
+    let msg = to_pg_cstr(&err.to_string());
+    let detail = err.detail().map(|d| to_pg_cstr(&d));
+    let hint = err.hint().map(|h| to_pg_cstr(&h));
+    drop(err);
+    const PERCENT_S: &std::ffi::CStr = c"%s";
+    const FILE: &std::ffi::CStr = c"pg_fencing";
+    const FUNC: &std::ffi::CStr = c"pg_fencing";
+    unsafe {
+        if let Some((level, line)) = log {
+            if errstart(level, std::ptr::null()) {
+                errcode(code);
+                errmsg(PERCENT_S.as_ptr(), line);
+                errhidestmt(true);
+                errhidecontext(true);
+                errfinish(FILE.as_ptr(), 0, FUNC.as_ptr());
+            }
+        }
+        if errstart(pgrx::PgLogLevel::ERROR as c_int, std::ptr::null()) {
+            errcode(code);
+            errmsg(PERCENT_S.as_ptr(), msg);
+            if let Some(d) = detail {
+                errdetail(PERCENT_S.as_ptr(), d);
+            }
+            if let Some(h) = hint {
+                errhint(PERCENT_S.as_ptr(), h);
+            }
+            errfinish(FILE.as_ptr(), 0, FUNC.as_ptr());
+        }
+        std::hint::unreachable_unchecked()
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn quoted_escapes_quotes_backslashes_and_control_characters() {
+        assert_eq!(quoted("zombie-1"), r#""zombie-1""#);
+        assert_eq!(
+            quoted(r#"x", client 10.9.8.7:4242, backend pid 1 \"#),
+            r#""x\", client 10.9.8.7:4242, backend pid 1 \\""#
+        );
+        assert_eq!(quoted("a\nLOG:  b\r\tc\u{7}"), r#""a\nLOG:  b\r\tc\x07""#);
+        assert!(!quoted("x\ny").contains('\n'));
+    }
+}

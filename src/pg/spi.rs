@@ -1,0 +1,229 @@
+//! pg_fencing's internal statements: SQL on its own tables, run through SPI as the extension's
+//! owner with the latest committed snapshot, with pinned settings (search_path, output formats)
+//! and a per-backend plan cache. Every caller passes fixed, schema-qualified statements (names
+//! and operators qualified, so a role's own objects are never picked up) or statements built
+//! from quoted identifiers.
+
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CString;
+
+thread_local! {
+    /// Prepared plans of the cached statements, by their text (see `plan_for`).
+    static PLANS: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+}
+
+/// A `text` datum (palloc'd in the current memory context) holding `s`.
+pub fn text_datum(s: &str) -> pg_sys::Datum {
+    // SAFETY: cstring_to_text_with_len copies exactly `s.len()` bytes from a live &str into a
+    // new palloc'd text; no NUL terminator is needed. Called on a backend's main thread.
+    unsafe {
+        pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(
+            s.as_ptr().cast(),
+            s.len() as i32,
+        ))
+    }
+}
+
+/// Settings pinned while pg_fencing runs its internal statements as the extension owner and
+/// while it prints primary keys into tombstone keys:
+/// * `search_path`: an ordinary role must not be able to put its own operators or functions in
+///   front of `pg_catalog` and have them run with the owner's privileges;
+/// * the output settings: a key's text must not depend on the session (a `timestamptz` key
+///   printed in another `TimeZone` would name another tombstone).
+const PINNED_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 6] = [
+    (c"search_path", c"pg_catalog, pg_temp"),
+    (c"TimeZone", c"UTC"),
+    (c"DateStyle", c"ISO, YMD"),
+    (c"IntervalStyle", c"postgres"),
+    (c"extra_float_digits", c"1"),
+    (c"bytea_output", c"hex"),
+];
+
+/// Run `f` with [`PINNED_SETTINGS`] in force; they are restored afterwards (and by the
+/// transaction machinery if `f` raises an error).
+pub fn with_pinned_settings<T>(f: impl FnOnce() -> T) -> T {
+    unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        for (name, value) in PINNED_SETTINGS {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        let out = f();
+        pg_sys::AtEOXact_GUC(true, level);
+        out
+    }
+}
+
+thread_local! {
+    static OWNER: std::cell::Cell<(u32, u32)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Owner of schema `_pg_fencing` (the role that created the extension), remembered per schema OID.
+fn internal_owner() -> pg_sys::Oid {
+    unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), false);
+        let (cached_nsp, cached_owner) = OWNER.with(|o| o.get());
+        if cached_nsp == nsp.to_u32() && cached_owner != 0 {
+            return pg_sys::Oid::from(cached_owner);
+        }
+        let tup = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::NAMESPACEOID as _,
+            pg_sys::Datum::from(nsp),
+        );
+        if tup.is_null() {
+            pgrx::error!("pg_fencing: schema _pg_fencing vanished");
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_namespace>(tup);
+        let owner = (*form).nspowner;
+        pg_sys::ReleaseSysCache(tup);
+        OWNER.with(|o| o.set((nsp.to_u32(), owner.to_u32())));
+        owner
+    }
+}
+
+/// Run a statement as the extension owner, with the latest committed snapshot, and decode the
+/// first column of the first row (if any, and not NULL) with `decode`. `cached`: keep the plan
+/// for the life of the backend (only for the fixed statements above).
+pub fn exec_internal<T>(
+    sql: &str,
+    cached: bool,
+    types: &[pg_sys::Oid],
+    args: &mut [pg_sys::Datum],
+    read_only: bool,
+    decode: impl FnOnce(pg_sys::Datum) -> T,
+) -> Option<T> {
+    // The cached statements qualify every name, operators included (see above), and return
+    // bigints, so neither search_path nor output settings matter to them once prepared. A plan
+    // not yet prepared, and one-off statements (which print keys), run with pinned settings.
+    let prepared = cached && PLANS.with(|p| p.borrow().contains_key(sql));
+    if prepared {
+        exec_internal_pinned(sql, cached, types, args, read_only, decode)
+    } else {
+        with_pinned_settings(|| exec_internal_pinned(sql, cached, types, args, read_only, decode))
+    }
+}
+
+thread_local! {
+    /// Depth of pg_fencing's own internal statements now running (see `internal_write`).
+    static INTERNAL: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Is one of pg_fencing's own internal statements running? The REPLICA triggers on its tables
+/// (`_pg_fencing.on_replicated_change`) let these through: in a replica-mode session (logical
+/// replication's apply worker) they are the subscriber's own bookkeeping, not replicated rows.
+pub fn internal_write() -> bool {
+    INTERNAL.with(|d| d.get() > 0)
+}
+
+/// Transaction end: no internal statement is running any more (also after an error in one).
+pub fn forget_internal_write() {
+    INTERNAL.with(|d| d.set(0));
+}
+
+struct InternalWrite;
+impl InternalWrite {
+    fn begin() -> Self {
+        INTERNAL.with(|d| d.set(d.get() + 1));
+        InternalWrite
+    }
+}
+impl Drop for InternalWrite {
+    fn drop(&mut self) {
+        INTERNAL.with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
+fn exec_internal_pinned<T>(
+    sql: &str,
+    cached: bool,
+    types: &[pg_sys::Oid],
+    args: &mut [pg_sys::Datum],
+    read_only: bool,
+    decode: impl FnOnce(pg_sys::Datum) -> T,
+) -> Option<T> {
+    unsafe {
+        let mut save_user = pg_sys::Oid::INVALID;
+        let mut save_sec: std::ffi::c_int = 0;
+        pg_sys::GetUserIdAndSecContext(&mut save_user, &mut save_sec);
+        let owner = internal_owner();
+        pg_sys::SetUserIdAndSecContext(
+            owner,
+            save_sec
+                | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
+                | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+        );
+        if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
+            pgrx::error!("pg_fencing: SPI_connect failed");
+        }
+        let plan = if cached {
+            plan_for(sql, types)
+        } else {
+            prepare(sql, types)
+        };
+        let nulls = vec![b' ' as std::ffi::c_char; args.len()];
+        let _internal = InternalWrite::begin();
+        let rc = pg_sys::SPI_execute_snapshot(
+            plan,
+            args.as_mut_ptr(),
+            nulls.as_ptr(),
+            pg_sys::GetLatestSnapshot(),
+            std::ptr::null_mut(),
+            read_only,
+            false,
+            if read_only { 1 } else { 0 },
+        );
+        if rc < 0 {
+            pgrx::error!("pg_fencing: internal statement failed: SPI code {rc}");
+        }
+        let mut out = None;
+        if pg_sys::SPI_processed > 0 && !pg_sys::SPI_tuptable.is_null() {
+            let tt = &*pg_sys::SPI_tuptable;
+            let mut isnull = false;
+            let d = pg_sys::SPI_getbinval(*tt.vals, tt.tupdesc, 1, &mut isnull);
+            if !isnull {
+                out = Some(decode(d));
+            }
+        }
+        pg_sys::SPI_finish();
+        pg_sys::SetUserIdAndSecContext(save_user, save_sec);
+        out
+    }
+}
+
+/// Prepared plans, kept for the life of the backend (the plan cache re-plans them if the
+/// extension's tables are dropped and re-created).
+fn plan_for(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+    if let Some(p) = PLANS.with(|p| p.borrow().get(sql).copied()) {
+        return p as pg_sys::SPIPlanPtr;
+    }
+    let plan = prepare(sql, types);
+    unsafe {
+        pg_sys::SPI_keepplan(plan);
+    }
+    PLANS.with(|p| p.borrow_mut().insert(sql.to_string(), plan as usize));
+    plan
+}
+
+/// A plan in the current SPI procedure's memory (freed by SPI_finish).
+fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+    // Our statements contain no NUL (identifiers cannot); strip one rather than panic.
+    let csql = CString::new(sql.replace('\0', "")).unwrap_or_default();
+    let mut types = types.to_vec();
+    unsafe {
+        let plan = pg_sys::SPI_prepare(csql.as_ptr(), types.len() as i32, types.as_mut_ptr());
+        if plan.is_null() {
+            pgrx::error!("pg_fencing: could not prepare internal statement: {sql}");
+        }
+        plan
+    }
+}

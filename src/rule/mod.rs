@@ -1,0 +1,247 @@
+//! The fencing rule, and the locking that makes it hold under concurrency.
+//!
+//! # The rule (docs/design.md, "The rule")
+//! A write carrying token `t` is accepted iff `t >= high-water` of everything it touches; equal
+//! tokens are accepted. On commit the high-water becomes `max(high-water, t)`. Otherwise the
+//! statement fails with `FT001`. This module is the only implementation of that rule: the guard
+//! trigger (plain DML, COPY, TRUNCATE, and the `fenced_*` functions, which run plain DML) and
+//! `fencing_advance` all come through [`admit_resource`], [`admit_row`] and [`admit_row_insert`]
+//! (an admitted per-row delete then leaves its tombstone, `state::tombstones::record_row_delete`;
+//! a per-row TRUNCATE is checked and tombstoned set-wise, `state::tombstones::truncate_rows`).
+//!
+//! # Why it holds under concurrency
+//! Invariant: for each resource and each row, the tokens of committed writes, in commit order,
+//! never decrease. Each resource has a transaction-scoped lock in PostgreSQL's lock manager (an
+//! advisory-type lock tag of our own, so it never collides with `pg_advisory_lock` keys):
+//! * a write whose token equals the high-water mark holds it in **share** mode until commit;
+//! * a write (or `fencing_advance`) that raises the mark holds it in **exclusive** mode until commit.
+//!
+//! So a raise waits for every in-flight writer with the old token to commit or abort, and every
+//! later writer waits for the raise to commit before it reads the mark. The mark is read with the
+//! latest committed snapshot (not the transaction's), so the check is right in READ COMMITTED,
+//! REPEATABLE READ and SERIALIZABLE alike.
+//!
+//! Rows in per-row mode are guarded by PostgreSQL's own locks, so per-row mode takes no lock of
+//! its own (and a bulk write cannot exhaust the lock table): UPDATE and DELETE hold the row lock
+//! and see the latest row version; an INSERT of a key whose delete is still in flight waits in
+//! the primary key's unique check until that delete commits, and only then (in the `AFTER
+//! INSERT` trigger) is the key's tombstone read, with the latest snapshot.
+
+pub mod session_token;
+
+use crate::error::{Domain, FenceError, Token};
+use crate::pg::locks::{lock_resource, LockMode};
+use crate::state::marks::{read_resource_mark, store_resource_mark};
+use crate::state::stats;
+use crate::state::tombstones::read_tombstone;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// Outcome of comparing a token with a high-water mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// `t >= high-water`; `raises` when `t > high-water` (or no mark yet).
+    Accept { raises: bool },
+    /// `t < high-water`.
+    Reject,
+}
+
+/// THE rule. `None` high-water: never seen, so any token is accepted and raises the mark.
+#[inline]
+pub fn rule(token: Token, high_water: Option<Token>) -> Verdict {
+    match high_water {
+        None => Verdict::Accept { raises: true },
+        Some(h) if token > h => Verdict::Accept { raises: true },
+        Some(h) if token == h => Verdict::Accept { raises: false },
+        Some(_) => Verdict::Reject,
+    }
+}
+
+/// What this transaction knows about a resource whose lock it holds. While we hold the lock in
+/// any mode nobody else can raise the mark, so `high_water` stays exact until our transaction
+/// (or the subtransaction that took it) ends. Cleared by the transaction callbacks in `backend.rs`.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    high_water: Option<Token>,
+    mode: LockMode,
+}
+
+thread_local! {
+    static HELD: RefCell<HashMap<String, Held>> = RefCell::new(HashMap::new());
+    /// The mark this backend last read for each resource, kept across transactions. Only a hint
+    /// for choosing the lock mode; every decision uses the mark read under the lock.
+    static LAST_SEEN: RefCell<HashMap<String, Option<Token>>> = RefCell::new(HashMap::new());
+}
+
+/// Forget all cached lock and mark state (end of transaction, subtransaction abort, reset).
+pub fn forget_all() {
+    HELD.with(|h| h.borrow_mut().clear());
+}
+
+/// Forget one resource (after `fencing_reset` changed its mark in this transaction).
+pub fn forget(resource: &str) {
+    HELD.with(|h| {
+        h.borrow_mut().remove(resource);
+    });
+}
+
+/// Admit a write (or an advance) carrying `token` on `resource`.
+///
+/// `store`: write the raised mark now. The `BEFORE INSERT` trigger passes `false` (an
+/// `INSERT … ON CONFLICT DO NOTHING` may not write at all, and a write that does not happen must
+/// not move a mark) and the `AFTER INSERT` trigger then stores it; everything else passes `true`.
+/// Returns the high-water mark after admission.
+pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token, FenceError> {
+    let stale = |h: Token| {
+        stats::rejected(stats::Kind::Resource, resource, token, h);
+        FenceError::StaleToken {
+            domain: Domain::Resource(resource.to_string()),
+            token,
+            high_water: h,
+        }
+    };
+    // A watched resource: the lock's last hand-over revision fences like a mark (and `verify`
+    // may refuse the token outright, FT006; see lock_service/watch.rs).
+    let handover = crate::lock_service::watch::check(resource, token)?;
+    if token < handover {
+        return Err(stale(handover));
+    }
+    let held = HELD.with(|h| h.borrow().get(resource).copied());
+    let mut held = match held {
+        Some(h) => h,
+        None => {
+            // Choose the lock mode from the mark this backend saw last (or an unlocked read):
+            // exclusive if the token looks like it raises the mark, share otherwise. Marks only
+            // go up, except by fencing_reset, which takes the exclusive lock; either way the
+            // decision below uses the mark read under the lock.
+            let peek = match LAST_SEEN.with(|l| l.borrow().get(resource).copied()) {
+                Some(seen) => seen,
+                None => read_resource_mark(resource),
+            };
+            let mode = match rule(token, peek) {
+                Verdict::Accept { raises: true } => LockMode::Exclusive,
+                _ => LockMode::Share,
+            };
+            lock_resource(resource, mode);
+            let high_water = read_resource_mark(resource);
+            LAST_SEEN.with(|l| {
+                crate::cache::cache_insert(
+                    &mut l.borrow_mut(),
+                    resource.to_string(),
+                    high_water,
+                    10_000,
+                )
+            });
+            Held { high_water, mode }
+        }
+    };
+    let result = match rule(token, held.high_water) {
+        Verdict::Reject => Err(stale(held.high_water.unwrap_or_default())),
+        Verdict::Accept { raises: false } => Ok(token),
+        Verdict::Accept { raises: true } => {
+            if held.mode < LockMode::Exclusive {
+                // We held share mode all along, so the mark cannot have moved meanwhile.
+                lock_resource(resource, LockMode::Exclusive);
+                held.mode = LockMode::Exclusive;
+            }
+            if store {
+                store_resource_mark(resource, token);
+                held.high_water = Some(token);
+                LAST_SEEN.with(|l| l.borrow_mut().insert(resource.to_string(), Some(token)));
+            }
+            Ok(token)
+        }
+    };
+    HELD.with(|h| h.borrow_mut().insert(resource.to_string(), held));
+    if store && result.is_ok() {
+        stats::accepted(stats::Kind::Resource, resource);
+    }
+    result
+}
+
+/// Take the exclusive lock of `resource` and return its current mark (for `fencing_reset`).
+pub fn lock_resource_exclusive(resource: &str) -> Option<Token> {
+    lock_resource(resource, LockMode::Exclusive);
+    forget(resource);
+    read_resource_mark(resource)
+}
+
+/// Per-row mode, UPDATE/DELETE of an existing row: its own token column is its high-water mark.
+/// The executor holds the row lock and hands us the latest row version, so no lock is needed.
+/// `count`: count an accepted write in the statistics (false for early checks that are repeated).
+/// `key` prints the row's key; it is only called for the error message.
+pub fn admit_row(
+    protection: i64,
+    table: &dyn Fn() -> String,
+    key: &dyn Fn() -> String,
+    token: Token,
+    row_token: Option<Token>,
+    count: bool,
+) -> Result<(), FenceError> {
+    match rule(token, row_token) {
+        Verdict::Reject => {
+            let high_water = row_token.unwrap_or_default();
+            stats::rejected(
+                stats::Kind::Table,
+                &protection.to_string(),
+                token,
+                high_water,
+            );
+            Err(FenceError::StaleToken {
+                domain: Domain::Row {
+                    table: table(),
+                    key: key(),
+                },
+                token,
+                high_water,
+            })
+        }
+        Verdict::Accept { .. } => {
+            if count {
+                stats::accepted(stats::Kind::Table, &protection.to_string());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Per-row mode, INSERT of `key` (or an UPDATE that gives a row this key): checked against the
+/// key's tombstone, left by a delete. Authoritative when called after the row is in the unique
+/// index (the `AFTER` triggers, see the module comment); an early refusal before that.
+pub fn admit_row_insert(
+    protection: i64,
+    table: &dyn Fn() -> String,
+    key: &str,
+    token: Token,
+    count: bool,
+) -> Result<(), FenceError> {
+    let tomb = read_tombstone(protection, key);
+    admit_row(protection, table, &|| key.to_string(), token, tomb, count)
+}
+
+/// Raise the stored mark of `resource` to at least `token`, under its exclusive lock (a watch's
+/// hand-over revision, kept when the watch ends).
+pub fn raise_mark(resource: &str, token: Token) {
+    let current = lock_resource_exclusive(resource);
+    if current.is_none_or(|m| m < token) {
+        store_resource_mark(resource, token);
+        forget(resource);
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn the_rule() {
+        assert_eq!(rule(5, None), Verdict::Accept { raises: true });
+        assert_eq!(rule(5, Some(4)), Verdict::Accept { raises: true });
+        assert_eq!(rule(5, Some(5)), Verdict::Accept { raises: false });
+        assert_eq!(rule(5, Some(6)), Verdict::Reject);
+        assert_eq!(
+            rule(i64::MAX, Some(i64::MAX)),
+            Verdict::Accept { raises: false }
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! Tombstones of per-row mode: the mark a deleted key leaves, so that a stale writer cannot
+//! re-create it. Written in batches at the end of a statement's work (see `record_row_delete`),
+//! read through the unique index, and carried to logical-replication subscribers by table name
+//! (`_pg_fencing.tombstone_feed`).
+
+use crate::error::{Domain, FenceError, Token};
+use crate::pg::index::{read_by_index, UniqueIndex};
+use crate::pg::spi::{exec_internal, text_datum};
+use crate::state::marks::as_token;
+use crate::state::stats;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
+     SELECT u.p, u.k, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
+     WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
+     ON CONFLICT (protection_id, key) DO UPDATE \
+     SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
+/// Logical replication (`wal_level = logical`): every tombstone written is also inserted into
+/// `_pg_fencing.tombstone_feed` under its table's qualified name and deleted again in the same
+/// transaction, so the table stays empty while its inserts reach subscribers that subscribe to
+/// it (there a REPLICA trigger turns each into a tombstone of the subscriber's own protection of
+/// that table; protection ids differ between servers, names do not).
+const SQL_FEED_TOMBS: &str = "INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
+     SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname), u.k, u.t \
+     FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
+     JOIN _pg_fencing.protected_table pt ON pt.id OPERATOR(pg_catalog.=) u.p \
+     JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt.relid::pg_catalog.oid \
+     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace";
+const SQL_FEED_CLEAR: &str = "DELETE FROM _pg_fencing.tombstone_feed";
+
+/// Is WAL written for logical decoding (publishers need `wal_level = logical`)?
+fn logical_wal() -> bool {
+    unsafe { pg_sys::wal_level >= pg_sys::WalLevel::WAL_LEVEL_LOGICAL as i32 }
+}
+
+const SQL_READ_TOMB: &str = "SELECT high_water FROM _pg_fencing.row_tombstone \
+     WHERE protection_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
+
+const TOMB_INDEX: UniqueIndex = UniqueIndex {
+    table: c"row_tombstone",
+    index: c"row_tombstone_pkey",
+    value: c"high_water",
+};
+
+/// The tombstone mark of `key` in protection `protection` (`None`: never deleted).
+pub fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
+    flush_tombstones();
+    let k = text_datum(key);
+    if let Some(found) = read_by_index(
+        &TOMB_INDEX,
+        &[
+            (1, pg_sys::F_INT8EQ, pg_sys::Datum::from(protection)),
+            (2, pg_sys::F_TEXTEQ, k),
+        ],
+    ) {
+        return found;
+    }
+    exec_internal(
+        SQL_READ_TOMB,
+        true,
+        &[pg_sys::INT8OID, pg_sys::TEXTOID],
+        &mut [pg_sys::Datum::from(protection), k],
+        true,
+        as_token,
+    )
+}
+
+/// Per-row mode, DELETE of `key` (already admitted by [`admit_row`], under the row lock): leave a
+/// tombstone so that a stale writer cannot re-create the key.
+///
+/// Tombstones are written in batches, not one statement per row: they are kept in this backend
+/// and written by [`flush_tombstones`] before any tombstone is read, before TRUNCATE writes its
+/// own, when 10,000 are pending, and before the transaction commits or prepares (the xact
+/// callback in `backend.rs`). Only the deleting transaction could see them earlier, and its reads
+/// flush first; other transactions see them at its commit, as before: a concurrent insert of the
+/// same key waits in the unique index for this transaction's end, then reads the tombstone.
+pub fn record_row_delete(protection: i64, key: &str, token: Token) {
+    let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let full = PENDING_TOMBSTONES.with(|p| {
+        let mut p = p.borrow_mut();
+        p.push(PendingTombstone {
+            protection,
+            key: key.to_string(),
+            token,
+            subxact,
+        });
+        p.len() >= 10_000
+    });
+    if full {
+        flush_tombstones();
+    }
+}
+
+#[derive(Clone)]
+struct PendingTombstone {
+    protection: i64,
+    key: String,
+    token: Token,
+    /// The subtransaction that deleted the row: its abort takes the tombstone back.
+    subxact: pg_sys::SubTransactionId,
+}
+
+thread_local! {
+    static PENDING_TOMBSTONES: RefCell<Vec<PendingTombstone>> = const { RefCell::new(Vec::new()) };
+    /// Tombstones written by a flush in a subtransaction younger than the one that deleted the
+    /// row (e.g. a read inside an EXCEPTION block), with the subtransaction that wrote them: if
+    /// that one aborts, the write is undone but the delete is not, so they are pending again.
+    static FLUSHED_LATER: RefCell<Vec<(PendingTombstone, pg_sys::SubTransactionId)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// Write the pending tombstones (one statement; the highest token per key).
+pub fn flush_tombstones() {
+    let pending = PENDING_TOMBSTONES.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if pending.is_empty() {
+        return;
+    }
+    // DROP EXTENSION in the same transaction: its tables, and what they would keep, are gone.
+    if unsafe { pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true) } == pg_sys::Oid::INVALID {
+        return;
+    }
+    let writer = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let mut highest: HashMap<(i64, &str), Token> = HashMap::with_capacity(pending.len());
+    for t in &pending {
+        let e = highest
+            .entry((t.protection, t.key.as_str()))
+            .or_insert(t.token);
+        if *e < t.token {
+            *e = t.token;
+        }
+    }
+    let mut protections = Vec::with_capacity(highest.len());
+    let mut keys = Vec::with_capacity(highest.len());
+    let mut tokens = Vec::with_capacity(highest.len());
+    for ((p, k), t) in highest {
+        protections.push(p);
+        keys.push(k.to_string());
+        tokens.push(t);
+    }
+    let (Some(p), Some(k), Some(t)) = (
+        protections.into_datum(),
+        keys.into_datum(),
+        tokens.into_datum(),
+    ) else {
+        pgrx::error!("pg_fencing: could not build the tombstone batch");
+    };
+    // The deletes were allowed, so their tombstones must be written even if the transaction was
+    // switched to read-only since (SET transaction_read_only = on after the DELETE).
+    let read_only = unsafe { pg_sys::XactReadOnly };
+    if read_only && !unsafe { pg_sys::RecoveryInProgress() } {
+        unsafe { pg_sys::XactReadOnly = false };
+    }
+    // With logical WAL, the same batch also goes to subscribers by table name (`SQL_FEED_TOMBS`).
+    let feed: &[&str] = if logical_wal() {
+        &[SQL_FEED_TOMBS]
+    } else {
+        &[]
+    };
+    for sql in std::iter::once(&SQL_STORE_TOMBS).chain(feed) {
+        exec_internal(
+            sql,
+            true,
+            &[
+                pg_sys::INT8ARRAYOID,
+                pg_sys::TEXTARRAYOID,
+                pg_sys::INT8ARRAYOID,
+            ],
+            &mut [p, k, t],
+            false,
+            as_token,
+        );
+    }
+    if !feed.is_empty() {
+        exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);
+    }
+    unsafe { pg_sys::XactReadOnly = read_only };
+    // Written in the deleting subtransaction itself (the usual case): they stand or fall with
+    // it. Written in a younger one: remember them until the transaction ends.
+    let later: Vec<(PendingTombstone, pg_sys::SubTransactionId)> = pending
+        .into_iter()
+        .filter(|t| t.subxact < writer)
+        .map(|t| (t, writer))
+        .collect();
+    if !later.is_empty() {
+        FLUSHED_LATER.with(|f| f.borrow_mut().extend(later));
+    }
+}
+
+/// Subtransaction abort: its rows were not deleted after all, and tombstones it wrote for older
+/// subtransactions' deletes are gone, so those are pending again. (Subtransaction ids grow, and
+/// every subtransaction younger than `subxact` that exists when it aborts is inside it.)
+pub fn forget_tombstones_of(subxact: pg_sys::SubTransactionId) {
+    let requeue: Vec<PendingTombstone> = FLUSHED_LATER.with(|f| {
+        let mut f = f.borrow_mut();
+        let mut back = Vec::new();
+        f.retain(|(t, writer)| {
+            if *writer < subxact {
+                return true;
+            }
+            if t.subxact < subxact {
+                back.push(t.clone());
+            }
+            false
+        });
+        back
+    });
+    PENDING_TOMBSTONES.with(|p| {
+        let mut p = p.borrow_mut();
+        p.retain(|t| t.subxact < subxact);
+        p.extend(requeue);
+    });
+}
+
+/// Transaction end (commit after the pre-commit flush, or abort).
+pub fn forget_tombstones() {
+    PENDING_TOMBSTONES.with(|p| p.borrow_mut().clear());
+    FLUSHED_LATER.with(|f| f.borrow_mut().clear());
+}
+
+/// Per-row mode TRUNCATE of relation `relid`: refuse if any row carries a higher token than
+/// `token`, else leave a tombstone for every row. `pk_names` and `token_col` are quoted.
+pub fn truncate_rows(
+    protection: i64,
+    relid: pg_sys::Oid,
+    table: &str,
+    pk_names: &[String],
+    token_col: &str,
+    token: Token,
+) -> Result<(), FenceError> {
+    flush_tombstones();
+    let row_key = format!("ROW({})::text", pk_names.join(", "));
+    let from = format!("ONLY {table}");
+    let _ = relid;
+    let check = format!(
+        "SELECT {row_key} || ' ' || {token_col} FROM {from} WHERE {token_col} > $1 ORDER BY {token_col} DESC LIMIT 1"
+    );
+    let newest = exec_internal(
+        &check,
+        false,
+        &[pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(token)],
+        true,
+        |d| unsafe { String::from_datum(d, false).unwrap_or_default() },
+    );
+    if let Some(found) = newest {
+        let (key, hw) = found.rsplit_once(' ').unwrap_or((&found, "0"));
+        let high_water = hw.parse().unwrap_or_default();
+        stats::rejected(
+            stats::Kind::Table,
+            &protection.to_string(),
+            token,
+            high_water,
+        );
+        return Err(FenceError::StaleToken {
+            domain: Domain::Row {
+                table: table.to_string(),
+                key: key.to_string(),
+            },
+            token,
+            high_water,
+        });
+    }
+    let store = format!(
+        "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
+         SELECT $1, {row_key}, $2 FROM {from} ON CONFLICT (protection_id, key) DO UPDATE \
+         SET high_water = excluded.high_water WHERE h.high_water < excluded.high_water"
+    );
+    exec_internal(
+        &store,
+        false,
+        &[pg_sys::INT8OID, pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection), pg_sys::Datum::from(token)],
+        false,
+        as_token,
+    );
+    if logical_wal() {
+        // For subscribers, as in `flush_tombstones` (see `SQL_FEED_TOMBS`).
+        // Under the protected (root) table's name, as the subscriber's protection knows it.
+        let feed = format!(
+            "INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
+             SELECT (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) \
+                     FROM _pg_fencing.protected_table pt \
+                     JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt.relid::pg_catalog.oid \
+                     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+                     WHERE pt.id OPERATOR(pg_catalog.=) $1), \
+                    {row_key}, $2 FROM {from}"
+        );
+        exec_internal(
+            &feed,
+            false,
+            &[pg_sys::INT8OID, pg_sys::INT8OID],
+            &mut [pg_sys::Datum::from(protection), pg_sys::Datum::from(token)],
+            false,
+            as_token,
+        );
+        exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);
+    }
+    Ok(())
+}

@@ -25,7 +25,7 @@
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
 # Between 1 and 2 the release package (cargo pgrx package) is installed by copying its files, as
-# README.md "Install" says, so the suites test what users install.
+# docs/operations.md "Install" says, so the suites test what users install.
 # Usage: scripts/test.sh [--no-setup]
 set -euo pipefail
 # Setup runs with the caller's environment (apt, pip and cargo need the machine's registry
@@ -80,8 +80,8 @@ else
 fi
 
 # cargo pgrx test installs its own build (with the #[pg_test] functions) into the system
-# PostgreSQL; put the release package in its place, installed the way README.md "Install" says:
-# by copying the files of `cargo pgrx package`.
+# PostgreSQL; put the release package in its place, installed the way docs/operations.md
+# "Install" says: by copying the files of `cargo pgrx package`.
 step "packaging: cargo pgrx package (release build), installed by copying its files"
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 PACKAGE="target/release/pg_fencing-pg15"

@@ -9,7 +9,7 @@
 #          server which transactions committed).
 # --unfenced: negative control: the same load with the guard triggers skipped
 #          (session_replication_role = replica); the checker must then find violations.
-# Defaults: 16 clients, 20000 write attempts, at most 300 s. The long run in README.md:
+# Defaults: 16 clients, 20000 write attempts, at most 300 s. The long run in docs/testing.md:
 #   tests/stress/run.sh --writes 100000 --seconds 1800
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"

@@ -3,7 +3,7 @@
 Each scenario prints "ok: ..." or "FAIL: ..."; the exit status is 1 if any failed.
 Run by tests/worker/run.sh (which is part of scripts/test.sh).
 
-Scenarios (issue "Background worker", SPEC.md worker section):
+Scenarios (issue "Background worker", docs/design.md, "Worker"):
   interop        a PostgreSQL session holds `orders`; `etcdctl lock orders` waits until release and
                  then gets a higher token; and the reverse
   timeout        fencing_acquire honours its timeout (55P03), statement_timeout (57014) and

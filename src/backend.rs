@@ -49,7 +49,10 @@ unsafe extern "C-unwind" fn xact_callback(
         };
         if let Err(e) = applied {
             // SAFETY: in a PRE_COMMIT/PRE_PREPARE callback an ERROR aborts the transaction
-            // (PostgreSQL's CommitTransaction/PrepareTransaction allow it there).
+            // (PostgreSQL's CommitTransaction/PrepareTransaction allow it there). As `raise`
+            // requires, this is the body of a #[pg_guard] callback that PostgreSQL called, on
+            // the main thread, and nothing in it (or in the guard's frames) needs dropping:
+            // `applied` was moved into `e`, which `raise` consumes.
             unsafe { report::raise(e) };
         }
         return;
@@ -63,7 +66,13 @@ unsafe extern "C-unwind" fn xact_callback(
         fenced::free_stale_plans();
         tombstones::forget_tombstones();
     }
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT {
+        // The watches this transaction stopped are gone now that it committed.
+        watch::finish_commit();
+    }
     if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
+        // A commit that failed after PRE_COMMIT: take back its registration changes.
+        watch::undo_applied();
         watch::forget_pending();
         trigger::forget_verified();
         locks::abort_pending();

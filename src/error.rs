@@ -126,7 +126,7 @@ pub enum FenceError {
 }
 
 impl FenceError {
-    /// The five-character SQLSTATE of this error (see the table in README.md).
+    /// The five-character SQLSTATE of this error (see the SQLSTATE table in docs/reference.md; `error_table_matches_the_docs` checks it).
     pub fn sqlstate(&self) -> Sqlstate {
         match self {
             FenceError::StaleToken { .. } => crate::sqlstate!("FT001"),

@@ -124,6 +124,11 @@ unsafe extern "C-unwind" fn token_check_hook(
     _extra: *mut *mut c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
+    // SAFETY: called by guc.c on the main thread with `newval` pointing at the candidate value
+    // (a NUL-terminated, guc-malloc'd string, or NULL; both levels are NULL-checked), which we
+    // only read. GUC_check_errcode and the GUC_check_err*_string variables are how a check hook
+    // reports why it refused a value; the strings are pstrdup'd into the current memory context,
+    // which lives until guc.c has reported them right after this hook returns.
     unsafe {
         if newval.is_null() || (*newval).is_null() {
             return true;
@@ -152,6 +157,8 @@ unsafe extern "C-unwind" fn token_assign_hook(newval: *const c_char, _extra: *mu
     } else {
         // Already accepted by the check hook; a value that somehow fails parses as "no token",
         // which makes writes fail with FT002 rather than pass with a wrong token.
+        // SAFETY: guc.c passes the value being assigned: non-NULL here (checked), NUL-terminated,
+        // alive for the duration of the hook; it is copied before the hook returns.
         let text = unsafe { CStr::from_ptr(newval) }.to_string_lossy();
         parse_token(&text).ok().flatten()
     };
@@ -160,6 +167,9 @@ unsafe extern "C-unwind" fn token_assign_hook(newval: *const c_char, _extra: *mu
 
 /// Register the GUCs. Called from `_PG_init`, with or without `shared_preload_libraries`.
 pub fn init() {
+    // SAFETY: called once from _PG_init on the main thread. The hooks are `#[pg_guard]`
+    // `extern "C-unwind"` functions with guc.c's signatures (pgrx's requirement: a panic in them
+    // becomes a PostgreSQL ERROR, never an unwind into C), and live as long as the library.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"pg_fencing.token",

@@ -94,6 +94,10 @@ pub fn invalidate() {
 pub fn free_stale_plans() {
     let stale: Vec<usize> = STALE_PLANS.with(|s| std::mem::take(&mut *s.borrow_mut()));
     for p in stale {
+        // SAFETY: called from the transaction-end callback on the main thread. `p` is a plan
+        // kept with SPI_keepplan by `plan_for` and moved to STALE_PLANS exactly once (when it
+        // left PLANS), so it is freed exactly once, and at transaction end no fenced statement
+        // of this backend can still be executing it.
         unsafe { pg_sys::SPI_freeplan(p as pg_sys::SPIPlanPtr) };
     }
 }
@@ -114,6 +118,9 @@ fn call_error(
 
 /// The relation as `regclass` prints it (for messages, as the caller's search_path shows it).
 fn regclass_text(relid: pg_sys::Oid) -> String {
+    // SAFETY: main thread inside a transaction (the fenced call's). regclassout takes an OID
+    // datum (any value is valid: an unknown OID prints as a number) and returns a palloc'd
+    // NUL-terminated cstring, which pgrx reads as `&CStr` and we copy at once.
     unsafe {
         let s = pgrx::direct_function_call::<&CStr>(pg_sys::regclassout, &[Some(relid.into())]);
         s.map(|c| c.to_string_lossy().into_owned())
@@ -131,7 +138,10 @@ fn quote(name: &str) -> String {
 /// # Safety
 /// `fcinfo` must be the call's own argument block.
 pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepared, FenceError> {
+    // SAFETY: `fcinfo` is this call's own (this function's contract), for a `fenced_*`
+    // signature: argument 0 is a regclass (an OID); `op.token_arg()` is the bigint token.
     let relid: Option<pg_sys::Oid> = unsafe { pgrx::fcinfo::pg_getarg(fcinfo, 0) };
+    // SAFETY: as above.
     let token: Option<i64> = unsafe { pgrx::fcinfo::pg_getarg(fcinfo, op.token_arg()) };
     let token = match token {
         None => {
@@ -162,6 +172,9 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
     // Lock the table as the statement will (for a caller allowed to write it; others get the
     // statement's own permission error), so that invalidations from DDL that committed before
     // the lock was granted reach the cache below before it is consulted.
+    // SAFETY: main thread inside the call's transaction; pg_class_aclcheck and LockRelationOid
+    // take plain values (an OID that does not exist raises ERROR, a panic through the FFI guard,
+    // inside `prepare`'s guard). The lock is released by the transaction's end.
     unsafe {
         let mode = match op {
             Op::Update => pg_sys::ACL_UPDATE,
@@ -176,6 +189,10 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
     }
     // Also read invalidations that arrived without a lock wait (the table may be locked by this
     // transaction already, while a trigger of a partition was disabled meanwhile).
+    // SAFETY: no arguments; processes pending invalidations on the main thread inside a
+    // transaction, which is where PostgreSQL itself calls it. No Rust reference into a cache
+    // that an invalidation could change is held across it (the callbacks only clear our maps,
+    // none of which is borrowed here).
     unsafe { pg_sys::AcceptInvalidationMessages() };
     let target = target(relid)?;
 
@@ -188,6 +205,8 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
     let mut datums = [pg_sys::Datum::from(0usize); 2];
     let mut value_columns: Vec<String> = Vec::new();
     for (i, (what, argno)) in json_args.iter().enumerate() {
+        // SAFETY: `fcinfo` is this call's own; `argno` is a jsonb argument of the `op`'s
+        // signature (1, or 2 for `changes`), as `json_object` requires.
         let (datum, object) = unsafe { json_object(fcinfo, *argno, what)? };
         let cols = columns_of(relid, &target, &object, what)?;
         if *what == "key" {
@@ -208,6 +227,11 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
 
     let plan_key = (relid.to_u32(), op, value_columns.clone());
     let token_text = CString::new(token.to_string()).unwrap_or_default();
+    // SAFETY: main thread inside the call's transaction. The token is set at a new GUC nesting
+    // level (GUC_ACTION_SAVE; name and value NUL-terminated and alive, copied by guc.c; elevel 0
+    // = ERROR, never hit for a positive integer). `finish` pops the level with AtEOXact_GUC and
+    // closes SPI; if an ERROR comes first, (sub)transaction abort does both. `plan_for` runs
+    // inside the SPI connection just opened, as SPI_prepare requires.
     unsafe {
         let guc_level = pg_sys::NewGUCNestLevel();
         pg_sys::set_config_option(
@@ -235,6 +259,8 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
 
 // Declared here, not taken from pgrx's bindings, because those catch PostgreSQL errors and
 // re-raise them through pgrx, which keeps only SQLSTATEs that PostgreSQL itself defines.
+// SAFETY: the signature is SPI_execute_plan's in executor/spi.h (SPIPlanPtr, Datum *,
+// const char *, bool, long) -> int, so calls through it follow the C ABI.
 unsafe extern "C-unwind" {
     #[link_name = "SPI_execute_plan"]
     fn spi_execute_plan_unguarded(
@@ -252,6 +278,12 @@ unsafe extern "C-unwind" {
 /// Must be called from the C entry point's own frame, with only plain data alive there.
 pub unsafe fn execute(p: &mut Prepared) -> c_int {
     let nulls = [b' ' as c_char; 2];
+    // SAFETY: `p` comes from this call's `prepare`, so we are connected to SPI and `p.plan` is a
+    // kept plan valid in it with at most two jsonb parameters, for which `p.args` holds this
+    // call's argument datums (alive in the caller's memory context) and `nulls` two entries.
+    // The call is deliberately unguarded: an ERROR inside longjmps straight to PostgreSQL's
+    // handler, which is sound because the caller's frames hold only plain data (this
+    // function's contract) and `nulls` is a plain array.
     unsafe { spi_execute_plan_unguarded(p.plan, p.args.as_mut_ptr(), nulls.as_ptr(), false, 0) }
 }
 
@@ -267,6 +299,13 @@ pub unsafe fn finish(
     p: Prepared,
     rc: c_int,
 ) -> Result<pg_sys::Datum, FenceError> {
+    // SAFETY: main thread, inside `run`'s guard, still connected to SPI by this call's `prepare`
+    // (this function's contract). SPI_tuptable is read only if the statement returned rows, so
+    // `vals[0]` exists; its jsonb datum is copied out of SPI memory with SPI_datumTransfer
+    // (upper executor context) before SPI_finish frees that memory. AtEOXact_GUC pops exactly
+    // the level `prepare` pushed. `fcinfo` is the call's own, so argument 0 is a regclass and
+    // argument 1 (read from `args`, bounds-checked against `nargs`) is the jsonb key, not NULL
+    // (`prepare` refused a NULL key of an update or delete), as `jsonb_text` requires.
     unsafe {
         if rc < 0 {
             pgrx::error!("pg_fencing: fenced statement failed: SPI code {rc}");
@@ -333,6 +372,7 @@ pub unsafe fn finish(
 
 /// The protection of `relid` (or of the root of its partition tree), checked to be active.
 fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
+    // SAFETY: a plain read of the `session_replication_role` GUC variable on the main thread.
     let replica = unsafe { pg_sys::SessionReplicationRole }
         == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
     let cached = TARGETS.with(|t| t.borrow().get(&relid.to_u32()).cloned());
@@ -367,6 +407,8 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
 }
 
 fn load_target(relid: pg_sys::Oid, replica: bool) -> Result<Option<Target>, FenceError> {
+    // SAFETY: a syscache probe by value (RELOID takes one key) on the main thread inside a
+    // transaction; it only returns whether the row exists.
     let exists = unsafe {
         pg_sys::SearchSysCacheExists(
             pg_sys::SysCacheIdentifier::RELOID as c_int,
@@ -428,11 +470,17 @@ fn load_target(relid: pg_sys::Oid, replica: bool) -> Result<Option<Target>, Fenc
 }
 
 /// The jsonb argument `argno`, checked to be an object, and its members (name -> raw JSON text).
+///
+/// # Safety
+/// `fcinfo` must be the call's own argument block, and argument `argno` (which must exist) a
+/// `jsonb`.
 unsafe fn json_object(
     fcinfo: pg_sys::FunctionCallInfo,
     argno: usize,
     what: &str,
 ) -> Result<(pg_sys::Datum, Members), FenceError> {
+    // SAFETY: `fcinfo` is valid (this function's contract); `args` has `nargs` entries and the
+    // slice index is bounds-checked.
     let (datum, isnull) = unsafe {
         let arg = (*fcinfo).args.as_slice((*fcinfo).nargs as usize)[argno];
         (arg.value, arg.isnull)
@@ -440,7 +488,8 @@ unsafe fn json_object(
     let members = if isnull {
         Err(ShapeError::NotObject)
     } else {
-        json::parse_object(&jsonb_text(datum))
+        // SAFETY: not NULL (checked), and a jsonb argument (this function's contract).
+        json::parse_object(&unsafe { jsonb_text(datum) })
     };
     members
         .map(|m| (datum, m))
@@ -448,7 +497,12 @@ unsafe fn json_object(
 }
 
 /// The text form of a jsonb datum.
-fn jsonb_text(datum: pg_sys::Datum) -> String {
+///
+/// # Safety
+/// `datum` must be a valid, non-NULL `jsonb` datum.
+unsafe fn jsonb_text(datum: pg_sys::Datum) -> String {
+    // SAFETY: `datum` is a non-NULL jsonb (this function's contract); jsonb_out detoasts it and
+    // returns a palloc'd cstring, copied at once.
     unsafe {
         pgrx::direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(datum)])
             .map(|c| c.to_string_lossy().into_owned())
@@ -611,6 +665,10 @@ fn plan_for(key: (u32, Op, Vec<String>), t: &Target, cols: &[String]) -> pg_sys:
     };
     let mut types = [pg_sys::JSONBOID; 2];
     let csql = CString::new(sql.replace('\0', "")).unwrap_or_default();
+    // SAFETY: called from `prepare` while connected to SPI, on the main thread. `csql` is
+    // NUL-terminated and `types` holds at least `nargs` (<= 2) OIDs; both outlive the call. A
+    // NULL plan becomes an ERROR before SPI_keepplan, which moves the plan out of the SPI
+    // procedure's memory so it can be cached (freed only by `free_stale_plans`).
     let plan = unsafe {
         let plan = pg_sys::SPI_prepare(csql.as_ptr(), nargs, types.as_mut_ptr());
         if plan.is_null() {

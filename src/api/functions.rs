@@ -13,14 +13,25 @@ use crate::rule;
 use pgrx::pg_sys::{self, FunctionCallInfo};
 use pgrx::prelude::*;
 
+/// Run `body` inside pgrx's guard and raise its `Err` with our own SQLSTATE.
+///
+/// # Safety
+/// Call only from the frame of a C entry point that PostgreSQL's function manager called, on
+/// the backend's main thread, with nothing that needs dropping alive in the calling frames (an
+/// ERROR leaves them by longjmp; see `pgrx_extern_c_guard` and `raise`).
 unsafe fn run(
     fcinfo: FunctionCallInfo,
     body: impl FnOnce() -> Result<pg_sys::Datum, FenceError>,
 ) -> pg_sys::Datum {
     let _ = fcinfo;
+    // SAFETY: our caller's frames are plain (this function's contract) and `body` is moved into
+    // the guard, so only trivially-deallocated frames lie above it; main thread.
     let outcome = unsafe { pg_sys::submodules::panic::pgrx_extern_c_guard(body) };
     match outcome {
         Ok(d) => d,
+        // SAFETY: we are outside the guard again, in the entry point's frame; `outcome` was
+        // moved into `e`, which `raise` consumes, so no value with a destructor is left here or
+        // in the callers (this function's contract).
         Err(e) => unsafe { raise(e) },
     }
 }
@@ -38,14 +49,31 @@ macro_rules! v1_finfo {
 
 v1_finfo!(pg_finfo_fencing_guard);
 /// `fencing_guard() RETURNS trigger`: the guard trigger of protected tables (see `guard/trigger.rs`).
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_guard(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's (this function's contract), which is what
+    // `trigger::fire` requires (it checks that the call is a trigger call before using the
+    // trigger data). This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe { run(fcinfo, || trigger::fire(fcinfo)) }
 }
 
 /// The three steps of a `fenced_*` call (see `api/fenced.rs`). The statement runs in this frame,
 /// outside pgrx's guard, so that its errors keep their SQLSTATE; only plain data is alive here.
+///
+/// # Safety
+/// As for `run`: only from a `fenced_*` C entry point, with that call's own `fcinfo`.
 unsafe fn fenced_call(fcinfo: FunctionCallInfo, op: fenced::Op) -> pg_sys::Datum {
+    // SAFETY: the calling entry point's frame holds only `fcinfo` (this function's contract), and
+    // this one only `Copy` data (`Prepared` is plain data by design) and `c_int`s, so every
+    // longjmp out of here (an error raised by `raise` or inside the unguarded statement) skips
+    // no destructor. `prepare` and `finish` run inside pgrx's guard with the call's own `fcinfo`;
+    // `finish` gets the `Prepared` of this call's `prepare` and the result of its `execute`,
+    // which runs in this frame as `execute` requires.
     unsafe {
         let prepared =
             pg_sys::submodules::panic::pgrx_extern_c_guard(|| fenced::prepare(fcinfo, op));
@@ -60,22 +88,40 @@ unsafe fn fenced_call(fcinfo: FunctionCallInfo, op: fenced::Op) -> pg_sys::Datum
 
 v1_finfo!(pg_finfo_fenced_update);
 /// `fenced_update(relation regclass, key jsonb, changes jsonb, token bigint) RETURNS jsonb`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fenced_update(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: this function's contract is what `fenced_call` requires; only `fcinfo` is alive.
     unsafe { fenced_call(fcinfo, fenced::Op::Update) }
 }
 
 v1_finfo!(pg_finfo_fenced_insert);
 /// `fenced_insert(relation regclass, new_row jsonb, token bigint) RETURNS jsonb`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fenced_insert(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: this function's contract is what `fenced_call` requires; only `fcinfo` is alive.
     unsafe { fenced_call(fcinfo, fenced::Op::Insert) }
 }
 
 v1_finfo!(pg_finfo_fenced_delete);
 /// `fenced_delete(relation regclass, key jsonb, token bigint) RETURNS jsonb`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fenced_delete(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: this function's contract is what `fenced_call` requires; only `fcinfo` is alive.
     unsafe { fenced_call(fcinfo, fenced::Op::Delete) }
 }
 
@@ -89,8 +135,17 @@ v1_finfo!(pg_finfo_fencing_advance);
 /// for a NULL token, `22023` for a token <= 0 or an empty or NULL resource, `42501` unless the
 /// caller is a superuser or may write (INSERT, UPDATE or DELETE) a table protected with
 /// `resource`: advancing is as powerful as writing, since it fences off every older writer.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type; superuser() and GetUserId-based checks run on the main thread inside the
+    // call's transaction. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -130,7 +185,7 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
 
 /// A mark that `fencing_advance` reports has no data of its own that a caller would see lost with
 /// it, so it must be durable before the caller can rely on it, whatever `synchronous_commit`
-/// says (README "What it guarantees", asynchronous commit). The call's transaction gets a
+/// says (docs/guarantees.md, "Guarantees": asynchronous commit). The call's transaction gets a
 /// transaction id, so that it writes a commit record, and that commit is flushed like a
 /// synchronous one. The commit record lies after the commit of every write whose mark this call
 /// read (that commit was inserted before it became visible), so the flush also makes an earlier
@@ -156,10 +211,18 @@ v1_finfo!(pg_finfo_pg_fencing_lock_resource);
 /// `_pg_fencing.lock_resource(resource text) RETURNS bigint`: takes the resource's exclusive lock
 /// until the end of the transaction and returns its current mark (NULL if none). Used by
 /// `fencing_reset`; not granted to PUBLIC.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_lock_resource(
     fcinfo: FunctionCallInfo,
 ) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -175,18 +238,28 @@ pub unsafe extern "C-unwind" fn pg_fencing_lock_resource(
 
 /// 42501 unless the current user owns `relid` (or is a member of the owning role).
 fn require_owner(relid: pg_sys::Oid) -> Result<(), FenceError> {
+    // SAFETY: GetUserId only reads the backend's current user id (main thread, inside the
+    // calling SQL function's transaction, where it is always set).
     let user = unsafe { pg_sys::GetUserId() };
+    // SAFETY: a catalog lookup by value on the main thread inside a transaction; a relation that
+    // no longer exists makes it raise ERROR (a panic through pgrx's FFI guard, inside `run`'s
+    // guard), not UB.
     #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
     let owner = unsafe { pg_sys::pg_class_ownercheck(relid, user) };
+    // SAFETY: as above (PostgreSQL 16 renamed the check).
     #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
     let owner = unsafe { pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, user) };
     if owner {
         Ok(())
     } else {
+        // SAFETY: syscache lookup by value inside a transaction; returns NULL (checked below)
+        // for a missing relation, else a NUL-terminated name palloc'd in the current context.
         let name = unsafe { pg_sys::get_rel_name(relid) };
         let name = if name.is_null() {
             relid.to_u32().to_string()
         } else {
+            // SAFETY: `name` is non-NULL here: get_rel_name's palloc'd, NUL-terminated copy,
+            // alive until the memory context is reset, long after it is copied below.
             unsafe { std::ffi::CStr::from_ptr(name) }
                 .to_string_lossy()
                 .into_owned()
@@ -201,8 +274,16 @@ v1_finfo!(pg_finfo_pg_fencing_register);
 /// `_pg_fencing.register(relation regclass, resource text, token_column text) RETURNS bigint`:
 /// records (or updates) a protection and returns its id. Owner only (`42501`); writes the
 /// internal table as the extension owner.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let relid: pg_sys::Oid = pgrx::fcinfo::pg_getarg(fcinfo, 0)
@@ -258,8 +339,16 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
 v1_finfo!(pg_finfo_pg_fencing_unregister);
 /// `_pg_fencing.unregister(relation regclass) RETURNS boolean`: marks a protection as removed
 /// (its id, and so its tombstones, are kept for a later `fencing_protect`). Owner only (`42501`).
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_unregister(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let relid: pg_sys::Oid = pgrx::fcinfo::pg_getarg(fcinfo, 0)
@@ -286,8 +375,16 @@ v1_finfo!(pg_finfo_fencing_acquire);
 /// cancel and `statement_timeout`. Errors: `55P03` timeout, `FT005` etcd unreachable, `FT003`
 /// lease lost before the grant, `55000` worker not available (not preloaded, no endpoints),
 /// `22023` bad name or timeout.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_acquire(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -323,10 +420,18 @@ v1_finfo!(pg_finfo_pg_fencing_reset_lock_service);
 /// `_pg_fencing.reset_lock_service() RETURNS void`: forget what the worker knew about etcd
 /// (cluster id, highest revision, a revision regression); called by `fencing_reset`, not granted
 /// to PUBLIC.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_reset_lock_service(
     fcinfo: FunctionCallInfo,
 ) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             crate::lock_service::locks::reset_lock_service();
@@ -338,10 +443,18 @@ pub unsafe extern "C-unwind" fn pg_fencing_reset_lock_service(
 v1_finfo!(pg_finfo_pg_fencing_lock_service_problem);
 /// `_pg_fencing.lock_service_problem() RETURNS text`: why the worker no longer hands out tokens
 /// (etcd's revisions went backwards), or NULL.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_lock_service_problem(
     fcinfo: FunctionCallInfo,
 ) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || match crate::lock_service::locks::lock_service_problem() {
             Some(why) => Ok(crate::pg::spi::text_datum(&why)),
@@ -356,8 +469,16 @@ v1_finfo!(pg_finfo_fencing_watch);
 /// the resource's mark to the revision of every hand-over (see `lock_service/watch.rs`). Errors: `42501`
 /// unless superuser or allowed to write a table protected with the resource, `55000` without the
 /// worker, `22023` bad names, `53400` all 64 watch slots in use.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_watch(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -378,8 +499,16 @@ v1_finfo!(pg_finfo_fencing_unwatch);
 /// that mark is durable before the call's transaction commits, whatever `synchronous_commit`
 /// says (`make_mark_durable`), since the watch itself is gone at once. Error: `42501` as for
 /// `fencing_watch`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_unwatch(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -399,10 +528,18 @@ v1_finfo!(pg_finfo_pg_fencing_watch_changed);
 /// called by the row trigger of `_pg_fencing.watch` for each changed row (`lock_key_prefix` NULL:
 /// the row is gone); the change reaches the worker when the transaction commits. Not granted to
 /// PUBLIC.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_watch_changed(
     fcinfo: FunctionCallInfo,
 ) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -421,10 +558,18 @@ v1_finfo!(pg_finfo_pg_fencing_replicated_row);
 /// table sync) except while one of pg_fencing's own internal statements runs there. The REPLICA
 /// triggers on `_pg_fencing`'s tables use it to tell rows that a subscription applies from the
 /// subscriber's own bookkeeping (and from a superuser's session in replica mode).
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_replicated_row(
     fcinfo: FunctionCallInfo,
 ) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type; IsLogicalWorker only reads a backend-local global. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             Ok(pg_sys::Datum::from(
@@ -437,8 +582,16 @@ pub unsafe extern "C-unwind" fn pg_fencing_replicated_row(
 v1_finfo!(pg_finfo_pg_fencing_reset_watch);
 /// `_pg_fencing.reset_watch(resource text, token bigint) RETURNS void`: `fencing_reset` of a
 /// watched resource also sets its hand-over revision. Not granted to PUBLIC.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_reset_watch(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -454,10 +607,18 @@ pub unsafe extern "C-unwind" fn pg_fencing_reset_watch(fcinfo: FunctionCallInfo)
 v1_finfo!(pg_finfo_pg_fencing_watch_handover);
 /// `_pg_fencing.watch_handover(resource text) RETURNS bigint`: the last hand-over revision of a
 /// watched resource, NULL if none.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_watch_handover(
     fcinfo: FunctionCallInfo,
 ) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let resource: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
@@ -493,8 +654,16 @@ v1_finfo!(pg_finfo_fencing_release);
 /// `fencing_acquire` (true), or returns false if it holds no such lock, or had lost it (a
 /// WARNING then says why; the lock's slot is freed either way). Clears `pg_fencing.token` if it
 /// was this lock's token. Error: `55000` worker not available.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_release(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
             let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);

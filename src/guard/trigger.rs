@@ -93,16 +93,22 @@ fn args_hash(args: &Args) -> u64 {
 }
 
 /// Token column and primary key of `rel`, from the per-backend cache.
+///
+/// # Safety
+/// `rel` must be a valid, open relation (the trigger's `tg_relation`).
 unsafe fn relinfo(
     rel: pg_sys::Relation,
     args: &Args,
     table: &dyn Fn() -> String,
 ) -> Result<RelInfo, FenceError> {
+    // SAFETY: `rel` is a valid open relation (this function's contract).
     let key = (unsafe { (*rel).rd_id }.to_u32(), args.hash);
     if let Some(info) = RELINFO.with(|r| r.borrow().get(&key).cloned()) {
         return Ok(info);
     }
+    // SAFETY: `rel` is a valid open relation (this function's contract), as both require.
     let token_attnum = unsafe { token_attnum(rel, args, &table())? };
+    // SAFETY: as above.
     let (pk, pk_immediate) = unsafe { primary_key(rel) };
     let info = RelInfo {
         token_attnum,
@@ -123,11 +129,15 @@ pub fn forget_verified() {
 /// their own with made-up arguments. Its arguments are trusted only if they are exactly what
 /// `fencing_protect` recorded for this table (or the root of its partition tree); otherwise a
 /// role could write tombstones or marks into another table's protection.
+///
+/// # Safety
+/// `rel` must be a valid, open relation (the trigger's `tg_relation`).
 unsafe fn verify_protection(
     rel: pg_sys::Relation,
     args: &Args,
     table: &dyn Fn() -> String,
 ) -> Result<(), FenceError> {
+    // SAFETY: `rel` is a valid open relation (this function's contract).
     let relid = unsafe { (*rel).rd_id };
     let cache_key = (relid.to_u32(), args.hash);
     if VERIFIED.with(|v| v.borrow().contains_key(&cache_key)) {
@@ -177,16 +187,23 @@ thread_local! {
 }
 
 /// The guard's arguments, parsed once per trigger and backend.
+///
+/// # Safety
+/// `trigger` must be the firing trigger's `Trigger` (its `tgargs` valid as PostgreSQL set it).
 unsafe fn trigger_args(trigger: &pg_sys::Trigger) -> Result<std::rc::Rc<Args>, FenceError> {
     let oid = trigger.tgoid.to_u32();
     if let Some(a) = ARGS.with(|m| m.borrow().get(&oid).cloned()) {
         return Ok(a);
     }
+    // SAFETY: `trigger` is the firing trigger's (this function's contract).
     let args = std::rc::Rc::new(unsafe { parse_trigger_args(trigger)? });
     ARGS.with(|m| crate::cache::cache_insert(&mut m.borrow_mut(), oid, args.clone(), 10_000));
     Ok(args)
 }
 
+/// # Safety
+/// `trigger` must be a `Trigger` filled in by PostgreSQL: `tgargs` NULL or an array of `tgnargs`
+/// NUL-terminated strings.
 unsafe fn parse_trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceError> {
     let bad = || {
         FenceError::TriggerProtocol(
@@ -196,6 +213,9 @@ unsafe fn parse_trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceErr
     if trigger.tgnargs != 3 || trigger.tgargs.is_null() {
         return Err(bad());
     }
+    // SAFETY: `tgargs` is non-NULL with `tgnargs` == 3 entries (checked above) and only i < 3 is
+    // used; each entry is a NUL-terminated string in the relcache's trigger data, which lives at
+    // least as long as this trigger call, and is copied before we return.
     let arg = |i: usize| unsafe { CStr::from_ptr(*trigger.tgargs.add(i)) };
     let protection = arg(0)
         .to_str()
@@ -217,7 +237,15 @@ unsafe fn parse_trigger_args(trigger: &pg_sys::Trigger) -> Result<Args, FenceErr
     Ok(args)
 }
 
+/// `schema.table` of `rel`, quoted as needed.
+///
+/// # Safety
+/// `rel` must be a valid, open relation.
 unsafe fn relation_name(rel: pg_sys::Relation) -> String {
+    // SAFETY: `rel` is valid (this function's contract). The catalog lookups take OIDs by value
+    // and return palloc'd NUL-terminated names or NULL (checked); quote_qualified_identifier
+    // returns a palloc'd string (the inputs themselves when no quoting is needed), copied at
+    // once. Main thread inside the trigger's transaction.
     unsafe {
         let relid = (*rel).rd_id;
         let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
@@ -231,7 +259,14 @@ unsafe fn relation_name(rel: pg_sys::Relation) -> String {
 }
 
 /// 1-based attribute number of the token column, checked to be a bigint.
+///
+/// # Safety
+/// `rel` must be a valid, open relation.
 unsafe fn token_attnum(rel: pg_sys::Relation, args: &Args, table: &str) -> Result<i32, FenceError> {
+    // SAFETY: `rel` is valid (this function's contract), so is its tuple descriptor with `natts`
+    // attributes. SPI_fnumber only reads the descriptor and the NUL-terminated column name
+    // (a CString owned by `args`); its result is range-checked before it indexes `attrs` (a
+    // bounds-checked slice anyway).
     unsafe {
         let tupdesc = (*rel).rd_att;
         let n = pg_sys::SPI_fnumber(tupdesc, args.token_column.as_ptr());
@@ -255,7 +290,14 @@ unsafe fn token_attnum(rel: pg_sys::Relation, args: &Args, table: &str) -> Resul
 
 /// Primary key columns of `rel`, in key order, and whether the key is checked immediately
 /// (not DEFERRABLE).
+///
+/// # Safety
+/// `rel` must be a valid, open relation.
 unsafe fn primary_key(rel: pg_sys::Relation) -> (Vec<i16>, bool) {
+    // SAFETY: `rel` is valid (this function's contract); RelationGetPrimaryKeyIndex reads its
+    // relcache entry. The index is opened (ERROR, not UB, if it vanished), its pg_index row read
+    // through `rd_index` (valid while open; `indkey` has at least `indnkeyatts` entries) and
+    // copied before index_close; main thread inside the trigger's transaction.
     unsafe {
         let pk = pg_sys::RelationGetPrimaryKeyIndex(rel);
         if pk == pg_sys::Oid::INVALID {
@@ -274,17 +316,27 @@ unsafe fn primary_key(rel: pg_sys::Relation) -> (Vec<i16>, bool) {
 /// Primary key columns of a per-row protected table. Per-row mode relies on the primary key's
 /// unique check waiting for an in-flight delete of the same key (see `rule`); a DEFERRABLE
 /// key does not wait there, so it is refused (42P16).
+///
+/// # Safety
+/// `rel` must be a valid, open relation.
 unsafe fn primary_key_attnums(rel: pg_sys::Relation) -> Result<Vec<i16>, FenceError> {
+    // SAFETY: `rel` is valid (this function's contract), as both calls require.
     let (cols, immediate) = unsafe { primary_key(rel) };
-    check_primary_key(rel, cols, immediate)
+    // SAFETY: as above.
+    unsafe { check_primary_key(rel, cols, immediate) }
 }
 
-fn check_primary_key(
+/// `cols`, unless the key is missing or DEFERRABLE (42P16).
+///
+/// # Safety
+/// `rel` must be a valid, open relation (it is named in the error).
+unsafe fn check_primary_key(
     rel: pg_sys::Relation,
     cols: Vec<i16>,
     immediate: bool,
 ) -> Result<Vec<i16>, FenceError> {
     if cols.is_empty() || !immediate {
+        // SAFETY: `rel` is valid (this function's contract).
         let table = unsafe { relation_name(rel) };
         return Err(FenceError::InvalidTableDefinition(if cols.is_empty() {
             format!(
@@ -299,9 +351,14 @@ fn check_primary_key(
 
 /// Canonical text of a row's primary key: exactly what `ROW(pk1, pk2, ...)::text` prints
 /// (PostgreSQL's `record_out` quoting), so SQL (TRUNCATE) and Rust build the same tombstone key.
+///
+/// # Safety
+/// `tuple` must be a valid tuple of `tupdesc`, and `pk` attribute numbers (1-based) of it.
 unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i16]) -> String {
     // Types whose text form depends on no setting need no pinning (the common, cheap case).
     let independent = pk.iter().all(|a| {
+        // SAFETY: `tupdesc` is valid with `natts` attributes (this function's contract); the
+        // slice index is bounds-checked.
         let typid = unsafe {
             let natts = (*tupdesc).natts as usize;
             (*tupdesc).attrs.as_slice(natts)[(*a - 1) as usize].atttypid
@@ -323,12 +380,18 @@ unsafe fn key_text(tuple: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, pk: &[i
         .contains(&typid)
     });
     if independent {
+        // SAFETY: this function's contract is `key_text_pinned`'s.
         unsafe { key_text_pinned(tuple, tupdesc, pk) }
     } else {
+        // SAFETY: as above; changing settings does not invalidate the tuple or descriptor.
         crate::pg::spi::with_pinned_settings(|| unsafe { key_text_pinned(tuple, tupdesc, pk) })
     }
 }
 
+/// `key_text` with the output settings already pinned (or not needed).
+///
+/// # Safety
+/// As for `key_text`.
 unsafe fn key_text_pinned(
     tuple: pg_sys::HeapTuple,
     tupdesc: pg_sys::TupleDesc,
@@ -340,14 +403,21 @@ unsafe fn key_text_pinned(
             out.push(',');
         }
         let mut isnull = false;
+        // SAFETY: `tuple` is a valid tuple of `tupdesc` and `attnum` one of its attributes (this
+        // function's contract); the datum points into the tuple, which outlives its use below.
         let datum = unsafe { pg_sys::heap_getattr(tuple, *attnum as i32, tupdesc, &mut isnull) };
         if isnull {
             continue;
         }
+        // SAFETY: as above; the slice index is bounds-checked.
         let typid = unsafe {
             let natts = (*tupdesc).natts as usize;
             (*tupdesc).attrs.as_slice(natts)[(*attnum - 1) as usize].atttypid
         };
+        // SAFETY: main thread inside the trigger's transaction. `datum` is a non-NULL value of
+        // type `typid` (the attribute's own type), which is what the type's output function,
+        // found by getTypeOutputInfo, expects; it returns a palloc'd NUL-terminated string,
+        // copied before it is pfree'd and never used after.
         let value = unsafe {
             let mut out_fn = pg_sys::Oid::INVALID;
             let mut varlena = false;
@@ -381,12 +451,17 @@ unsafe fn key_text_pinned(
     out
 }
 
+/// The token column's value in `tuple` (None if NULL).
+///
+/// # Safety
+/// `tuple` must be a valid tuple of `tupdesc` and `attnum` its (bigint) token column.
 unsafe fn tuple_token(
     tuple: pg_sys::HeapTuple,
     tupdesc: pg_sys::TupleDesc,
     attnum: i32,
 ) -> Option<Token> {
     let mut isnull = false;
+    // SAFETY: this function's contract; a bigint is passed by value, so the datum is the value.
     let d = unsafe { pg_sys::heap_getattr(tuple, attnum, tupdesc, &mut isnull) };
     if isnull {
         None
@@ -395,6 +470,10 @@ unsafe fn tuple_token(
     }
 }
 
+/// A copy of `tuple` with the token column set to `token`.
+///
+/// # Safety
+/// `tuple` must be a valid tuple of `tupdesc` and `attnum` its (bigint) token column.
 unsafe fn stamp(
     tuple: pg_sys::HeapTuple,
     tupdesc: pg_sys::TupleDesc,
@@ -404,6 +483,9 @@ unsafe fn stamp(
     let mut cols = [attnum];
     let mut vals = [pg_sys::Datum::from(token)];
     let mut nulls = [false];
+    // SAFETY: this function's contract; the three arrays hold exactly the one (attnum, value,
+    // null) replacement announced, and the value is a by-value bigint. The new tuple is palloc'd
+    // in the current memory context (the trigger's), where the executor expects it.
     unsafe {
         pg_sys::heap_modify_tuple_by_cols(
             tuple,
@@ -417,7 +499,20 @@ unsafe fn stamp(
 }
 
 /// Body of `fencing_guard()`. Returns the trigger's result datum, or the error to raise.
+///
+/// # Safety
+/// `fcinfo` must be the call's own, from PostgreSQL's function manager, on the main thread.
 pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, FenceError> {
+    // SAFETY: `fcinfo` is the function manager's (this function's contract). `context` is read
+    // as TriggerData only after called_as_trigger checked that it is a TriggerData node. The
+    // trigger manager keeps that TriggerData, its `tg_trigger`, `tg_relation` (open and locked
+    // by the executor), tuple descriptor and `tg_trigtuple`/`tg_newtuple` valid for this call:
+    // `tg_trigtuple` is set for every row event, `tg_newtuple` for UPDATE row events, and each is
+    // only read for the events that set it; the token column and key attributes come from
+    // `relinfo` for this relation. The tuples returned to the executor are `tg_trigtuple` or a
+    // copy made by `stamp` in the trigger's memory context. `tg_updatedcols` is a valid
+    // (possibly NULL = empty) Bitmapset for UPDATE events. Main thread inside the statement's
+    // transaction.
     unsafe {
         if !pgrx::trigger_support::called_as_trigger(fcinfo) {
             return Err(FenceError::TriggerProtocol(
@@ -611,11 +706,17 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
 /// publisher's own marks and tombstones, which no row carries (`fencing_advance`, the token of a
 /// DELETE), arrive through `_pg_fencing.resource_high_water` and `_pg_fencing.tombstone_feed` when
 /// those are published too (see `sql/pg_fencing.sql`, "Logical replication").
+///
+/// # Safety
+/// `td` must be the firing trigger's data (as in `fire`).
 unsafe fn record_replicated(
     td: &pg_sys::TriggerData,
     args: &Args,
     table: &dyn Fn() -> String,
 ) -> Result<pg_sys::Datum, FenceError> {
+    // SAFETY: `td` is the firing trigger's data (this function's contract): only BEFORE row
+    // events get past the first check, `tg_trigtuple` is set for each of them and `tg_newtuple`
+    // for UPDATE, and `tg_relation` is open; the tuple returned is one of those.
     unsafe {
         let event = td.tg_event;
         let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
@@ -668,6 +769,9 @@ unsafe fn record_replicated(
 /// TRUNCATE removes every row at once. Resource mode: an ordinary admitted write. Per-row mode:
 /// the token must be at least every row's token, and every row leaves its tombstone. The table is
 /// held in ACCESS EXCLUSIVE mode by TRUNCATE, so no row can change meanwhile.
+///
+/// # Safety
+/// `rel` must be a valid, open relation (the trigger's `tg_relation`).
 unsafe fn truncate(
     rel: pg_sys::Relation,
     args: &Args,
@@ -678,6 +782,8 @@ unsafe fn truncate(
         rule::admit_resource(resource, token, true)?;
         return Ok(());
     }
+    // SAFETY: `rel` is valid (this function's contract), with `natts` attributes in its
+    // descriptor; the slice index is bounds-checked and `attname` is a NUL-terminated NameData.
     let (relid, pk_names) = unsafe {
         let pk = primary_key_attnums(rel)?;
         let tupdesc = (*rel).rd_att;

@@ -43,6 +43,15 @@ pub(super) const FREE: u32 = 0;
 pub(super) const ACTIVE: u32 = 1;
 pub(super) const BUSY: u32 = 2; // a backend is filling the slot in
 pub(super) const DRAINING: u32 = 3; // unwatched: free once the etcd thread has stopped its watch task
+/// Unwatched by a transaction that is committing: still enforced (its hand-over revision fences
+/// like a mark), no longer raised (its task is stopped); DRAINING once the commit is done
+/// (`finish_commit`), ACTIVE again if the commit fails (`undo_applied`).
+pub(super) const STOPPING: u32 = 4;
+
+/// Is a slot in this state enforced by the fencing check (and listed, and saved)?
+pub(super) fn enforced(state: u32) -> bool {
+    state == ACTIVE || state == STOPPING
+}
 
 #[repr(C)]
 pub struct WatchSlot {
@@ -67,7 +76,7 @@ pub struct WatchSlot {
 
 #[repr(C)]
 pub struct WatchShared {
-    /// Number of ACTIVE slots (a fast "nothing is watched" for every write).
+    /// Number of enforced (ACTIVE or STOPPING) slots (a fast "nothing is watched" for every write).
     pub(super) active: AtomicU32,
     /// The state file has been loaded into the slots (once per server start).
     pub(super) loaded: AtomicU32,
@@ -181,7 +190,7 @@ pub(crate) fn shared() -> Option<&'static WatchShared> {
 pub(super) fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
     let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
     sh.slots.iter().find(|s| {
-        s.state.load(Ordering::Acquire) == ACTIVE
+        enforced(s.state.load(Ordering::Acquire))
             && s.dboid.load(Ordering::Acquire) == db
             && s.resource.equals(resource)
     })
@@ -196,7 +205,7 @@ pub(super) fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchS
 pub(super) fn state_text(sh: &WatchShared) -> String {
     let mut out = String::new();
     for s in sh.slots.iter() {
-        if s.state.load(Ordering::Acquire) != ACTIVE {
+        if !enforced(s.state.load(Ordering::Acquire)) {
             continue;
         }
         out.push_str(&format!(
@@ -571,6 +580,101 @@ pub fn forget_pending_of(sub: pg_sys::SubTransactionId) {
     PENDING.with(|p| p.borrow_mut().retain(|(s, _, _)| *s < sub));
 }
 
+/// How to take back one change `apply_pending` made, if the commit fails.
+pub(super) enum Undo {
+    /// The registration was new: remove it.
+    Unregister,
+    /// The registration changed: restore these.
+    Reregister { prefix: String, verify: bool },
+    /// The watch was stopped (STOPPING): resume it.
+    Resume,
+}
+
+thread_local! {
+    /// Changes `apply_pending` made at PRE_COMMIT, by slot index, until the commit ends.
+    static APPLIED: std::cell::RefCell<Vec<(usize, Undo)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// After COMMIT: the watches this transaction stopped are gone for good (DRAINING, freed once
+/// the etcd thread has stopped their tasks). Cannot fail; a state file that cannot be saved now
+/// keeps a stopped watch, which comes back after a restart (a watch too many, never too few).
+pub fn finish_commit() {
+    let applied = APPLIED.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    let Some(sh) = shared() else { return };
+    let mut stopped = false;
+    for (i, undo) in applied {
+        let slot = &sh.slots[i];
+        if matches!(undo, Undo::Resume)
+            && slot
+                .state
+                .compare_exchange(STOPPING, DRAINING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            sh.active.fetch_sub(1, Ordering::AcqRel);
+            stopped = true;
+        }
+    }
+    if stopped {
+        save_after_commit(sh);
+    }
+}
+
+/// After a failed commit (ABORT following PRE_COMMIT): take back what `apply_pending` did.
+pub fn undo_applied() {
+    let applied = APPLIED.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    let Some(sh) = shared() else { return };
+    if applied.is_empty() {
+        return;
+    }
+    for (i, undo) in applied.into_iter().rev() {
+        let slot = &sh.slots[i];
+        // A new generation first: the current task (if any) can no longer change the slot.
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+        match undo {
+            Undo::Unregister => {
+                if slot
+                    .state
+                    .compare_exchange(ACTIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    sh.active.fetch_sub(1, Ordering::AcqRel);
+                }
+                continue;
+            }
+            Undo::Reregister { prefix, verify } => {
+                slot.set_prefix(&prefix);
+                slot.verify.store(verify, Ordering::Release);
+            }
+            Undo::Resume => {
+                let _ = slot.state.compare_exchange(
+                    STOPPING,
+                    ACTIVE,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+        }
+        // Restarted from its hand-over revision; no write is admitted until it has read etcd.
+        slot.latest.store(0, Ordering::Release);
+        slot.confirmed_ms.store(0, Ordering::Release);
+        slot.set_message("restarting: the transaction that changed this watch did not commit");
+        slot.generation.fetch_add(1, Ordering::AcqRel);
+    }
+    save_after_commit(sh);
+}
+
+/// Save the state file at the end of a transaction, where no error may be raised.
+fn save_after_commit(sh: &WatchShared) {
+    let dir = crate::lock_service::locks::data_dir();
+    let saved = StateLock::take_interruptible(&dir).and_then(|_lock| {
+        let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
+        save_state(sh, &dir, &tag)
+    });
+    if let Err(e) = saved {
+        pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
+    }
+}
+
 /// Before PREPARE TRANSACTION: a registration change cannot wait for COMMIT PREPARED (another
 /// session would have to apply it), so such a transaction cannot be prepared.
 pub fn refuse_prepare() -> Result<(), FenceError> {
@@ -590,6 +694,12 @@ pub fn refuse_prepare() -> Result<(), FenceError> {
 /// file. Returns the stopped watches' hand-over revisions, for the caller to store as the
 /// resources' marks in this transaction (`backend.rs`, with `rule::raise_mark`; the resources'
 /// exclusive locks are already held). An error here (no free slot) aborts the transaction.
+///
+/// The commit can still fail after this (a serialization failure found at commit, for one):
+/// so a stopped watch stays enforced (STOPPING) until the commit is done (`finish_commit`), and
+/// if it fails every change made here is undone (`undo_applied`): a new registration removed, a
+/// changed one restored, a stopped one resumed. Until then writes to a resumed or restored
+/// resource wait for its watch to read etcd again.
 pub fn apply_pending() -> Result<Vec<(String, Token)>, FenceError> {
     let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if pending.is_empty() {
@@ -630,19 +740,37 @@ pub fn apply_pending() -> Result<Vec<(String, Token)>, FenceError> {
         if needed > free {
             return Err(slots_full());
         }
+        let index = |slot: &WatchSlot| sh.slots.iter().position(|x| std::ptr::eq(x, slot));
         for (r, w) in &last {
             match w {
-                Some((prefix, verify)) => register(sh, r, prefix, *verify)?,
+                Some((prefix, verify)) => {
+                    let undo = match find(sh, r) {
+                        None => Some(Undo::Unregister),
+                        Some(s) if s.prefix.equals(prefix) && s.verify.load(Ordering::Acquire) == *verify => None,
+                        Some(s) => Some(Undo::Reregister {
+                            prefix: s.prefix(),
+                            verify: s.verify.load(Ordering::Acquire),
+                        }),
+                    };
+                    register(sh, r, prefix, *verify)?;
+                    if let (Some(undo), Some(i)) = (undo, find(sh, r).and_then(index)) {
+                        APPLIED.with(|a| a.borrow_mut().push((i, undo)));
+                    }
+                }
                 None => {
                     if let Some(slot) = find(sh, r) {
                         if slot
                             .state
-                            .compare_exchange(ACTIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire)
+                            .compare_exchange(ACTIVE, STOPPING, Ordering::AcqRel, Ordering::Acquire)
                             .is_ok()
                         {
+                            // A new generation first: the watch task can no longer raise the
+                            // hand-over revision, so the value read next is final.
                             slot.generation.fetch_add(1, Ordering::AcqRel);
-                            sh.active.fetch_sub(1, Ordering::AcqRel);
                             marks.push((r.clone(), slot.handover.load(Ordering::Acquire)));
+                            if let Some(i) = index(slot) {
+                                APPLIED.with(|a| a.borrow_mut().push((i, Undo::Resume)));
+                            }
                         }
                     }
                 }
@@ -716,6 +844,41 @@ pub(super) fn reconcile() -> Result<(), FenceError> {
     match shared() {
         None => UNSERVED.with(|u| *u.borrow_mut() = rows.into_iter().map(|(r, _, _)| r).collect()),
         Some(sh) => {
+            // The state file first, if the worker has not loaded it yet: its watches are
+            // enforced from the first write (and `fencing_watches`, which ALTER EXTENSION ...
+            // UPDATE from 0.1.0 copies into the table, lists them).
+            if sh.loaded.load(Ordering::Acquire) == 0 {
+                with_state(sh, || Ok(()))?;
+            }
+            // Watches of databases that no longer exist (DROP DATABASE): nobody can unwatch
+            // them, and they would hold their slots forever.
+            let gone: Vec<usize> = sh
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| {
+                    enforced(s.state.load(Ordering::Acquire))
+                        && !crate::pg::catalog::database_exists(s.dboid.load(Ordering::Acquire))
+                })
+                .map(|(i, _)| i)
+                .collect();
+            if !gone.is_empty() {
+                with_state(sh, || {
+                    for &i in &gone {
+                        let s = &sh.slots[i];
+                        s.generation.fetch_add(1, Ordering::AcqRel);
+                        let drained = [ACTIVE, STOPPING].iter().any(|&from| {
+                            s.state
+                                .compare_exchange(from, DRAINING, Ordering::AcqRel, Ordering::Acquire)
+                                .is_ok()
+                        });
+                        if drained {
+                            sh.active.fetch_sub(1, Ordering::AcqRel);
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
             // Only what is missing: a registration that differs may be another transaction's
             // change applied at its pre-commit and not yet visible here. (A row whose deletion
             // is just committing may come back this way: a watch too many, never one too few;
@@ -774,7 +937,7 @@ pub fn rows() -> Vec<(
     sh.slots
         .iter()
         .filter(|s| {
-            s.state.load(Ordering::Acquire) == ACTIVE && s.dboid.load(Ordering::Acquire) == db
+            enforced(s.state.load(Ordering::Acquire)) && s.dboid.load(Ordering::Acquire) == db
         })
         .map(|s| {
             let h = s.handover.load(Ordering::Acquire);

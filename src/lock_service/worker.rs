@@ -104,7 +104,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         }
         match sh.regression() {
             Some(why) if !logged_regression => {
-                pgrx::warning!("pg_fencing: the worker stopped handing out tokens: {why}. Check etcd, then run fencing_reset (see README, \"Recovery after an etcd restore\").");
+                pgrx::warning!("pg_fencing: the worker stopped handing out tokens: {why}. Check etcd, then run fencing_reset (see docs/operations.md, \"Recovery after an etcd restore\").");
                 logged_regression = true;
             }
             None => logged_regression = false,

@@ -21,8 +21,9 @@ pub struct TokenOrigin {
 /// See [`TokenOrigin`].
 pub fn token_origin() -> Option<TokenOrigin> {
     let record = token_record()?;
-    // SAFETY: the record is a GUC definition, alive for the life of the backend; read on the
-    // main thread only.
+    // SAFETY: the record is our own GUC definition (found after `gucs::init` defined it, so not a
+    // placeholder that define_custom_variable would free), alive for the life of the backend;
+    // read on the main thread only, where nothing modifies it concurrently.
     let (stack, source) = unsafe { ((*record).stack, (*record).source) };
     Some(TokenOrigin {
         set_in_transaction: !stack.is_null(),
@@ -38,6 +39,11 @@ fn token_record() -> Option<*mut pg_sys::config_generic> {
     if !cached.is_null() {
         return Some(cached);
     }
+    // SAFETY: main thread. get_guc_variables() returns guc.c's array of
+    // GetNumConfigOptions() pointers (checked for NULL); each entry is NULL-checked, and its
+    // `name` is a NUL-terminated string owned by guc.c. The array may be reallocated by a later
+    // GUC definition, but we keep only the record pointer, which is never moved or freed once
+    // defined.
     unsafe {
         let vars = pg_sys::get_guc_variables();
         let n = pg_sys::GetNumConfigOptions();
@@ -61,6 +67,10 @@ fn token_record() -> Option<*mut pg_sys::config_generic> {
 /// Set (or clear) this session's `pg_fencing.token` at session level, as `SET` would.
 pub fn set_session_token(token: Option<Token>) {
     let value = CString::new(token.map(|t| t.to_string()).unwrap_or_default()).unwrap_or_default();
+    // SAFETY: main thread, inside a transaction (called from the `fencing_acquire` SQL
+    // function). Name and value are NUL-terminated and alive during the call, and
+    // set_config_option copies the value. elevel 0 makes a refused value an ERROR (a panic
+    // through the FFI guard), which the token is not: it is what the check hook accepts.
     unsafe {
         pg_sys::set_config_option(
             c"pg_fencing.token".as_ptr(),

@@ -38,6 +38,11 @@ fn locate(which: &UniqueIndex) -> Option<Located> {
     if let Some(t) = LOCATED.with(|m| m.borrow().get(which.table).copied()) {
         return Some(t);
     }
+    // SAFETY: catalog lookups on the backend's main thread inside a transaction (every caller runs
+    // in one: a trigger or a SQL function). The names are `&'static CStr`s (NUL-terminated, alive
+    // for the call); get_namespace_oid with missing_ok = true and get_relname_relid return
+    // InvalidOid rather than raising when a name is missing, and get_attnum returns
+    // InvalidAttrNumber; any other ERROR becomes a Rust panic through pgrx's FFI guard.
     let t = unsafe {
         let nsp = pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true);
         if nsp == pg_sys::Oid::INVALID {
@@ -69,6 +74,18 @@ fn locate(which: &UniqueIndex) -> Option<Located> {
 /// `Some(None)` if there is no such row.
 pub fn read_by_index(which: &UniqueIndex, keys: &[(i16, u32, pg_sys::Datum)]) -> Option<Option<i64>> {
     let t = locate(which)?;
+    // SAFETY: backend main thread, inside a transaction (as for `locate`). `t.heap` and `t.index`
+    // were looked up together by name in schema `_pg_fencing` and are dropped from the cache on any
+    // relcache invalidation, so the index belongs to the table (a vanished OID makes table_open or
+    // systable_beginscan raise ERROR, which pgrx's FFI guard turns into a panic, not UB). The
+    // relation, its tuple descriptor and every tuple returned stay valid until systable_endscan and
+    // table_close below (the lock is kept to the end of the transaction, NoLock on close). Indexing
+    // `attrs` is bounds-checked; systable_beginscan maps our heap attribute numbers to index columns
+    // and raises ERROR for a column not in the index. The scan keys and their datums (e.g. a text
+    // palloc'd in the current memory context by `text_datum`) outlive the scan. The snapshot is
+    // registered before use and unregistered after; if an ERROR escapes, the resource owner releases
+    // snapshot, scan and lock at abort. An all-zero ScanKeyData (plain C data) is a valid blank
+    // for ScanKeyEntryInitialize. `heap_getattr` reads a tuple of `tupdesc`.
     unsafe {
         let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let tupdesc = (*heap).rd_att;

@@ -5,6 +5,9 @@ use crate::error::{make_sqlstate, Domain, FenceError};
 use std::ffi::{c_char, c_int, CString};
 
 // Declared here rather than taken from pgrx's bindings: pgrx keeps them out of `pg_sys` on purpose.
+// SAFETY: these match the declarations in PostgreSQL's utils/elog.h (15: errstart returns bool,
+// errfinish returns void; errmsg/errdetail/errhint are printf-style and variadic), so calls
+// through them follow the C ABI.
 unsafe extern "C-unwind" {
     fn errstart(elevel: c_int, domain: *const c_char) -> bool;
     fn errcode(sqlerrcode: c_int) -> c_int;
@@ -105,7 +108,9 @@ fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
 
 fn to_pg_cstr(s: &str) -> *mut c_char {
     let c = CString::new(s.replace('\0', "")).unwrap_or_default();
-    // SAFETY: pstrdup copies into the current memory context; the error machinery copies again.
+    // SAFETY: `c` is NUL-terminated and alive during the call; pstrdup copies it into the current
+    // memory context (main thread; an out-of-memory ERROR becomes a panic through pgrx's FFI
+    // guard, and every caller runs inside a pgrx guard). The error machinery copies it again.
     unsafe { pgrx::pg_sys::pstrdup(c.as_ptr()) }
 }
 
@@ -116,23 +121,41 @@ fn to_pg_cstr(s: &str) -> *mut c_char {
 /// that passes through an outer `fenced_*` call is not raised again.
 ///
 /// # Safety
-/// Must be called from the outermost frame of a C entry point, outside any pgrx guard, with no
-/// Rust value still alive that needs dropping (the longjmp skips destructors).
+/// Call on the backend's main thread, from the frame of a C entry point or callback that
+/// PostgreSQL called (directly, or inside the body of its `#[pg_guard]`), not inside
+/// `pg_guard_ffi_boundary`. Every Rust frame between this call and PostgreSQL's C caller must
+/// hold no value that still needs dropping: the ERROR leaves by `siglongjmp` to PostgreSQL's
+/// handler, which skips destructors (`err` itself is consumed before that).
 pub unsafe fn raise(err: FenceError) -> ! {
-    // Guarded: the first call reads the client address through PostgreSQL functions.
-    let log = unsafe {
-        pgrx::pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
-            rejection_log_line(&err).map(|(level, line)| (level, to_pg_cstr(&line)))
+    // Everything that owns Rust memory or calls PostgreSQL (the log line reads the client
+    // address; pstrdup may fail) is done inside the guard, which also drops `err`: an error
+    // there is raised by pgrx with nothing left to drop in this frame. What comes out is plain
+    // data: C strings palloc'd in the current memory context, which stay valid until the
+    // error machinery copies them.
+    // SAFETY: our caller's frames hold nothing to drop (this function's contract), and the
+    // closure owns everything it uses, so pgrx_extern_c_guard's requirement of
+    // trivially-deallocated frames above it holds; main thread per the contract.
+    let (log, code, msg, detail, hint) = unsafe {
+        pgrx::pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+            let log = rejection_log_line(&err).map(|(level, line)| (level, to_pg_cstr(&line)));
+            let code = make_sqlstate(err.sqlstate());
+            let msg = to_pg_cstr(&err.to_string());
+            let detail = err.detail().map(|d| to_pg_cstr(&d));
+            let hint = err.hint().map(|h| to_pg_cstr(&h));
+            drop(err);
+            (log, code, msg, detail, hint)
         })
     };
-    let code = make_sqlstate(err.sqlstate());
-    let msg = to_pg_cstr(&err.to_string());
-    let detail = err.detail().map(|d| to_pg_cstr(&d));
-    let hint = err.hint().map(|h| to_pg_cstr(&h));
-    drop(err);
     const PERCENT_S: &std::ffi::CStr = c"%s";
     const FILE: &std::ffi::CStr = c"pg_fencing";
     const FUNC: &std::ffi::CStr = c"pg_fencing";
+    // SAFETY: errstart/errcode/errmsg/errdetail/errhint/errfinish are called in the order
+    // elog.h's ereport() uses, on the main thread, with "%s" as the format and NUL-terminated
+    // palloc'd strings (valid until errfinish copies them into ErrorContext) as its one
+    // argument, so no client text is read as a format. A log-level report returns from
+    // errfinish; the ERROR one does not: errfinish longjmps to PostgreSQL's handler (the caller
+    // guarantees no pgrx boundary is in between and nothing here needs dropping: only integers
+    // and raw pointers are alive). Hence `unreachable_unchecked` is never reached.
     unsafe {
         if let Some((level, line)) = log {
             if errstart(level, std::ptr::null()) {

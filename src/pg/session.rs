@@ -19,6 +19,9 @@ thread_local! {
 /// PostgreSQL's `inet_client_addr()`/`inet_client_port()` the first time.
 pub fn origin() -> Origin {
     let client = CLIENT.with(|c| c.get_or_init(client_address).clone());
+    // SAFETY: main thread. `application_name` is the GUC's `char *`: NULL or a NUL-terminated
+    // string owned by guc.c that only a GUC assignment replaces, and none can happen while it is
+    // copied into a Rust String here.
     let application_name = unsafe {
         let p = pg_sys::application_name;
         if p.is_null() {
@@ -30,11 +33,17 @@ pub fn origin() -> Origin {
     Origin {
         application_name,
         client,
+        // SAFETY: MyProcPid is set at process start and only read afterwards.
         pid: unsafe { pg_sys::MyProcPid },
     }
 }
 
 fn client_address() -> String {
+    // SAFETY: main thread, inside a pgrx guard (see `origin`). MyProcPort is NULL or the
+    // backend's connection, set at startup and alive for the whole session. inet_client_addr and
+    // inet_client_port take no arguments and return NULL (None) for a Unix socket; inet_out gets
+    // the inet datum inet_client_addr just returned and returns a palloc'd NUL-terminated
+    // cstring (non-NULL, as a strict output function), copied into a Rust String at once.
     unsafe {
         if pg_sys::MyProcPort.is_null() {
             return String::new();

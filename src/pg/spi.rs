@@ -44,6 +44,11 @@ const PINNED_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 6] = [
 /// Run `f` with [`PINNED_SETTINGS`] in force; they are restored afterwards (and by the
 /// transaction machinery if `f` raises an error).
 pub fn with_pinned_settings<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: backend main thread inside a transaction. The names and values are `&'static CStr`
+    // constants; set_config_option with GUC_ACTION_SAVE records the old values at the nesting
+    // level just opened (elevel 0 = ERROR on a bad value, which becomes a panic through pgrx's FFI
+    // guard). AtEOXact_GUC(true, level) pops exactly that level after `f`. If `f` raises instead,
+    // the (sub)transaction abort unwinds the GUC nesting levels, so none is left behind.
     unsafe {
         let level = pg_sys::NewGUCNestLevel();
         for (name, value) in PINNED_SETTINGS {
@@ -70,6 +75,11 @@ thread_local! {
 
 /// Owner of schema `_pg_fencing` (the role that created the extension), remembered per schema OID.
 fn internal_owner() -> pg_sys::Oid {
+    // SAFETY: catalog access on the backend's main thread inside a transaction.
+    // get_namespace_oid(missing_ok = false) raises ERROR (a panic through the FFI guard) rather
+    // than returning an invalid OID. The syscache tuple is checked for NULL, read as the
+    // pg_namespace row it is (heap_tuple_get_struct of a NAMESPACEOID entry), and released with
+    // ReleaseSysCache before anything else can invalidate it; only the owner OID is kept.
     unsafe {
         let nsp = pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), false);
         let (cached_nsp, cached_owner) = OWNER.with(|o| o.get());
@@ -94,6 +104,11 @@ fn internal_owner() -> pg_sys::Oid {
 /// Run a statement as the extension owner, with the latest committed snapshot, and decode the
 /// first column of the first row (if any, and not NULL) with `decode`. `cached`: keep the plan
 /// for the life of the backend (only for the fixed statements above).
+///
+/// Each `args[i]` must be a valid datum of type `types[i]` (a by-reference one, such as
+/// `text_datum`'s, alive until the call returns): the statement reads them as such. The number
+/// of arguments is checked against the plan; their types cannot be, so this rests on the
+/// callers passing fixed statements with matching arguments.
 pub fn exec_internal<T>(
     sql: &str,
     cached: bool,
@@ -151,6 +166,16 @@ fn exec_internal_pinned<T>(
     read_only: bool,
     decode: impl FnOnce(pg_sys::Datum) -> T,
 ) -> Option<T> {
+    // SAFETY: backend main thread inside a transaction (every caller: a trigger, a SQL function
+    // or the pre-commit callback). The user id is switched with SECURITY_LOCAL_USERID_CHANGE |
+    // SECURITY_RESTRICTED_OPERATION and restored after SPI_finish; if an ERROR escapes in
+    // between, transaction/subtransaction abort restores the saved user and security context and
+    // AtEOXact_SPI/AtEOSubXact_SPI close the SPI connection. `plan` is valid in this SPI
+    // connection (kept, or prepared in it). `args` holds as many datums as the plan has parameters
+    // (checked below), each of its parameter's type (the caller's duty, see `exec_internal`);
+    // `nulls` has `args.len()` entries (' ' = not null); both outlive the call. SPI_tuptable is read only when SPI_processed > 0, so `vals[0]` exists and matches
+    // `tupdesc`; the datum `decode` gets lives in SPI memory, so `decode` must copy it out (every
+    // caller returns a by-value integer/bool or an owned String) before SPI_finish frees it.
     unsafe {
         let mut save_user = pg_sys::Oid::INVALID;
         let mut save_sec: std::ffi::c_int = 0;
@@ -170,6 +195,10 @@ fn exec_internal_pinned<T>(
         } else {
             prepare(sql, types)
         };
+        // SPI reads as many values as the plan has parameters: never more than `args` holds.
+        if pg_sys::SPI_getargcount(plan) != args.len() as std::ffi::c_int {
+            pgrx::error!("pg_fencing: internal statement given {} arguments: {sql}", args.len());
+        }
         let nulls = vec![b' ' as std::ffi::c_char; args.len()];
         let _internal = InternalWrite::begin();
         let rc = pg_sys::SPI_execute_snapshot(
@@ -207,6 +236,9 @@ fn plan_for(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
         return p as pg_sys::SPIPlanPtr;
     }
     let plan = prepare(sql, types);
+    // SAFETY: `plan` was just returned non-NULL by SPI_prepare in the current SPI connection;
+    // SPI_keepplan moves it to a long-lived context, so the pointer cached in PLANS stays valid
+    // for the life of the backend (it is never freed).
     unsafe {
         pg_sys::SPI_keepplan(plan);
     }
@@ -219,6 +251,9 @@ fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
     // Our statements contain no NUL (identifiers cannot); strip one rather than panic.
     let csql = CString::new(sql.replace('\0', "")).unwrap_or_default();
     let mut types = types.to_vec();
+    // SAFETY: called while connected to SPI (from exec_internal_pinned). `csql` is a
+    // NUL-terminated C string and `types` holds `types.len()` OIDs; both outlive the call, and
+    // SPI_prepare copies what it keeps. A NULL result is turned into an ERROR here.
     unsafe {
         let plan = pg_sys::SPI_prepare(csql.as_ptr(), types.len() as i32, types.as_mut_ptr());
         if plan.is_null() {

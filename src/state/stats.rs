@@ -104,7 +104,15 @@ pub struct Table {
     dropped: AtomicU64,
 }
 
+// SAFETY: `Table` is `repr(C)`, of fixed size, and holds only atomics and plain bytes inline (no
+// pointers, nothing process-local), so the same bytes mean the same thing in every process that
+// maps the segment; PgAtomic initialises it once, from `Default`, under AddinShmemInitLock.
 unsafe impl PGRXSharedMemory for Table {}
+// SAFETY: the non-atomic fields are `UnsafeCell`s accessed only by this module's protocol:
+// `kind`/`name` are written once, by the process whose compare-exchange claimed the slot, before
+// `ready` is stored with Release, and read only after `ready` is seen with Acquire (`same_name`,
+// `slot_name` via `own_slots`); `last` is accessed only under the `last_lock` spin lock
+// (`with_last`). So no data race is possible, between threads or processes.
 unsafe impl Sync for Table {}
 
 impl Default for Table {
@@ -126,6 +134,9 @@ impl Default for Table {
     }
 }
 
+// SAFETY: PgAtomic::new requires a shared memory name no one else uses: "pg_fencing stats" is
+// ours (ShmemInitStruct names are global; lock_service uses "pg_fencing worker" and
+// "pg_fencing watches").
 static STATS: PgAtomic<Table> = unsafe { PgAtomic::new(c"pg_fencing stats") };
 /// Set in the postmaster when preloaded; inherited by every backend it forks.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -139,7 +150,11 @@ pub enum Kind {
 
 /// Reserve the shared memory. Only possible while `shared_preload_libraries` is processed.
 pub fn init_if_preloading() {
+    // SAFETY: a plain read of a bool that the postmaster sets around loading
+    // shared_preload_libraries; main thread (called from _PG_init).
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        // The macro's own unsafe code installs the shmem request/startup hooks; its requirement,
+        // being called while shared_preload_libraries is processed, is what the test above checks.
         pg_shmem_init!(STATS);
         ENABLED.store(true, Ordering::Relaxed);
     }
@@ -147,7 +162,9 @@ pub fn init_if_preloading() {
 
 fn hash(kind: Kind, name: &str) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325 ^ (kind as u64);
-    for b in unsafe { pg_sys::MyDatabaseId }.to_u32().to_le_bytes() {
+    // SAFETY: MyDatabaseId is set once when the backend connects and only read afterwards.
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    for b in db.to_le_bytes() {
         h ^= b as u64;
         h = h.wrapping_mul(0x100000001b3);
     }
@@ -182,8 +199,12 @@ fn probe(kind: Kind, name: &str, claim: bool) -> Option<&'static Slot> {
                 .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                s.database
-                    .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Relaxed);
+                // SAFETY: MyDatabaseId is set once when the backend connects, then only read.
+                let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+                s.database.store(db, Ordering::Relaxed);
+                // SAFETY: this process just claimed the slot with the compare-exchange from 0
+                // (slots are never freed), and nobody reads `kind` or `name` before `ready` is
+                // set (Release) below, so this is the only access to them.
                 unsafe {
                     *s.kind.get() = kind as u8;
                     copy_text(&mut *s.name.get(), name);
@@ -240,12 +261,17 @@ pub fn accepted(kind: Kind, name: &str) {
 pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
     if let Some(s) = slot(kind, name) {
         let origin = origin();
+        // SAFETY: GetCurrentTimestamp reads the clock; no arguments, main thread.
+        let at = unsafe { pg_sys::GetCurrentTimestamp() };
+        // SAFETY: GetSessionUserId reads the session user id, set at connection start (main
+        // thread, inside the rejected write's transaction).
+        let role = unsafe { pg_sys::GetSessionUserId() }.to_u32();
         let mut last = LastRejection {
-            at: unsafe { pg_sys::GetCurrentTimestamp() },
+            at,
             token,
             high_water,
             pid: origin.pid,
-            role: unsafe { pg_sys::GetSessionUserId() }.to_u32(),
+            role,
             ..LastRejection::EMPTY
         };
         copy_text(&mut last.application_name, &origin.application_name);
@@ -270,6 +296,7 @@ fn slot_name(s: &Slot) -> (&'static str, String) {
 /// The counted slots of the current database.
 fn own_slots() -> impl Iterator<Item = &'static Slot> {
     let enabled = ENABLED.load(Ordering::Relaxed);
+    // SAFETY: MyDatabaseId is set once when the backend connects and only read afterwards.
     let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
     let slots: &'static [Slot] = if enabled { &STATS.get().slots } else { &[] };
     slots.iter().filter(move |s| {
@@ -329,7 +356,10 @@ fn fencing_domain_stats(
         (accepted, rejected, None, None, None, None, None, None)
     } else {
         let last = s.with_last(|l| *l);
+        // SAFETY: reads the current user id (main thread, inside the query's transaction).
         let user = unsafe { pg_sys::GetUserId() };
+        // SAFETY: role membership checks by OID value (an OID that is no role is simply not a
+        // member), main thread inside the query's transaction.
         let may_see_client = unsafe {
             pg_sys::has_privs_of_role(user, pg_sys::Oid::from(pg_sys::ROLE_PG_READ_ALL_STATS))
                 || pg_sys::has_privs_of_role(user, pg_sys::Oid::from(last.role))

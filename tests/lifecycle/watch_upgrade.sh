@@ -6,8 +6,9 @@
 # what is running. The story, as an operator would meet it:
 #   1. a database on 0.1.0's SQL with resource 'jobs' (stored mark 30) watched under 0.1.0: the
 #      state file 0.1.0 wrote; the new library is installed and the server restarted;
-#   2. holder Z takes etcd lock 'jobs' at revision H > 30 and never writes: before the update a
-#      write with H - 1 is already refused (the new library reads 0.1.0's state file), and
+#   2. holder Z took etcd lock 'jobs' at revision H > 30 and never writes: before the update a
+#      write with H - 1 is already refused (the new library reads 0.1.0's state file, also in the
+#      first session, before the worker has: a write with 31 is refused at once), and
 #      fencing_watch / fencing_unwatch refuse with 55000 and say to update (0.1.0's SQL has no
 #      table to write the registration into);
 #   3. ALTER EXTENSION pg_fencing UPDATE: the registration is a row of _pg_fencing.watch;
@@ -63,18 +64,27 @@ BEGIN; SET LOCAL pg_fencing.token = '30'; INSERT INTO jobs VALUES (1, 30); COMMI
 SQL
 DBOID=$("${PSQL[@]}" -Atc "SELECT oid FROM pg_database WHERE datname = current_database()")
 as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m fast -w stop >/dev/null
-# The line 0.1.0's library wrote for fencing_watch('jobs') (src/watch.rs of 0.1.0, state_text).
-printf '%s\tjobs\tjobs/\t0\t0\n' "$DBOID" >"$PGDATA_TEST/pg_fencing_watches.state"
-chown postgres:postgres "$PGDATA_TEST/pg_fencing_watches.state" 2>/dev/null || true
-as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null
-
-# etcd's revision above the stored mark, so the hand-over revision is above it too.
+# etcd's revision above the stored mark, so the hand-over revision is above it too; holder Z
+# takes the lock (and never writes) while PostgreSQL is down.
 for i in $(seq 1 40); do etcdctl put "pad/$i" x >/dev/null; done
 holder z
 H=""
 for _ in $(seq 1 100); do H=$(owner_rev); [ -n "$H" ] && break; sleep 0.1; done
 [ -n "$H" ] || { echo "FAIL: holder Z never got the lock"; exit 1; }
 echo "  holder Z's token (hand-over revision) H = $H"
+# The line 0.1.0's library wrote for fencing_watch('jobs') once it had seen Z's grant
+# (src/watch.rs of 0.1.0, state_text: database oid, resource, prefix, verify, hand-over).
+printf '%s\tjobs\tjobs/\t0\t%s\n' "$DBOID" "$H" >"$PGDATA_TEST/pg_fencing_watches.state"
+chown postgres:postgres "$PGDATA_TEST/pg_fencing_watches.state" 2>/dev/null || true
+# The worker is slow to read the state file this time (its lock is held for 3 s): the first
+# session's write must not be admitted on the stored mark alone meanwhile.
+as_pg flock -x "$PGDATA_TEST/pg_fencing_watches.lock" sleep 3 &
+FLOCK_PID=$!
+sleep 0.3
+as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null
+expect "0.1.0's SQL, right after the start, before the worker read the state file: a write with 31 (stored mark 30)" \
+    FT001 "$(stale_write 31)"
+wait "$FLOCK_PID" 2>/dev/null || true
 wait_for "0.1.0's SQL: the state file's watch sees the hand-over to Z" "$H" "$PGPORT_TEST" postgres \
     "SELECT handover_revision FROM fencing_watches WHERE resource = 'jobs'"
 expect "0.1.0's SQL: a write with H - 1" FT001 "$(stale_write $((H - 1)))"

@@ -859,6 +859,96 @@ def scenario_watch_txn(etcd, pg):
     o.close()
 
 
+def ssi_commit_fails(pg, work):
+    """Run `work(cur)` in a SERIALIZABLE transaction whose COMMIT then fails (40001: a
+    read/write dependency cycle with another transaction that commits first), after the
+    PRE_COMMIT callbacks ran. Returns the SQLSTATE of that COMMIT."""
+    a, b = pg.connect(), pg.connect()
+    ca, cb = a.cursor(), b.cursor()
+    ca.execute("CREATE TABLE IF NOT EXISTS ssi_1 (x int); CREATE TABLE IF NOT EXISTS ssi_2 (x int)")
+    ca.execute("BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT count(*) FROM ssi_1")
+    cb.execute("BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT count(*) FROM ssi_2")
+    ca.execute("INSERT INTO ssi_2 VALUES (1)")
+    cb.execute("INSERT INTO ssi_1 VALUES (1)")
+    work(cb)
+    ca.execute("COMMIT")
+    st = sqlstate(cb, "COMMIT")
+    a.close()
+    b.close()
+    return st
+
+
+def scenario_watch_commit_fails(etcd, pg):
+    print("== a commit that fails after fencing_unwatch / fencing_watch ran their pre-commit part changes no watch")
+    c = pg.connect()
+    cur = c.cursor()
+    protected_table(cur, "cf_t", "cf")
+    cur.execute("SELECT fencing_watch('cf')")
+    for i in range(20):   # etcd's revision well above the stored mark (1)
+        etcd.ctl("put", f"cf_pad/{i}", "x")
+    hz = etcdctl_holder(etcd, "cf", 10, 30)
+    tz = int(hz.stdout.readline())
+
+    def handover():
+        cur.execute("SELECT handover_revision FROM fencing_watches WHERE resource = 'cf'")
+        r = cur.fetchone()
+        return r[0] if r else None
+    ok(wait_for(lambda: handover() == tz, 10) is not None, f"the watch saw holder Z's grant ({handover()}, Z has {tz})")
+    # This session has looked at the watches already (as every session that wrote does).
+    st = ssi_commit_fails(pg, lambda k: k.execute("SELECT fencing_unwatch('cf')"))
+    ok(st == "40001", f"the unwatching transaction's COMMIT fails with a serialization failure ({st})")
+    ok(handover() == tz, f"the watch is still listed with its hand-over revision ({handover()})")
+    st = write_with(cur, "cf_t", tz - 1)
+    ok(st == "FT001", f"an older holder's write (token {tz - 1}) after the failed unwatch: FT001 ({st})")
+    ok(write_with(cur, "cf_t", tz) == "ok", "Z's own write passes (the resumed watch has read etcd again)")
+    cur.execute("SELECT count(*) FROM _pg_fencing.watch WHERE resource = 'cf'")
+    ok(cur.fetchone()[0] == 1, "the registration row is still there")
+    # A new registration whose commit fails is not left running.
+    st = ssi_commit_fails(pg, lambda k: k.execute("SELECT fencing_watch('cf_new')"))
+    cur.execute("SELECT count(*) FROM fencing_watches WHERE resource = 'cf_new'")
+    n = cur.fetchone()[0]
+    ok(st == "40001" and n == 0, f"a fencing_watch whose COMMIT failed ({st}) leaves no watch ({n} listed)")
+    # A changed registration whose commit fails keeps the lock it had.
+    st = ssi_commit_fails(pg, lambda k: k.execute("SELECT fencing_watch('cf', 'cf_other')"))
+    cur.execute("SELECT lock_key_prefix FROM fencing_watches WHERE resource = 'cf'")
+    prefix = cur.fetchone()[0]
+    ok(st == "40001" and prefix == "cf/", f"a changed registration whose COMMIT failed ({st}) keeps its lock ({prefix!r})")
+    ok(wait_for(lambda: handover() == tz, 10) is not None and write_with(cur, "cf_t", tz - 1) == "FT001",
+       "and still fences the older holder")
+    cur.execute("SELECT fencing_unwatch('cf')")
+    hz.kill()
+    c.close()
+
+
+def scenario_watch_dropped_database(etcd, pg):
+    print("== the watches of a dropped database are removed (no slot is held forever)")
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("DROP DATABASE IF EXISTS wd_db")
+    cur.execute("CREATE DATABASE wd_db")
+    d = psycopg2.connect(host="127.0.0.1", port=pg.port, user="postgres", dbname="wd_db")
+    d.autocommit = True
+    dcur = d.cursor()
+    dcur.execute("CREATE EXTENSION pg_fencing")
+    dcur.execute("SELECT fencing_watch('jobs', 'wd_lock')")
+    cur.execute("SELECT oid FROM pg_database WHERE datname = 'wd_db'")
+    oid = cur.fetchone()[0]
+    d.close()
+    state = os.path.join(pg.data, "pg_fencing_watches.state")
+
+    def lines_of_db():
+        with open(state) as f:
+            return [l for l in f.read().splitlines() if l.split("\t")[0] == str(oid)]
+    ok(len(lines_of_db()) == 1, f"the watch of database {oid} is in the state file")
+    cur.execute("DROP DATABASE wd_db")
+    # The first session that looks after the drop removes it.
+    n = pg.connect()
+    n.cursor().execute("SELECT count(*) FROM fencing_watches")
+    n.close()
+    ok(lines_of_db() == [], f"after DROP DATABASE the first session's look removed it ({lines_of_db()})")
+    c.close()
+
+
 def scenario_watch_compacted(etcd, pg):
     print("== a new watch when etcd compacted the history it needs to find the holder's grant")
     c = pg.connect()
@@ -1026,22 +1116,31 @@ def main():
     pg = Pg("pg", PGPORT, f"shared_preload_libraries = 'pg_fencing'\npg_fencing.etcd_endpoints = '{etcd.endpoints()}'\n"
                           f"pg_fencing.lease_ttl = {TTL}")
     pg.start()
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     try:
-        scenarios_single(etcd, pg)
-        scenario_watch(etcd, pg)
-        scenario_worker_threads(pg)
-        scenario_verify_wait(etcd, pg)
-        scenario_state_lock(pg)
-        scenario_watch_gap(etcd, pg)
-        scenario_watch_txn(etcd, pg)
-        scenario_watch_compacted(etcd, pg)
-        scenario_etcd_down(etcd, pg)
-        scenario_kill9(etcd, pg)
-        scenario_restore(etcd, pg)
-        pg.stop("immediate")
-        etcd.stop()
-        scenario_cluster()
-        scenario_no_preload()
+        if only:
+            # Development: run just these scenarios (by name without "scenario_").
+            setup_schema(pg.connect().cursor())
+            for name in only:
+                globals()["scenario_" + name](etcd, pg)
+        else:
+            scenarios_single(etcd, pg)
+            scenario_watch(etcd, pg)
+            scenario_worker_threads(pg)
+            scenario_verify_wait(etcd, pg)
+            scenario_state_lock(pg)
+            scenario_watch_gap(etcd, pg)
+            scenario_watch_txn(etcd, pg)
+            scenario_watch_commit_fails(etcd, pg)
+            scenario_watch_dropped_database(etcd, pg)
+            scenario_watch_compacted(etcd, pg)
+            scenario_etcd_down(etcd, pg)
+            scenario_kill9(etcd, pg)
+            scenario_restore(etcd, pg)
+            pg.stop("immediate")
+            etcd.stop()
+            scenario_cluster()
+            scenario_no_preload()
     finally:
         for p in PROCS:
             if p.poll() is None:

@@ -84,6 +84,12 @@ if [ "$PROFILE" = test ]; then
         log "rustup toolchain install nightly (for the fuzz targets)"
         rustup toolchain install nightly --profile minimal
     fi
+    for component in clippy rustfmt; do
+        if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+            log "rustup component add $component (the test command's static checks)"
+            rustup component add "$component"
+        fi
+    done
 
     while IFS= read -r line; do
         line=${line%%$'\r'}
@@ -124,6 +130,8 @@ cargo pgrx --version 2>/dev/null | grep -q "0.18.1" || problems+=("cargo pgrx 0.
 if [ "$PROFILE" = test ]; then
     cargo fuzz --version >/dev/null 2>&1 || problems+=("cargo fuzz is missing")
     rustup run nightly rustc --version >/dev/null 2>&1 || problems+=("the nightly toolchain is missing")
+    cargo clippy --version >/dev/null 2>&1 || problems+=("cargo clippy is missing")
+    cargo fmt --version >/dev/null 2>&1 || problems+=("cargo fmt is missing")
     for m in "${modules[@]}"; do
         "$VENV/bin/python" -I -c "import $m" 2>/dev/null || problems+=("Python module $m does not import in $VENV")
     done

@@ -66,6 +66,11 @@ else
     step "formatting: skipped (rustfmt is not installed: rustup component add rustfmt)"
 fi
 
+step "structure: layers without import cycles (scripts/check_layers.py), clippy (documented unsafe), documents' links (scripts/check-docs.sh)"
+"$PY" scripts/check_layers.py src
+cargo clippy --features "pg15 pg_test" --tests -- -D warnings
+scripts/check-docs.sh --strict
+
 step "released SQL scripts unchanged (scripts/check-sql-releases.sh)"
 scripts/check-sql-releases.sh
 

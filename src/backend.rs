@@ -25,6 +25,10 @@ pub fn init() {
 }
 
 /// Locks taken by the fencing rule end with the transaction; so does what we know about them.
+///
+/// # Safety
+/// Only for PostgreSQL's transaction machinery to call (registered in `init`), on the main
+/// thread.
 #[pg_guard]
 unsafe extern "C-unwind" fn xact_callback(
     event: pg_sys::XactEvent::Type,
@@ -80,6 +84,10 @@ unsafe extern "C-unwind" fn xact_callback(
 }
 
 /// A subtransaction abort releases the locks it took and undoes the marks it wrote.
+///
+/// # Safety
+/// Only for PostgreSQL's transaction machinery to call (registered in `init`), on the main
+/// thread.
 #[pg_guard]
 unsafe extern "C-unwind" fn subxact_callback(
     event: pg_sys::SubXactEvent::Type,
@@ -97,6 +105,10 @@ unsafe extern "C-unwind" fn subxact_callback(
 
 /// A relation changed (or every relation, `relid` invalid): cached trigger arguments, table
 /// information, `fenced_*` targets and the locations of pg_fencing's own tables may be stale.
+///
+/// # Safety
+/// Only for PostgreSQL's invalidation machinery to call (registered in `init`), on the main
+/// thread.
 #[pg_guard]
 unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     fenced::invalidate();

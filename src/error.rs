@@ -30,7 +30,33 @@ impl std::fmt::Display for Domain {
     }
 }
 
-/// Every error pg_fencing raises on purpose. Each maps to one SQLSTATE (`sqlstate()`).
+/// The message, detail and hint of an error whose text is written where it is raised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text {
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl Text {
+    /// A message without detail or hint.
+    pub fn new(message: impl Into<String>) -> Self {
+        Text {
+            message: message.into(),
+            detail: None,
+            hint: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Every error pg_fencing raises on purpose. Each variant maps to one SQLSTATE, in one place
+/// (`sqlstate()`); the table in docs/reference.md lists them (`error_table_matches_the_docs`).
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum FenceError {
     /// FT001: the token is lower than the high-water mark of what the write touches.
@@ -63,14 +89,60 @@ pub enum FenceError {
     #[error("{0}")]
     InvalidArgument(String),
 
+    /// 22023: a jsonb argument of a `fenced_*` call has the wrong shape (not an object, a key
+    /// that is not the primary key, changes that set the token column or nothing).
+    #[error("{0}")]
+    ArgumentShape(Text),
+
+    /// 22004: a `fenced_*` argument that must not be NULL is.
+    #[error("{0}")]
+    NullArgument(Text),
+
+    /// 42703: a `fenced_*` jsonb argument names a column the table does not have.
+    #[error("{0}")]
+    UndefinedColumn(Text),
+
+    /// P0002: `fenced_update` / `fenced_delete` found no row with the key.
+    #[error("{0}")]
+    NoSuchRow(Text),
+
+    /// FT002: a `fenced_*` call without a token (its last argument is NULL).
+    #[error("{0}")]
+    NoTokenArgument(Text),
+
+    /// FT004: a `fenced_*` call on a table that is not protected, or whose protection is not
+    /// active.
+    #[error("{0}")]
+    NotProtected(Text),
+
     /// 42P16: the table's definition does not allow the protection (e.g. a deferrable primary
     /// key in per-row mode).
     #[error("{0}")]
-    InvalidTableDefinition(String),
+    InvalidTableDefinition(Text),
 
-    /// 42501: the caller lacks a privilege (e.g. is not the table's owner).
+    /// 42501: the caller lacks a privilege (not the table's owner, no write privilege on the
+    /// resource's tables, not a superuser).
     #[error("{0}")]
-    NotAllowed(String),
+    NotAllowed(Text),
+
+    /// 0A000: something the extension does not support (PREPARE TRANSACTION after a watch
+    /// registration change).
+    #[error("{0}")]
+    NotSupported(Text),
+
+    /// 55000: the database's extension objects are older than the library needs (`fencing_watch`
+    /// before `ALTER EXTENSION pg_fencing UPDATE` from 0.1.0).
+    #[error("{0}")]
+    ExtensionNotUpdated(Text),
+
+    /// 53400: every watch slot of the worker is in use.
+    #[error("{0}")]
+    WatchSlotsFull(Text),
+
+    /// XX000: pg_fencing could not read its own catalog entries (a bug or a broken
+    /// installation, never bad input).
+    #[error("pg_fencing: {0}")]
+    Internal(String),
 
     /// FT003: the token belongs to a lock whose lease was lost (expired or revoked).
     #[error("fencing token {token} belongs to lock \"{lock}\", which was lost")]
@@ -113,16 +185,6 @@ pub enum FenceError {
         token: Token,
         why: String,
     },
-
-    /// An argument error of a `fenced_*` function, with the SQLSTATE it documents (`FT002`,
-    /// `FT004`, `22004`, `22023`, `42703`, `42P16`, `P0002`; see `api/fenced.rs`).
-    #[error("{message}")]
-    Call {
-        sqlstate: Sqlstate,
-        message: String,
-        detail: Option<String>,
-        hint: Option<String>,
-    },
 }
 
 impl FenceError {
@@ -137,6 +199,16 @@ impl FenceError {
             FenceError::InvalidArgument(_) => crate::sqlstate!("22023"),
             FenceError::NotAllowed(_) => crate::sqlstate!("42501"),
             FenceError::InvalidTableDefinition(_) => crate::sqlstate!("42P16"),
+            FenceError::ArgumentShape(_) => crate::sqlstate!("22023"),
+            FenceError::NullArgument(_) => crate::sqlstate!("22004"),
+            FenceError::UndefinedColumn(_) => crate::sqlstate!("42703"),
+            FenceError::NoSuchRow(_) => crate::sqlstate!("P0002"),
+            FenceError::NoTokenArgument(_) => crate::sqlstate!("FT002"),
+            FenceError::NotProtected(_) => crate::sqlstate!("FT004"),
+            FenceError::NotSupported(_) => crate::sqlstate!("0A000"),
+            FenceError::ExtensionNotUpdated(_) => crate::sqlstate!("55000"),
+            FenceError::WatchSlotsFull(_) => crate::sqlstate!("53400"),
+            FenceError::Internal(_) => crate::sqlstate!("XX000"),
             FenceError::LockLost { .. } => crate::sqlstate!("FT003"),
             FenceError::NotGranted { .. } => crate::sqlstate!("FT003"),
             FenceError::LockServiceUnavailable(_) => crate::sqlstate!("FT005"),
@@ -145,7 +217,24 @@ impl FenceError {
             FenceError::TooManyLocks(_) => crate::sqlstate!("53400"),
             FenceError::TriggerProtocol(_) => crate::sqlstate!("39P01"),
             FenceError::NotVerified { .. } => crate::sqlstate!("FT006"),
-            FenceError::Call { sqlstate, .. } => *sqlstate,
+        }
+    }
+
+    /// The text of the variants whose text is written where they are raised.
+    fn text(&self) -> Option<&Text> {
+        match self {
+            FenceError::ArgumentShape(t)
+            | FenceError::NullArgument(t)
+            | FenceError::UndefinedColumn(t)
+            | FenceError::NoSuchRow(t)
+            | FenceError::NoTokenArgument(t)
+            | FenceError::NotProtected(t)
+            | FenceError::InvalidTableDefinition(t)
+            | FenceError::NotAllowed(t)
+            | FenceError::NotSupported(t)
+            | FenceError::ExtensionNotUpdated(t)
+            | FenceError::WatchSlotsFull(t) => Some(t),
+            _ => None,
         }
     }
 
@@ -162,8 +251,7 @@ impl FenceError {
             ),
             FenceError::LockLost { why, .. } if !why.is_empty() => Some(format!("{why}.")),
             FenceError::NotGranted { why, .. } => Some(format!("{why}.")),
-            FenceError::Call { detail, .. } => detail.clone(),
-            _ => None,
+            _ => self.text().and_then(|t| t.detail.clone()),
         }
     }
 
@@ -203,8 +291,7 @@ impl FenceError {
             FenceError::NotVerified { .. } => Some(
                 "The resource is watched with verify: a token must lie between the lock's last hand-over revision and the latest revision etcd has reported, as seen by the worker within pg_fencing.verify_max_lag. Take tokens only from the lock service; retry if the worker was busy.".into(),
             ),
-            FenceError::Call { hint, .. } => hint.clone(),
-            _ => None,
+            _ => self.text().and_then(|t| t.hint.clone()),
         }
     }
 }
@@ -297,12 +384,64 @@ mod unit {
             ("9223372036854775808", "22003"),
             ("0", "22023"),
         ] {
-            let core_code = pg_fencing_core::token::parse_token(text).unwrap_err().sqlstate();
+            let core_code = pg_fencing_core::token::parse_token(text)
+                .unwrap_err()
+                .sqlstate();
             assert_eq!(parse_token(text).unwrap_err().sqlstate(), code);
             assert_eq!(core_code, code);
         }
         assert_eq!(parse_token(" 7 ").unwrap(), Some(7));
         assert_eq!(check_token(-1).unwrap_err().sqlstate(), "22023");
+    }
+
+    /// Every SQLSTATE the mapping (`sqlstate()`) can produce is in the SQLSTATE table of
+    /// docs/reference.md, and every `FTxxx` code there is one the mapping produces. (XX000 is
+    /// an internal failure, never a documented outcome.)
+    #[test]
+    fn error_table_matches_the_docs() {
+        let source = include_str!("error.rs");
+        let start = source.find("pub fn sqlstate(&self)").unwrap();
+        let end = start + source[start..].find("\n    }\n").unwrap();
+        let mapped: std::collections::BTreeSet<&str> = source[start..end]
+            .split("sqlstate!(\"")
+            .skip(1)
+            .map(|rest| &rest[..5])
+            .filter(|c| *c != "XX000")
+            .collect();
+        assert!(mapped.len() >= 15, "the mapping was not found: {mapped:?}");
+        let docs = include_str!("../docs/reference.md");
+        let t0 = docs
+            .find("## SQLSTATEs")
+            .expect("docs/reference.md has a SQLSTATEs section");
+        let table: String = docs[t0..]
+            .lines()
+            .skip(1)
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| l.split('|').nth(1).unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let documented: std::collections::BTreeSet<String> = table
+            .split('`')
+            .filter(|w| {
+                w.len() == 5
+                    && w.chars()
+                        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+            })
+            .map(str::to_string)
+            .collect();
+        for code in &mapped {
+            assert!(
+                documented.contains(*code),
+                "SQLSTATE {code} is raised but not in docs/reference.md's table"
+            );
+        }
+        for code in documented.iter().filter(|c| c.starts_with("FT")) {
+            assert!(
+                mapped.contains(code.as_str()),
+                "{code} is documented but never raised"
+            );
+        }
     }
 
     #[test]

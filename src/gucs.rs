@@ -118,6 +118,11 @@ pub fn token_scope_is_session() -> bool {
     TOKEN_SCOPE.get() == TokenScope::Session
 }
 
+/// Check hook of `pg_fencing.token`: refuses anything `parse_token` refuses.
+///
+/// # Safety
+/// Only for guc.c to call, on the main thread, as a `GucStringCheckHook`: `newval` NULL or
+/// pointing at NULL or at a NUL-terminated string.
 #[pg_guard]
 unsafe extern "C-unwind" fn token_check_hook(
     newval: *mut *mut c_char,
@@ -150,6 +155,11 @@ unsafe extern "C-unwind" fn token_check_hook(
     }
 }
 
+/// Assign hook of `pg_fencing.token`: keeps the parsed value in `CURRENT_TOKEN`.
+///
+/// # Safety
+/// Only for guc.c to call, on the main thread, as a `GucStringAssignHook`: `newval` NULL or a
+/// NUL-terminated string.
 #[pg_guard]
 unsafe extern "C-unwind" fn token_assign_hook(newval: *const c_char, _extra: *mut c_void) {
     let parsed = if newval.is_null() {
@@ -247,4 +257,9 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    // A misspelt setting of ours (`SET pg_fencing.tokn = ...`) is an error, not a silent
+    // placeholder that a write would then run without.
+    // SAFETY: called from _PG_init on the main thread, after our GUCs are defined; the name is
+    // a NUL-terminated literal that PostgreSQL copies.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"pg_fencing".as_ptr()) };
 }

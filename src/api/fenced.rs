@@ -14,7 +14,7 @@
 //! `finish` (guarded: collects the returned row, restores the GUC, checks that the guard trigger
 //! fired for every row written).
 
-use crate::error::FenceError;
+use crate::error::{FenceError, Text};
 use crate::guard::trigger;
 use pg_fencing_core::json::{self, Members, ShapeError};
 use pgrx::pg_sys;
@@ -103,17 +103,16 @@ pub fn free_stale_plans() {
 }
 
 fn call_error(
-    sqlstate: crate::error::Sqlstate,
+    variant: fn(Text) -> FenceError,
     message: String,
     detail: Option<String>,
     hint: Option<String>,
 ) -> FenceError {
-    FenceError::Call {
-        sqlstate,
+    variant(Text {
         message,
         detail,
         hint,
-    }
+    })
 }
 
 /// The relation as `regclass` prints it (for messages, as the caller's search_path shows it).
@@ -146,7 +145,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
     let token = match token {
         None => {
             return Err(call_error(
-                crate::sqlstate!("FT002"),
+                FenceError::NoTokenArgument,
                 format!(
                     "no fencing token for a write to {}",
                     relid
@@ -162,7 +161,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
     };
     let relid = relid.ok_or_else(|| {
         call_error(
-            crate::sqlstate!("22004"),
+            FenceError::NullArgument,
             "relation must not be NULL".into(),
             None,
             None,
@@ -214,7 +213,7 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
         } else {
             if op == Op::Update && cols.is_empty() {
                 return Err(call_error(
-                    crate::sqlstate!("22023"),
+                    FenceError::ArgumentShape,
                     "changes must name at least one column".into(),
                     None,
                     None,
@@ -344,7 +343,7 @@ pub unsafe fn finish(
         };
         if let Some(detail) = missed {
             return Err(call_error(
-                crate::sqlstate!("FT004"),
+                FenceError::NotProtected,
                 format!("protection of table {} is not active", regclass_text(relid)),
                 Some(detail),
                 Some("Check fencing_protected_tables.inactive_reason; fencing_protect re-creates missing triggers.".into()),
@@ -355,7 +354,7 @@ pub unsafe fn finish(
             None if processed == 0 && op != Op::Insert => {
                 let key = (*fcinfo).args.as_slice((*fcinfo).nargs as usize)[1].value;
                 Err(call_error(
-                    crate::sqlstate!("P0002"),
+                    FenceError::NoSuchRow,
                     format!(
                         "no row of {} has key {}",
                         regclass_text(relid),
@@ -389,7 +388,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
     };
     let t = found.ok_or_else(|| {
         call_error(
-            crate::sqlstate!("FT004"),
+            FenceError::NotProtected,
             format!("table {} is not protected by pg_fencing", regclass_text(relid)),
             None,
             Some("Run SELECT fencing_protect('table') first; fenced writes refuse tables without an active protection.".into()),
@@ -397,7 +396,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
     })?;
     if let Some(why) = &t.inactive {
         return Err(call_error(
-            crate::sqlstate!("FT004"),
+            FenceError::NotProtected,
             format!("protection of table {} is not active", regclass_text(relid)),
             Some(why.clone()),
             Some("Fix what the detail names (e.g. re-enable the trigger, reset session_replication_role), then retry; fencing_protect re-creates missing triggers.".into()),
@@ -456,7 +455,7 @@ fn load_target(relid: pg_sys::Oid, replica: bool) -> Result<Option<Target>, Fenc
             r.get::<String>(5)?.unwrap_or_default(),
         )))
     })
-    .map_err(|e| call_error(crate::sqlstate!("XX000"), format!("pg_fencing: {e}"), None, None))?;
+    .map_err(|e| FenceError::Internal(format!("reading the protection of a table: {e}")))?;
     Ok(
         row.map(|(token_column, inactive, pk, columns, qualified)| Target {
             qualified,
@@ -520,7 +519,7 @@ fn columns_of(
 ) -> Result<Vec<String>, FenceError> {
     json::check_columns(object, &t.columns, &t.token_column).map_err(|e| match e {
         ShapeError::SetsTokenColumn => call_error(
-            crate::sqlstate!("22023"),
+            FenceError::ArgumentShape,
             format!(
                 "{what} must not set the token column {}",
                 quote(&t.token_column)
@@ -542,7 +541,7 @@ fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceE
         let list = |v: &[String]| v.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
         match e {
             ShapeError::KeyMissing(cols) => call_error(
-                crate::sqlstate!("22023"),
+                FenceError::ArgumentShape,
                 format!(
                     "key lacks primary key column(s) {} of {}",
                     list(&cols),
@@ -552,7 +551,7 @@ fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceE
                 hint,
             ),
             ShapeError::KeyExtra(cols) => call_error(
-                crate::sqlstate!("22023"),
+                FenceError::ArgumentShape,
                 format!(
                     "key names column(s) {} that are not in the primary key of {}",
                     list(&cols),
@@ -562,7 +561,7 @@ fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceE
                 hint,
             ),
             ShapeError::KeyNull(cols) => call_error(
-                crate::sqlstate!("22023"),
+                FenceError::ArgumentShape,
                 format!("key column(s) {} must not be null", list(&cols)),
                 None,
                 None,
@@ -576,13 +575,13 @@ fn key_match(relid: pg_sys::Oid, t: &Target, key: &Members) -> Result<(), FenceE
 fn shape_error(e: ShapeError, relid: pg_sys::Oid, what: &str) -> FenceError {
     match e {
         ShapeError::NotObject => call_error(
-            crate::sqlstate!("22023"),
+            FenceError::ArgumentShape,
             format!("{what} must be a JSON object of column names and values"),
             None,
             None,
         ),
         ShapeError::UnknownColumn(c) => call_error(
-            crate::sqlstate!("42703"),
+            FenceError::UndefinedColumn,
             format!(
                 "column {} of relation {} does not exist",
                 quote(&c),
@@ -592,19 +591,19 @@ fn shape_error(e: ShapeError, relid: pg_sys::Oid, what: &str) -> FenceError {
             None,
         ),
         ShapeError::SetsTokenColumn => call_error(
-            crate::sqlstate!("22023"),
+            FenceError::ArgumentShape,
             format!("{what} must not set the token column"),
             None,
             None,
         ),
         ShapeError::NoPrimaryKey => call_error(
-            crate::sqlstate!("42P16"),
+            FenceError::InvalidTableDefinition,
             format!("table {} has no primary key", regclass_text(relid)),
             None,
             Some("fenced_update and fenced_delete find the row by its primary key.".into()),
         ),
         ShapeError::KeyMissing(c) | ShapeError::KeyExtra(c) | ShapeError::KeyNull(c) => call_error(
-            crate::sqlstate!("22023"),
+            FenceError::ArgumentShape,
             format!(
                 "key must name exactly the primary key columns (not {})",
                 c.join(", ")

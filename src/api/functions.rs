@@ -168,12 +168,11 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                 }
             };
             if !pg_sys::superuser() && !crate::state::privileges::may_write_resource(&resource) {
-                return Err(FenceError::Call {
-                    sqlstate: crate::sqlstate!("42501"),
+                return Err(FenceError::NotAllowed(crate::error::Text {
                     message: format!("permission denied to advance resource \"{resource}\""),
                     detail: Some("fencing_advance needs INSERT, UPDATE or DELETE privilege on a table protected with this resource (it can fence off every writer of that resource).".into()),
                     hint: Some("Protect a table with this resource (fencing_protect) and grant write privileges on it, or call fencing_advance as a superuser.".into()),
-                });
+                }));
             }
             crate::lock_service::locks::check_token(tok)?;
             let hw = rule::admit_resource(&resource, tok, true)?;
@@ -264,9 +263,9 @@ fn require_owner(relid: pg_sys::Oid) -> Result<(), FenceError> {
                 .to_string_lossy()
                 .into_owned()
         };
-        Err(FenceError::NotAllowed(format!(
+        Err(FenceError::NotAllowed(crate::error::Text::new(format!(
             "must be owner of table {name}"
-        )))
+        ))))
     }
 }
 
@@ -296,12 +295,11 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
             })?;
             if let Some(r) = resource.as_deref() {
                 if !crate::state::privileges::may_join_resource(r, relid) {
-                    return Err(FenceError::Call {
-                        sqlstate: crate::sqlstate!("42501"),
+                    return Err(FenceError::NotAllowed(crate::error::Text {
                         message: format!("permission denied to protect a table with resource \"{r}\""),
                         detail: Some("The resource is in use (it guards other tables or has a high-water mark), and a table protected with it can raise its mark for all of them.".into()),
                         hint: Some("Use a resource of your own, or get INSERT, UPDATE or DELETE privilege on a table already protected with this resource (or ask a superuser).".into()),
-                    });
+                    }));
                 }
             }
             let mut args = [
@@ -403,13 +401,15 @@ pub unsafe extern "C-unwind" fn fencing_acquire(fcinfo: FunctionCallInfo) -> pg_
                         + iv.months() as i128 * 30 * 86_400_000_000
                 }
             };
-            if micros < 0 || micros > 86_400_000_000 * 365 {
+            if !(0..=86_400_000_000 * 365).contains(&micros) {
                 return Err(FenceError::InvalidArgument(
                     "timeout must be between 0 and 1 year".into(),
                 ));
             }
-            let token =
-                crate::lock_service::locks::acquire(&name, std::time::Duration::from_micros(micros as u64))?;
+            let token = crate::lock_service::locks::acquire(
+                &name,
+                std::time::Duration::from_micros(micros as u64),
+            )?;
             crate::pg::guc::set_session_token(Some(token));
             Ok(pg_sys::Datum::from(token))
         })
@@ -456,10 +456,13 @@ pub unsafe extern "C-unwind" fn pg_fencing_lock_service_problem(
     // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
     // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
-        run(fcinfo, || match crate::lock_service::locks::lock_service_problem() {
-            Some(why) => Ok(crate::pg::spi::text_datum(&why)),
-            None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
-        })
+        run(
+            fcinfo,
+            || match crate::lock_service::locks::lock_service_problem() {
+                Some(why) => Ok(crate::pg::spi::text_datum(&why)),
+                None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
+            },
+        )
     }
 }
 
@@ -546,7 +549,10 @@ pub unsafe extern "C-unwind" fn pg_fencing_watch_changed(
             let prefix: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
             let verify: Option<bool> = pgrx::fcinfo::pg_getarg(fcinfo, 2);
             if let Some(r) = resource {
-                crate::lock_service::watch::queue_change(&r, prefix.map(|p| (p, verify.unwrap_or(false))));
+                crate::lock_service::watch::queue_change(
+                    &r,
+                    prefix.map(|p| (p, verify.unwrap_or(false))),
+                );
             }
             Ok(pgrx::fcinfo::pg_return_void())
         })
@@ -669,7 +675,9 @@ pub unsafe extern "C-unwind" fn fencing_release(fcinfo: FunctionCallInfo) -> pg_
             let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
             let name = name
                 .ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
-            Ok(pg_sys::Datum::from(crate::lock_service::locks::release(&name)?))
+            Ok(pg_sys::Datum::from(crate::lock_service::locks::release(
+                &name,
+            )?))
         })
     }
 }

@@ -4,4 +4,3 @@
 
 pub mod fenced;
 pub mod functions;
-

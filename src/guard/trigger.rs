@@ -163,10 +163,10 @@ unsafe fn verify_protection(
     )
     .unwrap_or(false);
     if !ok {
-        return Err(FenceError::NotAllowed(format!(
+        return Err(FenceError::NotAllowed(crate::error::Text::new(format!(
             "fencing_guard() on {} does not match a protection made by fencing_protect()",
             table()
-        )));
+        ))));
     }
     VERIFIED.with(|v| crate::cache::cache_insert(&mut v.borrow_mut(), cache_key, (), 10_000));
     Ok(())
@@ -338,13 +338,15 @@ unsafe fn check_primary_key(
     if cols.is_empty() || !immediate {
         // SAFETY: `rel` is valid (this function's contract).
         let table = unsafe { relation_name(rel) };
-        return Err(FenceError::InvalidTableDefinition(if cols.is_empty() {
-            format!(
+        return Err(FenceError::InvalidTableDefinition(crate::error::Text::new(
+            if cols.is_empty() {
+                format!(
                 "per-row protected table {table} has no usable primary key (none, or DEFERRABLE)"
             )
-        } else {
-            format!("per-row protected table {table} has a DEFERRABLE primary key")
-        }));
+            } else {
+                format!("per-row protected table {table} has a DEFERRABLE primary key")
+            },
+        )));
     }
     Ok(cols)
 }
@@ -593,7 +595,11 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                         // that ran after the guard: the old key is gone, so it keeps a tombstone.
                         let old_key = key_text(td.tg_trigtuple, tupdesc, &pk);
                         if old_key != key {
-                            crate::state::tombstones::record_row_delete(args.protection, &old_key, stamped);
+                            crate::state::tombstones::record_row_delete(
+                                args.protection,
+                                &old_key,
+                                stamped,
+                            );
                         }
                     }
                 }
@@ -668,7 +674,11 @@ pub unsafe fn fire(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Fe
                     if new_key != old_key {
                         // The key changes: the old key is deleted, the new one is inserted.
                         rule::admit_row_insert(args.protection, table, &new_key, token, false)?;
-                        crate::state::tombstones::record_row_delete(args.protection, &old_key, token);
+                        crate::state::tombstones::record_row_delete(
+                            args.protection,
+                            &old_key,
+                            token,
+                        );
                         count(|f| f.after_expected = f.after_expected.wrapping_add(1));
                     }
                 }
@@ -800,6 +810,13 @@ unsafe fn truncate(
             .collect();
         ((*rel).rd_id, names)
     };
-    let token_col = spi::quote_identifier(args.token_column.to_string_lossy().into_owned());
-    crate::state::tombstones::truncate_rows(args.protection, relid, table, &pk_names, &token_col, token)
+    let token_col = spi::quote_identifier(args.token_column.to_string_lossy());
+    crate::state::tombstones::truncate_rows(
+        args.protection,
+        relid,
+        table,
+        &pk_names,
+        &token_col,
+        token,
+    )
 }

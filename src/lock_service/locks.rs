@@ -15,9 +15,9 @@
 //! that is past `valid_until` (or marked lost) fails with FT003 in the backend itself, even if
 //! the worker is frozen, so it fails before etcd can have given the lock to anyone else.
 
+use super::shmem_text::ShmemText;
 use crate::error::FenceError;
 use crate::gucs;
-use super::shmem_text::ShmemText;
 use pgrx::bgworkers::BackgroundWorkerBuilder;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
@@ -84,7 +84,11 @@ pub struct Shared {
     pub(super) slots: [Slot; SLOTS],
 }
 
+// SAFETY: every field is an atomic or a `ShmemText` (its own spinlock), with no pointers into
+// process-local memory, so the struct may live in shared memory and be used from every process
+// and thread at once.
 unsafe impl PGRXSharedMemory for Shared {}
+// SAFETY: as above: all access goes through atomics or `ShmemText`'s lock.
 unsafe impl Sync for Shared {}
 
 impl Default for Shared {
@@ -116,18 +120,15 @@ impl Default for Shared {
     }
 }
 
+// SAFETY: initialised by pg_shmem_init! in _PG_init while preloading, before any use (`shared()`
+// checks ENABLED, which is set only after that).
 pub(super) static SHARED: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_fencing worker") };
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 /// Milliseconds on CLOCK_MONOTONIC: one clock for all processes of the machine, and unlike the
 /// wall clock it never jumps back (which would make an expired lease look valid).
 pub(crate) fn now_ms() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as i64 * 1000 + ts.tv_nsec as i64 / 1_000_000
+    crate::pg::process::monotonic_ms()
 }
 
 impl Slot {
@@ -172,7 +173,7 @@ impl Slot {
 
 /// Register the shared memory and the worker. Only possible while preloading.
 pub fn init_if_preloading() {
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+    if !crate::pg::process::preloading() {
         return;
     }
     pg_shmem_init!(SHARED);
@@ -196,10 +197,7 @@ pub(super) fn shared() -> Result<&'static Shared, FenceError> {
 }
 
 pub(super) fn wake_worker(sh: &Shared) {
-    let latch = sh.worker_latch.load(Ordering::Acquire);
-    if latch != 0 {
-        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
-    }
+    crate::pg::process::set_latch(sh.worker_latch.load(Ordering::Acquire));
 }
 
 /// Wait for the worker to move a slot on: the first 50 ms since `since_ms` in steps of 100 µs (an
@@ -207,8 +205,7 @@ pub(super) fn wake_worker(sh: &Shared) {
 /// Checks for interrupts either way.
 pub(super) fn poll_pause(since_ms: i64) {
     if now_ms() - since_ms < 50 {
-        unsafe { pg_sys::pg_usleep(100) };
-        pgrx::check_for_interrupts!();
+        crate::pg::process::pause_us(100);
     } else {
         nap(1);
     }
@@ -217,16 +214,7 @@ pub(super) fn poll_pause(since_ms: i64) {
 /// Sleep on this backend's latch for up to `ms` milliseconds, then check for interrupts (query
 /// cancel, statement_timeout, termination); exits if the postmaster dies.
 pub(crate) fn nap(ms: i64) {
-    unsafe {
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            ms,
-            pg_sys::PG_WAIT_EXTENSION,
-        );
-        pg_sys::ResetLatch(pg_sys::MyLatch);
-    }
-    pgrx::check_for_interrupts!();
+    crate::pg::process::nap(ms)
 }
 
 pub(super) fn lock_key_name(name: &str) -> String {
@@ -262,7 +250,12 @@ impl Shared {
     /// known when the request was sent (answers to requests in flight together may arrive in any
     /// order, but a write sent after another write's answer is applied after it, so its answer
     /// carries at least that revision). `Err` (with why) if etcd went backwards, now or before.
-    pub(super) fn observe_etcd(&self, cluster_id: u64, revision: i64, floor: i64) -> Result<(), String> {
+    pub(super) fn observe_etcd(
+        &self,
+        cluster_id: u64,
+        revision: i64,
+        floor: i64,
+    ) -> Result<(), String> {
         if let Some(why) = self.regression() {
             return Err(why);
         }
@@ -365,15 +358,7 @@ pub(super) fn save_state(sh: &Shared, dir: &str, tag: &str) -> std::io::Result<(
 }
 
 pub(crate) fn data_dir() -> String {
-    unsafe {
-        if pg_sys::DataDir.is_null() {
-            ".".into()
-        } else {
-            std::ffi::CStr::from_ptr(pg_sys::DataDir)
-                .to_string_lossy()
-                .into_owned()
-        }
-    }
+    crate::pg::process::data_dir()
 }
 
 /// `_pg_fencing.reset_lock_service()` (called by `fencing_reset`): forget what the worker knew
@@ -389,7 +374,7 @@ pub fn reset_lock_service() {
     sh.etcd_regression.set("");
     sh.etcd_regressed.store(0, Ordering::Release);
     sh.etcd_state_dirty.store(1, Ordering::Release);
-    let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
+    let tag = format!("backend{}", crate::pg::process::my_pid());
     if let Err(e) = save_state(sh, &data_dir(), &tag) {
         pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
     }
@@ -457,7 +442,7 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
         )));
     }
     wait_for_worker(sh)?;
-    let me = unsafe { pg_sys::MyProcPid };
+    let me = crate::pg::process::my_pid();
     for s in sh.slots.iter() {
         let st = s.state.load(Ordering::Acquire);
         if s.owner_pid.load(Ordering::Relaxed) == me
@@ -474,7 +459,7 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
         .slots
         .iter()
         .find(|s| s.transition(FREE, RESERVED))
-        .ok_or_else(|| FenceError::TooManyLocks(SLOTS))?;
+        .ok_or(FenceError::TooManyLocks(SLOTS))?;
     let started = now_ms();
     let deadline = started + timeout.as_millis() as i64;
     slot.generation.fetch_add(1, Ordering::AcqRel);
@@ -568,7 +553,7 @@ pub(super) fn cancel_slot(sh: &Shared, slot: &Slot) {
 /// WARNING that says why: the work done under it may have been fenced off).
 pub fn release(name: &str) -> Result<bool, FenceError> {
     let sh = shared()?;
-    let me = unsafe { pg_sys::MyProcPid };
+    let me = crate::pg::process::my_pid();
     let mut found = false;
     let mut released = false;
     for s in sh.slots.iter() {
@@ -628,6 +613,10 @@ pub(super) fn forget_session_token(token: i64) {
 }
 
 /// Backend exit: release held locks and cancel pending requests.
+///
+/// # Safety
+/// Called by PostgreSQL's `before_shmem_exit` machinery on the backend's main thread, with
+/// shared memory still attached.
 #[pg_guard]
 unsafe extern "C-unwind" fn on_backend_exit(_code: i32, _arg: pg_sys::Datum) {
     release_all_of_mine(true);
@@ -644,7 +633,7 @@ pub(super) fn release_all_of_mine(including_held: bool) {
         return;
     }
     let sh = SHARED.get();
-    let me = unsafe { pg_sys::MyProcPid };
+    let me = crate::pg::process::my_pid();
     let mut any = false;
     for s in sh.slots.iter() {
         if s.owner_pid.load(Ordering::Relaxed) != me {
@@ -665,9 +654,7 @@ pub(super) fn release_all_of_mine(including_held: bool) {
 pub(super) fn register_exit_callback() {
     use std::sync::Once;
     static REGISTERED: Once = Once::new();
-    REGISTERED.call_once(|| unsafe {
-        pg_sys::before_shmem_exit(Some(on_backend_exit), pg_sys::Datum::from(0usize));
-    });
+    REGISTERED.call_once(|| crate::pg::process::on_exit(on_backend_exit));
 }
 
 /// Is `token` the token of a lock this session holds (or held and lost) through
@@ -676,7 +663,7 @@ pub fn held_by_this_session(token: i64) -> bool {
     if !ENABLED.load(Ordering::Relaxed) {
         return false;
     }
-    let me = unsafe { pg_sys::MyProcPid };
+    let me = crate::pg::process::my_pid();
     SHARED.get().slots.iter().any(|s| {
         s.owner_pid.load(Ordering::Relaxed) == me
             && s.token.load(Ordering::Relaxed) == token

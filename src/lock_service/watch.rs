@@ -26,8 +26,8 @@
 //! The effective mark of a watched resource is `max(stored mark, hand-over revision)`; a write
 //! that passes stores its own token as usual, which is at least the hand-over revision.
 
-use crate::error::{FenceError, Token};
 use super::shmem_text::ShmemText;
+use crate::error::{FenceError, Token};
 use crate::pg::locks::{lock_resource, LockMode};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
@@ -85,7 +85,11 @@ pub struct WatchShared {
     pub(crate) slots: [WatchSlot; WATCH_SLOTS],
 }
 
+// SAFETY: every field is an atomic or a `ShmemText` (its own spinlock), with no pointers into
+// process-local memory, so the struct may live in shared memory and be used from every process
+// and thread at once.
 unsafe impl PGRXSharedMemory for WatchShared {}
+// SAFETY: as above: all access goes through atomics or `ShmemText`'s lock.
 unsafe impl Sync for WatchShared {}
 
 impl Default for WatchShared {
@@ -111,6 +115,8 @@ impl Default for WatchShared {
     }
 }
 
+// SAFETY: initialised by pg_shmem_init! in _PG_init while preloading, before any use (`shared()`
+// checks ENABLED, which is set only after that).
 static WATCHES: PgAtomic<WatchShared> = unsafe { PgAtomic::new(c"pg_fencing watches") };
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -174,7 +180,7 @@ impl WatchSlot {
 
 /// Called from `_PG_init` with `shared_preload_libraries`.
 pub fn init_if_preloading() {
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+    if !crate::pg::process::preloading() {
         return;
     }
     pg_shmem_init!(WATCHES);
@@ -188,7 +194,7 @@ pub(crate) fn shared() -> Option<&'static WatchShared> {
 /// The active slot of `resource` (compared in place: this runs for every write while anything
 /// is watched).
 pub(super) fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
-    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let db = crate::pg::process::my_database();
     sh.slots.iter().find(|s| {
         enforced(s.state.load(Ordering::Acquire))
             && s.dboid.load(Ordering::Acquire) == db
@@ -279,6 +285,7 @@ impl StateLock {
 impl Drop for StateLock {
     fn drop(&mut self) {
         use std::os::unix::io::AsRawFd;
+        // SAFETY: unlocks the descriptor this value owns; no memory is passed.
         unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
     }
 }
@@ -365,7 +372,7 @@ pub(super) fn with_state<T>(
         pgrx::warning!("pg_fencing: ignored a line of {STATE_FILE} it cannot read: {line:?}");
     }
     let out = change()?;
-    let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
+    let tag = format!("backend{}", crate::pg::process::my_pid());
     save_state(sh, &dir, &tag).map_err(io)?;
     Ok(out)
 }
@@ -396,13 +403,14 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
             KEY_LEN - 1
         )));
     }
-    if !unsafe { pg_sys::superuser() } && !crate::state::privileges::may_write_resource(resource) {
-        return Err(FenceError::Call {
-            sqlstate: crate::sqlstate!("42501"),
+    if !crate::pg::process::is_superuser()
+        && !crate::state::privileges::may_write_resource(resource)
+    {
+        return Err(FenceError::NotAllowed(crate::error::Text {
             message: format!("permission denied to watch resource \"{resource}\""),
             detail: Some("A watch raises the resource's mark at every hand-over: it needs what fencing_advance needs (INSERT, UPDATE or DELETE privilege on a table protected with the resource).".into()),
             hint: None,
-        });
+        }));
     }
     require_watch_table("fencing_watch")?;
     // One registration change per resource at a time (and the lock order of `StateLock`).
@@ -437,15 +445,14 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
 }
 
 pub(super) fn slots_full() -> FenceError {
-    FenceError::Call {
-        sqlstate: crate::sqlstate!("53400"),
+    FenceError::WatchSlotsFull(crate::error::Text {
         message: format!("all {WATCH_SLOTS} watch slots of the pg_fencing worker are in use"),
         detail: None,
         hint: Some(
             "Unwatch resources that no longer need it (fencing_unwatch); see fencing_watches."
                 .into(),
         ),
-    }
+    })
 }
 
 /// Make `resource` of this database watched with `prefix` and `verify` in shared memory (take
@@ -476,7 +483,7 @@ pub(super) fn register(
                 })
                 .ok_or_else(slots_full)?;
             s.dboid
-                .store(unsafe { pg_sys::MyDatabaseId }.to_u32(), Ordering::Release);
+                .store(crate::pg::process::my_database(), Ordering::Release);
             s.resource.set(resource);
             s.handover.store(0, Ordering::Release);
             s.handover_key.store(0, Ordering::Release);
@@ -505,13 +512,14 @@ pub(super) fn register(
 /// when the transaction commits, and the hand-over revision it reached is stored as the
 /// resource's mark then (`apply_pending`), so fencing does not drop with the watch.
 pub fn unwatch(resource: &str) -> Result<bool, FenceError> {
-    if !unsafe { pg_sys::superuser() } && !crate::state::privileges::may_write_resource(resource) {
-        return Err(FenceError::Call {
-            sqlstate: crate::sqlstate!("42501"),
+    if !crate::pg::process::is_superuser()
+        && !crate::state::privileges::may_write_resource(resource)
+    {
+        return Err(FenceError::NotAllowed(crate::error::Text {
             message: format!("permission denied to unwatch resource \"{resource}\""),
             detail: None,
             hint: None,
-        });
+        }));
     }
     require_watch_table("fencing_unwatch")?;
     // The resource's lock before the state file's (see `StateLock`), held to the commit.
@@ -566,7 +574,7 @@ thread_local! {
 /// From the row trigger of `_pg_fencing.watch` (`_pg_fencing.watch_changed`): `resource` is to be
 /// watched with `prefix`/`verify`, or (`None`) not watched, once this transaction commits.
 pub fn queue_change(resource: &str, watch: Option<(String, bool)>) {
-    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let sub = crate::pg::process::current_subxact();
     PENDING.with(|p| p.borrow_mut().push((sub, resource.to_string(), watch)));
 }
 
@@ -667,7 +675,7 @@ pub fn undo_applied() {
 fn save_after_commit(sh: &WatchShared) {
     let dir = crate::lock_service::locks::data_dir();
     let saved = StateLock::take_interruptible(&dir).and_then(|_lock| {
-        let tag = format!("backend{}", unsafe { pg_sys::MyProcPid });
+        let tag = format!("backend{}", crate::pg::process::my_pid());
         save_state(sh, &dir, &tag)
     });
     if let Err(e) = saved {
@@ -682,12 +690,11 @@ pub fn refuse_prepare() -> Result<(), FenceError> {
         return Ok(());
     }
     forget_pending();
-    Err(FenceError::Call {
-        sqlstate: crate::sqlstate!("0A000"),
+    Err(FenceError::NotSupported(crate::error::Text {
         message: "cannot PREPARE a transaction that has watched or unwatched a resource".into(),
         detail: None,
         hint: Some("Call fencing_watch and fencing_unwatch in a transaction of their own.".into()),
-    })
+    }))
 }
 
 /// At PRE_COMMIT: apply this transaction's registration changes to shared memory and the state
@@ -746,7 +753,12 @@ pub fn apply_pending() -> Result<Vec<(String, Token)>, FenceError> {
                 Some((prefix, verify)) => {
                     let undo = match find(sh, r) {
                         None => Some(Undo::Unregister),
-                        Some(s) if s.prefix.equals(prefix) && s.verify.load(Ordering::Acquire) == *verify => None,
+                        Some(s)
+                            if s.prefix.equals(prefix)
+                                && s.verify.load(Ordering::Acquire) == *verify =>
+                        {
+                            None
+                        }
                         Some(s) => Some(Undo::Reregister {
                             prefix: s.prefix(),
                             verify: s.verify.load(Ordering::Acquire),
@@ -807,16 +819,15 @@ pub(super) fn require_watch_table(function: &str) -> Result<(), FenceError> {
     if watch_table_exists() {
         return Ok(());
     }
-    Err(FenceError::Call {
-        sqlstate: crate::sqlstate!("55000"),
+    Err(FenceError::ExtensionNotUpdated(crate::error::Text {
         message: format!("{function} needs pg_fencing's SQL objects of version 0.2.0 or later in this database"),
         detail: Some("Watch registrations are rows of _pg_fencing.watch, which this database's extension does not have yet.".into()),
         hint: Some("Run ALTER EXTENSION pg_fencing UPDATE; the watches registered before it keep running and are carried into the table.".into()),
-    })
+    }))
 }
 
 pub(super) fn reconcile() -> Result<(), FenceError> {
-    if RECONCILED.with(|r| r.get()) || unsafe { pg_sys::RecoveryInProgress() } {
+    if RECONCILED.with(|r| r.get()) || crate::pg::process::in_recovery() {
         return Ok(());
     }
     // Not in this database (or an extension version from before the table): nothing to do.
@@ -869,7 +880,12 @@ pub(super) fn reconcile() -> Result<(), FenceError> {
                         s.generation.fetch_add(1, Ordering::AcqRel);
                         let drained = [ACTIVE, STOPPING].iter().any(|&from| {
                             s.state
-                                .compare_exchange(from, DRAINING, Ordering::AcqRel, Ordering::Acquire)
+                                .compare_exchange(
+                                    from,
+                                    DRAINING,
+                                    Ordering::AcqRel,
+                                    Ordering::Acquire,
+                                )
                                 .is_ok()
                         });
                         if drained {
@@ -933,7 +949,7 @@ pub fn rows() -> Vec<(
         return Vec::new();
     };
     let now = crate::lock_service::locks::now_ms();
-    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let db = crate::pg::process::my_database();
     sh.slots
         .iter()
         .filter(|s| {

@@ -61,9 +61,9 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     }
     let mut logged_regression = false;
     sh.worker_pid
-        .store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
+        .store(crate::pg::process::my_pid(), Ordering::Relaxed);
     sh.worker_latch
-        .store(unsafe { pg_sys::MyLatch } as usize, Ordering::Release);
+        .store(crate::pg::process::my_latch(), Ordering::Release);
     log!(
         "pg_fencing worker started (etcd endpoints: \"{}\")",
         gucs::etcd_endpoints()
@@ -97,7 +97,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     let mut acquiring: [u64; SLOTS] = [u64::MAX; SLOTS];
     while BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
         if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            crate::pg::process::reload_config();
             let mut c = read_config();
             c.state_dir = dir.clone();
             let _ = tx.send(Cmd::Config(c));
@@ -116,20 +116,16 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         for (i, s) in sh.slots.iter().enumerate() {
             let generation = s.generation.load(Ordering::Acquire);
             match s.state.load(Ordering::Acquire) {
-                REQUESTED => {
-                    if s.transition(REQUESTED, ACQUIRING) {
-                        acquiring[i] = generation;
-                        let _ = tx.send(Cmd::Acquire(i, generation));
-                    }
+                REQUESTED if s.transition(REQUESTED, ACQUIRING) => {
+                    acquiring[i] = generation;
+                    let _ = tx.send(Cmd::Acquire(i, generation));
                 }
                 // Cancelled before the request reached the etcd thread: nothing to clean up.
                 CANCELLED if acquiring[i] != generation => {
                     let _ = s.transition(CANCELLED, FREE);
                 }
-                RELEASE_REQUESTED => {
-                    if s.transition(RELEASE_REQUESTED, RELEASING) {
-                        let _ = tx.send(Cmd::Release(i, generation));
-                    }
+                RELEASE_REQUESTED if s.transition(RELEASE_REQUESTED, RELEASING) => {
+                    let _ = tx.send(Cmd::Release(i, generation));
                 }
                 CANCELLED if dispatched[i] != generation => {
                     dispatched[i] = generation;
@@ -154,7 +150,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     }
     log!("pg_fencing worker stopped");
     // Exit code 1: if only the worker was stopped (not the server), the postmaster restarts it.
-    unsafe { pg_sys::proc_exit(1) };
+    crate::pg::process::exit(1);
 }
 
 /// Every signal blocked on the calling thread while this value lives; the thread's previous mask

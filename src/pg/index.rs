@@ -72,7 +72,10 @@ fn locate(which: &UniqueIndex) -> Option<Located> {
 /// committed snapshot: the same answer as a `SELECT` through SPI, without the round trip.
 /// `None` if the table cannot be found this way (the caller then runs its `SELECT`);
 /// `Some(None)` if there is no such row.
-pub fn read_by_index(which: &UniqueIndex, keys: &[(i16, u32, pg_sys::Datum)]) -> Option<Option<i64>> {
+pub fn read_by_index(
+    which: &UniqueIndex,
+    keys: &[(i16, u32, pg_sys::Datum)],
+) -> Option<Option<i64>> {
     let t = locate(which)?;
     // SAFETY: backend main thread, inside a transaction (as for `locate`). `t.heap` and `t.index`
     // were looked up together by name in schema `_pg_fencing` and are dropped from the cache on any

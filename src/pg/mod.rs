@@ -4,14 +4,16 @@
 //! block with a `// SAFETY:` note; the layers above call these as plain functions.
 //!
 //! What every safe function here assumes (as pgrx's own safe wrappers do): it runs on the
-//! backend's main thread, inside a transaction, and inside a pgrx guard (a `#[pg_guard]` or
-//! `#[pg_extern]` function, or `pgrx_extern_c_guard`), because every `pg_sys` call may raise a
-//! PostgreSQL ERROR, which pgrx turns into a Rust panic that only such a guard may catch.
+//! backend's main thread and inside a pgrx guard (a `#[pg_guard]` or `#[pg_extern]` function, or
+//! `pgrx_extern_c_guard`), because every `pg_sys` call may raise a PostgreSQL ERROR, which pgrx
+//! turns into a Rust panic that only such a guard may catch. Most also need a transaction; their
+//! `// SAFETY:` notes say so.
 
 pub mod catalog;
 pub mod guc;
 pub mod index;
 pub mod locks;
+pub mod process;
 pub mod report;
 pub mod session;
 pub mod spi;

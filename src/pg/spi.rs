@@ -197,7 +197,10 @@ fn exec_internal_pinned<T>(
         };
         // SPI reads as many values as the plan has parameters: never more than `args` holds.
         if pg_sys::SPI_getargcount(plan) != args.len() as std::ffi::c_int {
-            pgrx::error!("pg_fencing: internal statement given {} arguments: {sql}", args.len());
+            pgrx::error!(
+                "pg_fencing: internal statement given {} arguments: {sql}",
+                args.len()
+            );
         }
         let nulls = vec![b' ' as std::ffi::c_char; args.len()];
         let _internal = InternalWrite::begin();

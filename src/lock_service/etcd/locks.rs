@@ -62,10 +62,7 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                             backoff = (backoff * 2).min(Duration::from_secs(5));
                             slot.fail(
                                 ERR_UNREACHABLE,
-                                &format!(
-                                    "etcd is unreachable at {}: {e}",
-                                    cfg.endpoints.join(",")
-                                ),
+                                &format!("etcd is unreachable at {}: {e}", cfg.endpoints.join(",")),
                             );
                             continue;
                         }
@@ -174,14 +171,13 @@ async fn acquire(
     let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
     let sent = now_ms();
     let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
-    let lease =
-        match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                return fail_or_free(slot, ERR_UNREACHABLE, &format!("lease grant failed: {e}"))
-            }
-            Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
-        };
+    let lease = match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            return fail_or_free(slot, ERR_UNREACHABLE, &format!("lease grant failed: {e}"))
+        }
+        Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
+    };
     let lease_id = lease.id();
     if let Err(why) = observe(sh, lease.header(), floor, &state_dir) {
         slot.fail(ERR_OTHER, &why);
@@ -246,15 +242,13 @@ async fn acquire(
     };
     let key = resp.key().to_vec();
     // etcd 3.4 can grant the lock to a waiter whose lease has just expired: check it is alive.
-    let alive = match tokio::time::timeout(
-        Duration::from_secs(2),
-        c.lease_time_to_live(lease_id, None),
-    )
-    .await
-    {
-        Ok(Ok(r)) => r.ttl() > 0,
-        _ => false,
-    };
+    let alive =
+        match tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(lease_id, None))
+            .await
+        {
+            Ok(Ok(r)) => r.ttl() > 0,
+            _ => false,
+        };
     if !alive {
         slot.fail(
             ERR_LEASE,
@@ -376,13 +370,12 @@ async fn keep_alive(mut c: Client, slot: &'static Slot, generation: u64, lease: 
             _ => return,
         }
         if stream.is_none() {
-            stream =
-                match tokio::time::timeout(Duration::from_secs(2), c.lease_keep_alive(lease))
-                    .await
-                {
-                    Ok(Ok(s)) => Some(s),
-                    _ => None,
-                };
+            stream = match tokio::time::timeout(Duration::from_secs(2), c.lease_keep_alive(lease))
+                .await
+            {
+                Ok(Ok(s)) => Some(s),
+                _ => None,
+            };
         }
         let sent = now_ms();
         let answer = match stream.as_mut() {
@@ -411,11 +404,9 @@ async fn keep_alive(mut c: Client, slot: &'static Slot, generation: u64, lease: 
             None => {
                 stream = None; // reconnect the keepalive stream on the next round
                                // Is the lease gone (revoked), or is etcd just not answering?
-                if let Ok(Ok(r)) = tokio::time::timeout(
-                    Duration::from_secs(1),
-                    c.lease_time_to_live(lease, None),
-                )
-                .await
+                if let Ok(Ok(r)) =
+                    tokio::time::timeout(Duration::from_secs(1), c.lease_time_to_live(lease, None))
+                        .await
                 {
                     if r.ttl() <= 0 {
                         mark_lost(

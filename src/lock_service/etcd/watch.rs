@@ -2,12 +2,14 @@
 #![forbid(unsafe_code)]
 
 use super::client::{connect, Config};
-use crate::lock_service::locks::{etcd_highest_revision, lock_service_problem, now_ms, observe_etcd_answer};
+use crate::lock_service::locks::{
+    etcd_highest_revision, lock_service_problem, now_ms, observe_etcd_answer,
+};
 use crate::lock_service::watch::*;
-use std::sync::atomic::Ordering;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use pg_fencing_core::handover::{self, holder, GrantSearch};
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,12 +52,9 @@ pub(crate) async fn supervise(cfg: Arc<Mutex<Config>>) {
                     let _ = h.await;
                 }
                 // The task is gone: the slot may be reused.
-                let _ = s.state.compare_exchange(
-                    DRAINING,
-                    FREE,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
+                let _ =
+                    s.state
+                        .compare_exchange(DRAINING, FREE, Ordering::AcqRel, Ordering::Acquire);
             }
         }
         if sh.dirty.swap(0, Ordering::AcqRel) != 0 {
@@ -172,11 +171,7 @@ async fn compacted_up_to(c: &mut Client, prefix: &str, from: i64) -> Result<i64,
 /// revisions that search needs, it takes a safe bound instead (`handover::compacted_bound`)
 /// and the status says so. Only then is the view confirmed, so the resource admits writes
 /// (`wait_until_synced`); from `r0 + 1` on it follows etcd's events.
-async fn watch_once(
-    slot: &'static WatchSlot,
-    generation: u64,
-    cfg: &Config,
-) -> Result<(), String> {
+async fn watch_once(slot: &'static WatchSlot, generation: u64, cfg: &Config) -> Result<(), String> {
     let mut c = connect(cfg).await?;
     let prefix = slot.prefix();
     let floor = etcd_highest_revision();
@@ -195,8 +190,7 @@ async fn watch_once(
         None => {
             raise(slot, r0, 0, generation);
             if applied < r0 {
-                status =
-                    format!("watching; the lock was free at revision {r0}: mark raised to it");
+                status = format!("watching; the lock was free at revision {r0}: mark raised to it");
             }
         }
         Some(hc) => {

@@ -178,6 +178,9 @@ SET pg_fencing.token = '9223372036854775808';
 \echo :LAST_ERROR_SQLSTATE
 SET pg_fencing.token = '0';
 \echo :LAST_ERROR_SQLSTATE
+-- A misspelt setting of ours is an error, not a silent placeholder (MarkGUCPrefixReserved).
+SET pg_fencing.tokn = '5';
+\echo :LAST_ERROR_SQLSTATE
 SET pg_fencing.token = '-5';
 \echo :LAST_ERROR_SQLSTATE
 SET pg_fencing.token = '1e3';

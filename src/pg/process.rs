@@ -1,0 +1,134 @@
+//! The current PostgreSQL process: its pid, database, role, latch, data directory, and where it
+//! is in its life (preloading, recovery, subtransaction). Safe reads of PostgreSQL's per-process
+//! globals and the waits the lock service needs (on the latch, honouring interrupts and
+//! postmaster death). Everything here runs on a PostgreSQL process's main thread, never on the
+//! worker's etcd thread (`lock_service/etcd/` does not use this module).
+
+use pgrx::pg_sys;
+
+/// This process's pid (`MyProcPid`).
+pub fn my_pid() -> i32 {
+    // SAFETY: MyProcPid is set once when the process starts and only read afterwards.
+    unsafe { pg_sys::MyProcPid }
+}
+
+/// The OID of the database this backend is connected to (`MyDatabaseId`; 0 in the worker).
+pub fn my_database() -> u32 {
+    // SAFETY: MyDatabaseId is set once at connection and only read afterwards.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// Is the current user a superuser?
+pub fn is_superuser() -> bool {
+    // SAFETY: superuser() reads the current user's pg_authid row through the syscache; it is
+    // called on the main thread of a backend inside a transaction (every SQL function is).
+    unsafe { pg_sys::superuser() }
+}
+
+/// The current subtransaction's id.
+pub fn current_subxact() -> pg_sys::SubTransactionId {
+    // SAFETY: a read of the transaction state on the backend's main thread.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}
+
+/// Is the server in recovery (a standby, or replaying WAL)?
+pub fn in_recovery() -> bool {
+    // SAFETY: RecoveryInProgress reads shared state under its own spinlock; callable from any
+    // backend.
+    unsafe { pg_sys::RecoveryInProgress() }
+}
+
+/// Are we in `_PG_init` while the postmaster loads `shared_preload_libraries`?
+pub fn preloading() -> bool {
+    // SAFETY: a global flag the postmaster sets around loading the preloaded libraries.
+    unsafe { pg_sys::process_shared_preload_libraries_in_progress }
+}
+
+/// The data directory (`DataDir`), "." if it is not set.
+pub fn data_dir() -> String {
+    // SAFETY: DataDir is NULL or a NUL-terminated string set at start and never freed.
+    unsafe {
+        if pg_sys::DataDir.is_null() {
+            ".".into()
+        } else {
+            std::ffi::CStr::from_ptr(pg_sys::DataDir)
+                .to_string_lossy()
+                .into_owned()
+        }
+    }
+}
+
+/// Milliseconds on CLOCK_MONOTONIC: one clock for all processes of the machine, and unlike the
+/// wall clock it never jumps back (which would make an expired lease look valid).
+pub fn monotonic_ms() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass; CLOCK_MONOTONIC always exists on
+    // Linux. It is async-signal-safe and thread-safe (the etcd thread's copy is in
+    // `lock_service/locks.rs`'s callers through this same function).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+}
+
+/// Sleep on this process's latch for up to `ms` milliseconds, then check for interrupts (query
+/// cancel, statement_timeout, termination); exits if the postmaster dies.
+pub fn nap(ms: i64) {
+    // SAFETY: MyLatch is this process's own latch, valid for its life; WaitLatch/ResetLatch are
+    // called on the main thread.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pgrx::check_for_interrupts!();
+}
+
+/// Sleep `us` microseconds (short polls), then check for interrupts.
+pub fn pause_us(us: i64) {
+    // SAFETY: pg_usleep only sleeps.
+    unsafe { pg_sys::pg_usleep(us as _) };
+    pgrx::check_for_interrupts!();
+}
+
+/// This process's latch, as an address another process can set (`set_latch`).
+pub fn my_latch() -> usize {
+    // SAFETY: MyLatch points to this process's latch in shared memory (PGPROC), valid for its life.
+    unsafe { pg_sys::MyLatch as usize }
+}
+
+/// Set the latch at `latch` (an address from `my_latch` in another process; 0 does nothing).
+pub fn set_latch(latch: usize) {
+    if latch != 0 {
+        // SAFETY: `latch` is a process latch in shared memory (PGPROC's procLatch), which stays
+        // mapped at the same address in every process; setting the latch of a process that has
+        // exited sets a latch nobody waits on.
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
+
+/// Re-read the configuration files (the worker, after SIGHUP).
+pub fn reload_config() {
+    // SAFETY: called on the worker's main thread from its loop, as PostgreSQL's own background
+    // workers do after SIGHUP.
+    unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+}
+
+/// End this process with `code` (the worker's exit).
+pub fn exit(code: i32) -> ! {
+    // SAFETY: proc_exit runs the exit callbacks and never returns; called on the main thread
+    // with no Rust value left that needs dropping for correctness.
+    unsafe { pg_sys::proc_exit(code) }
+}
+
+/// Run `callback` when this backend exits (before its shared-memory detach), once per process.
+pub fn on_exit(callback: unsafe extern "C-unwind" fn(i32, pg_sys::Datum)) {
+    // SAFETY: before_shmem_exit stores the function pointer, which lives as long as the library
+    // (never unloaded); called on the main thread.
+    unsafe { pg_sys::before_shmem_exit(Some(callback), pg_sys::Datum::from(0usize)) };
+}

@@ -203,7 +203,7 @@ GRANT SELECT ON _pg_fencing.tombstone_feed TO PUBLIC;
 -- A subscription applies changes with session_replication_role = replica, in which ordinary
 -- triggers do not fire. What a subscriber applies must still raise its marks and tombstones:
 --   * every protected table has the REPLICA row trigger zz_pg_fencing_replica (fencing_protect),
---     with which the guard records instead of refusing (src/trigger.rs, record_replicated);
+--     with which the guard records instead of refusing (src/guard/trigger.rs, record_replicated);
 --   * pg_fencing's own tables have the REPLICA row trigger zz_pg_fencing_replicated below, so
 --     that publishing them (FOR ALL TABLES does) merges instead of overwriting: a resource's mark
 --     only goes up, a tombstone_feed row becomes a tombstone of the subscriber's own protection

@@ -1,4 +1,4 @@
--- pg_fencing: the SQL surface. The fencing rule itself is in src/fence.rs; everything here either
+-- pg_fencing: the SQL surface. The fencing rule itself is in src/rule/mod.rs; everything here either
 -- stores state, installs the guard trigger, or turns a jsonb call into one plain DML statement that
 -- the guard trigger then fences (so plain DML and the fenced_* functions share one rule).
 --
@@ -98,7 +98,7 @@ SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table_id_seq',
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.watch', '');
 
 -- ---------------------------------------------------------------------------------------------
--- C functions (src/entry.rs)
+-- C functions (src/api/functions.rs)
 
 CREATE FUNCTION @extschema@.fencing_guard() RETURNS trigger
 LANGUAGE c AS 'MODULE_PATHNAME', 'fencing_guard';
@@ -212,7 +212,7 @@ $fn$;
 
 -- The statement-level guard triggers of one member of a protected table's partition tree:
 -- BEFORE TRUNCATE (both modes) and, in resource mode, BEFORE INSERT OR UPDATE OR DELETE, which
--- takes the resource lock before the executor locks any row (see src/trigger.rs).
+-- takes the resource lock before the executor locks any row (see src/guard/trigger.rs).
 CREATE FUNCTION _pg_fencing.add_statement_triggers(part regclass, pid bigint, resource text, token_column name)
 RETURNS void
 LANGUAGE plpgsql AS $fn$
@@ -441,7 +441,7 @@ CREATE EVENT TRIGGER pg_fencing_ddl_end ON ddl_command_end
 -- A subscription applies changes with session_replication_role = replica, in which ordinary
 -- triggers do not fire. What a subscriber applies must still raise its marks and tombstones:
 --   * every protected table has the REPLICA row trigger zz_pg_fencing_replica (fencing_protect),
---     with which the guard records instead of refusing (src/trigger.rs, record_replicated);
+--     with which the guard records instead of refusing (src/guard/trigger.rs, record_replicated);
 --   * pg_fencing's own tables have the REPLICA row trigger zz_pg_fencing_replicated below, so
 --     that publishing them (FOR ALL TABLES does) merges instead of overwriting: a resource's mark
 --     only goes up, a tombstone_feed row becomes a tombstone of the subscriber's own protection
@@ -611,7 +611,7 @@ COMMENT ON FUNCTION @extschema@.fencing_reset(text, bigint) IS
 'Superuser only (42501): sets a resource''s high-water mark to token, even lower, for recovery (e.g. an etcd restored from an old snapshot). Logged to the server log and _pg_fencing.reset_log.';
 
 -- ---------------------------------------------------------------------------------------------
--- fenced_* functions (src/fenced.rs): jsonb in, one plain DML statement out (prepared once per
+-- fenced_* functions (src/api/fenced.rs): jsonb in, one plain DML statement out (prepared once per
 -- table, operation and set of columns), fenced by the guard trigger with the token given here.
 -- The token is set for the statement only, at a GUC nesting level of its own: it is restored when
 -- the function returns or fails, and never leaks into the caller's session.

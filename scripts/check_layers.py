@@ -21,7 +21,7 @@ LAYERS = [
     ["lock_service"],
     ["state"],
     ["pg"],
-    ["gucs.rs", "error.rs", "cache.rs"],
+    ["gucs.rs", "error.rs", "cache.rs", "text.rs"],
 ]
 
 

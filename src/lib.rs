@@ -26,6 +26,7 @@ mod model_check;
 mod pg;
 mod rule;
 mod state;
+mod text;
 
 ::pgrx::pg_module_magic!();
 

@@ -16,6 +16,7 @@
 
 use crate::error::{FenceError, Text};
 use crate::guard::trigger;
+use crate::pg::spi::KeptPlans;
 use pg_fencing_core::json::{self, Members, ShapeError};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -72,34 +73,20 @@ thread_local! {
     /// Per relation: `None` if it is not protected.
     static TARGETS: RefCell<HashMap<u32, Option<Rc<Target>>>> = RefCell::new(HashMap::new());
     /// Kept plans per (relation, operation, sorted column names).
-    static PLANS: RefCell<HashMap<(u32, Op, Vec<String>), usize>> = RefCell::new(HashMap::new());
-    /// Plans dropped from `PLANS` by an invalidation; freed at the end of the transaction, when
-    /// none of them can be running.
-    static STALE_PLANS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// Kept plans per (relation, operation, sorted column names).
+    static PLANS: RefCell<KeptPlans<(u32, Op, Vec<String>)>> = RefCell::new(KeptPlans::new(1000));
 }
 
 /// Relcache invalidation (any relation: a partition's trigger, an attached partition or a
 /// renamed column can change what a cached fact or statement means).
 pub fn invalidate() {
     TARGETS.with(|t| t.borrow_mut().clear());
-    PLANS.with(|p| {
-        let mut p = p.borrow_mut();
-        if !p.is_empty() {
-            STALE_PLANS.with(|s| s.borrow_mut().extend(p.drain().map(|(_, v)| v)));
-        }
-    });
+    PLANS.with(|p| p.borrow_mut().invalidate());
 }
 
 /// End of the top-level transaction: free the plans invalidated during it.
 pub fn free_stale_plans() {
-    let stale: Vec<usize> = STALE_PLANS.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    for p in stale {
-        // SAFETY: called from the transaction-end callback on the main thread. `p` is a plan
-        // kept with SPI_keepplan by `plan_for` and moved to STALE_PLANS exactly once (when it
-        // left PLANS), so it is freed exactly once, and at transaction end no fenced statement
-        // of this backend can still be executing it.
-        unsafe { pg_sys::SPI_freeplan(p as pg_sys::SPIPlanPtr) };
-    }
+    PLANS.with(|p| p.borrow_mut().free_stale());
 }
 
 fn call_error(
@@ -616,8 +603,8 @@ fn shape_error(e: ShapeError, relid: pg_sys::Oid, what: &str) -> FenceError {
 
 /// The kept plan of the statement for this table, operation and set of columns.
 fn plan_for(key: (u32, Op, Vec<String>), t: &Target, cols: &[String]) -> pg_sys::SPIPlanPtr {
-    if let Some(p) = PLANS.with(|p| p.borrow().get(&key).copied()) {
-        return p as pg_sys::SPIPlanPtr;
+    if let Some(p) = PLANS.with(|p| p.borrow().get(&key)) {
+        return p;
     }
     let q = &t.qualified;
     let rec = |alias: &str| {
@@ -657,31 +644,11 @@ fn plan_for(key: (u32, Op, Vec<String>), t: &Target, cols: &[String]) -> pg_sys:
             rec("k"),
         ),
     };
-    let nargs = match key.1 {
+    let nargs: usize = match key.1 {
         Op::Update => 2,
         Op::Insert if cols.is_empty() => 0,
         _ => 1,
     };
-    let mut types = [pg_sys::JSONBOID; 2];
-    let csql = CString::new(sql.replace('\0', "")).unwrap_or_default();
-    // SAFETY: called from `prepare` while connected to SPI, on the main thread. `csql` is
-    // NUL-terminated and `types` holds at least `nargs` (<= 2) OIDs; both outlive the call. A
-    // NULL plan becomes an ERROR before SPI_keepplan, which moves the plan out of the SPI
-    // procedure's memory so it can be cached (freed only by `free_stale_plans`).
-    let plan = unsafe {
-        let plan = pg_sys::SPI_prepare(csql.as_ptr(), nargs, types.as_mut_ptr());
-        if plan.is_null() {
-            pgrx::error!("pg_fencing: could not prepare fenced statement: {sql}");
-        }
-        pg_sys::SPI_keepplan(plan);
-        plan
-    };
-    PLANS.with(|p| {
-        let mut p = p.borrow_mut();
-        if p.len() > 1000 {
-            STALE_PLANS.with(|s| s.borrow_mut().extend(p.drain().map(|(_, v)| v)));
-        }
-        p.insert(key, plan as usize);
-    });
-    plan
+    let types = [pg_sys::JSONBOID; 2];
+    PLANS.with(|p| p.borrow_mut().keep(key, &sql, &types[..nargs]))
 }

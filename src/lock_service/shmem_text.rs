@@ -39,14 +39,9 @@ struct Held<'a, const N: usize>(&'a ShmemText<N>);
 impl<const N: usize> Held<'_, N> {
     /// Copy `text` in (NUL-terminated, cut to N - 1 bytes at a character boundary).
     fn write(&self, text: &str) {
-        let mut n = text.len().min(N - 1);
-        while !text.is_char_boundary(n) {
-            n -= 1;
-        }
         // SAFETY: `self` holds the lock, so no one else reads or writes the bytes.
         let bytes = unsafe { &mut *self.0.bytes.get() };
-        bytes[..n].copy_from_slice(&text.as_bytes()[..n]);
-        bytes[n] = 0;
+        crate::text::copy_in(bytes, text);
     }
 }
 
@@ -75,20 +70,18 @@ impl<const N: usize> ShmemText<N> {
             // SAFETY: under the lock; a plain copy of the array.
             unsafe { *self.bytes.get() }
         };
-        let len = copy.iter().position(|b| *b == 0).unwrap_or(N);
-        String::from_utf8_lossy(&copy[..len]).into_owned()
+        crate::text::read_out(&copy)
     }
 
     /// Whether the text is `text`, compared in place (no copy, for hot paths).
     pub fn equals(&self, text: &str) -> bool {
-        let want = text.as_bytes();
-        if want.len() >= N {
+        if text.len() >= N {
             return false;
         }
         let _held = self.lock();
         // SAFETY: under the lock; only read.
         let bytes = unsafe { &*self.bytes.get() };
-        &bytes[..want.len()] == want && bytes[want.len()] == 0
+        crate::text::equals(bytes, text)
     }
 
     /// Replace the text.

@@ -9,9 +9,69 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::CString;
 
+/// Plans kept for the life of the backend (`SPI_keepplan`), by key: pg_fencing's fixed internal
+/// statements (by their text, here) and the `fenced_*` statements (by table, operation and
+/// columns, in `api/fenced.rs`). A plan dropped by `invalidate` (or when the cache is full) is
+/// freed at the end of the transaction (`free_stale`), when none of them can still be running.
+pub struct KeptPlans<K> {
+    plans: HashMap<K, usize>,
+    stale: Vec<usize>,
+    cap: usize,
+}
+
+impl<K: std::hash::Hash + Eq> KeptPlans<K> {
+    /// An empty cache of at most `cap` plans.
+    pub fn new(cap: usize) -> Self {
+        KeptPlans {
+            plans: HashMap::new(),
+            stale: Vec::new(),
+            cap,
+        }
+    }
+
+    /// The plan kept for `key`, if any.
+    pub fn get(&self, key: &K) -> Option<pg_sys::SPIPlanPtr> {
+        self.plans.get(key).map(|p| *p as pg_sys::SPIPlanPtr)
+    }
+
+    /// Prepare `sql` with parameter `types` and keep it for `key`. Call while connected to SPI.
+    pub fn keep(&mut self, key: K, sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+        let plan = prepare(sql, types);
+        // SAFETY: `plan` was just returned non-NULL by SPI_prepare in the current SPI
+        // connection; SPI_keepplan moves it to a long-lived context, so the pointer kept here
+        // stays valid until `free_stale` frees it.
+        unsafe {
+            pg_sys::SPI_keepplan(plan);
+        }
+        if self.plans.len() >= self.cap {
+            self.invalidate();
+        }
+        self.plans.insert(key, plan as usize);
+        plan
+    }
+
+    /// Drop every kept plan (a relcache invalidation can change what they mean); they are freed
+    /// by `free_stale`.
+    pub fn invalidate(&mut self) {
+        self.stale.extend(self.plans.drain().map(|(_, v)| v));
+    }
+
+    /// At the end of a transaction: free the plans dropped during it.
+    pub fn free_stale(&mut self) {
+        for p in self.stale.drain(..) {
+            // SAFETY: called from the transaction-end callback on the main thread. `p` was kept
+            // with SPI_keepplan by `keep` and moved to `stale` exactly once (when it left
+            // `plans`), so it is freed exactly once, and at transaction end no statement of
+            // this backend can still be executing it.
+            unsafe { pg_sys::SPI_freeplan(p as pg_sys::SPIPlanPtr) };
+        }
+    }
+}
+
 thread_local! {
-    /// Prepared plans of the cached statements, by their text (see `plan_for`).
-    static PLANS: RefCell<HashMap<String, usize>> = RefCell::new(HashMap::new());
+    /// Plans of the fixed internal statements, by their text (see `plan_for`). A few dozen
+    /// statements: never full.
+    static PLANS: RefCell<KeptPlans<String>> = RefCell::new(KeptPlans::new(1000));
 }
 
 /// A `text` datum (palloc'd in the current memory context) holding `s`.
@@ -120,7 +180,7 @@ pub fn exec_internal<T>(
     // The cached statements qualify every name, operators included (see above), and return
     // bigints, so neither search_path nor output settings matter to them once prepared. A plan
     // not yet prepared, and one-off statements (which print keys), run with pinned settings.
-    let prepared = cached && PLANS.with(|p| p.borrow().contains_key(sql));
+    let prepared = cached && PLANS.with(|p| p.borrow().get(&sql.to_string()).is_some());
     if prepared {
         exec_internal_pinned(sql, cached, types, args, read_only, decode)
     } else {
@@ -235,22 +295,18 @@ fn exec_internal_pinned<T>(
 /// Prepared plans, kept for the life of the backend (the plan cache re-plans them if the
 /// extension's tables are dropped and re-created).
 fn plan_for(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
-    if let Some(p) = PLANS.with(|p| p.borrow().get(sql).copied()) {
-        return p as pg_sys::SPIPlanPtr;
-    }
-    let plan = prepare(sql, types);
-    // SAFETY: `plan` was just returned non-NULL by SPI_prepare in the current SPI connection;
-    // SPI_keepplan moves it to a long-lived context, so the pointer cached in PLANS stays valid
-    // for the life of the backend (it is never freed).
-    unsafe {
-        pg_sys::SPI_keepplan(plan);
-    }
-    PLANS.with(|p| p.borrow_mut().insert(sql.to_string(), plan as usize));
-    plan
+    PLANS.with(|p| {
+        let mut p = p.borrow_mut();
+        let key = sql.to_string();
+        match p.get(&key) {
+            Some(plan) => plan,
+            None => p.keep(key, sql, types),
+        }
+    })
 }
 
 /// A plan in the current SPI procedure's memory (freed by SPI_finish).
-fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+pub fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
     // Our statements contain no NUL (identifiers cannot); strip one rather than panic.
     let csql = CString::new(sql.replace('\0', "")).unwrap_or_default();
     let mut types = types.to_vec();

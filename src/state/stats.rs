@@ -21,21 +21,6 @@ const NAME_LEN: usize = 64;
 /// Room for an `application_name` (NAMEDATALEN) and for a client address with its port.
 const ORIGIN_LEN: usize = 64;
 
-/// Copy `text` into a fixed buffer, cut at a character boundary, NUL-terminated.
-fn copy_text(buf: &mut [u8], text: &str) {
-    let mut n = text.len().min(buf.len() - 1);
-    while !text.is_char_boundary(n) {
-        n -= 1;
-    }
-    buf[..n].copy_from_slice(&text.as_bytes()[..n]);
-    buf[n..].fill(0);
-}
-
-fn read_text(buf: &[u8]) -> String {
-    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..len]).into_owned()
-}
-
 #[repr(C)]
 pub struct Slot {
     /// FNV-1a hash of database, kind and name; 0 = free.
@@ -161,21 +146,10 @@ pub fn init_if_preloading() {
 }
 
 fn hash(kind: Kind, name: &str) -> u64 {
-    let mut h: u64 = 0xcbf29ce484222325 ^ (kind as u64);
-    // SAFETY: MyDatabaseId is set once when the backend connects and only read afterwards.
-    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
-    for b in db.to_le_bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    for b in name.as_bytes() {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    if h == 0 {
-        1
-    } else {
-        h
+    let db = crate::pg::process::my_database();
+    match pg_fencing_core::hash::fnv1a(&[&[kind as u8], &db.to_le_bytes(), name.as_bytes()]) {
+        0 => 1,
+        h => h,
     }
 }
 
@@ -207,7 +181,7 @@ fn probe(kind: Kind, name: &str, claim: bool) -> Option<&'static Slot> {
                 // set (Release) below, so this is the only access to them.
                 unsafe {
                     *s.kind.get() = kind as u8;
-                    copy_text(&mut *s.name.get(), name);
+                    crate::text::copy_in(&mut *s.name.get(), name);
                 }
                 s.ready.store(1, Ordering::Release);
                 return Some(s);
@@ -274,8 +248,8 @@ pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
             role,
             ..LastRejection::EMPTY
         };
-        copy_text(&mut last.application_name, &origin.application_name);
-        copy_text(&mut last.client, &origin.client);
+        crate::text::copy_in(&mut last.application_name, &origin.application_name);
+        crate::text::copy_in(&mut last.client, &origin.client);
         s.with_last(|l| *l = last);
         s.rejected.fetch_add(1, Ordering::Relaxed);
     }
@@ -284,7 +258,7 @@ pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {
 /// Kind and name of a slot that is `ready`.
 fn slot_name(s: &Slot) -> (&'static str, String) {
     // SAFETY: written once before `ready` was set (release); the caller saw `ready` (acquire).
-    let (kind, name) = unsafe { (*s.kind.get(), read_text(&*s.name.get())) };
+    let (kind, name) = unsafe { (*s.kind.get(), crate::text::read_out(&*s.name.get())) };
     let kind = if kind == Kind::Resource as u8 {
         "resource"
     } else {
@@ -371,8 +345,8 @@ fn fencing_domain_stats(
             Some(last.token),
             Some(last.high_water),
             Some(last.pid),
-            Some(read_text(&last.application_name)),
-            may_see_client.then(|| read_text(&last.client)),
+            Some(crate::text::read_out(&last.application_name)),
+            may_see_client.then(|| crate::text::read_out(&last.client)),
         )
     };
     TableIterator::new(vec![row])

@@ -94,6 +94,10 @@ pub enum FenceError {
     #[error("{0}")]
     ArgumentShape(Text),
 
+    /// 22023: `fencing_domain_stats` was asked for a kind of domain that does not exist.
+    #[error("unknown kind of fencing domain \"{0}\"")]
+    UnknownDomainKind(String),
+
     /// 22004: a `fenced_*` argument that must not be NULL is.
     #[error("{0}")]
     NullArgument(Text),
@@ -200,6 +204,7 @@ impl FenceError {
             FenceError::NotAllowed(_) => crate::sqlstate!("42501"),
             FenceError::InvalidTableDefinition(_) => crate::sqlstate!("42P16"),
             FenceError::ArgumentShape(_) => crate::sqlstate!("22023"),
+            FenceError::UnknownDomainKind(_) => crate::sqlstate!("22023"),
             FenceError::NullArgument(_) => crate::sqlstate!("22004"),
             FenceError::UndefinedColumn(_) => crate::sqlstate!("42703"),
             FenceError::NoSuchRow(_) => crate::sqlstate!("P0002"),
@@ -251,6 +256,7 @@ impl FenceError {
             ),
             FenceError::LockLost { why, .. } if !why.is_empty() => Some(format!("{why}.")),
             FenceError::NotGranted { why, .. } => Some(format!("{why}.")),
+            FenceError::UnknownDomainKind(_) => Some("kind is 'resource' or 'table'.".into()),
             _ => self.text().and_then(|t| t.detail.clone()),
         }
     }

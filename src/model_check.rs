@@ -7,6 +7,7 @@
 //! DELETE on a resource-mode table, `fencing_advance`, and plain and `fenced_*` writes on a per-row
 //! table. Each runs in a subtransaction of the test's transaction (an EXCEPTION block), so a
 //! refused write leaves nothing, as a refused transaction would.
+#![forbid(unsafe_code)]
 
 use pgrx::prelude::*;
 use proptest::prelude::*;

@@ -231,7 +231,9 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
             false,
         );
         if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
-            pgrx::error!("pg_fencing: SPI_connect failed");
+            crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
+                "SPI_connect failed".to_string(),
+            ));
         }
         let plan = plan_for(plan_key, &target, &value_columns);
         Ok(Prepared {
@@ -294,7 +296,9 @@ pub unsafe fn finish(
     // (`prepare` refused a NULL key of an update or delete), as `jsonb_text` requires.
     unsafe {
         if rc < 0 {
-            pgrx::error!("pg_fencing: fenced statement failed: SPI code {rc}");
+            crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(format!(
+                "fenced statement failed: SPI code {rc}"
+            )));
         }
         let processed = pg_sys::SPI_processed;
         let mut result = None;

@@ -90,7 +90,9 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         });
     drop(blocked);
     if let Err(e) = thread {
-        pgrx::error!("pg_fencing: could not start the etcd thread: {e}");
+        crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(format!(
+            "could not start the etcd thread: {e}"
+        )));
     }
 
     let mut dispatched: [u64; SLOTS] = [0; SLOTS];

@@ -181,6 +181,27 @@ pub unsafe fn raise(err: FenceError) -> ! {
     }
 }
 
+/// Raise `err` from inside a pgrx-guarded function (a `#[pg_extern]`, whose Rust frames must
+/// unwind): through pgrx's own error report, with the same SQLSTATE, message, detail and hint
+/// as `raise`. Only for errors whose SQLSTATE PostgreSQL itself defines (pgrx turns an unknown
+/// class such as `FTxxx` into `XX000`); the C entry points raise ours with `raise`.
+pub fn raise_in_guard(err: FenceError) -> ! {
+    let code = pgrx::PgSqlErrorCode::from(make_sqlstate(err.sqlstate()));
+    debug_assert!(
+        !err.sqlstate().as_str().starts_with("FT"),
+        "FTxxx needs `raise`"
+    );
+    let mut report = pgrx::pg_sys::panic::ErrorReport::new(code, err.to_string(), "pg_fencing");
+    if let Some(d) = err.detail() {
+        report = report.set_detail(d);
+    }
+    if let Some(h) = err.hint() {
+        report = report.set_hint(h);
+    }
+    report.report(pgrx::PgLogLevel::ERROR);
+    unreachable!("an ERROR report does not return")
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

@@ -151,7 +151,9 @@ fn internal_owner() -> pg_sys::Oid {
             pg_sys::Datum::from(nsp),
         );
         if tup.is_null() {
-            pgrx::error!("pg_fencing: schema _pg_fencing vanished");
+            crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
+                "schema _pg_fencing vanished".to_string(),
+            ));
         }
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_namespace>(tup);
         let owner = (*form).nspowner;
@@ -248,7 +250,9 @@ fn exec_internal_pinned<T>(
                 | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
         );
         if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
-            pgrx::error!("pg_fencing: SPI_connect failed");
+            crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
+                "SPI_connect failed".to_string(),
+            ));
         }
         let plan = if cached {
             plan_for(sql, types)
@@ -257,10 +261,10 @@ fn exec_internal_pinned<T>(
         };
         // SPI reads as many values as the plan has parameters: never more than `args` holds.
         if pg_sys::SPI_getargcount(plan) != args.len() as std::ffi::c_int {
-            pgrx::error!(
-                "pg_fencing: internal statement given {} arguments: {sql}",
+            crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(format!(
+                "internal statement given {} arguments: {sql}",
                 args.len()
-            );
+            )));
         }
         let nulls = vec![b' ' as std::ffi::c_char; args.len()];
         let _internal = InternalWrite::begin();
@@ -275,7 +279,9 @@ fn exec_internal_pinned<T>(
             if read_only { 1 } else { 0 },
         );
         if rc < 0 {
-            pgrx::error!("pg_fencing: internal statement failed: SPI code {rc}");
+            crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(format!(
+                "internal statement failed: SPI code {rc}"
+            )));
         }
         let mut out = None;
         if pg_sys::SPI_processed > 0 && !pg_sys::SPI_tuptable.is_null() {
@@ -316,7 +322,9 @@ pub fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
     unsafe {
         let plan = pg_sys::SPI_prepare(csql.as_ptr(), types.len() as i32, types.as_mut_ptr());
         if plan.is_null() {
-            pgrx::error!("pg_fencing: could not prepare internal statement: {sql}");
+            crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(format!(
+                "could not prepare internal statement: {sql}"
+            )));
         }
         plan
     }

@@ -26,6 +26,7 @@
 //! and see the latest row version; an INSERT of a key whose delete is still in flight waits in
 //! the primary key's unique check until that delete commits, and only then (in the `AFTER
 //! INSERT` trigger) is the key's tombstone read, with the latest snapshot.
+#![forbid(unsafe_code)]
 
 pub mod session_token;
 

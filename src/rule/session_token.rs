@@ -4,6 +4,7 @@
 //! `token_scope = session` a plain `SET` lasts for the session. A token from postgresql.conf or
 //! `ALTER ROLE/DATABASE ... SET` never counts: a fixed token in the configuration would defeat
 //! fencing.
+#![forbid(unsafe_code)]
 
 use crate::error::Token;
 use crate::gucs;

@@ -1,6 +1,7 @@
 //! Stored high-water marks of resources: ordinary tables in schema `_pg_fencing` (WAL-logged,
 //! replicated, crash-safe), read with the latest committed snapshot and written as the
 //! extension's owner. Tombstones (per-row mode) are in `tombstones.rs`.
+#![forbid(unsafe_code)]
 
 use crate::error::Token;
 use crate::pg::index::{read_by_index, UniqueIndex};

@@ -10,6 +10,7 @@
 //! (kind `table`, named by its protection id). The table has a fixed number of slots; domains
 //! beyond that are not counted (`fencing_stats()` reports how many were dropped).
 
+use crate::error::FenceError;
 use crate::pg::session::origin;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
@@ -313,12 +314,7 @@ fn fencing_domain_stats(
         "resource" => Kind::Resource,
         "table" => Kind::Table,
         other => {
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("unknown kind of fencing domain \"{other}\""),
-                "kind is 'resource' or 'table'."
-            );
+            crate::pg::report::raise_in_guard(FenceError::UnknownDomainKind(other.to_string()))
         }
     };
     let Some(s) = find_slot(kind, name) else {

@@ -150,7 +150,9 @@ pub fn flush_tombstones() {
         keys.into_datum(),
         tokens.into_datum(),
     ) else {
-        pgrx::error!("pg_fencing: could not build the tombstone batch");
+        crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
+            "could not build the tombstone batch".to_string(),
+        ));
     };
     // The deletes were allowed, so their tombstones must be written even if the transaction was
     // switched to read-only since (SET transaction_read_only = on after the DELETE).

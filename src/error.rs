@@ -11,6 +11,13 @@ use pg_fencing_core::token::TokenError;
 use std::ffi::c_int;
 use thiserror::Error;
 
+/// `sqlstate!("FT001")`: a [`Sqlstate`] checked at compile time.
+macro_rules! sqlstate {
+    ($code:literal) => {
+        const { $crate::error::Sqlstate::new($code) }
+    };
+}
+
 /// A 64-bit fencing token as stored and compared (PostgreSQL `bigint`).
 pub type Token = i64;
 
@@ -195,33 +202,33 @@ impl FenceError {
     /// The five-character SQLSTATE of this error (see the SQLSTATE table in docs/reference.md; `error_table_matches_the_docs` checks it).
     pub fn sqlstate(&self) -> Sqlstate {
         match self {
-            FenceError::StaleToken { .. } => crate::sqlstate!("FT001"),
-            FenceError::NoToken { .. } => crate::sqlstate!("FT002"),
-            FenceError::TokenSyntax(_) => crate::sqlstate!("22P02"),
-            FenceError::TokenRange(_) => crate::sqlstate!("22003"),
-            FenceError::TokenNotPositive(_) => crate::sqlstate!("22023"),
-            FenceError::InvalidArgument(_) => crate::sqlstate!("22023"),
-            FenceError::NotAllowed(_) => crate::sqlstate!("42501"),
-            FenceError::InvalidTableDefinition(_) => crate::sqlstate!("42P16"),
-            FenceError::ArgumentShape(_) => crate::sqlstate!("22023"),
-            FenceError::UnknownDomainKind(_) => crate::sqlstate!("22023"),
-            FenceError::NullArgument(_) => crate::sqlstate!("22004"),
-            FenceError::UndefinedColumn(_) => crate::sqlstate!("42703"),
-            FenceError::NoSuchRow(_) => crate::sqlstate!("P0002"),
-            FenceError::NoTokenArgument(_) => crate::sqlstate!("FT002"),
-            FenceError::NotProtected(_) => crate::sqlstate!("FT004"),
-            FenceError::NotSupported(_) => crate::sqlstate!("0A000"),
-            FenceError::ExtensionNotUpdated(_) => crate::sqlstate!("55000"),
-            FenceError::WatchSlotsFull(_) => crate::sqlstate!("53400"),
-            FenceError::Internal(_) => crate::sqlstate!("XX000"),
-            FenceError::LockLost { .. } => crate::sqlstate!("FT003"),
-            FenceError::NotGranted { .. } => crate::sqlstate!("FT003"),
-            FenceError::LockServiceUnavailable(_) => crate::sqlstate!("FT005"),
-            FenceError::LockTimeout(_) => crate::sqlstate!("55P03"),
-            FenceError::WorkerUnavailable(_) => crate::sqlstate!("55000"),
-            FenceError::TooManyLocks(_) => crate::sqlstate!("53400"),
-            FenceError::TriggerProtocol(_) => crate::sqlstate!("39P01"),
-            FenceError::NotVerified { .. } => crate::sqlstate!("FT006"),
+            FenceError::StaleToken { .. } => sqlstate!("FT001"),
+            FenceError::NoToken { .. } => sqlstate!("FT002"),
+            FenceError::TokenSyntax(_) => sqlstate!("22P02"),
+            FenceError::TokenRange(_) => sqlstate!("22003"),
+            FenceError::TokenNotPositive(_) => sqlstate!("22023"),
+            FenceError::InvalidArgument(_) => sqlstate!("22023"),
+            FenceError::NotAllowed(_) => sqlstate!("42501"),
+            FenceError::InvalidTableDefinition(_) => sqlstate!("42P16"),
+            FenceError::ArgumentShape(_) => sqlstate!("22023"),
+            FenceError::UnknownDomainKind(_) => sqlstate!("22023"),
+            FenceError::NullArgument(_) => sqlstate!("22004"),
+            FenceError::UndefinedColumn(_) => sqlstate!("42703"),
+            FenceError::NoSuchRow(_) => sqlstate!("P0002"),
+            FenceError::NoTokenArgument(_) => sqlstate!("FT002"),
+            FenceError::NotProtected(_) => sqlstate!("FT004"),
+            FenceError::NotSupported(_) => sqlstate!("0A000"),
+            FenceError::ExtensionNotUpdated(_) => sqlstate!("55000"),
+            FenceError::WatchSlotsFull(_) => sqlstate!("53400"),
+            FenceError::Internal(_) => sqlstate!("XX000"),
+            FenceError::LockLost { .. } => sqlstate!("FT003"),
+            FenceError::NotGranted { .. } => sqlstate!("FT003"),
+            FenceError::LockServiceUnavailable(_) => sqlstate!("FT005"),
+            FenceError::LockTimeout(_) => sqlstate!("55P03"),
+            FenceError::WorkerUnavailable(_) => sqlstate!("55000"),
+            FenceError::TooManyLocks(_) => sqlstate!("53400"),
+            FenceError::TriggerProtocol(_) => sqlstate!("39P01"),
+            FenceError::NotVerified { .. } => sqlstate!("FT006"),
         }
     }
 
@@ -362,14 +369,6 @@ pub fn check_token(token: i64) -> Result<Token, FenceError> {
     Ok(pg_fencing_core::token::check_token(token)?)
 }
 
-/// `sqlstate!("FT001")`: a [`Sqlstate`] checked at compile time.
-#[macro_export]
-macro_rules! sqlstate {
-    ($code:literal) => {
-        const { $crate::error::Sqlstate::new($code) }
-    };
-}
-
 /// PostgreSQL's MAKE_SQLSTATE. Total: a `Sqlstate` always has five valid characters.
 pub fn make_sqlstate(code: Sqlstate) -> c_int {
     let mut v: c_int = 0;
@@ -452,8 +451,8 @@ mod unit {
 
     #[test]
     fn sqlstate_text_round_trips() {
-        assert_eq!(crate::sqlstate!("FT006").as_str(), "FT006");
-        assert_eq!(crate::sqlstate!("42P16").to_string(), "42P16");
+        assert_eq!(sqlstate!("FT006").as_str(), "FT006");
+        assert_eq!(sqlstate!("42P16").to_string(), "42P16");
     }
 
     #[test]
@@ -473,12 +472,12 @@ mod unit {
     fn sqlstate_encoding_matches_postgres() {
         // ERRCODE_UNIQUE_VIOLATION = MAKE_SQLSTATE('2','3','5','0','5') = 23505 in PostgreSQL.
         assert_eq!(
-            make_sqlstate(crate::sqlstate!("23505")),
+            make_sqlstate(sqlstate!("23505")),
             pgrx::PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION as c_int
         );
         assert_ne!(
-            make_sqlstate(crate::sqlstate!("FT001")),
-            make_sqlstate(crate::sqlstate!("FT002"))
+            make_sqlstate(sqlstate!("FT001")),
+            make_sqlstate(sqlstate!("FT002"))
         );
     }
 }

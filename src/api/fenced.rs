@@ -362,9 +362,7 @@ pub unsafe fn finish(
 
 /// The protection of `relid` (or of the root of its partition tree), checked to be active.
 fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
-    // SAFETY: a plain read of the `session_replication_role` GUC variable on the main thread.
-    let replica = unsafe { pg_sys::SessionReplicationRole }
-        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32;
+    let replica = crate::pg::process::replica_mode();
     let cached = TARGETS.with(|t| t.borrow().get(&relid.to_u32()).cloned());
     let found = match cached {
         Some(Some(t)) if t.replica_role == replica => Some(t),

@@ -9,6 +9,7 @@ use crate::api::fenced;
 use crate::error::{self as token, FenceError};
 use crate::guard::trigger;
 use crate::pg::report::raise;
+use crate::pg::trigger_event::TriggerEvent;
 use crate::rule;
 use pgrx::pg_sys::{self, FunctionCallInfo};
 use pgrx::prelude::*;
@@ -56,10 +57,17 @@ v1_finfo!(pg_finfo_fencing_guard);
 /// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn fencing_guard(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
-    // SAFETY: `fcinfo` is the function manager's (this function's contract), which is what
-    // `trigger::fire` requires (it checks that the call is a trigger call before using the
-    // trigger data). This frame holds nothing but `fcinfo`, as `run` requires.
-    unsafe { run(fcinfo, || trigger::fire(fcinfo)) }
+    // SAFETY: `fcinfo` is the function manager's (this function's contract), as
+    // `TriggerEvent::from_call` requires; the event lives only inside this call. This frame
+    // holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || match TriggerEvent::from_call(fcinfo) {
+            Some(event) => trigger::fire(event),
+            None => Err(FenceError::TriggerProtocol(
+                "fencing_guard() can only be called as a trigger".into(),
+            )),
+        })
+    }
 }
 
 /// The three steps of a `fenced_*` call (see `api/fenced.rs`). The statement runs in this frame,

@@ -17,3 +17,4 @@ pub mod process;
 pub mod report;
 pub mod session;
 pub mod spi;
+pub mod trigger_event;

@@ -132,3 +132,56 @@ pub fn on_exit(callback: unsafe extern "C-unwind" fn(i32, pg_sys::Datum)) {
     // (never unloaded); called on the main thread.
     unsafe { pg_sys::before_shmem_exit(Some(callback), pg_sys::Datum::from(0usize)) };
 }
+
+/// `session_replication_role = replica` (logical replication's apply workers, or a session
+/// that set it): ordinary triggers do not fire, REPLICA ones do.
+pub fn replica_mode() -> bool {
+    // SAFETY: a read of a GUC variable of this process.
+    unsafe { pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 }
+}
+
+/// The current user (`GetUserId()`).
+pub fn current_user() -> pg_sys::Oid {
+    // SAFETY: a read of this backend's current user id, on the main thread.
+    unsafe { pg_sys::GetUserId() }
+}
+
+/// Is WAL written for logical decoding (`wal_level = logical`, as publishers need)?
+pub fn logical_wal() -> bool {
+    // SAFETY: a plain read of the `wal_level` GUC variable (fixed at server start).
+    unsafe { pg_sys::wal_level >= pg_sys::WalLevel::WAL_LEVEL_LOGICAL as i32 }
+}
+
+/// Does schema `_pg_fencing` exist (in this transaction's view: `DROP EXTENSION` earlier in
+/// the same transaction removes it)?
+pub fn extension_schema_exists() -> bool {
+    // SAFETY: a catalog lookup of a NUL-terminated constant name inside a transaction;
+    // missing_ok = true returns InvalidOid instead of raising.
+    unsafe { pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true) != pg_sys::Oid::INVALID }
+}
+
+/// While this value lives, the transaction may write even if `transaction_read_only` was
+/// switched on after a write it must complete (the tombstones of deletes already allowed); the
+/// setting comes back when it is dropped. Never in recovery, where writes stay impossible. (An
+/// ERROR in between skips the drop: a transaction abort resets the flag at the next start, but a
+/// savepoint rolled back to would leave it off.)
+pub struct ReadOnlyLifted(bool);
+
+impl ReadOnlyLifted {
+    pub fn new() -> Self {
+        // SAFETY: a plain read of the backend-local `XactReadOnly` on the main thread.
+        let read_only = unsafe { pg_sys::XactReadOnly };
+        if read_only && !in_recovery() {
+            // SAFETY: a plain write of a backend-local bool on the main thread, restored on drop.
+            unsafe { pg_sys::XactReadOnly = false };
+        }
+        ReadOnlyLifted(read_only)
+    }
+}
+
+impl Drop for ReadOnlyLifted {
+    fn drop(&mut self) {
+        // SAFETY: restores the value read in `new`; a plain write of a backend-local bool.
+        unsafe { pg_sys::XactReadOnly = self.0 };
+    }
+}

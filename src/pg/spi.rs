@@ -163,6 +163,14 @@ fn internal_owner() -> pg_sys::Oid {
     }
 }
 
+/// A decoder for `exec_internal` of a statement whose one column is `text` (the only kind it
+/// is used with): the value, copied before SPI frees it.
+pub fn text_of(d: pg_sys::Datum) -> String {
+    // SAFETY: `exec_internal` passes only non-NULL values of the statement's first column, which
+    // the caller's statement declares as text; String::from_datum copies it.
+    unsafe { String::from_datum(d, false).unwrap_or_default() }
+}
+
 /// Run a statement as the extension owner, with the latest committed snapshot, and decode the
 /// first column of the first row (if any, and not NULL) with `decode`. `cached`: keep the plan
 /// for the life of the backend (only for the fixed statements above).

@@ -7,9 +7,7 @@ use pgrx::pg_sys;
 /// May the current user write (INSERT, UPDATE or DELETE) at least one table protected with
 /// `resource`? (The privilege `fencing_advance` requires; see `api/functions.rs`.)
 pub fn may_write_resource(resource: &str) -> bool {
-    // SAFETY: GetUserId only reads the backend's current user id, always set inside the
-    // transaction every caller runs in (main thread).
-    let user = unsafe { pg_sys::GetUserId() };
+    let user = crate::pg::process::current_user();
     // Any table of the partition tree, and column-level INSERT/UPDATE grants count too.
     exec_internal(
         "SELECT true FROM _pg_fencing.protected_table p, \
@@ -33,9 +31,7 @@ pub fn may_write_resource(resource: &str) -> bool {
 /// a new resource (no protected table, no mark), and to roles that may write a table already
 /// protected with it (`may_write_resource`). `relid` itself does not count.
 pub fn may_join_resource(resource: &str, relid: pg_sys::Oid) -> bool {
-    // SAFETY: superuser() checks the current user through the syscache; main thread inside the
-    // calling SQL function's transaction, no arguments.
-    if unsafe { pg_sys::superuser() } {
+    if crate::pg::process::is_superuser() {
         return true;
     }
     let in_use = exec_internal(

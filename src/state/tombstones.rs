@@ -30,12 +30,6 @@ const SQL_FEED_TOMBS: &str = "INSERT INTO _pg_fencing.tombstone_feed (relation, 
      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace";
 const SQL_FEED_CLEAR: &str = "DELETE FROM _pg_fencing.tombstone_feed";
 
-/// Is WAL written for logical decoding (publishers need `wal_level = logical`)?
-fn logical_wal() -> bool {
-    // SAFETY: a plain read of the `wal_level` GUC variable (fixed at server start), main thread.
-    unsafe { pg_sys::wal_level >= pg_sys::WalLevel::WAL_LEVEL_LOGICAL as i32 }
-}
-
 const SQL_READ_TOMB: &str = "SELECT high_water FROM _pg_fencing.row_tombstone \
      WHERE protection_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
 
@@ -78,9 +72,7 @@ pub fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
 /// flush first; other transactions see them at its commit, as before: a concurrent insert of the
 /// same key waits in the unique index for this transaction's end, then reads the tombstone.
 pub fn record_row_delete(protection: i64, key: &str, token: Token) {
-    // SAFETY: reads the current subtransaction id; called from the guard trigger, inside a
-    // transaction, on the main thread.
-    let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let subxact = crate::pg::process::current_subxact();
     let full = PENDING_TOMBSTONES.with(|p| {
         let mut p = p.borrow_mut();
         p.push(PendingTombstone {
@@ -121,13 +113,10 @@ pub fn flush_tombstones() {
         return;
     }
     // DROP EXTENSION in the same transaction: its tables, and what they would keep, are gone.
-    // SAFETY: a catalog lookup of a NUL-terminated constant name inside a transaction (a trigger,
-    // or the pre-commit callback); missing_ok = true returns InvalidOid instead of raising.
-    if unsafe { pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true) } == pg_sys::Oid::INVALID {
+    if !crate::pg::process::extension_schema_exists() {
         return;
     }
-    // SAFETY: reads the current subtransaction id (inside a transaction, main thread).
-    let writer = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let writer = crate::pg::process::current_subxact();
     let mut highest: HashMap<(i64, &str), Token> = HashMap::with_capacity(pending.len());
     for t in &pending {
         let e = highest
@@ -156,18 +145,9 @@ pub fn flush_tombstones() {
     };
     // The deletes were allowed, so their tombstones must be written even if the transaction was
     // switched to read-only since (SET transaction_read_only = on after the DELETE).
-    // SAFETY: a plain read of the `transaction_read_only` variable on the main thread.
-    let read_only = unsafe { pg_sys::XactReadOnly };
-    // SAFETY: RecoveryInProgress takes no arguments and only reads shared state.
-    if read_only && !unsafe { pg_sys::RecoveryInProgress() } {
-        // SAFETY: a plain write of a backend-local bool on the main thread (not during
-        // recovery, where writes must stay impossible). It is restored below. (If an ERROR comes
-        // first, a transaction abort resets it at the next start; a savepoint rolled back to
-        // would leave it off: a correctness caveat, not a memory-safety one.)
-        unsafe { pg_sys::XactReadOnly = false };
-    }
+    let lifted = crate::pg::process::ReadOnlyLifted::new();
     // With logical WAL, the same batch also goes to subscribers by table name (`SQL_FEED_TOMBS`).
-    let feed: &[&str] = if logical_wal() {
+    let feed: &[&str] = if crate::pg::process::logical_wal() {
         &[SQL_FEED_TOMBS]
     } else {
         &[]
@@ -189,8 +169,7 @@ pub fn flush_tombstones() {
     if !feed.is_empty() {
         exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);
     }
-    // SAFETY: restores the value read above; a plain write of a backend-local bool.
-    unsafe { pg_sys::XactReadOnly = read_only };
+    drop(lifted);
     // Written in the deleting subtransaction itself (the usual case): they stand or fall with
     // it. Written in a younger one: remember them until the transaction ends.
     let later: Vec<(PendingTombstone, pg_sys::SubTransactionId)> = pending
@@ -257,10 +236,7 @@ pub fn truncate_rows(
         &[pg_sys::INT8OID],
         &mut [pg_sys::Datum::from(token)],
         true,
-        // SAFETY: the statement's one column is `text` (`ROW(...)::text || ' ' || ...`), not
-        // NULL here (exec_internal decodes only non-NULL values), and is copied into a String
-        // before SPI frees it.
-        |d| unsafe { String::from_datum(d, false).unwrap_or_default() },
+        crate::pg::spi::text_of,
     );
     if let Some(found) = newest {
         let (key, hw) = found.rsplit_once(' ').unwrap_or((&found, "0"));
@@ -293,7 +269,7 @@ pub fn truncate_rows(
         false,
         as_token,
     );
-    if logical_wal() {
+    if crate::pg::process::logical_wal() {
         // For subscribers, as in `flush_tombstones` (see `SQL_FEED_TOMBS`).
         // Under the protected (root) table's name, as the subscriber's protection knows it.
         let feed = format!(

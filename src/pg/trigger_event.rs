@@ -1,0 +1,377 @@
+//! A trigger call as safe values: the event, its arguments, the relation and the row versions
+//! (`TriggerEvent`, `Relation`, `Row`). The guard (`guard/trigger.rs`) decides with these and
+//! never touches PostgreSQL's trigger structures itself. Everything here is valid for the one
+//! trigger call it was made from (the lifetime `'a`), on the backend's main thread.
+
+use crate::error::Token;
+use pgrx::pg_sys;
+use std::ffi::CStr;
+use std::marker::PhantomData;
+
+/// Which statement fired the trigger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TriggerOp {
+    Insert,
+    Update,
+    Delete,
+    Truncate,
+}
+
+/// One trigger call (PostgreSQL's `TriggerData`).
+pub struct TriggerEvent<'a> {
+    td: &'a pg_sys::TriggerData,
+}
+
+impl<'a> TriggerEvent<'a> {
+    /// The trigger call of `fcinfo`, or `None` if the function was not called as a trigger.
+    ///
+    /// # Safety
+    /// `fcinfo` must be the function manager's, for this call, and the result must not outlive
+    /// the call.
+    pub unsafe fn from_call(fcinfo: pg_sys::FunctionCallInfo) -> Option<TriggerEvent<'a>> {
+        // SAFETY: `fcinfo` is the function manager's (this function's contract).
+        // called_as_trigger checks that `context` is a TriggerData node before it is read as
+        // one; the trigger manager keeps that TriggerData valid for the whole call.
+        unsafe {
+            if !pgrx::trigger_support::called_as_trigger(fcinfo) {
+                return None;
+            }
+            Some(TriggerEvent {
+                td: &*((*fcinfo).context as *const pg_sys::TriggerData),
+            })
+        }
+    }
+
+    fn event(&self) -> u32 {
+        self.td.tg_event
+    }
+
+    /// The statement that fired the trigger.
+    pub fn op(&self) -> TriggerOp {
+        match self.event() & pg_sys::TRIGGER_EVENT_OPMASK {
+            pg_sys::TRIGGER_EVENT_INSERT => TriggerOp::Insert,
+            pg_sys::TRIGGER_EVENT_UPDATE => TriggerOp::Update,
+            pg_sys::TRIGGER_EVENT_DELETE => TriggerOp::Delete,
+            _ => TriggerOp::Truncate,
+        }
+    }
+
+    /// FOR EACH ROW (else FOR EACH STATEMENT).
+    pub fn row_level(&self) -> bool {
+        self.event() & pg_sys::TRIGGER_EVENT_ROW != 0
+    }
+
+    /// BEFORE (else AFTER or INSTEAD OF).
+    pub fn before(&self) -> bool {
+        self.event() & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE
+    }
+
+    /// The firing trigger's OID.
+    pub fn trigger_oid(&self) -> u32 {
+        // SAFETY: `tg_trigger` points to the firing trigger's Trigger, valid for the call.
+        unsafe { (*self.td.tg_trigger).tgoid.to_u32() }
+    }
+
+    /// The trigger's arguments (`CREATE TRIGGER ... EXECUTE FUNCTION f(args)`).
+    pub fn args(&self) -> Vec<&'a CStr> {
+        // SAFETY: `tg_trigger` is valid for the call; `tgargs` is NULL or an array of `tgnargs`
+        // NUL-terminated strings in the relcache's trigger data, which outlives the call.
+        unsafe {
+            let t = &*self.td.tg_trigger;
+            if t.tgargs.is_null() {
+                return Vec::new();
+            }
+            (0..t.tgnargs.max(0) as usize)
+                .map(|i| CStr::from_ptr(*t.tgargs.add(i)))
+                .collect()
+        }
+    }
+
+    /// The relation the trigger fires on.
+    pub fn relation(&self) -> Relation<'a> {
+        Relation {
+            rel: self.td.tg_relation,
+            _call: PhantomData,
+        }
+    }
+
+    /// The row a row-level trigger fires for: the inserted row (INSERT), the old row (UPDATE,
+    /// DELETE). `None` for statement-level events.
+    pub fn row(&self) -> Option<Row<'a>> {
+        self.row_of(self.td.tg_trigtuple)
+    }
+
+    /// The new row of a row-level UPDATE. `None` otherwise.
+    pub fn new_row(&self) -> Option<Row<'a>> {
+        if self.op() == TriggerOp::Update {
+            self.row_of(self.td.tg_newtuple)
+        } else {
+            None
+        }
+    }
+
+    fn row_of(&self, tuple: pg_sys::HeapTuple) -> Option<Row<'a>> {
+        (self.row_level() && !tuple.is_null()).then(|| Row {
+            tuple,
+            // SAFETY: `tg_relation` is open (and locked) for the call; its descriptor describes
+            // the tuples handed to the trigger.
+            tupdesc: unsafe { (*self.td.tg_relation).rd_att },
+            _call: PhantomData,
+        })
+    }
+
+    /// Does the UPDATE's SET list name column `attnum`?
+    pub fn updates_column(&self, attnum: i16) -> bool {
+        // SAFETY: `tg_updatedcols` is a valid (possibly NULL = empty) Bitmapset for UPDATE
+        // events; bms_is_member only reads it.
+        self.op() == TriggerOp::Update
+            && unsafe {
+                pg_sys::bms_is_member(
+                    attnum as i32 - pg_sys::FirstLowInvalidHeapAttributeNumber,
+                    self.td.tg_updatedcols,
+                )
+            }
+    }
+}
+
+/// Why a column cannot be the token column.
+pub enum ColumnProblem {
+    Missing,
+    NotBigint,
+}
+
+/// An open relation (valid for the trigger call it came from).
+#[derive(Clone, Copy)]
+pub struct Relation<'a> {
+    rel: pg_sys::Relation,
+    _call: PhantomData<&'a ()>,
+}
+
+impl Relation<'_> {
+    /// The relation's OID.
+    pub fn id(&self) -> pg_sys::Oid {
+        // SAFETY: the relation is open for the call.
+        unsafe { (*self.rel).rd_id }
+    }
+
+    /// `schema.table`, quoted as needed.
+    pub fn name(&self) -> String {
+        let relid = self.id();
+        // SAFETY: the catalog lookups take OIDs by value and return palloc'd NUL-terminated
+        // names or NULL (checked); quote_qualified_identifier returns a palloc'd string (the
+        // inputs themselves when no quoting is needed), copied at once. Main thread inside the
+        // trigger's transaction.
+        unsafe {
+            let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+            let name = pg_sys::get_rel_name(relid);
+            if nsp.is_null() || name.is_null() {
+                return format!("oid {}", relid.to_u32());
+            }
+            let q = pg_sys::quote_qualified_identifier(nsp, name);
+            CStr::from_ptr(q).to_string_lossy().into_owned()
+        }
+    }
+
+    fn attribute(&self, attnum: i16) -> &pg_sys::FormData_pg_attribute {
+        // SAFETY: the relation is open for the call, so is its descriptor with `natts`
+        // attributes; the slice index is bounds-checked (a bad `attnum` panics, never reads
+        // out of bounds).
+        unsafe {
+            let tupdesc = (*self.rel).rd_att;
+            let natts = (*tupdesc).natts as usize;
+            &(*tupdesc).attrs.as_slice(natts)[(attnum - 1) as usize]
+        }
+    }
+
+    /// The 1-based attribute number of bigint column `name`.
+    pub fn bigint_column(&self, name: &CStr) -> Result<i16, ColumnProblem> {
+        // SAFETY: the relation's descriptor is valid for the call; SPI_fnumber only reads it and
+        // the NUL-terminated name.
+        let (n, natts) = unsafe {
+            let tupdesc = (*self.rel).rd_att;
+            (
+                pg_sys::SPI_fnumber(tupdesc, name.as_ptr()),
+                (*tupdesc).natts,
+            )
+        };
+        if n <= 0 || n > natts {
+            return Err(ColumnProblem::Missing);
+        }
+        if self.attribute(n as i16).atttypid != pg_sys::INT8OID {
+            return Err(ColumnProblem::NotBigint);
+        }
+        Ok(n as i16)
+    }
+
+    /// The name of column `attnum`.
+    pub fn column_name(&self, attnum: i16) -> String {
+        let att = self.attribute(attnum);
+        // SAFETY: `attname` is a NUL-terminated NameData inside the descriptor.
+        unsafe { CStr::from_ptr(att.attname.data.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Primary key columns, in key order, and whether the key is checked immediately (not
+    /// DEFERRABLE). No columns: no primary key.
+    pub fn primary_key(&self) -> (Vec<i16>, bool) {
+        // SAFETY: RelationGetPrimaryKeyIndex reads the open relation's relcache entry. The index
+        // is opened (ERROR, not UB, if it vanished), its pg_index row read through `rd_index`
+        // (valid while open; `indkey` has at least `indnkeyatts` entries) and copied before
+        // index_close; main thread inside the trigger's transaction.
+        unsafe {
+            let pk = pg_sys::RelationGetPrimaryKeyIndex(self.rel);
+            if pk == pg_sys::Oid::INVALID {
+                return (Vec::new(), true);
+            }
+            let idx = pg_sys::index_open(pk, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let form = &*(*idx).rd_index;
+            let n = form.indnkeyatts as usize;
+            let cols = form.indkey.values.as_slice(n).to_vec();
+            let immediate = form.indimmediate;
+            pg_sys::index_close(idx, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            (cols, immediate)
+        }
+    }
+}
+
+/// A row version handed to the trigger (valid for the call).
+#[derive(Clone, Copy)]
+pub struct Row<'a> {
+    tuple: pg_sys::HeapTuple,
+    tupdesc: pg_sys::TupleDesc,
+    _call: PhantomData<&'a ()>,
+}
+
+/// Types whose text form depends on no setting (keys of these need no pinned settings).
+const SETTING_FREE_TYPES: [pg_sys::Oid; 12] = [
+    pg_sys::INT2OID,
+    pg_sys::INT4OID,
+    pg_sys::INT8OID,
+    pg_sys::TEXTOID,
+    pg_sys::VARCHAROID,
+    pg_sys::BPCHAROID,
+    pg_sys::UUIDOID,
+    pg_sys::BOOLOID,
+    pg_sys::OIDOID,
+    pg_sys::NUMERICOID,
+    pg_sys::NAMEOID,
+    pg_sys::CHAROID,
+];
+
+impl<'a> Row<'a> {
+    fn type_of(&self, attnum: i16) -> pg_sys::Oid {
+        // SAFETY: the descriptor is valid for the call with `natts` attributes; the slice index
+        // is bounds-checked.
+        unsafe {
+            let natts = (*self.tupdesc).natts as usize;
+            (*self.tupdesc).attrs.as_slice(natts)[(attnum - 1) as usize].atttypid
+        }
+    }
+
+    /// The value of bigint column `attnum` (None if NULL).
+    pub fn bigint(&self, attnum: i16) -> Option<Token> {
+        debug_assert_eq!(self.type_of(attnum), pg_sys::INT8OID);
+        let mut isnull = false;
+        // SAFETY: the tuple is a valid tuple of the descriptor for the call; a bigint is passed
+        // by value, so the datum is the value.
+        let d =
+            unsafe { pg_sys::heap_getattr(self.tuple, attnum as i32, self.tupdesc, &mut isnull) };
+        (!isnull).then(|| d.value() as i64)
+    }
+
+    /// Canonical text of the row's key `pk`: exactly what `ROW(pk1, pk2, ...)::text` prints
+    /// (PostgreSQL's `record_out` quoting, with the output settings pinned where a type's text
+    /// depends on them), so SQL (TRUNCATE) and the trigger build the same tombstone key.
+    pub fn key_text(&self, pk: &[i16]) -> String {
+        if pk
+            .iter()
+            .all(|a| SETTING_FREE_TYPES.contains(&self.type_of(*a)))
+        {
+            self.key_text_pinned(pk)
+        } else {
+            crate::pg::spi::with_pinned_settings(|| self.key_text_pinned(pk))
+        }
+    }
+
+    fn key_text_pinned(&self, pk: &[i16]) -> String {
+        let mut out = String::from("(");
+        for (i, attnum) in pk.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let mut isnull = false;
+            // SAFETY: the tuple is a valid tuple of the descriptor and `attnum` one of its
+            // attributes; the datum points into the tuple, which outlives its use below.
+            let datum = unsafe {
+                pg_sys::heap_getattr(self.tuple, *attnum as i32, self.tupdesc, &mut isnull)
+            };
+            if isnull {
+                continue;
+            }
+            let typid = self.type_of(*attnum);
+            // SAFETY: main thread inside the trigger's transaction. `datum` is a non-NULL value
+            // of type `typid` (the attribute's own type), which is what the type's output
+            // function, found by getTypeOutputInfo, expects; it returns a palloc'd
+            // NUL-terminated string, copied before it is pfree'd and never used after.
+            let value = unsafe {
+                let mut out_fn = pg_sys::Oid::INVALID;
+                let mut varlena = false;
+                pg_sys::getTypeOutputInfo(typid, &mut out_fn, &mut varlena);
+                let s = pg_sys::OidOutputFunctionCall(out_fn, datum);
+                let v = CStr::from_ptr(s).to_string_lossy().into_owned();
+                pg_sys::pfree(s.cast());
+                v
+            };
+            let needs_quotes = value.is_empty()
+                || value.chars().any(|c| {
+                    matches!(
+                        c,
+                        '"' | '\\' | '(' | ')' | ',' | ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'
+                    )
+                });
+            if needs_quotes {
+                out.push('"');
+                for c in value.chars() {
+                    if c == '"' || c == '\\' {
+                        out.push(c);
+                    }
+                    out.push(c);
+                }
+                out.push('"');
+            } else {
+                out.push_str(&value);
+            }
+        }
+        out.push(')');
+        out
+    }
+
+    /// The row as the trigger's result (the executor writes it unchanged).
+    pub fn datum(&self) -> pg_sys::Datum {
+        pg_sys::Datum::from(self.tuple)
+    }
+
+    /// A copy of the row with bigint column `attnum` set to `value`, as the trigger's result.
+    pub fn with_bigint(&self, attnum: i16, value: Token) -> pg_sys::Datum {
+        debug_assert_eq!(self.type_of(attnum), pg_sys::INT8OID);
+        let mut cols = [attnum as i32];
+        let mut vals = [pg_sys::Datum::from(value)];
+        let mut nulls = [false];
+        // SAFETY: the tuple is a valid tuple of the descriptor; the three arrays hold exactly
+        // the one (attnum, value, null) replacement announced, and the value is a by-value
+        // bigint. The new tuple is palloc'd in the current memory context (the trigger's),
+        // where the executor expects it.
+        let tuple = unsafe {
+            pg_sys::heap_modify_tuple_by_cols(
+                self.tuple,
+                self.tupdesc,
+                1,
+                cols.as_mut_ptr(),
+                vals.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            )
+        };
+        pg_sys::Datum::from(tuple)
+    }
+}

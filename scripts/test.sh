@@ -68,6 +68,7 @@ fi
 
 step "structure: layers without import cycles (scripts/check_layers.py), clippy (documented unsafe), documents' links (scripts/check-docs.sh)"
 "$PY" scripts/check_layers.py src
+cargo clippy -- -D warnings   # the library as built for release
 cargo clippy --features "pg15 pg_test" --tests -- -D warnings
 scripts/check-docs.sh --strict
 

@@ -12,7 +12,7 @@
 //! `backend` owns the per-backend state's life cycle (transaction, subtransaction and relcache
 //! callbacks). The SQL surface is declared in `sql/pg_fencing.sql`.
 
-use pgrx::prelude::*;
+
 
 mod api;
 mod backend;
@@ -54,7 +54,7 @@ pub extern "C-unwind" fn _PG_init() {
 }
 
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
+#[pgrx::pg_schema]
 mod tests {
     // In-database tests (`cargo pgrx test`). SQLSTATE-level checks of every error are in the
     // pg_regress suite (tests/pg_regress); these check values and the rule end to end.

@@ -3,6 +3,8 @@
 # (127.0.0.1:54379, preloaded) and etcd (127.0.0.1:23990), runs bench/bench.py and prints a
 # markdown report (also written to bench/latest.md).
 #   bench/run.sh [--no-setup]          BENCH_ROUNDS=3 BENCH_SECONDS=10 BENCH_ROWS_BIG=1000000
+#   bench/run.sh --instructions        instruction counts per transaction instead (valgrind's
+#                                      callgrind; BENCH_TXNS=1000), written to bench/instructions.md
 set -euo pipefail
 # Setup runs with the caller's environment (registry settings); the benchmark is hermetic,
 # its builds included.
@@ -22,6 +24,20 @@ CHILD_PIDS=""
 fresh_workdir
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
+
+if [[ " $* " == *" --instructions "* ]]; then
+    # Instruction counts (callgrind, single-user backend): repeatable to well under 1 %, unlike
+    # TPS on this machine. See bench/instructions.py.
+    command -v valgrind >/dev/null || { echo "bench: valgrind is missing (scripts/setup.sh --test installs it)" >&2; exit 1; }
+    [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK"
+    {
+        echo "Machine: $(nproc) cores, $(. /etc/os-release; echo "$PRETTY_NAME"), PostgreSQL $($PGBIN/postgres --version | awk '{print $3}'), $(valgrind --version), pg_fencing release build at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), date $(date -u +%F)."
+        echo "Command: bench/run.sh --instructions (BENCH_TXNS=${BENCH_TXNS:-1000})"
+        echo
+        PGPORT_BENCH=${PGPORT_BENCH:-54379} "$PY" bench/instructions.py --pgbin "$PGBIN" --work "$WORK" --n "${BENCH_TXNS:-1000}"
+    } | tee bench/instructions.md
+    exit 0
+fi
 PGPORT_TEST=${PGPORT_BENCH:-54379}
 ETCD_CLIENT_PORT=${ETCD_BENCH_PORT:-23990}
 ETCD_PEER_PORT=$((ETCD_CLIENT_PORT + 1))

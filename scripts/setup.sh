@@ -9,7 +9,7 @@
 #                   etcd-server etcd-client build-essential pkg-config
 #              cargo: cargo-pgrx 0.18.1 (matches pgrx = "=0.18.1" in Cargo.toml), `cargo pgrx init --pg15`
 #   --test     also what the test command and the benchmarks need:
-#              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv
+#              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv, valgrind (bench --instructions)
 #              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
 #                   /usr/bin/python3 from the pinned tests/requirements.txt; made again whenever
 #                   that file changes. Every script runs Python as .venv/bin/python, never the
@@ -49,8 +49,8 @@ pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo
 # Commands the profile's scripts call, checked at the end (psql and pg_* come with postgresql-15).
 cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
 if [ "$PROFILE" = test ]; then
-    pkgs+=(pgbouncer procps git python3-venv)
-    cmds+=(pgbouncer pgrep git pg_restore pgbench)
+    pkgs+=(pgbouncer procps git python3-venv valgrind)
+    cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

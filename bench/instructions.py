@@ -1,0 +1,162 @@
+"""Instruction counts per transaction, unprotected against protected (issue 16).
+
+Wall-clock TPS on a small, busy machine swings by several percent from run to run; instruction
+counts do not. This runs a single-user backend (`postgres --single`, fsync and autovacuum off,
+the extension preloaded) under `valgrind --tool=callgrind` twice for each path: once with N
+transactions and once with 2N (the first N of the same seeded sequence, on fresh copies of one
+template cluster). The difference of the two totals over N is the cost of one transaction, with
+start-up, shutdown and statement preparation cancelled out.
+
+Each transaction is `BEGIN; SET LOCAL pg_fencing.token = '100'; <statement>; COMMIT;` (the SET
+also for unprotected tables, so both sides pay for it). Keys are random over 10,000 rows; INSERT
+uses new keys, DELETE keys that exist.
+
+Usage: instructions.py --pgbin DIR --work DIR [--n 1000] [--seed 1]
+Prints a markdown table: path, unprotected and protected instructions per transaction, ratio.
+"""
+import argparse
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+
+ROWS = 10_000
+
+SETUP = f"""
+CREATE EXTENSION pg_fencing;
+CREATE TABLE plain (id int PRIMARY KEY, v bigint NOT NULL, fence_token bigint);
+CREATE TABLE prow (id int PRIMARY KEY, v bigint NOT NULL);
+CREATE TABLE pres (id int PRIMARY KEY, v bigint NOT NULL);
+SELECT fencing_protect('prow');
+SELECT fencing_protect('pres', 'bench');
+INSERT INTO plain SELECT g, 0, 100 FROM generate_series(1, {ROWS}) g;
+BEGIN; SET LOCAL pg_fencing.token = '100';
+INSERT INTO prow SELECT g, 0 FROM generate_series(1, {ROWS}) g;
+INSERT INTO pres SELECT g, 0 FROM generate_series(1, {ROWS}) g;
+COMMIT;
+VACUUM ANALYZE;
+CHECKPOINT;
+"""
+
+# name -> (PREPARE statement, per-transaction statement with {k}; key kind)
+STATEMENTS = {
+    "update plain": ("PREPARE s(int) AS UPDATE plain SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
+    "update per-row": ("PREPARE s(int) AS UPDATE prow SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
+    "update resource": ("PREPARE s(int) AS UPDATE pres SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
+    "fenced_update per-row": (
+        "PREPARE s(int) AS SELECT fenced_update('prow', jsonb_build_object('id', $1), '{\"v\": 1}', 100)",
+        "EXECUTE s({k})", "old"),
+    "insert plain": ("PREPARE s(int) AS INSERT INTO plain (id, v) VALUES ($1, 0)", "EXECUTE s({k})", "new"),
+    "insert per-row": ("PREPARE s(int) AS INSERT INTO prow (id, v) VALUES ($1, 0)", "EXECUTE s({k})", "new"),
+    "insert resource": ("PREPARE s(int) AS INSERT INTO pres (id, v) VALUES ($1, 0)", "EXECUTE s({k})", "new"),
+    "fenced_insert per-row": (
+        "PREPARE s(int) AS SELECT fenced_insert('prow', jsonb_build_object('id', $1, 'v', 0), 100)",
+        "EXECUTE s({k})", "new"),
+    "delete plain": ("PREPARE s(int) AS DELETE FROM plain WHERE id = $1", "EXECUTE s({k})", "unique"),
+    "delete per-row": ("PREPARE s(int) AS DELETE FROM prow WHERE id = $1", "EXECUTE s({k})", "unique"),
+    "delete resource": ("PREPARE s(int) AS DELETE FROM pres WHERE id = $1", "EXECUTE s({k})", "unique"),
+    "fenced_delete per-row": (
+        "PREPARE s(int) AS SELECT fenced_delete('prow', jsonb_build_object('id', $1), 100)",
+        "EXECUTE s({k})", "unique"),
+}
+
+# (path, unprotected baseline, protected)
+PAIRS = [
+    ("per-row mode UPDATE", "update plain", "update per-row"),
+    ("resource mode UPDATE", "update plain", "update resource"),
+    ("fenced_update vs the plain prepared UPDATE of the per-row table", "update per-row", "fenced_update per-row"),
+    ("per-row mode INSERT (new key)", "insert plain", "insert per-row"),
+    ("resource mode INSERT", "insert plain", "insert resource"),
+    ("fenced_insert vs the plain INSERT of the per-row table", "insert per-row", "fenced_insert per-row"),
+    ("per-row mode DELETE by key", "delete plain", "delete per-row"),
+    ("resource mode DELETE by key", "delete plain", "delete resource"),
+    ("fenced_delete vs the plain DELETE of the per-row table", "delete per-row", "fenced_delete per-row"),
+]
+
+
+def as_postgres(cmd, **kw):
+    if os.getuid() == 0:
+        cmd = ["sudo", "-u", "postgres", "--"] + cmd
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def keys(kind, n, rng):
+    if kind == "old":
+        return [rng.randint(1, ROWS) for _ in range(n)]
+    if kind == "new":
+        return list(range(ROWS + 1, ROWS + 1 + n))
+    ks = list(range(1, ROWS + 1))
+    rng.shuffle(ks)
+    return ks[:n]
+
+
+def count(args, template, name, n):
+    prepare, stmt, kind = STATEMENTS[name]
+    run_dir = os.path.join(args.work, "run")
+    if os.path.exists(run_dir):
+        shutil.rmtree(run_dir)
+    as_postgres(["cp", "-a", template, run_dir])
+    rng = random.Random(args.seed)
+    lines = [prepare] + [
+        f"BEGIN; SET LOCAL pg_fencing.token = '100'; {stmt.format(k=k)}; COMMIT;"
+        for k in keys(kind, n, rng)
+    ]
+    script = os.path.join(args.work, "input.sql")
+    with open(script, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    log = os.path.join(args.work, "callgrind.log")
+    with open(script) as stdin:
+        out = as_postgres(["valgrind", "--tool=callgrind", f"--log-file={log}", "--callgrind-out-file=/dev/null",
+                           f"{args.pgbin}/postgres", "--single", "-D", run_dir,
+                           "-c", "fsync=off", "-c", "autovacuum=off", "-c", "shared_preload_libraries=pg_fencing",
+                           "postgres"],
+                          stdin=stdin, capture_output=True, text=True)
+    # A statement that failed would make the counts meaningless.
+    if "ERROR" in out.stdout + out.stderr:
+        raise SystemExit(f"instructions: {name} failed:\n" + (out.stdout + out.stderr)[-2000:])
+    with open(log) as f:
+        m = re.search(r"Collected : (\d+)", f.read())
+    if not m:
+        raise SystemExit(f"instructions: no instruction count in {log}")
+    return int(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pgbin", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    template = os.path.join(args.work, "template")
+    port = int(os.environ.get("PGPORT_BENCH", "54379"))
+    as_postgres([f"{args.pgbin}/initdb", "-D", template, "-U", "postgres", "-A", "trust", "--no-sync"],
+                stdout=subprocess.DEVNULL)
+    as_postgres([f"{args.pgbin}/pg_ctl", "-D", template, "-w", "-o",
+                 f"-p {port} -k {args.work} -c listen_addresses='' -c shared_preload_libraries=pg_fencing",
+                 "-l", os.path.join(args.work, "template.log"), "start"], stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", args.work, "-p", str(port),
+                        "-U", "postgres", "-d", "postgres", "-c", SETUP], check=True, stdout=subprocess.DEVNULL)
+    finally:
+        as_postgres([f"{args.pgbin}/pg_ctl", "-D", template, "-w", "-m", "fast", "stop"], stdout=subprocess.DEVNULL)
+    per_txn = {}
+    for name in STATEMENTS:
+        one = count(args, template, name, args.n)
+        two = count(args, template, name, 2 * args.n)
+        per_txn[name] = (two - one) / args.n
+        print(f"  {name}: {per_txn[name]:,.0f} instructions per transaction", file=sys.stderr)
+    print(f"Instructions per transaction (callgrind, `postgres --single`, N = {args.n} and 2N, "
+          f"seed {args.seed}); ratio = unprotected / protected, 1.00 = free:")
+    print()
+    print("| path | unprotected | protected | ratio |")
+    print("|---|---:|---:|---:|")
+    for label, base, prot in PAIRS:
+        b, p = per_txn[base], per_txn[prot]
+        print(f"| {label} | {b:,.0f} | {p:,.0f} | {b / p:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -139,7 +139,8 @@ def main():
                  "-l", os.path.join(args.work, "template.log"), "start"], stdout=subprocess.DEVNULL)
     try:
         subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", args.work, "-p", str(port),
-                        "-U", "postgres", "-d", "postgres", "-c", SETUP], check=True, stdout=subprocess.DEVNULL)
+                        "-U", "postgres", "-d", "postgres", "-f", "-"], input=SETUP, text=True, check=True,
+                       stdout=subprocess.DEVNULL)
     finally:
         as_postgres([f"{args.pgbin}/pg_ctl", "-D", template, "-w", "-m", "fast", "stop"], stdout=subprocess.DEVNULL)
     per_txn = {}

@@ -8,9 +8,9 @@
 set -euo pipefail
 # Setup runs with the caller's environment (registry settings); the benchmark is hermetic,
 # its builds included.
-if [ -z "${PGF_HERMETIC:-}" ] && [ "${1:-}" != "--no-setup" ]; then
+if [ -z "${PGF_HERMETIC:-}" ] && [[ " $* " != *" --no-setup "* ]]; then
     "$(dirname "$0")/../scripts/setup.sh" --test
-    set -- --no-setup
+    set -- --no-setup "$@"
 fi
 source "$(dirname "$0")/../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."

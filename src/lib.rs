@@ -12,8 +12,6 @@
 //! `backend` owns the per-backend state's life cycle (transaction, subtransaction and relcache
 //! callbacks). The SQL surface is declared in `sql/pg_fencing.sql`.
 
-
-
 mod api;
 mod backend;
 mod cache;

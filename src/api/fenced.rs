@@ -20,8 +20,9 @@ use crate::pg::spi::KeptPlans;
 use pg_fencing_core::json::{self, Members, ShapeError};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_long, CStr, CString};
 use std::rc::Rc;
 
@@ -71,7 +72,7 @@ struct Target {
 
 thread_local! {
     /// Per relation: `None` if it is not protected.
-    static TARGETS: RefCell<HashMap<u32, Option<Rc<Target>>>> = RefCell::new(HashMap::new());
+    static TARGETS: RefCell<FxHashMap<u32, Option<Rc<Target>>>> = RefCell::new(FxHashMap::default());
     /// Kept plans per (relation, operation, sorted column names).
     /// Kept plans per (relation, operation, sorted column names).
     static PLANS: RefCell<KeptPlans<(u32, Op, Vec<String>)>> = RefCell::new(KeptPlans::new(1000));

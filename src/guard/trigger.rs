@@ -22,8 +22,8 @@ use crate::pg::trigger_event::{ColumnProblem, Relation, Row, TriggerEvent, Trigg
 use crate::rule;
 use crate::rule::session_token::current_token;
 use pgrx::pg_sys;
+use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::ffi::CString;
 
 thread_local! {
@@ -31,10 +31,10 @@ thread_local! {
     /// were found to match `_pg_fencing.protected_table`. Kept for the life of the backend: a
     /// protection's arguments only change through fencing_protect/fencing_unprotect, which
     /// re-create or drop the triggers (and only the table's owner can attach triggers to it).
-    static VERIFIED: RefCell<HashMap<(u32, u64), ()>> = RefCell::new(HashMap::new());
+    static VERIFIED: RefCell<FxHashMap<(u32, u64), ()>> = RefCell::new(FxHashMap::default());
     /// Per relation (and token column): the token column's attribute number and the primary
     /// key. Dropped on relcache invalidation of the relation (see `forget_relation`).
-    static RELINFO: RefCell<HashMap<(u32, u64), RelInfo>> = RefCell::new(HashMap::new());
+    static RELINFO: RefCell<FxHashMap<(u32, u64), RelInfo>> = RefCell::new(FxHashMap::default());
 }
 
 thread_local! {
@@ -187,7 +187,7 @@ struct Args {
 thread_local! {
     /// Parsed arguments per trigger OID (a trigger's arguments never change; dropped with the
     /// other caches on relcache invalidation, so a reused OID is parsed again).
-    static ARGS: RefCell<HashMap<u32, std::rc::Rc<Args>>> = RefCell::new(HashMap::new());
+    static ARGS: RefCell<FxHashMap<u32, std::rc::Rc<Args>>> = RefCell::new(FxHashMap::default());
 }
 
 /// The guard's arguments, parsed once per trigger and backend.

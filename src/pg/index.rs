@@ -3,8 +3,8 @@
 //! committed snapshot, read one bigint column.
 
 use pgrx::pg_sys;
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::CStr;
 
 /// A table of schema `_pg_fencing`, the unique index its reads go through, and the bigint column
@@ -26,7 +26,7 @@ struct Located {
 
 thread_local! {
     /// Per table name; dropped on relcache invalidation (`forget_located`).
-    static LOCATED: RefCell<HashMap<&'static CStr, Located>> = RefCell::new(HashMap::new());
+    static LOCATED: RefCell<FxHashMap<&'static CStr, Located>> = RefCell::new(FxHashMap::default());
 }
 
 /// Relcache invalidation: the extension (and its tables) may have been dropped and re-created.

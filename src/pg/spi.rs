@@ -6,7 +6,6 @@
 
 use pgrx::prelude::*;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::CString;
 
 /// Plans kept for the life of the backend (`SPI_keepplan`), by key: pg_fencing's fixed internal
@@ -14,7 +13,7 @@ use std::ffi::CString;
 /// columns, in `api/fenced.rs`). A plan dropped by `invalidate` (or when the cache is full) is
 /// freed at the end of the transaction (`free_stale`), when none of them can still be running.
 pub struct KeptPlans<K> {
-    plans: HashMap<K, usize>,
+    plans: rustc_hash::FxHashMap<K, usize>,
     stale: Vec<usize>,
     cap: usize,
 }
@@ -23,14 +22,17 @@ impl<K: std::hash::Hash + Eq> KeptPlans<K> {
     /// An empty cache of at most `cap` plans.
     pub fn new(cap: usize) -> Self {
         KeptPlans {
-            plans: HashMap::new(),
+            plans: Default::default(),
             stale: Vec::new(),
             cap,
         }
     }
 
     /// The plan kept for `key`, if any.
-    pub fn get(&self, key: &K) -> Option<pg_sys::SPIPlanPtr> {
+    pub fn get<Q: std::hash::Hash + Eq + ?Sized>(&self, key: &Q) -> Option<pg_sys::SPIPlanPtr>
+    where
+        K: std::borrow::Borrow<Q>,
+    {
         self.plans.get(key).map(|p| *p as pg_sys::SPIPlanPtr)
     }
 
@@ -190,7 +192,7 @@ pub fn exec_internal<T>(
     // The cached statements qualify every name, operators included (see above), and return
     // bigints, so neither search_path nor output settings matter to them once prepared. A plan
     // not yet prepared, and one-off statements (which print keys), run with pinned settings.
-    let prepared = cached && PLANS.with(|p| p.borrow().get(&sql.to_string()).is_some());
+    let prepared = cached && PLANS.with(|p| p.borrow().get(sql).is_some());
     if prepared {
         exec_internal_pinned(sql, cached, types, args, read_only, decode)
     } else {
@@ -311,10 +313,9 @@ fn exec_internal_pinned<T>(
 fn plan_for(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
     PLANS.with(|p| {
         let mut p = p.borrow_mut();
-        let key = sql.to_string();
-        match p.get(&key) {
+        match p.get(sql) {
             Some(plan) => plan,
-            None => p.keep(key, sql, types),
+            None => p.keep(sql.to_string(), sql, types),
         }
     })
 }

@@ -35,8 +35,8 @@ use crate::pg::locks::{lock_resource, LockMode};
 use crate::state::marks::{read_resource_mark, store_resource_mark};
 use crate::state::stats;
 use crate::state::tombstones::read_tombstone;
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 /// Outcome of comparing a token with a high-water mark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +68,10 @@ struct Held {
 }
 
 thread_local! {
-    static HELD: RefCell<HashMap<String, Held>> = RefCell::new(HashMap::new());
+    static HELD: RefCell<FxHashMap<String, Held>> = RefCell::new(FxHashMap::default());
     /// The mark this backend last read for each resource, kept across transactions. Only a hint
     /// for choosing the lock mode; every decision uses the mark read under the lock.
-    static LAST_SEEN: RefCell<HashMap<String, Option<Token>>> = RefCell::new(HashMap::new());
+    static LAST_SEEN: RefCell<FxHashMap<String, Option<Token>>> = RefCell::new(FxHashMap::default());
 }
 
 /// Forget all cached lock and mark state (end of transaction, subtransaction abort, reset).

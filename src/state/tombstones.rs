@@ -9,8 +9,8 @@ use crate::pg::spi::{exec_internal, text_datum};
 use crate::state::marks::as_token;
 use crate::state::stats;
 use pgrx::prelude::*;
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
      SELECT u.p, u.k, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
@@ -117,7 +117,8 @@ pub fn flush_tombstones() {
         return;
     }
     let writer = crate::pg::process::current_subxact();
-    let mut highest: HashMap<(i64, &str), Token> = HashMap::with_capacity(pending.len());
+    let mut highest: FxHashMap<(i64, &str), Token> =
+        FxHashMap::with_capacity_and_hasher(pending.len(), Default::default());
     for t in &pending {
         let e = highest
             .entry((t.protection, t.key.as_str()))

@@ -116,22 +116,33 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
             pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
         }
         for (i, s) in sh.slots.iter().enumerate() {
-            let generation = s.generation.load(Ordering::Acquire);
+            // The generation is read after the state, never before: a slot freed and taken
+            // again between the two reads would otherwise be sent to the etcd thread with its
+            // previous request's generation, and that request's clean-up would never come (the
+            // etcd thread's tasks act only on their own generation). A backend writes the
+            // generation before it publishes REQUESTED (release), and it cannot change while
+            // the slot is not FREE; only this thread sends requests, so a generation newer than
+            // the state that was read has never been sent.
             match s.state.load(Ordering::Acquire) {
                 REQUESTED if s.transition(REQUESTED, ACQUIRING) => {
+                    let generation = s.generation.load(Ordering::Acquire);
                     acquiring[i] = generation;
                     let _ = tx.send(Cmd::Acquire(i, generation));
                 }
-                // Cancelled before the request reached the etcd thread: nothing to clean up.
-                CANCELLED if acquiring[i] != generation => {
-                    let _ = s.transition(CANCELLED, FREE);
-                }
                 RELEASE_REQUESTED if s.transition(RELEASE_REQUESTED, RELEASING) => {
+                    let generation = s.generation.load(Ordering::Acquire);
                     let _ = tx.send(Cmd::Release(i, generation));
                 }
-                CANCELLED if dispatched[i] != generation => {
-                    dispatched[i] = generation;
-                    let _ = tx.send(Cmd::Cancel(i, generation));
+                CANCELLED => {
+                    let generation = s.generation.load(Ordering::Acquire);
+                    if acquiring[i] != generation {
+                        // Cancelled before the request reached the etcd thread: nothing to
+                        // clean up.
+                        let _ = s.transition(CANCELLED, FREE);
+                    } else if dispatched[i] != generation {
+                        dispatched[i] = generation;
+                        let _ = tx.send(Cmd::Cancel(i, generation));
+                    }
                 }
                 _ => {}
             }

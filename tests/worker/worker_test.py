@@ -36,6 +36,7 @@ Scenarios (issue "Background worker", docs/design.md, "Worker"):
 import fcntl
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -440,6 +441,39 @@ def scenarios_single(etcd, pg):
         time.sleep(0.1)
     ok(etcd.keys("orders/") == [], "the lock key is deleted when the holding session ends")
     c1.close()
+
+
+def scenario_cancel_storm(etcd, pg):
+    """Requests that time out or are cancelled right after the worker took them, over and over:
+    the worker once read a slot's generation before its state, so a slot freed and taken again in
+    between went to the etcd thread under the old request's generation, and that request's lease
+    was neither kept alive nor cleaned up (the lock could even end up held by a request that had
+    been cancelled). Every round must leave no slot behind, and a normal acquire must work."""
+    print("== many requests cancelled or timed out as soon as the worker takes them")
+    c = pg.connect()
+    cur = c.cursor()
+    rng = random.Random(7)
+    bad = []
+    for rnd in range(8):
+        for _ in range(60):
+            sqlstate(cur, "SELECT fencing_acquire('storm', '0s')")
+        for _ in range(40):
+            cur.execute(f"SET statement_timeout = '{rng.randint(1, 4)}ms'")
+            sqlstate(cur, "SELECT fencing_acquire('storm', '10s')")
+            cur.execute("RESET statement_timeout")
+        left = wait_for(lambda: (cur.execute("SELECT count(*) FROM fencing_locks"), cur.fetchone()[0] == 0)[1], 5)
+        st = sqlstate(cur, "SELECT fencing_acquire('storm', '5s')")
+        if st == "ok":
+            cur.execute("SELECT fencing_release('storm')")
+            released = cur.fetchone()[0]
+        else:
+            released = None
+        if left is None or st != "ok" or released is not True:
+            cur.execute("SELECT lock, state FROM fencing_locks")
+            bad.append((rnd, st, released, cur.fetchall()))
+    ok(not bad, f"8 rounds of 100 cancelled requests each leave no slot behind, and the next acquire works ({bad})")
+    ok(wait_for(lambda: etcd.keys("storm/") == [], 10) is not None, f"and no key of theirs is left in etcd ({etcd.keys('storm/')})")
+    c.close()
 
 
 def scenario_etcd_down(etcd, pg):
@@ -1134,6 +1168,7 @@ def main():
             scenario_watch_commit_fails(etcd, pg)
             scenario_watch_dropped_database(etcd, pg)
             scenario_watch_compacted(etcd, pg)
+            scenario_cancel_storm(etcd, pg)
             scenario_etcd_down(etcd, pg)
             scenario_kill9(etcd, pg)
             scenario_restore(etcd, pg)

@@ -24,8 +24,25 @@ use tokio::sync::mpsc::UnboundedReceiver;
 /// holds the key, even after `pg_fencing.etcd_endpoints` changed.
 type Owners = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<usize, Client>>>;
 
+/// The (slot, generation) pairs whose acquire task is running. Only the task frees its slot
+/// once it runs (it may be about to take the lock in etcd); `Cmd::Cancel` frees a cancelled slot
+/// only when no task serves it.
+type InFlight = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(usize, u64)>>>;
+
+/// Removes its (slot, generation) from [`InFlight`] when the acquire task ends, however it ends.
+struct Serving(InFlight, (usize, u64));
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Ok(mut f) = self.0.lock() {
+            f.remove(&self.1);
+        }
+    }
+}
+
 pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'static Shared) {
     let owners: Owners = Default::default();
+    let in_flight: InFlight = Default::default();
     let watch_cfg = std::sync::Arc::new(std::sync::Mutex::new(cfg.clone()));
     tokio::spawn(super::watch::supervise(watch_cfg.clone()));
     let mut client: Option<Client> = None;
@@ -60,7 +77,9 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                             sh.etcd.store(2, Ordering::Relaxed);
                             next_try = tokio::time::Instant::now() + backoff;
                             backoff = (backoff * 2).min(Duration::from_secs(5));
-                            slot.fail(
+                            // No task will serve it: a request cancelled meanwhile is freed here.
+                            fail_or_free(
+                                slot,
                                 ERR_UNREACHABLE,
                                 &format!("etcd is unreachable at {}: {e}", cfg.endpoints.join(",")),
                             );
@@ -68,17 +87,23 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                         }
                     }
                 }
-                let Some(c) = client.clone() else { continue };
+                let Some(c) = client.clone() else {
+                    fail_or_free(slot, ERR_UNREACHABLE, "no connection to etcd");
+                    continue;
+                };
+                if !current(slot, generation) {
+                    continue;
+                }
                 let ttl = cfg.ttl;
-                tokio::spawn(acquire(
-                    c,
-                    sh,
-                    i,
-                    generation,
-                    ttl,
-                    owners.clone(),
-                    cfg.state_dir.clone(),
-                ));
+                if let Ok(mut f) = in_flight.lock() {
+                    f.insert((i, generation));
+                }
+                let serving = Serving(in_flight.clone(), (i, generation));
+                let (owners, state_dir) = (owners.clone(), cfg.state_dir.clone());
+                tokio::spawn(async move {
+                    let _serving = serving;
+                    acquire(c, sh, i, generation, ttl, owners, state_dir).await
+                });
             }
             Cmd::Release(i, generation) => {
                 let own = owners.lock().map(|mut o| o.remove(&i)).ok().flatten();
@@ -90,10 +115,14 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                 }
             }
             Cmd::Cancel(i, generation) => {
-                // The acquire task sees CANCELLED and cleans up; if there is none (lost
-                // connection), free the slot here.
+                // The acquire task sees CANCELLED and cleans up; if none serves the request
+                // (it ended without freeing the slot), free the slot here.
                 let slot = &sh.slots[i];
-                if client.is_none() && slot.generation.load(Ordering::Acquire) == generation {
+                let served = in_flight
+                    .lock()
+                    .map(|f| f.contains(&(i, generation)))
+                    .unwrap_or(true);
+                if !served && current(slot, generation) {
                     let _ = slot.transition(CANCELLED, FREE);
                 }
             }

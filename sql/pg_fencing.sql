@@ -159,6 +159,10 @@ BEGIN
                                     WHERE i.indrelid = relation AND i.indisprimary AND NOT i.indimmediate) THEN
         RETURN format('the primary key of %s is DEFERRABLE; per-row writes are refused', relation);
     END IF;
+    IF resource IS NULL AND _pg_fencing.rekey_form(relation) = 'column'
+       AND _pg_fencing.other_before_update_triggers(relation) THEN
+        RETURN format('another BEFORE UPDATE row trigger of %s may change the primary key, but zz_pg_fencing_rekey only fires for UPDATEs that set a key column (UPDATEs are refused; fencing_protect installs the form that checks every key change)', relation);
+    END IF;
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         IF (SELECT c.relkind FROM pg_class c WHERE c.oid = part) = 'f' THEN
             RETURN format('%s is a foreign partition: it cannot carry a TRUNCATE trigger, so TRUNCATE of it is not fenced', part);
@@ -229,6 +233,61 @@ BEGIN
     ELSE
         EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_stmt BEFORE INSERT OR UPDATE OR DELETE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', part, args);
+    END IF;
+END
+$fn$;
+
+-- Does a member of relation's partition tree have a BEFORE UPDATE row trigger other than
+-- pg_fencing's guard? Such a trigger may change a row's primary key where the guard cannot see it
+-- (src/guard/trigger.rs).
+CREATE FUNCTION _pg_fencing.other_before_update_triggers(relation regclass) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT EXISTS (SELECT 1 FROM _pg_fencing.tree(relation) t JOIN pg_trigger tg ON tg.tgrelid = t.relid
+                   WHERE tg.tgtype::int & 83 = 19  -- ROW (1) | BEFORE (2) | UPDATE (16), not INSTEAD (64)
+                     AND tg.tgfoid <> '@extschema@.fencing_guard()'::regprocedure)
+$fn$;
+
+-- The form zz_pg_fencing_rekey has on relation: 'column' (AFTER UPDATE OF the key columns),
+-- 'when' (AFTER UPDATE ... WHEN the key changed), NULL (missing).
+CREATE FUNCTION _pg_fencing.rekey_form(relation regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE WHEN tg.tgqual IS NULL AND cardinality(tg.tgattr::int2[]) > 0 THEN 'column' ELSE 'when' END
+    FROM pg_trigger tg WHERE tg.tgrelid = relation AND tg.tgname = 'zz_pg_fencing_rekey'
+$fn$;
+
+-- Per-row mode: the AFTER UPDATE row trigger that checks a row's new key against its tombstone
+-- once the row is in the unique index (and tombstones the old key). Its cheap form fires only for
+-- UPDATEs that set a key column (AFTER UPDATE OF the key columns: no WHEN clause to read and
+-- evaluate for every statement); the general form, WHEN the key changed, is needed while another
+-- BEFORE UPDATE row trigger could change the key without it being set. The DDL event trigger
+-- keeps the form right as triggers come and go; the guard refuses writes (FT004) should the cheap
+-- form meet such a trigger anyway.
+CREATE FUNCTION _pg_fencing.set_rekey_trigger(relation regclass, pid bigint, token_column name)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    pk name[];
+    args text := format('%L, %L, %L', pid, '', token_column);
+BEGIN
+    SELECT array_agg(a.attname ORDER BY k.ord) INTO pk
+    FROM pg_catalog.pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = relation AND i.indisprimary;
+    IF pk IS NULL THEN
+        RETURN;
+    END IF;
+    IF _pg_fencing.other_before_update_triggers(relation) THEN
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_rekey AFTER UPDATE ON %s FOR EACH ROW '
+                       'WHEN (ROW(%s) IS DISTINCT FROM ROW(%s)) EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
+                       relation,
+                       (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(pk) c),
+                       (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(pk) c),
+                       args);
+    ELSE
+        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_rekey AFTER UPDATE OF %s ON %s FOR EACH ROW '
+                       'EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
+                       (SELECT string_agg(format('%I', c), ', ') FROM unnest(pk) c), relation, args);
     END IF;
 END
 $fn$;
@@ -339,12 +398,7 @@ BEGIN
                    'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
     EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER zz_pg_fencing_replica', relation);
     IF resource IS NULL THEN
-        EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_rekey AFTER UPDATE ON %s FOR EACH ROW '
-                       'WHEN (ROW(%s) IS DISTINCT FROM ROW(%s)) EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
-                       relation,
-                       (SELECT string_agg(format('OLD.%I', c), ', ') FROM unnest(pk) c),
-                       (SELECT string_agg(format('NEW.%I', c), ', ') FROM unnest(pk) c),
-                       args);
+        PERFORM _pg_fencing.set_rekey_trigger(relation, pid, token_column);
     ELSE
         PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     END IF;
@@ -429,10 +483,27 @@ BEGIN
             END;
         END LOOP;
     END LOOP;
+    -- Per-row mode: the form of zz_pg_fencing_rekey follows the other BEFORE UPDATE row triggers
+    -- of the tree (see set_rekey_trigger). A restore brings the triggers it dumped.
+    IF restoring THEN
+        RETURN;
+    END IF;
+    FOR p IN SELECT pt.id, pt.relid, pt.token_column, _pg_fencing.rekey_form(pt.relid) AS form
+             FROM _pg_fencing.protected_table pt
+             WHERE pt.protected AND pt.resource IS NULL AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = pt.relid) LOOP
+        CONTINUE WHEN p.form IS NULL
+            OR (p.form = 'when') = _pg_fencing.other_before_update_triggers(p.relid);
+        BEGIN
+            PERFORM _pg_fencing.set_rekey_trigger(p.relid, p.id, p.token_column);
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'pg_fencing: could not change trigger zz_pg_fencing_rekey of %: %', p.relid, SQLERRM
+                USING HINT = format('Run SELECT fencing_protect(%L) again; until then UPDATEs of it are refused (FT004).', p.relid);
+        END;
+    END LOOP;
 END
 $fn$;
 CREATE EVENT TRIGGER pg_fencing_ddl_end ON ddl_command_end
-    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA')
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA', 'CREATE TRIGGER', 'DROP TRIGGER')
     EXECUTE FUNCTION _pg_fencing.on_ddl_end();
 
 -- ---------------------------------------------------------------------------------------------

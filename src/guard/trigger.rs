@@ -74,6 +74,12 @@ struct RelInfo {
     token_attnum: i16,
     pk: Vec<i16>,
     pk_immediate: bool,
+    /// Per-row mode: another `BEFORE UPDATE` row trigger may change a row's key where the guard
+    /// cannot see it, but `zz_pg_fencing_rekey` is the column-list form, which fires only for
+    /// UPDATEs that set a key column. `fencing_protect` and the DDL event trigger install the
+    /// general form (`WHEN` the key changed) in that case; if they did not run, writes are refused
+    /// (FT004) rather than let a new key escape its tombstone.
+    rekey_misses: bool,
 }
 
 /// Relcache invalidation of `relid` (`None`: of every relation): its cached trigger arguments
@@ -98,7 +104,12 @@ fn args_hash(args: &Args) -> u64 {
 }
 
 /// Token column and primary key of `rel`, from the per-backend cache.
-fn relinfo(rel: Relation, args: &Args, table: &dyn Fn() -> String) -> Result<RelInfo, FenceError> {
+fn relinfo(
+    event: &TriggerEvent,
+    args: &Args,
+    table: &dyn Fn() -> String,
+) -> Result<RelInfo, FenceError> {
+    let rel = event.relation();
     let key = (rel.id().to_u32(), args.hash);
     if let Some(info) = RELINFO.with(|r| r.borrow().get(&key).cloned()) {
         return Ok(info);
@@ -118,10 +129,12 @@ fn relinfo(rel: Relation, args: &Args, table: &dyn Fn() -> String) -> Result<Rel
         })
     })?;
     let (pk, pk_immediate) = rel.primary_key();
+    let triggers = rel.update_triggers(event.function_oid(), c"zz_pg_fencing_rekey");
     let info = RelInfo {
         token_attnum,
         pk,
         pk_immediate,
+        rekey_misses: args.resource.is_none() && triggers.others_before && triggers.rekey_by_column,
     };
     RELINFO.with(|r| crate::cache::cache_insert(&mut r.borrow_mut(), key, info.clone(), 10_000));
     Ok(info)
@@ -303,7 +316,7 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
         return Ok(pg_sys::Datum::from(0usize));
     };
 
-    let info = relinfo(rel, &args, table)?;
+    let info = relinfo(&event, &args, table)?;
     let attnum = info.token_attnum;
     let pk_of = || check_primary_key(rel, info.pk.clone(), info.pk_immediate);
     let new_row = || {
@@ -331,18 +344,17 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
             None if op == TriggerOp::Insert || op == TriggerOp::Update => {
                 let pk = pk_of()?;
                 let key = written.key_text(&pk);
+                let old_key = (op == TriggerOp::Update).then(|| row.key_text(&pk));
+                if old_key.as_deref() == Some(key.as_str()) {
+                    // An UPDATE that set a key column to the value it had (the column-list form
+                    // of zz_pg_fencing_rekey fires for those too): no new key.
+                    return Ok(pg_sys::Datum::from(0usize));
+                }
                 rule::admit_row_insert(args.protection, table, &key, stamped, true)?;
-                if op == TriggerOp::Update {
-                    // The key changed (the trigger's WHEN clause), possibly by a BEFORE trigger
-                    // that ran after the guard: the old key is gone, so it keeps a tombstone.
-                    let old_key = row.key_text(&pk);
-                    if old_key != key {
-                        crate::state::tombstones::record_row_delete(
-                            args.protection,
-                            &old_key,
-                            stamped,
-                        );
-                    }
+                if let Some(old_key) = old_key {
+                    // The key changed, possibly by another BEFORE trigger than the guard: the
+                    // old key is gone, so it keeps a tombstone.
+                    crate::state::tombstones::record_row_delete(args.protection, &old_key, stamped);
                 }
             }
             _ => {}
@@ -376,6 +388,21 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
             Ok(row.with_bigint(attnum, token))
         }
         (None, TriggerOp::Update) => {
+            if info.rekey_misses {
+                return Err(FenceError::NotProtected(crate::error::Text {
+                    message: format!("protection of table {} is not active", table()),
+                    detail: Some(
+                        "Another BEFORE UPDATE row trigger may change a row's primary key, but \
+                         trigger zz_pg_fencing_rekey only fires for UPDATEs that set a key column."
+                            .into(),
+                    ),
+                    hint: Some(format!(
+                        "Run SELECT fencing_protect('{}') again; it installs the form of \
+                         zz_pg_fencing_rekey that checks every key change.",
+                        table().replace('\'', "''")
+                    )),
+                }));
+            }
             let pk = pk_of()?;
             let old = row;
             let new = new_row()?;
@@ -436,7 +463,7 @@ fn record_replicated(
         return Ok(pg_sys::Datum::from(0usize));
     }
     let rel = event.relation();
-    let info = relinfo(rel, args, table)?;
+    let info = relinfo(event, args, table)?;
     let attnum = info.token_attnum;
     let (old, new): (Option<Row>, Option<Row>) = match event.op() {
         TriggerOp::Insert => (None, event.row()),

@@ -72,6 +72,12 @@ impl<'a> TriggerEvent<'a> {
         unsafe { (*self.td.tg_trigger).tgoid.to_u32() }
     }
 
+    /// The firing trigger's function (its `tgfoid`).
+    pub fn function_oid(&self) -> pg_sys::Oid {
+        // SAFETY: `tg_trigger` points to the firing trigger's Trigger, valid for the call.
+        unsafe { (*self.td.tg_trigger).tgfoid }
+    }
+
     /// The trigger's arguments (`CREATE TRIGGER ... EXECUTE FUNCTION f(args)`).
     pub fn args(&self) -> Vec<&'a CStr> {
         // SAFETY: `tg_trigger` is valid for the call; `tgargs` is NULL or an array of `tgnargs`
@@ -212,6 +218,48 @@ impl Relation<'_> {
             .into_owned()
     }
 
+    /// What the relation's row triggers say about key changes that the guard (whose trigger
+    /// function is `guard`) cannot see in its `BEFORE UPDATE` call: whether another `BEFORE
+    /// UPDATE FOR EACH ROW` trigger may change the row (before or after the guard), and whether the
+    /// guard's `AFTER UPDATE` trigger `rekey` (by name) is the column-list form (`AFTER UPDATE OF
+    /// key columns`, no `WHEN`), which fires only for UPDATEs that set a key column.
+    pub fn update_triggers(&self, guard: pg_sys::Oid, rekey: &CStr) -> UpdateTriggers {
+        let mut out = UpdateTriggers {
+            others_before: false,
+            rekey_by_column: false,
+        };
+        // SAFETY: the relation is open for the call, so is its relcache trigger descriptor
+        // (`trigdesc`, NULL when it has no triggers) with `numtriggers` entries; each Trigger's
+        // name is a NUL-terminated string and `tgqual` NULL or a string, all owned by the
+        // relcache entry, which outlives the call. Only read here.
+        unsafe {
+            let td = (*self.rel).trigdesc;
+            if td.is_null() || (*td).triggers.is_null() {
+                return out;
+            }
+            let n = (*td).numtriggers.max(0) as usize;
+            for t in std::slice::from_raw_parts((*td).triggers, n) {
+                let ty = t.tgtype as u32;
+                let row = ty & pg_sys::TRIGGER_TYPE_ROW != 0;
+                let before = ty & (pg_sys::TRIGGER_TYPE_BEFORE | pg_sys::TRIGGER_TYPE_INSTEAD)
+                    == pg_sys::TRIGGER_TYPE_BEFORE;
+                let update = ty & pg_sys::TRIGGER_TYPE_UPDATE != 0;
+                if row && before && update && t.tgfoid != guard {
+                    out.others_before = true;
+                }
+                if row
+                    && !before
+                    && update
+                    && t.tgfoid == guard
+                    && CStr::from_ptr(t.tgname) == rekey
+                {
+                    out.rekey_by_column = t.tgqual.is_null() && t.tgnattr > 0;
+                }
+            }
+        }
+        out
+    }
+
     /// Primary key columns, in key order, and whether the key is checked immediately (not
     /// DEFERRABLE). No columns: no primary key.
     pub fn primary_key(&self) -> (Vec<i16>, bool) {
@@ -233,6 +281,15 @@ impl Relation<'_> {
             (cols, immediate)
         }
     }
+}
+
+/// See [`Relation::update_triggers`].
+#[derive(Clone, Copy, Debug)]
+pub struct UpdateTriggers {
+    /// Another `BEFORE UPDATE FOR EACH ROW` trigger than the guard's own.
+    pub others_before: bool,
+    /// The guard's rekey trigger is `AFTER UPDATE OF <key columns>` without `WHEN`.
+    pub rekey_by_column: bool,
 }
 
 /// A row version handed to the trigger (valid for the call).
@@ -353,8 +410,13 @@ impl<'a> Row<'a> {
     }
 
     /// A copy of the row with bigint column `attnum` set to `value`, as the trigger's result.
+    /// The row itself when the column already holds `value` (a holder writing again with its
+    /// token): nothing to copy.
     pub fn with_bigint(&self, attnum: i16, value: Token) -> pg_sys::Datum {
         debug_assert_eq!(self.type_of(attnum), pg_sys::INT8OID);
+        if self.bigint(attnum) == Some(value) {
+            return self.datum();
+        }
         let mut cols = [attnum as i32];
         let mut vals = [pg_sys::Datum::from(value)];
         let mut nulls = [false];

@@ -1,0 +1,84 @@
+-- Per-row mode, an UPDATE that gives a row a new key: the new key is checked against its
+-- tombstone once the row is in the unique index, by trigger zz_pg_fencing_rekey. Its cheap form
+-- (AFTER UPDATE OF the key columns) fires only for UPDATEs that set a key column; while another
+-- BEFORE UPDATE row trigger could change the key without setting it, the general form (WHEN the
+-- key changed) is installed instead, and the DDL event trigger keeps the form right as triggers
+-- come and go (sql/pg_fencing.sql, set_rekey_trigger). Should the cheap form meet such a
+-- trigger anyway, UPDATEs are refused (FT004).
+\set SHOW_CONTEXT never
+CREATE TABLE rk (id int PRIMARY KEY, v int);
+SELECT fencing_protect('rk');
+SELECT _pg_fencing.rekey_form('rk');
+BEGIN; SET LOCAL pg_fencing.token = '10';
+INSERT INTO rk VALUES (1, 0), (2, 0), (3, 0);
+COMMIT;
+-- key 50 keeps a tombstone at 20
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO rk VALUES (50, 0); DELETE FROM rk WHERE id = 50; COMMIT;
+-- setting the key to a tombstoned key with a lower token: refused
+BEGIN; SET LOCAL pg_fencing.token = '15'; UPDATE rk SET id = 50 WHERE id = 1; ROLLBACK;
+-- setting a key column to its own value is no key change
+BEGIN; SET LOCAL pg_fencing.token = '15'; UPDATE rk SET id = id, v = 1 WHERE id = 1; COMMIT;
+-- and with the tombstone's token it is accepted; the old key keeps a tombstone
+BEGIN; SET LOCAL pg_fencing.token = '20'; UPDATE rk SET id = 50 WHERE id = 1; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '19'; INSERT INTO rk VALUES (1, 9); ROLLBACK;
+
+-- A BEFORE UPDATE trigger of the user's that moves keys without the UPDATE setting them, one that
+-- fires before the guard and one after it (triggers fire in name order): the general form.
+CREATE FUNCTION rk_move() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.v = 100 THEN NEW.id := NEW.id + 100; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER aa_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
+SELECT _pg_fencing.rekey_form('rk');
+-- key 102 keeps a tombstone at 30
+BEGIN; SET LOCAL pg_fencing.token = '30'; INSERT INTO rk VALUES (102, 0); DELETE FROM rk WHERE id = 102; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '25'; UPDATE rk SET v = 100 WHERE id = 2; ROLLBACK;
+DROP TRIGGER aa_move ON rk;
+SELECT _pg_fencing.rekey_form('rk');
+CREATE TRIGGER zzz_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
+SELECT _pg_fencing.rekey_form('rk');
+BEGIN; SET LOCAL pg_fencing.token = '25'; UPDATE rk SET v = 100 WHERE id = 2; ROLLBACK;
+-- with the tombstone's token the move is accepted, and the old key 2 keeps a tombstone
+BEGIN; SET LOCAL pg_fencing.token = '30'; UPDATE rk SET v = 100 WHERE id = 2; COMMIT;
+SELECT id, v, fence_token FROM rk ORDER BY id;
+BEGIN; SET LOCAL pg_fencing.token = '29'; INSERT INTO rk VALUES (2, 0); ROLLBACK;
+SELECT fencing_protected_tables.inactive_reason FROM fencing_protected_tables WHERE relation = 'rk'::regclass;
+
+-- Without the event trigger (disabled by a superuser), the cheap form meets such a trigger:
+-- UPDATEs are refused, and the view says why, until fencing_protect installs the general form.
+DROP TRIGGER zzz_move ON rk;
+SELECT _pg_fencing.rekey_form('rk');
+ALTER EVENT TRIGGER pg_fencing_ddl_end DISABLE;
+CREATE TRIGGER zzz_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
+SELECT _pg_fencing.rekey_form('rk');
+BEGIN; SET LOCAL pg_fencing.token = '40'; UPDATE rk SET v = 7 WHERE id = 3; ROLLBACK;
+SELECT fencing_protected_tables.inactive_reason FROM fencing_protected_tables WHERE relation = 'rk'::regclass;
+SELECT fencing_protect('rk');
+SELECT _pg_fencing.rekey_form('rk');
+BEGIN; SET LOCAL pg_fencing.token = '40'; UPDATE rk SET v = 7 WHERE id = 3; COMMIT;
+ALTER EVENT TRIGGER pg_fencing_ddl_end ENABLE;
+DROP TRIGGER zzz_move ON rk;
+SELECT _pg_fencing.rekey_form('rk');
+
+-- Partitions: a partition's own BEFORE UPDATE trigger also calls for the general form, which the
+-- partitions' clones of zz_pg_fencing_rekey get too; a partition created later gets the form the
+-- tree has.
+CREATE TABLE rkp (id int PRIMARY KEY, v int) PARTITION BY RANGE (id);
+CREATE TABLE rkp_1 PARTITION OF rkp FOR VALUES FROM (0) TO (1000);
+SELECT fencing_protect('rkp');
+SELECT tgrelid::regclass, _pg_fencing.rekey_form(tgrelid) FROM pg_trigger
+WHERE tgname = 'zz_pg_fencing_rekey' AND tgrelid IN ('rkp'::regclass, 'rkp_1'::regclass) ORDER BY 1;
+CREATE TRIGGER aa_move BEFORE UPDATE ON rkp_1 FOR EACH ROW EXECUTE FUNCTION rk_move();
+CREATE TABLE rkp_2 PARTITION OF rkp FOR VALUES FROM (1000) TO (2000);
+SELECT tgrelid::regclass, _pg_fencing.rekey_form(tgrelid) FROM pg_trigger
+WHERE tgname = 'zz_pg_fencing_rekey' AND tgrelid::regclass::text LIKE 'rkp%' ORDER BY 1;
+BEGIN; SET LOCAL pg_fencing.token = '50'; INSERT INTO rkp VALUES (105, 0); DELETE FROM rkp WHERE id = 105; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO rkp VALUES (5, 0); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '45'; UPDATE rkp SET v = 100 WHERE id = 5; ROLLBACK;
+DROP TRIGGER aa_move ON rkp_1;
+SELECT tgrelid::regclass, _pg_fencing.rekey_form(tgrelid) FROM pg_trigger
+WHERE tgname = 'zz_pg_fencing_rekey' AND tgrelid::regclass::text LIKE 'rkp%' ORDER BY 1;
+BEGIN; SET LOCAL pg_fencing.token = '45'; UPDATE rkp SET id = 105 WHERE id = 5; ROLLBACK;
+DROP TABLE rk, rkp;
+DROP FUNCTION rk_move();

@@ -23,6 +23,9 @@
 --   * per-row mode's zz_pg_fencing_rekey is AFTER UPDATE OF the key columns (no WHEN clause to
 --     read for every statement) unless another BEFORE UPDATE row trigger could change a key
 --     unseen; the DDL event trigger keeps the form right (it also follows CREATE/DROP TRIGGER).
+--   * _pg_fencing.resource_high_water gets the ALWAYS trigger pg_fencing_mark_changed: a change
+--     of a stored mark takes the resource's exclusive lock and bumps the mark's version in shared
+--     memory, so that resource-mode writes need not read an unchanged mark again.
 -- New columns go at the end so that CREATE OR REPLACE VIEW keeps views that users built on ours.
 -- The library of 0.2.0 still serves every C symbol the 0.1.0 SQL names, so the server keeps
 -- working between installing the new files and running ALTER EXTENSION pg_fencing UPDATE.
@@ -583,3 +586,13 @@ BEGIN
     END LOOP;
 END
 $do$;
+
+-- Every change of a stored mark takes the resource's exclusive lock and bumps the mark's version
+-- in shared memory first, so that a backend may keep a mark it read under the resource's lock for
+-- as long as the version is unchanged (src/state/mark_versions.rs). It fires ALWAYS: also for
+-- logical replication's apply and for writes by hand.
+CREATE FUNCTION _pg_fencing.mark_changed() RETURNS trigger
+LANGUAGE c AS 'MODULE_PATHNAME', 'pg_fencing_mark_changed';
+CREATE TRIGGER pg_fencing_mark_changed BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.resource_high_water
+    FOR EACH ROW EXECUTE FUNCTION _pg_fencing.mark_changed();
+ALTER TABLE _pg_fencing.resource_high_water ENABLE ALWAYS TRIGGER pg_fencing_mark_changed;

@@ -29,6 +29,16 @@ CREATE TABLE _pg_fencing.resource_high_water (
     updated_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
 );
 
+-- Every change of a stored mark takes the resource's exclusive lock and bumps the mark's version
+-- in shared memory first, so that a backend may keep a mark it read under the resource's lock for
+-- as long as the version is unchanged (src/state/mark_versions.rs). It fires ALWAYS: also for
+-- logical replication's apply and for writes by hand.
+CREATE FUNCTION _pg_fencing.mark_changed() RETURNS trigger
+LANGUAGE c AS 'MODULE_PATHNAME', 'pg_fencing_mark_changed';
+CREATE TRIGGER pg_fencing_mark_changed BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.resource_high_water
+    FOR EACH ROW EXECUTE FUNCTION _pg_fencing.mark_changed();
+ALTER TABLE _pg_fencing.resource_high_water ENABLE ALWAYS TRIGGER pg_fencing_mark_changed;
+
 -- One row per table put under fencing. resource NULL = per-row mode.
 CREATE TABLE _pg_fencing.protected_table (
     id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -9,7 +9,7 @@ use crate::guard::trigger;
 use crate::lock_service::{locks, watch};
 use crate::pg::{index, report, spi};
 use crate::rule;
-use crate::state::tombstones;
+use crate::state::{marks, tombstones};
 use pgrx::prelude::*;
 
 /// Register the callbacks (from `_PG_init`, once per backend).
@@ -113,5 +113,7 @@ unsafe extern "C-unwind" fn subxact_callback(
 unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     fenced::invalidate();
     index::forget_located();
+    marks::forget();
+    rule::forget_seen_marks();
     trigger::forget_relation((relid != pg_sys::Oid::INVALID).then_some(relid));
 }

@@ -46,6 +46,7 @@ pgrx::extension_sql_file!(
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     state::stats::init_if_preloading();
+    state::mark_versions::init_if_preloading();
     lock_service::locks::init_if_preloading();
     lock_service::watch::init_if_preloading();
     backend::init();

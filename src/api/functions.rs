@@ -70,6 +70,30 @@ pub unsafe extern "C-unwind" fn fencing_guard(fcinfo: FunctionCallInfo) -> pg_sy
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_mark_changed);
+/// `_pg_fencing.mark_changed() RETURNS trigger`: the row trigger of
+/// `_pg_fencing.resource_high_water` that bumps the versions of changed marks (see
+/// `state/mark_versions.rs`).
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_mark_changed(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's (this function's contract), as
+    // `TriggerEvent::from_call` requires; the event lives only inside this call. This frame
+    // holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || match TriggerEvent::from_call(fcinfo) {
+            Some(event) => crate::state::mark_versions::on_mark_row(event),
+            None => Err(FenceError::TriggerProtocol(
+                "_pg_fencing.mark_changed() can only be called as a trigger".into(),
+            )),
+        })
+    }
+}
+
 /// The three steps of a `fenced_*` call (see `api/fenced.rs`). The statement runs in this frame,
 /// outside pgrx's guard, so that its errors keep their SQLSTATE; only plain data is alive here.
 ///

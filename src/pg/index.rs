@@ -133,3 +133,31 @@ pub fn read_by_index(
         Some(found)
     }
 }
+
+/// Does the table of `which` have a trigger named `name` that fires `ALWAYS` (`ENABLE ALWAYS
+/// TRIGGER`)? False if the table cannot be found.
+pub fn has_always_trigger(which: &UniqueIndex, name: &CStr) -> bool {
+    let Some(t) = locate(which) else {
+        return false;
+    };
+    // SAFETY: backend main thread, inside a transaction (as for `locate`). The table is opened
+    // with AccessShareLock (kept to the end of the transaction, NoLock on close), so its relcache
+    // entry and trigger descriptor (NULL when it has no triggers, else `numtriggers` entries
+    // with NUL-terminated names) stay valid until table_close; only read.
+    unsafe {
+        let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let td = (*heap).trigdesc;
+        let mut found = false;
+        if !td.is_null() && !(*td).triggers.is_null() {
+            let n = (*td).numtriggers.max(0) as usize;
+            found = std::slice::from_raw_parts((*td).triggers, n)
+                .iter()
+                .any(|tg| {
+                    CStr::from_ptr(tg.tgname) == name
+                        && tg.tgenabled as u8 == pg_sys::TRIGGER_FIRES_ALWAYS
+                });
+        }
+        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        found
+    }
+}

@@ -209,6 +209,20 @@ impl Relation<'_> {
         Ok(n as i16)
     }
 
+    /// The 1-based attribute number of column `name`, if it has one.
+    pub fn column_number(&self, name: &CStr) -> Option<i16> {
+        // SAFETY: the relation's descriptor is valid for the call; SPI_fnumber only reads it and
+        // the NUL-terminated name.
+        let (n, natts) = unsafe {
+            let tupdesc = (*self.rel).rd_att;
+            (
+                pg_sys::SPI_fnumber(tupdesc, name.as_ptr()),
+                (*tupdesc).natts,
+            )
+        };
+        (n > 0 && n <= natts).then_some(n as i16)
+    }
+
     /// The name of column `attnum`.
     pub fn column_name(&self, attnum: i16) -> String {
         let att = self.attribute(attnum);
@@ -335,6 +349,25 @@ impl<'a> Row<'a> {
         let d =
             unsafe { pg_sys::heap_getattr(self.tuple, attnum as i32, self.tupdesc, &mut isnull) };
         (!isnull).then(|| d.value() as i64)
+    }
+
+    /// The value of text column `attnum` (None if NULL).
+    pub fn text(&self, attnum: i16) -> Option<String> {
+        debug_assert_eq!(self.type_of(attnum), pg_sys::TEXTOID);
+        let mut isnull = false;
+        // SAFETY: the tuple is a valid tuple of the descriptor for the call and `attnum` one of
+        // its text attributes; text_to_cstring detoasts the varlena and returns a palloc'd
+        // NUL-terminated copy, copied again at once.
+        unsafe {
+            let d = pg_sys::heap_getattr(self.tuple, attnum as i32, self.tupdesc, &mut isnull);
+            if isnull {
+                return None;
+            }
+            let c = pg_sys::text_to_cstring(d.cast_mut_ptr());
+            let v = CStr::from_ptr(c).to_string_lossy().into_owned();
+            pg_sys::pfree(c.cast());
+            Some(v)
+        }
     }
 
     /// Canonical text of the row's key `pk`: exactly what `ROW(pk1, pk2, ...)::text` prints

@@ -32,7 +32,8 @@ pub mod session_token;
 
 use crate::error::{Domain, FenceError, Token};
 use crate::pg::locks::{lock_resource, LockMode};
-use crate::state::marks::{read_resource_mark, store_resource_mark};
+use crate::state::mark_versions;
+use crate::state::marks::{read_resource_mark, store_resource_mark, versions_trusted};
 use crate::state::stats;
 use crate::state::tombstones::read_tombstone;
 use rustc_hash::FxHashMap;
@@ -69,9 +70,23 @@ struct Held {
 
 thread_local! {
     static HELD: RefCell<FxHashMap<String, Held>> = RefCell::new(FxHashMap::default());
-    /// The mark this backend last read for each resource, kept across transactions. Only a hint
-    /// for choosing the lock mode; every decision uses the mark read under the lock.
-    static LAST_SEEN: RefCell<FxHashMap<String, Option<Token>>> = RefCell::new(FxHashMap::default());
+    /// The mark this backend last read for each resource, kept across transactions, with the
+    /// version it had (`state/mark_versions.rs`) when it was read under the resource's lock.
+    /// Without a version only a hint for choosing the lock mode; with one, the mark itself for as
+    /// long as the version stays the same.
+    static LAST_SEEN: RefCell<FxHashMap<String, Seen>> = RefCell::new(FxHashMap::default());
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    version: Option<u64>,
+    mark: Option<Token>,
+}
+
+/// Forget the marks read in earlier transactions (relcache invalidation: the marks table may
+/// have been dropped, re-created or had its trigger disabled).
+pub fn forget_seen_marks() {
+    LAST_SEEN.with(|l| l.borrow_mut().clear());
 }
 
 /// Forget all cached lock and mark state (end of transaction, subtransaction abort, reset).
@@ -115,8 +130,9 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
             // exclusive if the token looks like it raises the mark, share otherwise. Marks only
             // go up, except by fencing_reset, which takes the exclusive lock; either way the
             // decision below uses the mark read under the lock.
-            let peek = match LAST_SEEN.with(|l| l.borrow().get(resource).copied()) {
-                Some(seen) => seen,
+            let seen = LAST_SEEN.with(|l| l.borrow().get(resource).copied());
+            let peek = match seen {
+                Some(seen) => seen.mark,
                 None => read_resource_mark(resource),
             };
             let mode = match rule(token, peek) {
@@ -124,12 +140,27 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
                 _ => LockMode::Share,
             };
             lock_resource(resource, mode);
-            let high_water = read_resource_mark(resource);
+            // Under the lock: the version first, then (unless it says the mark we read is still
+            // the stored one) the mark (see state/mark_versions.rs for why this is exact).
+            let version = mark_versions::version(resource).filter(|_| versions_trusted());
+            let high_water = match (seen, version) {
+                (
+                    Some(Seen {
+                        version: Some(v0),
+                        mark,
+                    }),
+                    Some(v),
+                ) if v0 == v => mark,
+                _ => read_resource_mark(resource),
+            };
             LAST_SEEN.with(|l| {
                 crate::cache::cache_insert(
                     &mut l.borrow_mut(),
                     resource.to_string(),
-                    high_water,
+                    Seen {
+                        version,
+                        mark: high_water,
+                    },
                     10_000,
                 )
             });
@@ -148,7 +179,16 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
             if store {
                 store_resource_mark(resource, token);
                 held.high_water = Some(token);
-                LAST_SEEN.with(|l| l.borrow_mut().insert(resource.to_string(), Some(token)));
+                // Not committed yet: a hint only (no version), read again next time.
+                LAST_SEEN.with(|l| {
+                    l.borrow_mut().insert(
+                        resource.to_string(),
+                        Seen {
+                            version: None,
+                            mark: Some(token),
+                        },
+                    )
+                });
             }
             Ok(token)
         }

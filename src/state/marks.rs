@@ -4,7 +4,7 @@
 #![forbid(unsafe_code)]
 
 use crate::error::Token;
-use crate::pg::index::{read_by_index, UniqueIndex};
+use crate::pg::index::{has_always_trigger, read_by_index, UniqueIndex};
 use crate::pg::spi::{exec_internal, text_datum};
 use pgrx::pg_sys;
 
@@ -27,6 +27,28 @@ const MARK_INDEX: UniqueIndex = UniqueIndex {
     index: c"resource_high_water_pkey",
     value: c"high_water",
 };
+
+thread_local! {
+    /// `versions_trusted`, until the next relcache invalidation (`forget`).
+    static TRUSTED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// May a mark read earlier be used again while its version is unchanged (`mark_versions.rs`)?
+/// Only while the trigger that bumps the versions is there and fires `ALWAYS`.
+pub fn versions_trusted() -> bool {
+    if let Some(t) = TRUSTED.with(|t| t.get()) {
+        return t;
+    }
+    let t = has_always_trigger(&MARK_INDEX, c"pg_fencing_mark_changed");
+    TRUSTED.with(|c| c.set(Some(t)));
+    t
+}
+
+/// Relcache invalidation (of any relation: the marks table may have changed, been dropped or
+/// re-created).
+pub fn forget() {
+    TRUSTED.with(|t| t.set(None));
+}
 
 pub(crate) fn as_token(d: pg_sys::Datum) -> Token {
     d.value() as i64

@@ -3,6 +3,7 @@
 //! Marks and tombstones are rows of WAL-logged tables in schema `_pg_fencing`, so every
 //! lifecycle path that copies the database carries them (docs/design.md, "Lifecycle guarantees").
 
+pub mod mark_versions;
 pub mod marks;
 pub mod privileges;
 pub mod stats;

@@ -610,41 +610,46 @@ fn plan_for(key: (u32, Op, Vec<String>), t: &Target, cols: &[String]) -> pg_sys:
         return p;
     }
     let q = &t.qualified;
-    let rec = |alias: &str| {
-        format!(
-            "pg_catalog.jsonb_populate_record(NULL::{q}, ${}) AS {alias}",
-            if alias == "r" && key.1 == Op::Update {
-                2
-            } else {
-                1
-            }
-        )
-    };
+    // Values reach the statement as jsonb and are converted by jsonb_populate_record, so each
+    // column's own type input rules apply. The key is compared with a field of that record
+    // (an expression, not a function scan joined to the table: the index scan evaluates it once),
+    // and a single changed column is set the same way; several changed columns come from one
+    // function scan of the record.
+    let populated = |param: u32| format!("pg_catalog.jsonb_populate_record(NULL::{q}, ${param})");
     let key_match =
         t.pk.iter()
-            .map(|c| format!("t.{0} = k.{0}", quote(c)))
+            .map(|c| {
+                format!(
+                    "t.{0} OPERATOR(pg_catalog.=) ({1}).{0}",
+                    quote(c),
+                    populated(1)
+                )
+            })
             .collect::<Vec<_>>()
             .join(" AND ");
     let names = cols.iter().map(|c| quote(c)).collect::<Vec<_>>();
     let sql = match key.1 {
+        Op::Update if names.len() == 1 => format!(
+            "UPDATE {q} AS t SET {0} = ({1}).{0} WHERE {key_match} RETURNING pg_catalog.to_jsonb(t.*)",
+            names[0],
+            populated(2),
+        ),
         Op::Update => format!(
-            "UPDATE {q} AS t SET {} FROM {}, {} WHERE {key_match} RETURNING pg_catalog.to_jsonb(t.*)",
+            "UPDATE {q} AS t SET {} FROM {} AS r WHERE {key_match} RETURNING pg_catalog.to_jsonb(t.*)",
             names.iter().map(|c| format!("{c} = r.{c}")).collect::<Vec<_>>().join(", "),
-            rec("k"),
-            rec("r"),
+            populated(2),
         ),
         Op::Insert if cols.is_empty() => {
             format!("INSERT INTO {q} AS t DEFAULT VALUES RETURNING pg_catalog.to_jsonb(t.*)")
         }
         Op::Insert => format!(
-            "INSERT INTO {q} AS t ({}) SELECT {} FROM {} RETURNING pg_catalog.to_jsonb(t.*)",
+            "INSERT INTO {q} AS t ({}) SELECT {} FROM {} AS r RETURNING pg_catalog.to_jsonb(t.*)",
             names.join(", "),
             names.iter().map(|c| format!("r.{c}")).collect::<Vec<_>>().join(", "),
-            rec("r"),
+            populated(1),
         ),
         Op::Delete => format!(
-            "DELETE FROM {q} AS t USING {} WHERE {key_match} RETURNING pg_catalog.to_jsonb(t.*)",
-            rec("k"),
+            "DELETE FROM {q} AS t WHERE {key_match} RETURNING pg_catalog.to_jsonb(t.*)"
         ),
     };
     let nargs: usize = match key.1 {

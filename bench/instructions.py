@@ -9,7 +9,10 @@ start-up, shutdown and statement preparation cancelled out.
 
 Each transaction is `BEGIN; SET LOCAL pg_fencing.token = '100'; <statement>; COMMIT;` (the SET
 also for unprotected tables, so both sides pay for it). Keys are random over 10,000 rows; INSERT
-uses new keys, DELETE keys that exist.
+uses new keys, DELETE keys that exist. The first row of the table is a floor, not pg_fencing:
+PostgreSQL's built-in C trigger suppress_redundant_updates_trigger as a BEFORE UPDATE row trigger
+(it does nothing here, every UPDATE changes the row), i.e. what any design built on a BEFORE row
+trigger pays before it does anything (the row lock the trigger manager takes, the call).
 
 Usage: instructions.py --pgbin DIR --work DIR [--n 1000] [--seed 1]
 Prints a markdown table: path, unprotected and protected instructions per transaction, ratio.
@@ -29,9 +32,12 @@ CREATE EXTENSION pg_fencing;
 CREATE TABLE plain (id int PRIMARY KEY, v bigint NOT NULL, fence_token bigint);
 CREATE TABLE prow (id int PRIMARY KEY, v bigint NOT NULL);
 CREATE TABLE pres (id int PRIMARY KEY, v bigint NOT NULL);
+CREATE TABLE floor (id int PRIMARY KEY, v bigint NOT NULL, fence_token bigint);
+CREATE TRIGGER floor BEFORE UPDATE ON floor FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();
 SELECT fencing_protect('prow');
 SELECT fencing_protect('pres', 'bench');
 INSERT INTO plain SELECT g, 0, 100 FROM generate_series(1, {ROWS}) g;
+INSERT INTO floor SELECT g, 0, 100 FROM generate_series(1, {ROWS}) g;
 BEGIN; SET LOCAL pg_fencing.token = '100';
 INSERT INTO prow SELECT g, 0 FROM generate_series(1, {ROWS}) g;
 INSERT INTO pres SELECT g, 0 FROM generate_series(1, {ROWS}) g;
@@ -43,6 +49,7 @@ CHECKPOINT;
 # name -> (PREPARE statement, per-transaction statement with {k}; key kind)
 STATEMENTS = {
     "update plain": ("PREPARE s(int) AS UPDATE plain SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
+    "update floor": ("PREPARE s(int) AS UPDATE floor SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
     "update per-row": ("PREPARE s(int) AS UPDATE prow SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
     "update resource": ("PREPARE s(int) AS UPDATE pres SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
     "fenced_update per-row": (
@@ -64,6 +71,8 @@ STATEMENTS = {
 
 # (path, unprotected baseline, protected)
 PAIRS = [
+    ("floor: a C BEFORE UPDATE row trigger that does nothing (suppress_redundant_updates_trigger)",
+     "update plain", "update floor"),
     ("per-row mode UPDATE", "update plain", "update per-row"),
     ("resource mode UPDATE", "update plain", "update resource"),
     ("fenced_update vs the plain prepared UPDATE of the per-row table", "update per-row", "fenced_update per-row"),

@@ -71,7 +71,8 @@ BEGIN
         END LOOP;
     END LOOP;
     -- Per-row mode: the form of zz_pg_fencing_rekey follows the other BEFORE UPDATE row triggers
-    -- of the tree (see set_rekey_trigger). A restore brings the triggers it dumped.
+    -- of the tree, and its columns the primary key (see set_rekey_trigger). A restore brings the
+    -- triggers it dumped.
     IF restoring THEN
         RETURN;
     END IF;
@@ -79,7 +80,8 @@ BEGIN
              FROM _pg_fencing.protected_table pt
              WHERE pt.protected AND pt.resource IS NULL AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = pt.relid) LOOP
         CONTINUE WHEN p.form IS NULL
-            OR (p.form = 'when') = _pg_fencing.other_before_update_triggers(p.relid);
+            OR ((p.form = 'when') = _pg_fencing.other_before_update_triggers(p.relid)
+                AND _pg_fencing.rekey_matches_key(p.relid));
         BEGIN
             PERFORM _pg_fencing.set_rekey_trigger(p.relid, p.id, p.token_column);
         EXCEPTION WHEN OTHERS THEN
@@ -318,6 +320,9 @@ BEGIN
        AND _pg_fencing.other_before_update_triggers(relation) THEN
         RETURN format('another BEFORE UPDATE row trigger of %s may change the primary key, but zz_pg_fencing_rekey only fires for UPDATEs that set a key column (UPDATEs are refused; fencing_protect installs the form that checks every key change)', relation);
     END IF;
+    IF resource IS NULL AND NOT _pg_fencing.rekey_matches_key(relation) THEN
+        RETURN format('zz_pg_fencing_rekey of %s watches other columns than the primary key (changed after fencing_protect); run fencing_protect again', relation);
+    END IF;
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         IF (SELECT c.relkind FROM pg_class c WHERE c.oid = part) = 'f' THEN
             RETURN format('%s is a foreign partition: it cannot carry a TRUNCATE trigger, so TRUNCATE of it is not fenced', part);
@@ -375,6 +380,19 @@ $fn$;
 CREATE FUNCTION _pg_fencing.rekey_form(relation regclass) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT CASE WHEN tg.tgqual IS NULL AND cardinality(tg.tgattr::int2[]) > 0 THEN 'column' ELSE 'when' END
+    FROM pg_trigger tg WHERE tg.tgrelid = relation AND tg.tgname = 'zz_pg_fencing_rekey'
+$fn$;
+
+-- Does zz_pg_fencing_rekey of relation watch exactly the primary key's columns (NULL: no such
+-- trigger)? Its columns are the trigger's column list (cheap form) or the columns its WHEN clause
+-- reads; a primary key changed after fencing_protect makes them stale.
+CREATE FUNCTION _pg_fencing.rekey_matches_key(relation regclass) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT ARRAY(SELECT DISTINCT c FROM unnest(CASE WHEN tg.tgqual IS NULL THEN tg.tgattr::int2[]
+                     ELSE ARRAY(SELECT m[1]::int2 FROM regexp_matches(tg.tgqual::text, ':varattno (\d+)', 'g') m) END) c
+                 ORDER BY c)
+         = ARRAY(SELECT DISTINCT c FROM pg_index i, unnest(i.indkey::int2[]) c
+                 WHERE i.indrelid = relation AND i.indisprimary ORDER BY c)
     FROM pg_trigger tg WHERE tg.tgrelid = relation AND tg.tgname = 'zz_pg_fencing_rekey'
 $fn$;
 

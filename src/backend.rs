@@ -9,7 +9,7 @@ use crate::guard::trigger;
 use crate::lock_service::{locks, watch};
 use crate::pg::{index, report, spi};
 use crate::rule;
-use crate::state::{marks, tombstones};
+use crate::state::{mark_versions, marks, tombstones};
 use pgrx::prelude::*;
 
 /// Register the callbacks (from `_PG_init`, once per backend).
@@ -69,6 +69,7 @@ unsafe extern "C-unwind" fn xact_callback(
     {
         fenced::free_stale_plans();
         tombstones::forget_tombstones();
+        mark_versions::forget_changes();
     }
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT {
         // The watches this transaction stopped are gone now that it committed.

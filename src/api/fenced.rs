@@ -618,13 +618,9 @@ fn plan_for(key: (u32, Op, Vec<String>), t: &Target, cols: &[String]) -> pg_sys:
     let populated = |param: u32| format!("pg_catalog.jsonb_populate_record(NULL::{q}, ${param})");
     let key_match =
         t.pk.iter()
-            .map(|c| {
-                format!(
-                    "t.{0} OPERATOR(pg_catalog.=) ({1}).{0}",
-                    quote(c),
-                    populated(1)
-                )
-            })
+            // The key type's own `=` as the caller's search_path finds it (citext, ltree, ...),
+            // as a plain `WHERE key = value` would (and as before).
+            .map(|c| format!("t.{0} = ({1}).{0}", quote(c), populated(1)))
             .collect::<Vec<_>>()
             .join(" AND ");
     let names = cols.iter().map(|c| quote(c)).collect::<Vec<_>>();

@@ -75,8 +75,9 @@ struct RelInfo {
     pk: Vec<i16>,
     pk_immediate: bool,
     /// Per-row mode: another `BEFORE UPDATE` row trigger may change a row's key where the guard
-    /// cannot see it, but `zz_pg_fencing_rekey` is the column-list form, which fires only for
-    /// UPDATEs that set a key column. `fencing_protect` and the DDL event trigger install the
+    /// cannot see it, or the primary key is no longer the columns listed, but
+    /// `zz_pg_fencing_rekey` is the column-list form, which fires only for UPDATEs that set a
+    /// listed column. `fencing_protect` and the DDL event trigger install the
     /// general form (`WHEN` the key changed) in that case; if they did not run, writes are refused
     /// (FT004) rather than let a new key escape its tombstone.
     rekey_misses: bool,
@@ -130,11 +131,21 @@ fn relinfo(
     })?;
     let (pk, pk_immediate) = rel.primary_key();
     let triggers = rel.update_triggers(event.function_oid(), c"zz_pg_fencing_rekey");
+    // A primary key changed after fencing_protect leaves the column list stale.
+    let stale_columns = {
+        let mut listed = triggers.rekey_columns.clone();
+        let mut key = pk.clone();
+        listed.sort_unstable();
+        key.sort_unstable();
+        listed != key
+    };
     let info = RelInfo {
         token_attnum,
         pk,
         pk_immediate,
-        rekey_misses: args.resource.is_none() && triggers.others_before && triggers.rekey_by_column,
+        rekey_misses: args.resource.is_none()
+            && triggers.rekey_by_column
+            && (triggers.others_before || stale_columns),
     };
     RELINFO.with(|r| crate::cache::cache_insert(&mut r.borrow_mut(), key, info.clone(), 10_000));
     Ok(info)
@@ -392,8 +403,9 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
                 return Err(FenceError::NotProtected(crate::error::Text {
                     message: format!("protection of table {} is not active", table()),
                     detail: Some(
-                        "Another BEFORE UPDATE row trigger may change a row's primary key, but \
-                         trigger zz_pg_fencing_rekey only fires for UPDATEs that set a key column."
+                        "Another BEFORE UPDATE row trigger may change a row's primary key, or \
+                         the primary key changed, but trigger zz_pg_fencing_rekey only fires for \
+                         UPDATEs that set one of the columns it lists."
                             .into(),
                     ),
                     hint: Some(format!(

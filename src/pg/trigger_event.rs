@@ -241,6 +241,7 @@ impl Relation<'_> {
         let mut out = UpdateTriggers {
             others_before: false,
             rekey_by_column: false,
+            rekey_columns: Vec::new(),
         };
         // SAFETY: the relation is open for the call, so is its relcache trigger descriptor
         // (`trigdesc`, NULL when it has no triggers) with `numtriggers` entries; each Trigger's
@@ -268,6 +269,10 @@ impl Relation<'_> {
                     && CStr::from_ptr(t.tgname) == rekey
                 {
                     out.rekey_by_column = t.tgqual.is_null() && t.tgnattr > 0;
+                    if out.rekey_by_column && !t.tgattr.is_null() {
+                        out.rekey_columns =
+                            std::slice::from_raw_parts(t.tgattr, t.tgnattr as usize).to_vec();
+                    }
                 }
             }
         }
@@ -298,12 +303,14 @@ impl Relation<'_> {
 }
 
 /// See [`Relation::update_triggers`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct UpdateTriggers {
     /// Another `BEFORE UPDATE FOR EACH ROW` trigger than the guard's own.
     pub others_before: bool,
     /// The guard's rekey trigger is `AFTER UPDATE OF <key columns>` without `WHEN`.
     pub rekey_by_column: bool,
+    /// Its column list then (attribute numbers).
+    pub rekey_columns: Vec<i16>,
 }
 
 /// A row version handed to the trigger (valid for the call).

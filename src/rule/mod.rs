@@ -142,7 +142,10 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
             lock_resource(resource, mode);
             // Under the lock: the version first, then (unless it says the mark we read is still
             // the stored one) the mark (see state/mark_versions.rs for why this is exact).
-            let version = mark_versions::version(resource).filter(|_| versions_trusted());
+            // A mark this transaction changed itself is read uncommitted: never kept with a
+            // version (a rollback would take it back without a bump).
+            let version = mark_versions::version(resource)
+                .filter(|_| versions_trusted() && !mark_versions::changed_here(resource));
             let high_water = match (seen, version) {
                 (
                     Some(Seen {

@@ -68,10 +68,33 @@ pub fn init_if_preloading() {
     }
 }
 
-fn counter(resource: &str) -> &'static AtomicU64 {
+thread_local! {
+    /// The counters this backend's current transaction bumped: a mark it reads then may be its
+    /// own uncommitted change (`GetLatestSnapshot` shows it), which a rollback takes back without
+    /// another bump, so such a read is never kept with a version (see `changed_here`).
+    static CHANGED: std::cell::RefCell<rustc_hash::FxHashSet<usize>> =
+        std::cell::RefCell::new(rustc_hash::FxHashSet::default());
+}
+
+fn index(resource: &str) -> usize {
     let db = crate::pg::process::my_database();
     let h = pg_fencing_core::hash::fnv1a(&[&db.to_le_bytes(), resource.as_bytes()]);
-    &VERSIONS.get().counters[(h as usize) % COUNTERS]
+    (h as usize) % COUNTERS
+}
+
+fn counter(resource: &str) -> &'static AtomicU64 {
+    &VERSIONS.get().counters[index(resource)]
+}
+
+/// Did this transaction change `resource`'s stored mark (or one sharing its counter)? A mark read
+/// after that may be uncommitted, so it must not be kept with a version.
+pub fn changed_here(resource: &str) -> bool {
+    ENABLED.load(Ordering::Relaxed) && CHANGED.with(|c| c.borrow().contains(&index(resource)))
+}
+
+/// The end of the top-level transaction (commit or abort; called by `backend.rs`).
+pub fn forget_changes() {
+    CHANGED.with(|c| c.borrow_mut().clear());
 }
 
 /// The version of `resource`'s stored mark (`None`: no versions, not preloaded). Read it while
@@ -84,7 +107,8 @@ pub fn version(resource: &str) -> Option<u64> {
 
 /// The body of `_pg_fencing.mark_changed()`, the row trigger of `_pg_fencing.resource_high_water`
 /// (see the module comment): the exclusive lock of every resource the old and new row name, then
-/// a bump of its version. The row is written unchanged.
+/// a bump of its version, remembered as this transaction's own change. The row is written
+/// unchanged.
 pub fn on_mark_row(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
     if !event.row_level() || !event.before() {
         return Err(FenceError::TriggerProtocol(
@@ -106,6 +130,7 @@ pub fn on_mark_row(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
         if let Some(resource) = row.text(attnum) {
             lock_resource(&resource, LockMode::Exclusive);
             if ENABLED.load(Ordering::Relaxed) {
+                CHANGED.with(|c| c.borrow_mut().insert(index(&resource)));
                 counter(&resource).fetch_add(1, Ordering::AcqRel);
             }
         }

@@ -158,3 +158,13 @@ SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 5}', 8) ->> 'qty' AS qty
 COMMIT;
 RESET pg_fencing.token;
 SELECT fencing_high_water('warehouse2');
+-- A key of a type with its own equality (citext): the row is found by that type's `=`, as a
+-- plain WHERE clause would find it.
+CREATE EXTENSION IF NOT EXISTS citext;
+CREATE TABLE ci (id citext PRIMARY KEY, v int);
+SELECT fencing_protect('ci');
+SELECT fenced_insert('ci', '{"id": "Abc", "v": 1}', 5) ->> 'id' AS inserted;
+SELECT fenced_update('ci', '{"id": "abc"}', '{"v": 2}', 5) ->> 'v' AS v;
+SELECT fenced_delete('ci', '{"id": "ABC"}', 6) ->> 'id' AS deleted;
+DROP TABLE ci;
+DROP EXTENSION citext;

@@ -80,5 +80,36 @@ DROP TRIGGER aa_move ON rkp_1;
 SELECT tgrelid::regclass, _pg_fencing.rekey_form(tgrelid) FROM pg_trigger
 WHERE tgname = 'zz_pg_fencing_rekey' AND tgrelid::regclass::text LIKE 'rkp%' ORDER BY 1;
 BEGIN; SET LOCAL pg_fencing.token = '45'; UPDATE rkp SET id = 105 WHERE id = 5; ROLLBACK;
-DROP TABLE rk, rkp;
+
+-- The primary key changed after fencing_protect: the DDL event trigger rebuilds
+-- zz_pg_fencing_rekey on the new key's columns (in either form); without it, UPDATEs are refused.
+CREATE TABLE rkc (id int PRIMARY KEY, k2 int NOT NULL UNIQUE, v int);
+SELECT fencing_protect('rkc');
+ALTER TABLE rkc DROP CONSTRAINT rkc_pkey, ADD PRIMARY KEY (k2);
+SELECT _pg_fencing.rekey_form('rkc'), _pg_fencing.rekey_matches_key('rkc');
+BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO rkc VALUES (1, 1, 0); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO rkc VALUES (2, 50, 0); DELETE FROM rkc WHERE k2 = 50; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '15'; UPDATE rkc SET k2 = 50 WHERE k2 = 1; ROLLBACK;
+CREATE FUNCTION rkc_move() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.v = 100 THEN NEW.k2 := 50; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER zzz_move BEFORE UPDATE ON rkc FOR EACH ROW EXECUTE FUNCTION rkc_move();
+ALTER TABLE rkc DROP CONSTRAINT rkc_pkey, ADD PRIMARY KEY (id);
+ALTER TABLE rkc DROP CONSTRAINT rkc_pkey, ADD PRIMARY KEY (k2);
+SELECT _pg_fencing.rekey_form('rkc'), _pg_fencing.rekey_matches_key('rkc');
+BEGIN; SET LOCAL pg_fencing.token = '15'; UPDATE rkc SET v = 100 WHERE k2 = 1; ROLLBACK;
+DROP TRIGGER zzz_move ON rkc;
+ALTER EVENT TRIGGER pg_fencing_ddl_end DISABLE;
+ALTER TABLE rkc DROP CONSTRAINT rkc_pkey, ADD PRIMARY KEY (id);
+SELECT _pg_fencing.rekey_form('rkc'), _pg_fencing.rekey_matches_key('rkc');
+BEGIN; SET LOCAL pg_fencing.token = '15'; UPDATE rkc SET v = 1 WHERE id = 1; ROLLBACK;
+SELECT fencing_protected_tables.inactive_reason FROM fencing_protected_tables WHERE relation = 'rkc'::regclass;
+ALTER EVENT TRIGGER pg_fencing_ddl_end ENABLE;
+SELECT fencing_protect('rkc');
+SELECT _pg_fencing.rekey_form('rkc'), _pg_fencing.rekey_matches_key('rkc');
+BEGIN; SET LOCAL pg_fencing.token = '15'; UPDATE rkc SET v = 1 WHERE id = 1; COMMIT;
+DROP TABLE rk, rkp, rkc;
 DROP FUNCTION rk_move();
+DROP FUNCTION rkc_move();

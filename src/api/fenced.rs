@@ -654,5 +654,9 @@ fn plan_for(key: (u32, Op, Vec<String>), t: &Target, cols: &[String]) -> pg_sys:
         _ => 1,
     };
     let types = [pg_sys::JSONBOID; 2];
-    PLANS.with(|p| p.borrow_mut().keep(key, &sql, &types[..nargs]))
+    // Prepared outside the cache's borrow: preparing may process invalidations, whose callback
+    // clears this cache (`invalidate`).
+    let generation = PLANS.with(|p| p.borrow().generation());
+    let plan = crate::pg::spi::prepare_kept(&sql, &types[..nargs]);
+    PLANS.with(|p| p.borrow_mut().keep(key, plan, generation))
 }

@@ -16,6 +16,22 @@ pub struct KeptPlans<K> {
     plans: rustc_hash::FxHashMap<K, usize>,
     stale: Vec<usize>,
     cap: usize,
+    /// Bumped by `invalidate`: a plan prepared across an invalidation is used once, not kept.
+    generation: u64,
+}
+
+/// Prepare `sql` with parameter `types` for keeping (`SPI_keepplan`). Call while connected to
+/// SPI, and without holding a borrow of the cache the plan goes into: preparing can process
+/// invalidations, whose callbacks clear the caches (`KeptPlans::invalidate`).
+pub fn prepare_kept(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
+    let plan = prepare(sql, types);
+    // SAFETY: `plan` was just returned non-NULL by SPI_prepare in the current SPI connection;
+    // SPI_keepplan moves it to a long-lived context, so the pointer stays valid until
+    // `KeptPlans::free_stale` frees it.
+    unsafe {
+        pg_sys::SPI_keepplan(plan);
+    }
+    plan
 }
 
 impl<K: std::hash::Hash + Eq> KeptPlans<K> {
@@ -25,7 +41,13 @@ impl<K: std::hash::Hash + Eq> KeptPlans<K> {
             plans: Default::default(),
             stale: Vec::new(),
             cap,
+            generation: 0,
         }
+    }
+
+    /// The current generation (see `keep`).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The plan kept for `key`, if any.
@@ -36,14 +58,18 @@ impl<K: std::hash::Hash + Eq> KeptPlans<K> {
         self.plans.get(key).map(|p| *p as pg_sys::SPIPlanPtr)
     }
 
-    /// Prepare `sql` with parameter `types` and keep it for `key`. Call while connected to SPI.
-    pub fn keep(&mut self, key: K, sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
-        let plan = prepare(sql, types);
-        // SAFETY: `plan` was just returned non-NULL by SPI_prepare in the current SPI
-        // connection; SPI_keepplan moves it to a long-lived context, so the pointer kept here
-        // stays valid until `free_stale` frees it.
-        unsafe {
-            pg_sys::SPI_keepplan(plan);
+    /// Keep `plan` (from `prepare_kept`, begun at `generation`) for `key`; if the cache was
+    /// invalidated since, the plan may be built on stale facts: it is freed at the end of the
+    /// transaction instead of kept.
+    pub fn keep(
+        &mut self,
+        key: K,
+        plan: pg_sys::SPIPlanPtr,
+        generation: u64,
+    ) -> pg_sys::SPIPlanPtr {
+        if generation != self.generation {
+            self.stale.push(plan as usize);
+            return plan;
         }
         if self.plans.len() >= self.cap {
             self.invalidate();
@@ -55,6 +81,7 @@ impl<K: std::hash::Hash + Eq> KeptPlans<K> {
     /// Drop every kept plan (a relcache invalidation can change what they mean); they are freed
     /// by `free_stale`.
     pub fn invalidate(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
         self.stale.extend(self.plans.drain().map(|(_, v)| v));
     }
 
@@ -62,7 +89,7 @@ impl<K: std::hash::Hash + Eq> KeptPlans<K> {
     pub fn free_stale(&mut self) {
         for p in self.stale.drain(..) {
             // SAFETY: called from the transaction-end callback on the main thread. `p` was kept
-            // with SPI_keepplan by `keep` and moved to `stale` exactly once (when it left
+            // with SPI_keepplan by `prepare_kept` and moved to `stale` exactly once (when it left
             // `plans`), so it is freed exactly once, and at transaction end no statement of
             // this backend can still be executing it.
             unsafe { pg_sys::SPI_freeplan(p as pg_sys::SPIPlanPtr) };
@@ -311,13 +338,12 @@ fn exec_internal_pinned<T>(
 /// Prepared plans, kept for the life of the backend (the plan cache re-plans them if the
 /// extension's tables are dropped and re-created).
 fn plan_for(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
-    PLANS.with(|p| {
-        let mut p = p.borrow_mut();
-        match p.get(sql) {
-            Some(plan) => plan,
-            None => p.keep(sql.to_string(), sql, types),
-        }
-    })
+    if let Some(plan) = PLANS.with(|p| p.borrow().get(sql)) {
+        return plan;
+    }
+    let generation = PLANS.with(|p| p.borrow().generation());
+    let plan = prepare_kept(sql, types);
+    PLANS.with(|p| p.borrow_mut().keep(sql.to_string(), plan, generation))
 }
 
 /// A plan in the current SPI procedure's memory (freed by SPI_finish).

@@ -71,6 +71,11 @@ unsafe extern "C-unwind" fn xact_callback(
         tombstones::forget_tombstones();
         mark_versions::forget_changes();
     }
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
+        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
+    {
+        locks::commit_acquired();
+    }
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT {
         // The watches this transaction stopped are gone now that it committed.
         watch::finish_commit();
@@ -80,7 +85,7 @@ unsafe extern "C-unwind" fn xact_callback(
         watch::undo_applied();
         watch::forget_pending();
         trigger::forget_verified();
-        locks::abort_pending();
+        locks::abort_pending(None);
     }
 }
 
@@ -97,6 +102,8 @@ unsafe extern "C-unwind" fn subxact_callback(
     _arg: *mut std::ffi::c_void,
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        // fencing_acquire calls of the subtransaction (a savepoint, a PL/pgSQL EXCEPTION block).
+        locks::abort_pending(Some(my));
         tombstones::forget_tombstones_of(my);
         watch::forget_pending_of(my);
         rule::forget_all();

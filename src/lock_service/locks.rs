@@ -415,6 +415,17 @@ pub fn lock_service_problem() -> Option<String> {
 // ---------------------------------------------------------------------------------------------
 // Backend side
 
+thread_local! {
+    /// The requests (slot index, generation, subtransaction) of the `fencing_acquire` calls of
+    /// this backend's current transaction. A lock is the session's once that transaction
+    /// commits; if it (or the subtransaction of the call) aborts, the request is cancelled and a
+    /// lock already granted is released (`abort_pending`): the call's caller never got a token it
+    /// could use (an error in the wait, or a cancel or `statement_timeout` right after the call,
+    /// in the same statement; the session's `pg_fencing.token` is rolled back with it).
+    static IN_TRANSACTION: std::cell::RefCell<Vec<(usize, u64, pg_sys::SubTransactionId)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// `fencing_acquire(lock_name, timeout)`: see `api/functions.rs`.
 pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
     let sh = shared()?;
@@ -455,14 +466,20 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             )));
         }
     }
-    let slot = sh
+    let (index, slot) = sh
         .slots
         .iter()
-        .find(|s| s.transition(FREE, RESERVED))
+        .enumerate()
+        .find(|(_, s)| s.transition(FREE, RESERVED))
         .ok_or(FenceError::TooManyLocks(SLOTS))?;
     let started = now_ms();
     let deadline = started + timeout.as_millis() as i64;
-    slot.generation.fetch_add(1, Ordering::AcqRel);
+    let generation = slot
+        .generation
+        .fetch_add(1, Ordering::AcqRel)
+        .wrapping_add(1);
+    let subxact = crate::pg::process::current_subxact();
+    IN_TRANSACTION.with(|t| t.borrow_mut().push((index, generation, subxact)));
     slot.owner_pid.store(me, Ordering::Relaxed);
     slot.token.store(0, Ordering::Relaxed);
     slot.lease.store(0, Ordering::Relaxed);
@@ -622,10 +639,41 @@ unsafe extern "C-unwind" fn on_backend_exit(_code: i32, _arg: pg_sys::Datum) {
     release_all_of_mine(true);
 }
 
-/// Transaction abort (e.g. `fencing_acquire` interrupted by a cancel or `statement_timeout`):
-/// cancel this session's pending requests. Held locks stay held (they are session-scoped).
-pub fn abort_pending() {
+/// Transaction or subtransaction abort (e.g. `fencing_acquire` interrupted by a cancel or
+/// `statement_timeout`): cancel this session's pending requests, and the request of an
+/// interrupted `fencing_acquire` even if it was granted just before the error. Locks that a
+/// `fencing_acquire` returned stay held (they are session-scoped).
+///
+/// `subxact`: the aborting subtransaction (`None`: the whole transaction); the requests of its
+/// calls, and of its children's, are cancelled.
+pub fn abort_pending(subxact: Option<pg_sys::SubTransactionId>) {
+    let undone: Vec<(usize, u64)> = IN_TRANSACTION.with(|t| {
+        let mut t = t.borrow_mut();
+        let (undo, keep): (Vec<_>, Vec<_>) = t
+            .drain(..)
+            .partition(|(_, _, s)| subxact.is_none_or(|aborting| *s >= aborting));
+        *t = keep;
+        undo.into_iter().map(|(i, g, _)| (i, g)).collect()
+    });
+    if ENABLED.load(Ordering::Relaxed) && !undone.is_empty() {
+        let sh = SHARED.get();
+        let me = crate::pg::process::my_pid();
+        for (index, generation) in undone {
+            let s = &sh.slots[index];
+            if s.generation.load(Ordering::Acquire) == generation
+                && s.owner_pid.load(Ordering::Relaxed) == me
+            {
+                cancel_slot(sh, s);
+            }
+        }
+    }
     release_all_of_mine(false);
+}
+
+/// The end of a transaction that committed (or was prepared): its `fencing_acquire` locks are
+/// the session's now.
+pub fn commit_acquired() {
+    IN_TRANSACTION.with(|t| t.borrow_mut().clear());
 }
 
 pub(super) fn release_all_of_mine(including_held: bool) {

@@ -191,22 +191,11 @@ impl Relation<'_> {
 
     /// The 1-based attribute number of bigint column `name`.
     pub fn bigint_column(&self, name: &CStr) -> Result<i16, ColumnProblem> {
-        // SAFETY: the relation's descriptor is valid for the call; SPI_fnumber only reads it and
-        // the NUL-terminated name.
-        let (n, natts) = unsafe {
-            let tupdesc = (*self.rel).rd_att;
-            (
-                pg_sys::SPI_fnumber(tupdesc, name.as_ptr()),
-                (*tupdesc).natts,
-            )
-        };
-        if n <= 0 || n > natts {
-            return Err(ColumnProblem::Missing);
-        }
-        if self.attribute(n as i16).atttypid != pg_sys::INT8OID {
+        let n = self.column_number(name).ok_or(ColumnProblem::Missing)?;
+        if self.attribute(n).atttypid != pg_sys::INT8OID {
             return Err(ColumnProblem::NotBigint);
         }
-        Ok(n as i16)
+        Ok(n)
     }
 
     /// The 1-based attribute number of column `name`, if it has one.

@@ -614,3 +614,21 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'pg_fencing_mark_changed';
 CREATE TRIGGER pg_fencing_mark_changed BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.resource_high_water
     FOR EACH ROW EXECUTE FUNCTION _pg_fencing.mark_changed();
 ALTER TABLE _pg_fencing.resource_high_water ENABLE ALWAYS TRIGGER pg_fencing_mark_changed;
+
+-- The UPDATE fast path (src/guard/fast_path.rs): the planner puts one of these in the SET list of
+-- a plain UPDATE of a protected table instead of firing the guard's row and statement triggers.
+-- Anyone who may UPDATE the table may call them (a call checks that its constants name the
+-- table's protection and that the caller may update it); they only check a token and return it.
+CREATE FUNCTION _pg_fencing.stamp_row(old_token bigint, relation oid, protection bigint, token_column text, VARIADIC key "any")
+RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_row';
+COMMENT ON FUNCTION _pg_fencing.stamp_row(bigint, oid, bigint, text, "any") IS
+'Internal (UPDATE fast path, per-row mode): checks the session''s pg_fencing.token against a row''s token old_token (a bigint, NULL for a row never stamped) and returns the token to stamp. Arguments: the table''s OID, its protection id and token column as fencing_protect recorded them, then the row''s primary key columns (printed in messages). Errors: FT001 token below old_token; FT002 no token; FT003 the token''s lock was lost; 42501 the constants do not name the table''s protection, or the caller may not UPDATE the table.';
+CREATE FUNCTION _pg_fencing.stamp_resource(old_token bigint, relation oid, protection bigint, resource text, token_column text)
+RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_resource';
+COMMENT ON FUNCTION _pg_fencing.stamp_resource(bigint, oid, bigint, text, text) IS
+'Internal (UPDATE fast path, resource mode): admits one written row with the session''s pg_fencing.token against the resource''s high-water mark (raising it in this transaction when the token is higher) and returns the token to stamp. Errors: FT001 token below the mark; FT002 no token; FT003 lock lost; FT006 refused by a watch in verify mode; 42501 as for stamp_row.';
+CREATE FUNCTION _pg_fencing.fast_path_marker() RETURNS void
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_fast_path_marker';
+REVOKE ALL ON FUNCTION _pg_fencing.fast_path_marker() FROM PUBLIC;
+COMMENT ON FUNCTION _pg_fencing.fast_path_marker() IS
+'Internal: never called. A plan that depends on it was made by pg_fencing''s planner hook (the UPDATE fast path), so only superusers may execute it (raises 42501 when called).';

@@ -124,4 +124,6 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
     marks::forget();
     rule::forget_seen_marks();
     trigger::forget_relation((relid != pg_sys::Oid::INVALID).then_some(relid));
+    crate::guard::fast_path::forget_functions();
+    crate::guard::fast_path::forget_checked();
 }

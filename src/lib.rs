@@ -50,6 +50,7 @@ pub extern "C-unwind" fn _PG_init() {
     lock_service::locks::init_if_preloading();
     lock_service::watch::init_if_preloading();
     backend::init();
+    api::hooks::init();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -321,7 +321,12 @@ pub unsafe fn finish(
         let relid = relid.unwrap_or(pg_sys::Oid::INVALID);
         // A trigger disabled (e.g. on a partition) after the protection was checked: the write
         // must not stand.
-        let missed = if guarded < processed {
+        let unguarded = now
+            .unguarded_statements
+            .wrapping_sub(p.before.unguarded_statements);
+        let missed = if unguarded > 0 {
+            Some("A partition written by the statement has no enabled guard trigger.".to_string())
+        } else if guarded < processed {
             Some(format!(
                 "{processed} row(s) were written without passing the guard trigger."
             ))

@@ -70,6 +70,78 @@ pub unsafe extern "C-unwind" fn fencing_guard(fcinfo: FunctionCallInfo) -> pg_sy
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_stamp_row);
+/// `_pg_fencing.stamp_row(old_token bigint, relation oid, protection bigint, token_column text,
+/// VARIADIC key "any") RETURNS bigint`: the UPDATE fast path's per-row check (see
+/// `guard/fast_path.rs`), placed in an UPDATE's SET list by the planner hook.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention) on the backend's main thread, with
+/// the call's own `fcinfo` for the signature declared in `sql/pg_fencing.sql`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_stamp_row(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's for this call (this function's contract), as
+    // `StampCall::new` and `stamp_result` require; this frame holds nothing but `fcinfo`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::fast_path::stamp_row(&call).map(|t| stamp_result(fcinfo, t))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_stamp_resource);
+/// `_pg_fencing.stamp_resource(old_token bigint, relation oid, protection bigint, resource text,
+/// token_column text) RETURNS bigint`: the UPDATE fast path's resource-mode row check (see
+/// `guard/fast_path.rs`).
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_stamp_resource(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::fast_path::stamp_resource(&call).map(|t| stamp_result(fcinfo, t))
+        })
+    }
+}
+
+/// The bigint result of a stamping call (NULL for `None`).
+///
+/// # Safety
+/// `fcinfo` must be the running call's.
+unsafe fn stamp_result(fcinfo: FunctionCallInfo, token: Option<i64>) -> pg_sys::Datum {
+    match token {
+        Some(t) => pg_sys::Datum::from(t),
+        // SAFETY: the call's own fcinfo (this function's contract).
+        None => unsafe { pgrx::fcinfo::pg_return_null(fcinfo) },
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_fast_path_marker);
+/// `_pg_fencing.fast_path_marker() RETURNS void`: never called; a plan's dependency on it marks
+/// the UPDATE fast path (see `guard/fast_path.rs`). Only superusers may execute it.
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_fast_path_marker(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            Err(FenceError::NotAllowed(crate::error::Text::new(
+                "_pg_fencing.fast_path_marker() marks plans and is not to be called".to_string(),
+            )))
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_mark_changed);
 /// `_pg_fencing.mark_changed() RETURNS trigger`: the row trigger of
 /// `_pg_fencing.resource_high_water` that bumps the versions of changed marks (see

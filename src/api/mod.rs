@@ -4,3 +4,4 @@
 
 pub mod fenced;
 pub mod functions;
+pub mod hooks;

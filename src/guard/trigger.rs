@@ -24,7 +24,7 @@ use crate::rule::session_token::current_token;
 use pgrx::pg_sys;
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 thread_local! {
     /// (relation, protection id, resource, token column) combinations whose trigger arguments
@@ -39,7 +39,7 @@ thread_local! {
 
 thread_local! {
     static FIRINGS: Cell<Firings> = const {
-        Cell::new(Firings { guarded_rows: 0, after_expected: 0, after_fired: 0 })
+        Cell::new(Firings { guarded_rows: 0, after_expected: 0, after_fired: 0, unguarded_statements: 0 })
     };
 }
 
@@ -54,11 +54,24 @@ pub struct Firings {
     pub after_expected: u64,
     /// AFTER ROW firings that happened.
     pub after_fired: u64,
+    /// UPDATEs on the fast path (`guard/fast_path.rs`) with a result relation whose guard
+    /// trigger is missing or disabled.
+    pub unguarded_statements: u64,
 }
 
 /// The counts now (see [`Firings`]).
 pub fn firings() -> Firings {
     FIRINGS.with(|f| f.get())
+}
+
+/// A row admitted by the fast path's stamping function (counts as a guard firing).
+pub fn count_guarded() {
+    count(|f| f.guarded_rows = f.guarded_rows.wrapping_add(1));
+}
+
+/// A fast-path UPDATE with a result relation whose guard trigger is missing or disabled.
+pub fn count_unguarded_statement() {
+    count(|f| f.unguarded_statements = f.unguarded_statements.wrapping_add(1));
 }
 
 fn count(bump: impl FnOnce(&mut Firings)) {
@@ -94,6 +107,21 @@ pub fn forget_relation(relid: Option<pg_sys::Oid>) {
             Some(relid) => r.retain(|(id, _), _| *id != relid.to_u32()),
         }
     });
+}
+
+impl Args {
+    /// Arguments as `fencing_protect` writes them (for the fast path's stamping calls, which
+    /// carry them as constants).
+    pub(crate) fn new(protection: i64, resource: Option<String>, token_column: CString) -> Args {
+        let mut args = Args {
+            protection,
+            resource,
+            token_column,
+            hash: 0,
+        };
+        args.hash = args_hash(&args);
+        args
+    }
 }
 
 fn args_hash(args: &Args) -> u64 {
@@ -161,12 +189,11 @@ pub fn forget_verified() {
 /// their own with made-up arguments. Its arguments are trusted only if they are exactly what
 /// `fencing_protect` recorded for this table (or the root of its partition tree); otherwise a
 /// role could write tombstones or marks into another table's protection.
-fn verify_protection(
-    rel: Relation,
+pub(crate) fn verify_protection(
+    relid: pg_sys::Oid,
     args: &Args,
     table: &dyn Fn() -> String,
 ) -> Result<(), FenceError> {
-    let relid = rel.id();
     let cache_key = (relid.to_u32(), args.hash);
     if VERIFIED.with(|v| v.borrow().contains_key(&cache_key)) {
         return Ok(());
@@ -200,10 +227,10 @@ fn verify_protection(
     Ok(())
 }
 
-struct Args {
-    protection: i64,
-    resource: Option<String>,
-    token_column: CString,
+pub(crate) struct Args {
+    pub protection: i64,
+    pub resource: Option<String>,
+    pub token_column: CString,
     /// `args_hash` of the above, for the per-backend caches.
     hash: u64,
 }
@@ -216,22 +243,37 @@ thread_local! {
 
 /// The guard's arguments, parsed once per trigger and backend.
 fn trigger_args(event: &TriggerEvent) -> Result<std::rc::Rc<Args>, FenceError> {
-    let oid = event.trigger_oid();
+    args_of(event.trigger_oid(), &event.args())
+}
+
+/// The guard's arguments of trigger `oid` (its `tgargs`), parsed once per trigger and backend.
+pub(crate) fn args_of<S: AsRef<CStr>>(
+    oid: u32,
+    arg: &[S],
+) -> Result<std::rc::Rc<Args>, FenceError> {
+    args_of_lazy(oid, || arg.iter().map(|a| a.as_ref().to_owned()).collect())
+}
+
+/// As [`args_of`], reading the arguments only if they are not cached yet.
+pub(crate) fn args_of_lazy(
+    oid: u32,
+    arg: impl FnOnce() -> Vec<CString>,
+) -> Result<std::rc::Rc<Args>, FenceError> {
     if let Some(a) = ARGS.with(|m| m.borrow().get(&oid).cloned()) {
         return Ok(a);
     }
-    let args = std::rc::Rc::new(parse_trigger_args(event)?);
+    let args = std::rc::Rc::new(parse_trigger_args(&arg())?);
     ARGS.with(|m| crate::cache::cache_insert(&mut m.borrow_mut(), oid, args.clone(), 10_000));
     Ok(args)
 }
 
-fn parse_trigger_args(event: &TriggerEvent) -> Result<Args, FenceError> {
+fn parse_trigger_args<S: AsRef<CStr>>(arg: &[S]) -> Result<Args, FenceError> {
     let bad = || {
         FenceError::TriggerProtocol(
             "fencing_guard() must be installed by fencing_protect() (expected 3 arguments)".into(),
         )
     };
-    let arg = event.args();
+    let arg: Vec<&CStr> = arg.iter().map(|a| a.as_ref()).collect();
     if arg.len() != 3 {
         return Err(bad());
     }
@@ -295,7 +337,7 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
     // The table's name is only needed for error messages: printed lazily.
     let table_fn = || rel.name();
     let table: &dyn Fn() -> String = &table_fn;
-    verify_protection(rel, &args, table)?;
+    verify_protection(rel.id(), &args, table)?;
     if crate::pg::process::replica_mode() {
         // Logical replication's apply worker (or a session in replica mode): only the
         // REPLICA trigger zz_pg_fencing_replica fires; it records, never refuses.

@@ -13,6 +13,7 @@ pub mod catalog;
 pub mod guc;
 pub mod index;
 pub mod locks;
+pub mod plan;
 pub mod process;
 pub mod report;
 pub mod session;

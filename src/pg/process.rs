@@ -142,8 +142,16 @@ pub fn replica_mode() -> bool {
 
 /// The current user (`GetUserId()`).
 pub fn current_user() -> pg_sys::Oid {
+    // Declared here, not taken from pgrx's bindings, to skip their error guard: GetUserId only
+    // reads a variable of this process and never raises an ERROR (it is called once per written
+    // row on the UPDATE fast path).
+    // SAFETY: the signature is GetUserId's in miscadmin.h, Oid GetUserId(void).
+    unsafe extern "C-unwind" {
+        #[link_name = "GetUserId"]
+        fn get_user_id() -> pg_sys::Oid;
+    }
     // SAFETY: a read of this backend's current user id, on the main thread.
-    unsafe { pg_sys::GetUserId() }
+    unsafe { get_user_id() }
 }
 
 /// Is WAL written for logical decoding (`wal_level = logical`, as publishers need)?

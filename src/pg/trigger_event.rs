@@ -153,7 +153,7 @@ pub struct Relation<'a> {
     _call: PhantomData<&'a ()>,
 }
 
-impl Relation<'_> {
+impl<'a> Relation<'a> {
     /// The relation's OID.
     pub fn id(&self) -> pg_sys::Oid {
         // SAFETY: the relation is open for the call.
@@ -162,20 +162,43 @@ impl Relation<'_> {
 
     /// `schema.table`, quoted as needed.
     pub fn name(&self) -> String {
-        let relid = self.id();
-        // SAFETY: the catalog lookups take OIDs by value and return palloc'd NUL-terminated
-        // names or NULL (checked); quote_qualified_identifier returns a palloc'd string (the
-        // inputs themselves when no quoting is needed), copied at once. Main thread inside the
-        // trigger's transaction.
-        unsafe {
-            let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
-            let name = pg_sys::get_rel_name(relid);
-            if nsp.is_null() || name.is_null() {
-                return format!("oid {}", relid.to_u32());
-            }
-            let q = pg_sys::quote_qualified_identifier(nsp, name);
-            CStr::from_ptr(q).to_string_lossy().into_owned()
+        relation_name(self.id())
+    }
+
+    /// The relation of an open relation pointer (the planner's target, a result relation).
+    ///
+    /// # Safety
+    /// `rel` must be an open relation that stays open (and locked) for the lifetime `'a`.
+    pub unsafe fn from_open(rel: pg_sys::Relation) -> Relation<'a> {
+        Relation {
+            rel,
+            _call: PhantomData,
         }
+    }
+
+    /// The trigger named `name` (row or statement, any firing mode), as plain values.
+    pub fn trigger_named(&self, name: &CStr) -> Option<TriggerInfo> {
+        // SAFETY: the relation is open, so is its relcache trigger descriptor (NULL when it has
+        // no triggers) with `numtriggers` entries whose names and arguments are NUL-terminated
+        // strings owned by the relcache entry; everything is copied out.
+        unsafe { trigger_infos((*self.rel).trigdesc) }
+            .into_iter()
+            .find(|t| t.name.as_c_str() == name)
+    }
+
+    /// Does the table have stored generated columns?
+    pub fn has_stored_generated(&self) -> bool {
+        // SAFETY: the open relation's descriptor; `constr` is NULL or valid with it.
+        unsafe {
+            let constr = (*(*self.rel).rd_att).constr;
+            !constr.is_null() && (*constr).has_generated_stored
+        }
+    }
+
+    /// Type, type modifier and collation of column `attnum`.
+    pub fn column_type(&self, attnum: i16) -> (pg_sys::Oid, i32, pg_sys::Oid) {
+        let a = self.attribute(attnum);
+        (a.atttypid, a.atttypmod, a.attcollation)
     }
 
     fn attribute(&self, attnum: i16) -> &pg_sys::FormData_pg_attribute {
@@ -370,67 +393,19 @@ impl<'a> Row<'a> {
     /// (PostgreSQL's `record_out` quoting, with the output settings pinned where a type's text
     /// depends on them), so SQL (TRUNCATE) and the trigger build the same tombstone key.
     pub fn key_text(&self, pk: &[i16]) -> String {
-        if pk
+        let values: Vec<(Option<pg_sys::Datum>, pg_sys::Oid)> = pk
             .iter()
-            .all(|a| SETTING_FREE_TYPES.contains(&self.type_of(*a)))
-        {
-            self.key_text_pinned(pk)
-        } else {
-            crate::pg::spi::with_pinned_settings(|| self.key_text_pinned(pk))
-        }
-    }
-
-    fn key_text_pinned(&self, pk: &[i16]) -> String {
-        let mut out = String::from("(");
-        for (i, attnum) in pk.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let mut isnull = false;
-            // SAFETY: the tuple is a valid tuple of the descriptor and `attnum` one of its
-            // attributes; the datum points into the tuple, which outlives its use below.
-            let datum = unsafe {
-                pg_sys::heap_getattr(self.tuple, *attnum as i32, self.tupdesc, &mut isnull)
-            };
-            if isnull {
-                continue;
-            }
-            let typid = self.type_of(*attnum);
-            // SAFETY: main thread inside the trigger's transaction. `datum` is a non-NULL value
-            // of type `typid` (the attribute's own type), which is what the type's output
-            // function, found by getTypeOutputInfo, expects; it returns a palloc'd
-            // NUL-terminated string, copied before it is pfree'd and never used after.
-            let value = unsafe {
-                let mut out_fn = pg_sys::Oid::INVALID;
-                let mut varlena = false;
-                pg_sys::getTypeOutputInfo(typid, &mut out_fn, &mut varlena);
-                let s = pg_sys::OidOutputFunctionCall(out_fn, datum);
-                let v = CStr::from_ptr(s).to_string_lossy().into_owned();
-                pg_sys::pfree(s.cast());
-                v
-            };
-            let needs_quotes = value.is_empty()
-                || value.chars().any(|c| {
-                    matches!(
-                        c,
-                        '"' | '\\' | '(' | ')' | ',' | ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'
-                    )
-                });
-            if needs_quotes {
-                out.push('"');
-                for c in value.chars() {
-                    if c == '"' || c == '\\' {
-                        out.push(c);
-                    }
-                    out.push(c);
-                }
-                out.push('"');
-            } else {
-                out.push_str(&value);
-            }
-        }
-        out.push(')');
-        out
+            .map(|attnum| {
+                let mut isnull = false;
+                // SAFETY: the tuple is a valid tuple of the descriptor and `attnum` one of its
+                // attributes; the datum points into the tuple, which outlives its use.
+                let datum = unsafe {
+                    pg_sys::heap_getattr(self.tuple, *attnum as i32, self.tupdesc, &mut isnull)
+                };
+                ((!isnull).then_some(datum), self.type_of(*attnum))
+            })
+            .collect();
+        key_text_of(&values)
     }
 
     /// The row as the trigger's result (the executor writes it unchanged).
@@ -465,4 +440,128 @@ impl<'a> Row<'a> {
         };
         pg_sys::Datum::from(tuple)
     }
+}
+
+/// `schema.table` of relation `relid`, quoted as needed (its OID if it has no name).
+pub fn relation_name(relid: pg_sys::Oid) -> String {
+    // SAFETY: the catalog lookups take OIDs by value and return palloc'd NUL-terminated
+    // names or NULL (checked); quote_qualified_identifier returns a palloc'd string (the
+    // inputs themselves when no quoting is needed), copied at once. Main thread inside a
+    // transaction.
+    unsafe {
+        let nsp = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+        let name = pg_sys::get_rel_name(relid);
+        if nsp.is_null() || name.is_null() {
+            return format!("oid {}", relid.to_u32());
+        }
+        let q = pg_sys::quote_qualified_identifier(nsp, name);
+        CStr::from_ptr(q).to_string_lossy().into_owned()
+    }
+}
+
+/// A trigger as plain values (copied out of a trigger descriptor).
+#[derive(Clone, Debug)]
+pub struct TriggerInfo {
+    pub oid: u32,
+    pub function: pg_sys::Oid,
+    pub name: std::ffi::CString,
+    /// `tgenabled`: `O` origin, `A` always, `R` replica, `D` disabled.
+    pub enabled: u8,
+    pub args: Vec<std::ffi::CString>,
+}
+
+impl TriggerInfo {
+    /// Fires in an ordinary session (`session_replication_role` origin or local).
+    pub fn fires_on_origin(&self) -> bool {
+        self.enabled == b'O' || self.enabled == b'A'
+    }
+}
+
+/// The triggers of a trigger descriptor, copied.
+///
+/// # Safety
+/// `td` must be NULL or a valid trigger descriptor (a relcache entry's, or a result relation's
+/// copy), alive for the call.
+pub unsafe fn trigger_infos(td: *const pg_sys::TriggerDesc) -> Vec<TriggerInfo> {
+    // SAFETY: per the contract `td` is NULL or valid, with `numtriggers` Trigger entries whose
+    // `tgname` and `tgnargs` arguments are NUL-terminated strings; all are copied.
+    unsafe {
+        if td.is_null() || (*td).triggers.is_null() {
+            return Vec::new();
+        }
+        let n = (*td).numtriggers.max(0) as usize;
+        std::slice::from_raw_parts((*td).triggers, n)
+            .iter()
+            .map(|t| TriggerInfo {
+                oid: t.tgoid.to_u32(),
+                function: t.tgfoid,
+                name: CStr::from_ptr(t.tgname).to_owned(),
+                enabled: t.tgenabled as u8,
+                args: if t.tgargs.is_null() {
+                    Vec::new()
+                } else {
+                    (0..t.tgnargs.max(0) as usize)
+                        .map(|i| CStr::from_ptr(*t.tgargs.add(i)).to_owned())
+                        .collect()
+                },
+            })
+            .collect()
+    }
+}
+
+/// A key as `(v1,v2,...)`, each value printed by its type's output function (with pinned
+/// output settings unless every type prints the same under any settings) and quoted like a
+/// record field when needed; NULLs print as nothing. `values`: (datum or NULL, type).
+pub fn key_text_of(values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> String {
+    if values.iter().all(|(_, t)| SETTING_FREE_TYPES.contains(t)) {
+        key_text_pinned(values)
+    } else {
+        crate::pg::spi::with_pinned_settings(|| key_text_pinned(values))
+    }
+}
+
+fn key_text_pinned(values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> String {
+    let mut out = String::from("(");
+    for (i, (datum, typid)) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let Some(datum) = datum else {
+            continue;
+        };
+        // SAFETY: main thread inside a transaction. `datum` is a non-NULL value of type
+        // `typid` (the callers pass each value with its own type), which is what the type's
+        // output function, found by getTypeOutputInfo, expects; it returns a palloc'd
+        // NUL-terminated string, copied before it is pfree'd and never used after.
+        let value = unsafe {
+            let mut out_fn = pg_sys::Oid::INVALID;
+            let mut varlena = false;
+            pg_sys::getTypeOutputInfo(*typid, &mut out_fn, &mut varlena);
+            let s = pg_sys::OidOutputFunctionCall(out_fn, *datum);
+            let v = CStr::from_ptr(s).to_string_lossy().into_owned();
+            pg_sys::pfree(s.cast());
+            v
+        };
+        let needs_quotes = value.is_empty()
+            || value.chars().any(|c| {
+                matches!(
+                    c,
+                    '"' | '\\' | '(' | ')' | ',' | ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'
+                )
+            });
+        if needs_quotes {
+            out.push('"');
+            for c in value.chars() {
+                if c == '"' || c == '\\' {
+                    out.push(c);
+                }
+                out.push(c);
+            }
+            out.push('"');
+        } else {
+            out.push_str(&value);
+        }
+    }
+    out.push(')');
+    out
 }

@@ -1,0 +1,88 @@
+//! The planner and ExecutorStart hooks of the UPDATE fast path (`guard/fast_path.rs` decides;
+//! `pg/plan.rs` reads and writes the planner's and executor's structures). Installed whenever
+//! the library is loaded; they pass every statement on to the previous hook (or PostgreSQL's
+//! own planner and executor) unchanged unless it is an UPDATE of a protected table.
+
+use crate::guard::fast_path;
+use crate::pg::plan::{self, UpdateExecution, UpdateQuery};
+use crate::pg::report::raise;
+use pgrx::pg_sys;
+use std::ffi::{c_char, c_int};
+use std::sync::OnceLock;
+
+static PREV_PLANNER: OnceLock<pg_sys::planner_hook_type> = OnceLock::new();
+static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock::new();
+
+/// `fencing_guard`'s own C symbol, which identifies the guard trigger's function.
+fn guard_address() -> usize {
+    crate::api::functions::fencing_guard as *const () as usize
+}
+
+/// Install the hooks (from `_PG_init`, once per backend).
+pub fn init() {
+    // SAFETY: called once from _PG_init on the backend's main thread, before any statement
+    // of this library runs; the previous hooks are kept and called by ours, as PostgreSQL's hook
+    // convention requires. The hooks live as long as the library (never unloaded).
+    unsafe {
+        if PREV_PLANNER.set(pg_sys::planner_hook).is_ok() {
+            pg_sys::planner_hook = Some(planner);
+        }
+        if PREV_EXECUTOR_START.set(pg_sys::ExecutorStart_hook).is_ok() {
+            pg_sys::ExecutorStart_hook = Some(executor_start);
+        }
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's planner to call (installed by `init`), on the main thread.
+unsafe extern "C-unwind" fn planner(
+    parse: *mut pg_sys::Query,
+    query_string: *const c_char,
+    cursor_options: c_int,
+    bound_params: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: `parse` is the planner's Query for this call, as `UpdateQuery::of` requires; the
+    // decision runs inside pgrx's guard (an ERROR in a catalog lookup is re-raised from there),
+    // and only plain values stay in this frame while the statement is planned by `plan_next`
+    // with the planner's own arguments, and marked with `add_marker` right after, in the same
+    // memory context.
+    unsafe {
+        let marker = match UpdateQuery::of(parse) {
+            Some(mut q) => pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+                fast_path::plan_update(&mut q, guard_address())
+            }),
+            None => None,
+        };
+        let prev = PREV_PLANNER.get().copied().flatten();
+        let stmt = plan::plan_next(prev, parse, query_string, cursor_options, bound_params);
+        if let Some(hash) = marker {
+            plan::add_marker(stmt, hash);
+        }
+        stmt
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's executor to call (installed by `init`), on the main thread.
+unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: c_int) {
+    // SAFETY: the executor's own arguments, passed on unchanged; after the executor started,
+    // `query_desc` holds the plan state `UpdateExecution::of` reads, used only in this call.
+    // The decision runs inside pgrx's guard; its error is raised here, in the hook's frame,
+    // which holds only plain values (as `raise` requires).
+    unsafe {
+        let prev = PREV_EXECUTOR_START.get().copied().flatten();
+        plan::executor_start_next(prev, query_desc, eflags);
+        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int != 0 {
+            return;
+        }
+        let Some(exec) = UpdateExecution::of(query_desc) else {
+            return;
+        };
+        let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+            fast_path::start_update(exec, guard_address())
+        });
+        if let Err(e) = outcome {
+            raise(e);
+        }
+    }
+}

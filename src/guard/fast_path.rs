@@ -1,0 +1,297 @@
+//! The UPDATE fast path (docs/design.md, "The UPDATE fast path"): a plain `UPDATE` of a
+//! protected table is fenced by an expression in its own SET list instead of the guard's row and
+//! statement triggers, which cost more than the rest of the statement's fencing together (the
+//! trigger manager locks and re-reads every row before a BEFORE ROW trigger, and copies every
+//! trigger for every statement).
+//!
+//! When the planner plans an UPDATE of a protected table that qualifies (below), pg_fencing adds
+//! `token_column = _pg_fencing.stamp_row(token_column, table, protection, column, key…)` (per-row
+//! mode) or `_pg_fencing.stamp_resource(token_column, table, protection, resource, column)`
+//! (resource mode) to its SET list and marks the plan. The stamping function is the guard's
+//! BEFORE UPDATE row trigger, as an expression: it runs for each row the UPDATE writes, on the
+//! row version the UPDATE writes (under READ COMMITTED, PostgreSQL's EvalPlanQual re-evaluates
+//! the SET list on the latest version of a row that changed concurrently, after locking it, just
+//! as the trigger saw the locked latest version), applies the same rule (`rule::admit_row`,
+//! `rule::admit_resource`), and returns the token it stamps. When the executor starts a marked
+//! plan, the guard's UPDATE events are taken out of the executor's private copy of each result
+//! relation's triggers, and in resource mode the statement trigger's work (the resource lock
+//! before any row lock) is done there.
+//!
+//! An UPDATE qualifies only when nothing but the guard could change a row or its key: the
+//! guard trigger fires in ordinary sessions; no other BEFORE UPDATE row trigger; no stored
+//! generated column; the SET list names neither the token column nor (per-row mode) a key column;
+//! the per-row rekey trigger is the column-list form over the current key. Everything else (and
+//! every plan made before the library was loaded, which carries no mark) keeps the triggers. A
+//! result relation (a partition) with a BEFORE UPDATE row trigger of its own keeps its triggers
+//! too; it is then checked twice, by the expression and by the trigger.
+//!
+//! The mark is a plan dependency on `_pg_fencing.fast_path_marker()`, which no role but a
+//! superuser may execute: a statement that names it fails when the executor starts, so only the
+//! planner hook can produce a marked plan. Changes to the table's triggers, columns or key
+//! invalidate the plan, which is then planned again by these rules.
+
+#![forbid(unsafe_code)]
+
+use crate::error::{FenceError, Text, Token};
+use crate::guard::trigger::{self, Args};
+use crate::pg::plan::{self, StampArg, StampCall, UpdateExecution, UpdateQuery};
+use crate::pg::trigger_event::relation_name;
+use crate::rule;
+use crate::rule::session_token::{current_token, token_out_of_scope};
+use pgrx::pg_sys;
+use std::cell::Cell;
+use std::ffi::{CStr, CString};
+
+/// The guard's row trigger, installed by `fencing_protect` (`sql/pg_fencing.sql`).
+const GUARD: &CStr = c"zz_pg_fencing_guard";
+/// The guard's triggers whose UPDATE events the fast path replaces.
+const REPLACED: [&CStr; 4] = [
+    GUARD,
+    c"zz_pg_fencing_replica",
+    c"zz_pg_fencing_rekey",
+    c"zz_pg_fencing_stmt",
+];
+
+#[derive(Clone, Copy)]
+struct Functions {
+    stamp_row: pg_sys::Oid,
+    stamp_resource: pg_sys::Oid,
+    marker_hash: u32,
+}
+
+thread_local! {
+    /// The stamping functions and the mark, looked up once per backend (dropped on relcache
+    /// invalidation, which dropping or re-creating the extension causes).
+    static FUNCTIONS: Cell<Option<Functions>> = const { Cell::new(None) };
+    /// A function found to be `fencing_guard()`'s C symbol.
+    static GUARD_FUNCTION: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::Oid::INVALID) };
+}
+
+/// Relcache invalidation: the extension's functions may have been dropped or re-created.
+pub fn forget_functions() {
+    FUNCTIONS.with(|f| f.set(None));
+}
+
+fn functions() -> Option<Functions> {
+    if let Some(f) = FUNCTIONS.with(|f| f.get()) {
+        return Some(f);
+    }
+    let f = Functions {
+        stamp_row: plan::internal_function(c"stamp_row")?,
+        stamp_resource: plan::internal_function(c"stamp_resource")?,
+        marker_hash: plan::function_dependency_hash(plan::internal_function(c"fast_path_marker")?),
+    };
+    FUNCTIONS.with(|c| c.set(Some(f)));
+    Some(f)
+}
+
+/// Is `function` the guard trigger function? `guard_address` is `fencing_guard`'s C symbol.
+fn is_guard(function: pg_sys::Oid, guard_address: usize) -> bool {
+    if function == GUARD_FUNCTION.with(|g| g.get()) {
+        return true;
+    }
+    let ok = plan::c_function_address(function) == Some(guard_address);
+    if ok {
+        GUARD_FUNCTION.with(|g| g.set(function));
+    }
+    ok
+}
+
+/// Planner hook: add the stamping expression to `q` if it qualifies. Returns the mark to add to
+/// its plan.
+pub fn plan_update(q: &mut UpdateQuery, guard_address: usize) -> Option<u32> {
+    let relid = q.target()?;
+    plan::with_relation(relid, |rel| {
+        let guard = rel.trigger_named(GUARD)?;
+        if !guard.fires_on_origin() || !is_guard(guard.function, guard_address) {
+            return None;
+        }
+        let funcs = functions()?;
+        let args = trigger::args_of(guard.oid, &guard.args).ok()?;
+        trigger::verify_protection(relid, &args, &|| rel.name()).ok()?;
+        if rel.has_stored_generated() {
+            return None;
+        }
+        let token_attnum = rel.bigint_column(&args.token_column).ok()?;
+        let set = q.set_columns();
+        if set.contains(&token_attnum) {
+            return None;
+        }
+        let triggers = rel.update_triggers(guard.function, c"zz_pg_fencing_rekey");
+        if triggers.others_before {
+            return None;
+        }
+        let column = args.token_column.to_string_lossy().into_owned();
+        match &args.resource {
+            None => {
+                let (pk, immediate) = rel.primary_key();
+                if pk.is_empty() || !immediate || set.iter().any(|c| pk.contains(c)) {
+                    return None;
+                }
+                let mut listed = triggers.rekey_columns.clone();
+                let mut key = pk.clone();
+                listed.sort_unstable();
+                key.sort_unstable();
+                if !triggers.rekey_by_column || listed != key {
+                    return None;
+                }
+                let mut call = vec![
+                    StampArg::Column(token_attnum),
+                    StampArg::Oid(relid),
+                    StampArg::Int8(args.protection),
+                    StampArg::Text(&column),
+                ];
+                call.extend(pk.iter().map(|a| StampArg::Column(*a)));
+                q.add_stamp(rel, token_attnum, funcs.stamp_row, &call);
+            }
+            Some(resource) => {
+                q.add_stamp(
+                    rel,
+                    token_attnum,
+                    funcs.stamp_resource,
+                    &[
+                        StampArg::Column(token_attnum),
+                        StampArg::Oid(relid),
+                        StampArg::Int8(args.protection),
+                        StampArg::Text(resource),
+                        StampArg::Text(&column),
+                    ],
+                );
+            }
+        }
+        Some(funcs.marker_hash)
+    })
+}
+
+/// ExecutorStart hook, for an UPDATE whose executor was just started: if its plan carries the
+/// mark, take the guard's UPDATE events out of its result relations' triggers and do the
+/// resource-mode statement trigger's work.
+pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(), FenceError> {
+    let Some(funcs) = FUNCTIONS.with(|f| f.get()).or_else(functions) else {
+        return Ok(());
+    };
+    if !exec.has_marker(funcs.marker_hash) || crate::pg::process::replica_mode() {
+        // Replica mode: the REPLICA trigger records what is written; the stamping expression
+        // keeps the row's token as it is.
+        return Ok(());
+    }
+    let Some((relid, guard_oid, function)) = exec.root_trigger(GUARD) else {
+        return Ok(());
+    };
+    if !is_guard(function, guard_address) {
+        return Ok(());
+    }
+    if exec.drop_update_events(function, &REPLACED, GUARD) > 0 {
+        trigger::count_unguarded_statement();
+    }
+    // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
+    // before the executor locks any row. Without a token the stamping expression raises FT002.
+    let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
+    if let (Some(resource), Some(token)) = (&args.resource, current_token()) {
+        trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
+        crate::lock_service::locks::check_token(token)?;
+        rule::admit_resource(resource, token, false)?;
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// Stamping call sites found valid: (table, protection, user, hash of resource and token
+    /// column). Dropped on relcache invalidation, which a GRANT or REVOKE on the table, a
+    /// change of its triggers and `fencing_protect`/`fencing_unprotect` cause.
+    static CHECKED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, i64, u32, u64), ()>> =
+        std::cell::RefCell::new(rustc_hash::FxHashMap::default());
+}
+
+/// Relcache invalidation: privileges or protections may have changed.
+pub fn forget_checked() {
+    CHECKED.with(|c| c.borrow_mut().clear());
+}
+
+/// A stamping call's constants must name a protection made by `fencing_protect` for this table,
+/// and the user must be allowed to update it (anyone may call the function by hand; then it is
+/// no more than an UPDATE of the table). Checked once per backend, user and call shape.
+fn check_site(
+    relid: pg_sys::Oid,
+    protection: i64,
+    resource: Option<&str>,
+    column: &str,
+) -> Result<(), FenceError> {
+    let user = crate::pg::process::current_user();
+    let key = (
+        relid.to_u32(),
+        protection,
+        user.to_u32(),
+        pg_fencing_core::hash::fnv1a(&[
+            resource.unwrap_or("").as_bytes(),
+            b"\0",
+            column.as_bytes(),
+        ]),
+    );
+    if CHECKED.with(|c| c.borrow().contains_key(&key)) {
+        return Ok(());
+    }
+    let args = Args::new(
+        protection,
+        resource.map(str::to_string),
+        CString::new(column).unwrap_or_default(),
+    );
+    trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
+    if !plan::may_update(relid) {
+        return Err(FenceError::NotAllowed(Text::new(format!(
+            "permission denied for table {}",
+            relation_name(relid)
+        ))));
+    }
+    CHECKED.with(|c| crate::cache::cache_insert(&mut c.borrow_mut(), key, (), 10_000));
+    Ok(())
+}
+
+fn session_token(relid: pg_sys::Oid) -> Result<Token, FenceError> {
+    let token = current_token().ok_or_else(|| FenceError::NoToken {
+        target: format!("a write to protected table {}", relation_name(relid)),
+        set_earlier: token_out_of_scope(),
+    })?;
+    crate::lock_service::locks::check_token(token)?;
+    Ok(token)
+}
+
+/// `_pg_fencing.stamp_row(old_token, table, protection, token_column, key…)`: the per-row
+/// guard's BEFORE UPDATE check of one row; returns the token to stamp.
+pub fn stamp_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
+    let old = call.bigint(0);
+    if crate::pg::process::replica_mode() {
+        return Ok(old);
+    }
+    let relid = call.oid(1);
+    let protection = call.bigint(2).unwrap_or(0);
+    check_site(relid, protection, None, call.text(3))?;
+    let token = session_token(relid)?;
+    trigger::count_guarded();
+    rule::admit_row(
+        protection,
+        &|| relation_name(relid),
+        &|| call.key_text(4),
+        token,
+        old,
+        true,
+    )?;
+    Ok(Some(token))
+}
+
+/// `_pg_fencing.stamp_resource(old_token, table, protection, resource, token_column)`: the
+/// resource-mode guard's BEFORE UPDATE check of one row; returns the token to stamp.
+pub fn stamp_resource(call: &StampCall) -> Result<Option<Token>, FenceError> {
+    let old = call.bigint(0);
+    if crate::pg::process::replica_mode() {
+        return Ok(old);
+    }
+    let relid = call.oid(1);
+    let protection = call.bigint(2).unwrap_or(0);
+    let resource = call.text(3);
+    check_site(relid, protection, Some(resource), call.text(4))?;
+    let token = session_token(relid)?;
+    trigger::count_guarded();
+    rule::admit_resource(resource, token, true)?;
+    Ok(Some(token))
+}

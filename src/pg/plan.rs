@@ -1,0 +1,543 @@
+//! The planner's and executor's side of the UPDATE fast path (docs/design.md, "The UPDATE fast
+//! path"): reading an UPDATE's target and SET list, adding the stamping expression to it,
+//! marking the plan, and taking the guard's UPDATE events out of the executor's private copy of
+//! a result relation's triggers; and the arguments of a stamping call. What to do is decided by
+//! `guard/fast_path.rs`; this layer only reads and writes PostgreSQL's structures.
+
+use crate::pg::trigger_event::{trigger_infos, Relation};
+use pgrx::pg_sys;
+use pgrx::PgList;
+use std::ffi::{c_char, c_int, CStr, CString};
+
+// Declared here, not taken from pgrx's bindings, because those catch PostgreSQL errors and
+// re-raise them through pgrx, which keeps only SQLSTATEs that PostgreSQL itself defines: an error
+// raised while planning or starting a statement (a user function's own SQLSTATE, our FTxxx codes)
+// must reach the client unchanged.
+// SAFETY: the signatures are those of optimizer/planner.h and executor/executor.h, so calls
+// through them follow the C ABI.
+unsafe extern "C-unwind" {
+    #[link_name = "standard_planner"]
+    fn standard_planner_unguarded(
+        parse: *mut pg_sys::Query,
+        query_string: *const c_char,
+        cursor_options: c_int,
+        bound_params: pg_sys::ParamListInfo,
+    ) -> *mut pg_sys::PlannedStmt;
+    #[link_name = "standard_ExecutorStart"]
+    fn standard_executor_start_unguarded(query_desc: *mut pg_sys::QueryDesc, eflags: c_int);
+}
+
+/// Plan with the previous planner hook, or PostgreSQL's planner.
+///
+/// # Safety
+/// The planner hook's own arguments; call from the hook's frame with nothing that needs dropping
+/// alive in it (an ERROR leaves by longjmp).
+pub unsafe fn plan_next(
+    prev: pg_sys::planner_hook_type,
+    parse: *mut pg_sys::Query,
+    query_string: *const c_char,
+    cursor_options: c_int,
+    bound_params: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: the arguments are the planner's (this function's contract), passed on unchanged.
+    unsafe {
+        match prev {
+            Some(f) => f(parse, query_string, cursor_options, bound_params),
+            None => standard_planner_unguarded(parse, query_string, cursor_options, bound_params),
+        }
+    }
+}
+
+/// Start the executor with the previous hook, or PostgreSQL's.
+///
+/// # Safety
+/// As [`plan_next`], for the ExecutorStart hook.
+pub unsafe fn executor_start_next(
+    prev: pg_sys::ExecutorStart_hook_type,
+    query_desc: *mut pg_sys::QueryDesc,
+    eflags: c_int,
+) {
+    // SAFETY: the arguments are the executor's (this function's contract), passed on unchanged.
+    unsafe {
+        match prev {
+            Some(f) => f(query_desc, eflags),
+            None => standard_executor_start_unguarded(query_desc, eflags),
+        }
+    }
+}
+
+/// A top-level UPDATE the planner is about to plan (after rewriting, so an UPDATE through a
+/// view names the view's base table here).
+pub struct UpdateQuery {
+    q: *mut pg_sys::Query,
+}
+
+/// One argument of the stamping call added to an UPDATE.
+pub enum StampArg<'s> {
+    /// The old row's value of a column of the target table.
+    Column(i16),
+    Oid(pg_sys::Oid),
+    Int8(i64),
+    Text(&'s str),
+}
+
+impl UpdateQuery {
+    /// The UPDATE of `parse`, or `None` for any other statement.
+    ///
+    /// # Safety
+    /// `parse` must be the planner hook's Query, not used by anyone else while this lives.
+    pub unsafe fn of(parse: *mut pg_sys::Query) -> Option<UpdateQuery> {
+        // SAFETY: the planner's Query is valid for the hook's call (this function's contract).
+        let q = unsafe { &*parse };
+        (q.commandType == pg_sys::CmdType::CMD_UPDATE && q.resultRelation > 0)
+            .then_some(UpdateQuery { q: parse })
+    }
+
+    /// The target table's OID, if the target is a relation.
+    pub fn target(&self) -> Option<pg_sys::Oid> {
+        // SAFETY: `resultRelation` indexes the Query's range table (1-based), whose entries are
+        // RangeTblEntry nodes; both are the planner's, valid for the hook's call.
+        unsafe {
+            let q = &*self.q;
+            let rtable = PgList::<pg_sys::RangeTblEntry>::from_pg(q.rtable);
+            let rte = rtable.get_ptr(q.resultRelation as usize - 1)?;
+            ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then_some((*rte).relid)
+        }
+    }
+
+    /// The columns the SET list assigns (attribute numbers of its non-junk entries).
+    pub fn set_columns(&self) -> Vec<i16> {
+        // SAFETY: the Query's target list is a List of TargetEntry nodes, valid for the call.
+        unsafe {
+            PgList::<pg_sys::TargetEntry>::from_pg((*self.q).targetList)
+                .iter_ptr()
+                .filter(|t| !(**t).resjunk)
+                .map(|t| (*t).resno)
+                .collect()
+        }
+    }
+
+    /// Add `column = function(args…)` to the SET list (`rel` is the target table, open).
+    pub fn add_stamp(
+        &mut self,
+        rel: Relation,
+        attnum: i16,
+        function: pg_sys::Oid,
+        args: &[StampArg],
+    ) {
+        // SAFETY: main thread, inside the planner's call; every node is made by PostgreSQL's
+        // constructors in the current memory context (the planner's, where the Query lives).
+        // Vars name the result relation's range table index and the column's own type,
+        // typmod and collation; text constants are palloc'd text values; the new TargetEntry
+        // goes among the non-junk entries in attribute order (the rewriter's order), before the
+        // junk entries.
+        unsafe {
+            let q = &mut *self.q;
+            let mut list = PgList::<pg_sys::Node>::new();
+            for a in args {
+                let node: *mut pg_sys::Node = match a {
+                    StampArg::Column(n) => {
+                        let (typid, typmod, coll) = rel.column_type(*n);
+                        pg_sys::makeVar(q.resultRelation, *n, typid, typmod, coll, 0).cast()
+                    }
+                    StampArg::Oid(o) => pg_sys::makeConst(
+                        pg_sys::OIDOID,
+                        -1,
+                        pg_sys::Oid::INVALID,
+                        4,
+                        pg_sys::Datum::from(*o),
+                        false,
+                        true,
+                    )
+                    .cast(),
+                    StampArg::Int8(v) => pg_sys::makeConst(
+                        pg_sys::INT8OID,
+                        -1,
+                        pg_sys::Oid::INVALID,
+                        8,
+                        pg_sys::Datum::from(*v),
+                        false,
+                        true,
+                    )
+                    .cast(),
+                    StampArg::Text(s) => {
+                        let c = CString::new(*s).unwrap_or_default();
+                        pg_sys::makeConst(
+                            pg_sys::TEXTOID,
+                            -1,
+                            pg_sys::DEFAULT_COLLATION_OID,
+                            -1,
+                            pg_sys::Datum::from(pg_sys::cstring_to_text(c.as_ptr())),
+                            false,
+                            false,
+                        )
+                        .cast()
+                    }
+                };
+                list.push(node);
+            }
+            let expr = pg_sys::makeFuncExpr(
+                function,
+                pg_sys::INT8OID,
+                list.into_pg(),
+                pg_sys::Oid::INVALID,
+                pg_sys::Oid::INVALID,
+                pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+            );
+            let name = CString::new(rel.column_name(attnum)).unwrap_or_default();
+            let tle =
+                pg_sys::makeTargetEntry(expr.cast(), attnum, pg_sys::pstrdup(name.as_ptr()), false);
+            let tlist = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList);
+            let pos = tlist
+                .iter_ptr()
+                .take_while(|t| !(**t).resjunk && (**t).resno < attnum)
+                .count();
+            q.targetList = pg_sys::list_insert_nth(q.targetList, pos as c_int, tle.cast());
+        }
+    }
+}
+
+/// Run `f` with relation `relid` open (it is already locked by the statement being planned).
+pub fn with_relation<T>(relid: pg_sys::Oid, f: impl FnOnce(Relation) -> Option<T>) -> Option<T> {
+    // SAFETY: main thread inside a transaction. RelationIdGetRelation returns NULL (checked) or
+    // an open relcache entry with its reference count raised, closed by RelationClose after `f`
+    // (an ERROR inside `f` releases it with the resource owner). The planner holds the
+    // statement's lock on the target, so the entry cannot change meanwhile.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return None;
+        }
+        let out = f(Relation::from_open(rel));
+        pg_sys::RelationClose(rel);
+        out
+    }
+}
+
+/// The address of the C function through which function `fnoid` runs (for a C function its own
+/// symbol, for others their language's handler).
+pub fn c_function_address(fnoid: pg_sys::Oid) -> Option<usize> {
+    // SAFETY: main thread inside a transaction; fmgr_info fills a stack FmgrInfo for a C function (loading its
+    // library if needed), raising ERROR rather than returning garbage.
+    unsafe {
+        let mut finfo = pg_sys::FmgrInfo::default();
+        pg_sys::fmgr_info(fnoid, &mut finfo);
+        finfo.fn_addr.map(|f| f as usize)
+    }
+}
+
+/// The OID of function `_pg_fencing.<name>` (the name is unique in the schema).
+pub fn internal_function(name: &CStr) -> Option<pg_sys::Oid> {
+    // SAFETY: main thread inside a transaction. The qualified name is a List of two String
+    // nodes made from NUL-terminated strings; LookupFuncName with nargs -1 and missing_ok
+    // returns InvalidOid for a missing (or ambiguous-free missing) function, ERROR only if the
+    // name is ambiguous, which our schema never makes it.
+    unsafe {
+        let mut names = PgList::<pg_sys::Node>::new();
+        names.push(pg_sys::makeString(pg_sys::pstrdup(c"_pg_fencing".as_ptr())).cast());
+        names.push(pg_sys::makeString(pg_sys::pstrdup(name.as_ptr())).cast());
+        if pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true) == pg_sys::Oid::INVALID {
+            return None;
+        }
+        let oid = pg_sys::LookupFuncName(names.into_pg(), -1, std::ptr::null(), true);
+        (oid != pg_sys::Oid::INVALID).then_some(oid)
+    }
+}
+
+/// The hash PostgreSQL's plan cache gives a dependency of a plan on function `fnoid`.
+pub fn function_dependency_hash(fnoid: pg_sys::Oid) -> u32 {
+    // SAFETY: a pure hash computation over the PROCOID cache's key, main thread.
+    unsafe {
+        pg_sys::GetSysCacheHashValue(
+            pg_sys::SysCacheIdentifier::PROCOID as c_int,
+            pg_sys::Datum::from(fnoid),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        )
+    }
+}
+
+/// Record in `stmt` that the plan depends on a function with dependency hash `hash` (the fast
+/// path's mark; it also makes the plan cache re-plan if that function changes).
+///
+/// # Safety
+/// `stmt` must be the PlannedStmt the planner just returned, in the current memory context.
+pub unsafe fn add_marker(stmt: *mut pg_sys::PlannedStmt, hash: u32) {
+    // SAFETY: per the contract; the item is a PlanInvalItem node allocated zeroed in the current
+    // memory context with its node tag set, appended to the plan's list of dependencies.
+    unsafe {
+        let item = pg_sys::palloc0(std::mem::size_of::<pg_sys::PlanInvalItem>())
+            .cast::<pg_sys::PlanInvalItem>();
+        (*item).type_ = pg_sys::NodeTag::T_PlanInvalItem;
+        (*item).cacheId = pg_sys::SysCacheIdentifier::PROCOID as c_int;
+        (*item).hashValue = hash;
+        (*stmt).invalItems = pg_sys::lappend((*stmt).invalItems, item.cast());
+    }
+}
+
+/// An UPDATE whose executor has just been started (its ModifyTable state built).
+pub struct UpdateExecution {
+    qd: *mut pg_sys::QueryDesc,
+    mt: *mut pg_sys::ModifyTableState,
+}
+
+impl UpdateExecution {
+    /// The UPDATE of `query_desc` whose plan is an UPDATE at the top, or `None`.
+    ///
+    /// # Safety
+    /// `query_desc` must be the ExecutorStart hook's, after the executor was started, and used
+    /// only during the hook's call.
+    pub unsafe fn of(query_desc: *mut pg_sys::QueryDesc) -> Option<UpdateExecution> {
+        // SAFETY: per the contract the QueryDesc, its PlannedStmt and its PlanState tree are
+        // valid; the node tag is read before the PlanState is treated as a ModifyTableState.
+        unsafe {
+            let qd = &*query_desc;
+            if qd.plannedstmt.is_null()
+                || (*qd.plannedstmt).commandType != pg_sys::CmdType::CMD_UPDATE
+                || qd.planstate.is_null()
+                || (*qd.planstate).type_ != pg_sys::NodeTag::T_ModifyTableState
+            {
+                return None;
+            }
+            let mt = qd.planstate.cast::<pg_sys::ModifyTableState>();
+            ((*mt).operation == pg_sys::CmdType::CMD_UPDATE)
+                .then_some(UpdateExecution { qd: query_desc, mt })
+        }
+    }
+
+    /// Does the plan carry a dependency with hash `hash` (see [`add_marker`])?
+    pub fn has_marker(&self, hash: u32) -> bool {
+        // SAFETY: the plan's invalItems is a List of PlanInvalItem nodes, valid for the call.
+        unsafe {
+            PgList::<pg_sys::PlanInvalItem>::from_pg((*(*self.qd).plannedstmt).invalItems)
+                .iter_ptr()
+                .any(|i| {
+                    (*i).cacheId == pg_sys::SysCacheIdentifier::PROCOID as c_int
+                        && (*i).hashValue == hash
+                })
+        }
+    }
+
+    fn result_relations(&self) -> Vec<*mut pg_sys::ResultRelInfo> {
+        // SAFETY: the ModifyTable state's `resultRelInfo` array has `mt_nrels` entries and
+        // `rootResultRelInfo` is the root target (itself one of them for a plain table).
+        unsafe {
+            let mt = &*self.mt;
+            let mut out: Vec<_> = (0..mt.mt_nrels.max(0) as usize)
+                .map(|i| mt.resultRelInfo.add(i))
+                .collect();
+            if !mt.rootResultRelInfo.is_null() && !out.contains(&mt.rootResultRelInfo) {
+                out.push(mt.rootResultRelInfo);
+            }
+            out
+        }
+    }
+
+    /// The root target table's OID and the OID and function of its trigger named `name`.
+    pub fn root_trigger(&self, name: &CStr) -> Option<(pg_sys::Oid, u32, pg_sys::Oid)> {
+        // SAFETY: the root result relation is open for the statement; its trigger descriptor
+        // copy is NULL or valid, with `numtriggers` entries whose names are NUL-terminated.
+        unsafe {
+            let root = (*self.mt).rootResultRelInfo;
+            if root.is_null() {
+                return None;
+            }
+            let td = (*root).ri_TrigDesc;
+            if td.is_null() || (*td).triggers.is_null() {
+                return None;
+            }
+            let relid = (*(*root).ri_RelationDesc).rd_id;
+            std::slice::from_raw_parts((*td).triggers, (*td).numtriggers.max(0) as usize)
+                .iter()
+                .find(|t| CStr::from_ptr(t.tgname) == name)
+                .map(|t| (relid, t.tgoid.to_u32(), t.tgfoid))
+        }
+    }
+
+    /// The arguments of the root target's trigger named `name` (empty if it has none).
+    pub fn root_trigger_args(&self, name: &CStr) -> Vec<CString> {
+        // SAFETY: as in `root_trigger`.
+        unsafe {
+            let root = (*self.mt).rootResultRelInfo;
+            if root.is_null() {
+                return Vec::new();
+            }
+            trigger_infos((*root).ri_TrigDesc)
+                .into_iter()
+                .find(|t| t.name.as_c_str() == name)
+                .map(|t| t.args)
+                .unwrap_or_default()
+        }
+    }
+
+    /// In each result relation's own copy of its triggers, take the UPDATE event out of the
+    /// triggers of function `function` named in `names`, unless the relation also has a BEFORE
+    /// UPDATE row trigger of another function (then its triggers stay as they are). Returns how
+    /// many result relations have no trigger named `guard` that fires in an ordinary session.
+    pub fn drop_update_events(
+        &mut self,
+        function: pg_sys::Oid,
+        names: &[&CStr],
+        guard: &CStr,
+    ) -> usize {
+        let mut unguarded = 0;
+        for rri in self.result_relations() {
+            // SAFETY: each ResultRelInfo is the executor's, for this statement; `ri_TrigDesc` is
+            // NULL or the executor's private copy of the relation's triggers (CopyTriggerDesc in
+            // InitResultRelInfo), which only this statement reads, with `numtriggers` entries.
+            // Changing a copied trigger's `tgtype` and the descriptor's summary flags is what
+            // the executor consults before firing; nothing else holds them.
+            unsafe {
+                let td = (*rri).ri_TrigDesc;
+                if td.is_null() || (*td).triggers.is_null() {
+                    unguarded += 1;
+                    continue;
+                }
+                let triggers = std::slice::from_raw_parts_mut(
+                    (*td).triggers,
+                    (*td).numtriggers.max(0) as usize,
+                );
+                let guarded = triggers.iter().any(|t| {
+                    t.tgfoid == function
+                        && CStr::from_ptr(t.tgname) == guard
+                        && (t.tgenabled as u8 == b'O' || t.tgenabled as u8 == b'A')
+                });
+                if !guarded {
+                    unguarded += 1;
+                }
+                let before_row_update = |t: &pg_sys::Trigger| {
+                    let ty = t.tgtype as u32;
+                    ty & pg_sys::TRIGGER_TYPE_ROW != 0
+                        && ty & (pg_sys::TRIGGER_TYPE_BEFORE | pg_sys::TRIGGER_TYPE_INSTEAD)
+                            == pg_sys::TRIGGER_TYPE_BEFORE
+                        && ty & pg_sys::TRIGGER_TYPE_UPDATE != 0
+                };
+                if triggers
+                    .iter()
+                    .any(|t| before_row_update(t) && t.tgfoid != function)
+                {
+                    continue;
+                }
+                for t in triggers.iter_mut() {
+                    if t.tgfoid == function && names.contains(&CStr::from_ptr(t.tgname)) {
+                        t.tgtype &= !(pg_sys::TRIGGER_TYPE_UPDATE as i16);
+                    }
+                }
+                recompute_update_flags(&mut *td);
+            }
+        }
+        unguarded
+    }
+}
+
+/// The UPDATE summary flags of a trigger descriptor, from its triggers' types (as trigger.c's
+/// SetTriggerFlags sets them).
+fn recompute_update_flags(td: &mut pg_sys::TriggerDesc) {
+    let (mut br, mut ar, mut ir, mut bs, mut as_) = (false, false, false, false, false);
+    // SAFETY: `triggers` has `numtriggers` entries (the caller's descriptor).
+    let triggers =
+        unsafe { std::slice::from_raw_parts(td.triggers, td.numtriggers.max(0) as usize) };
+    for t in triggers {
+        let ty = t.tgtype as u32;
+        if ty & pg_sys::TRIGGER_TYPE_UPDATE == 0 {
+            continue;
+        }
+        let row = ty & pg_sys::TRIGGER_TYPE_ROW != 0;
+        let timing = ty & (pg_sys::TRIGGER_TYPE_BEFORE | pg_sys::TRIGGER_TYPE_INSTEAD);
+        match (row, timing) {
+            (true, pg_sys::TRIGGER_TYPE_BEFORE) => br = true,
+            (true, pg_sys::TRIGGER_TYPE_INSTEAD) => ir = true,
+            (true, _) => ar = true,
+            (false, pg_sys::TRIGGER_TYPE_BEFORE) => bs = true,
+            (false, _) => as_ = true,
+        }
+    }
+    td.trig_update_before_row = br;
+    td.trig_update_after_row = ar;
+    td.trig_update_instead_row = ir;
+    td.trig_update_before_statement = bs;
+    td.trig_update_after_statement = as_;
+}
+
+/// The arguments of one call of a stamping function (`_pg_fencing.stamp_row`,
+/// `_pg_fencing.stamp_resource`).
+pub struct StampCall {
+    fcinfo: pg_sys::FunctionCallInfo,
+}
+
+impl StampCall {
+    /// # Safety
+    /// `fcinfo` must be the function manager's, for a call of a stamping function (see
+    /// `sql/pg_fencing.sql`), and the value must not outlive the call.
+    pub unsafe fn new(fcinfo: pg_sys::FunctionCallInfo) -> StampCall {
+        StampCall { fcinfo }
+    }
+
+    fn arg(&self, i: usize) -> Option<pg_sys::Datum> {
+        // SAFETY: `fcinfo` is valid for the call; `args` has `nargs` entries (bounds-checked).
+        unsafe {
+            let f = &*self.fcinfo;
+            let args = f.args.as_slice(f.nargs as usize);
+            args.get(i).filter(|a| !a.isnull).map(|a| a.value)
+        }
+    }
+
+    /// Argument `i` as a bigint (NULL: None).
+    pub fn bigint(&self, i: usize) -> Option<i64> {
+        self.arg(i).map(|d| d.value() as i64)
+    }
+
+    /// Argument `i` as an OID.
+    pub fn oid(&self, i: usize) -> pg_sys::Oid {
+        self.arg(i)
+            .map(|d| pg_sys::Oid::from(d.value() as u32))
+            .unwrap_or(pg_sys::Oid::INVALID)
+    }
+
+    /// Argument `i` as text, borrowed from the call's argument (NULL: empty; text that is not
+    /// valid UTF-8: empty).
+    pub fn text(&self, i: usize) -> &str {
+        let Some(d) = self.arg(i) else {
+            return "";
+        };
+        // SAFETY: argument `i` of a stamping function at this position is declared text, so `d`
+        // is a text varlena; pg_detoast_datum_packed returns it unchanged unless it is toasted
+        // (then a copy in the current memory context, which outlives the call). The bytes are
+        // read in place and checked to be UTF-8; the borrow ends with the call (`&self`).
+        unsafe {
+            let v = pg_sys::pg_detoast_datum_packed(d.cast_mut_ptr());
+            std::str::from_utf8(pgrx::varlena::varlena_to_byte_slice(v)).unwrap_or("")
+        }
+    }
+
+    /// The arguments from `from` on, printed as a key (see `trigger_event::key_text_of`).
+    pub fn key_text(&self, from: usize) -> String {
+        // SAFETY: `fcinfo` and its `flinfo` are valid for the call; get_fn_expr_argtype reads
+        // the call's expression for each argument's type.
+        let values: Vec<(Option<pg_sys::Datum>, pg_sys::Oid)> = unsafe {
+            let n = (*self.fcinfo).nargs as usize;
+            (from..n)
+                .map(|i| {
+                    (
+                        self.arg(i),
+                        pg_sys::get_fn_expr_argtype((*self.fcinfo).flinfo, i as c_int),
+                    )
+                })
+                .collect()
+        };
+        crate::pg::trigger_event::key_text_of(&values)
+    }
+}
+
+/// May the current user UPDATE table `relid`?
+pub fn may_update(relid: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog privilege check by value on the main thread inside a transaction.
+    unsafe {
+        pg_sys::pg_class_aclcheck(
+            relid,
+            pg_sys::GetUserId(),
+            pg_sys::ACL_UPDATE as pg_sys::AclMode,
+        ) == pg_sys::AclResult::ACLCHECK_OK
+    }
+}

@@ -730,8 +730,9 @@ COMMENT ON FUNCTION @extschema@.fencing_reset(text, bigint) IS
 -- ---------------------------------------------------------------------------------------------
 -- fenced_* functions (src/api/fenced.rs): jsonb in, one plain DML statement out (prepared once per
 -- table, operation and set of columns), fenced by the guard trigger with the token given here.
--- The token is set for the statement only, at a GUC nesting level of its own: it is restored when
--- the function returns or fails, and never leaks into the caller's session.
+-- The token counts for the statement only (src/rule/session_token.rs): not set in
+-- pg_fencing.token, it ends when the function returns or fails, and never leaks into the
+-- caller's session.
 
 CREATE FUNCTION @extschema@.fenced_update(relation regclass, key jsonb, changes jsonb, token bigint)
 RETURNS jsonb

@@ -68,6 +68,7 @@ unsafe extern "C-unwind" fn xact_callback(
         || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
     {
         fenced::free_stale_plans();
+        rule::session_token::forget_fenced(None);
         tombstones::forget_tombstones();
         mark_versions::forget_changes();
     }
@@ -108,6 +109,8 @@ unsafe extern "C-unwind" fn subxact_callback(
         watch::forget_pending_of(my);
         rule::forget_all();
         trigger::forget_verified();
+        crate::guard::fast_path::forget_checked();
+        rule::session_token::forget_fenced(Some(my));
     }
 }
 

@@ -7,12 +7,13 @@
 //! (protection, primary key, columns, whether the protection is active) are cached per backend
 //! and dropped on any relcache invalidation, like the trigger's cache.
 //!
-//! The call runs in three steps (see `api/functions.rs`): `prepare` (guarded: checks the arguments, sets
-//! `pg_fencing.token` at a new GUC nesting level, connects to SPI), the statement itself
+//! The call runs in three steps (see `api/functions.rs`): `prepare` (guarded: checks the arguments, makes
+//! the token argument the token of the statement's writes (`rule/session_token.rs`), connects
+//! to SPI), the statement itself
 //! (`execute`, with nothing but plain data on the Rust stack, so an error raised inside it, such
 //! as the trigger's `FT001` or a user trigger's own SQLSTATE, reaches the caller unchanged), and
-//! `finish` (guarded: collects the returned row, restores the GUC, checks that the guard trigger
-//! fired for every row written).
+//! `finish` (guarded: collects the returned row, ends the token's scope, checks that every row
+//! written went through the guard).
 
 use crate::error::{FenceError, Text};
 use crate::guard::trigger;
@@ -23,7 +24,7 @@ use pgrx::prelude::*;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::ffi::{c_char, c_int, c_long, CStr, CString};
+use std::ffi::{c_char, c_int, c_long, CStr};
 use std::rc::Rc;
 
 /// Which fenced function is running.
@@ -49,7 +50,6 @@ impl Op {
 pub struct Prepared {
     plan: pg_sys::SPIPlanPtr,
     args: [pg_sys::Datum; 2],
-    guc_level: c_int,
     /// The guard's firing counts before the statement ran.
     before: trigger::Firings,
 }
@@ -213,24 +213,13 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
     }
 
     let plan_key = (relid.to_u32(), op, value_columns.clone());
-    let token_text = CString::new(token.to_string()).unwrap_or_default();
-    // SAFETY: main thread inside the call's transaction. The token is set at a new GUC nesting
-    // level (GUC_ACTION_SAVE; name and value NUL-terminated and alive, copied by guc.c; elevel 0
-    // = ERROR, never hit for a positive integer). `finish` pops the level with AtEOXact_GUC and
-    // closes SPI; if an ERROR comes first, (sub)transaction abort does both. `plan_for` runs
-    // inside the SPI connection just opened, as SPI_prepare requires.
+    // The statement's writes carry `token` (rule/session_token.rs), until `finish` or the
+    // abort of the (sub)transaction.
+    crate::rule::session_token::push_fenced(token);
+    // SAFETY: main thread inside the call's transaction. `finish` closes SPI; if an ERROR comes
+    // first, (sub)transaction abort does. `plan_for` runs inside the SPI connection just opened,
+    // as SPI_prepare requires.
     unsafe {
-        let guc_level = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"pg_fencing.token".as_ptr(),
-            token_text.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
         if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
             crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
                 "SPI_connect failed".to_string(),
@@ -240,7 +229,6 @@ pub unsafe fn prepare(fcinfo: pg_sys::FunctionCallInfo, op: Op) -> Result<Prepar
         Ok(Prepared {
             plan,
             args: datums,
-            guc_level,
             before: trigger::firings(),
         })
     }
@@ -276,7 +264,7 @@ pub unsafe fn execute(p: &mut Prepared) -> c_int {
     unsafe { spi_execute_plan_unguarded(p.plan, p.args.as_mut_ptr(), nulls.as_ptr(), false, 0) }
 }
 
-/// Step 3 (guarded): collect the row the statement returned, restore `pg_fencing.token`, and
+/// Step 3 (guarded): collect the row the statement returned, end the call's token scope, and
 /// check that every written row went through the guard trigger (`FT004` otherwise, e.g. a
 /// partition whose trigger was disabled after the protection was checked).
 ///
@@ -291,8 +279,8 @@ pub unsafe fn finish(
     // SAFETY: main thread, inside `run`'s guard, still connected to SPI by this call's `prepare`
     // (this function's contract). SPI_tuptable is read only if the statement returned rows, so
     // `vals[0]` exists; its jsonb datum is copied out of SPI memory with SPI_datumTransfer
-    // (upper executor context) before SPI_finish frees that memory. AtEOXact_GUC pops exactly
-    // the level `prepare` pushed. `fcinfo` is the call's own, so argument 0 is a regclass and
+    // (upper executor context) before SPI_finish frees that memory; pop_fenced ends the token
+    // scope `prepare` began. `fcinfo` is the call's own, so argument 0 is a regclass and
     // argument 1 (read from `args`, bounds-checked against `nargs`) is the jsonb key, not NULL
     // (`prepare` refused a NULL key of an update or delete), as `jsonb_text` requires.
     unsafe {
@@ -312,7 +300,7 @@ pub unsafe fn finish(
             }
         }
         pg_sys::SPI_finish();
-        pg_sys::AtEOXact_GUC(true, p.guc_level);
+        crate::rule::session_token::pop_fenced();
         let now = trigger::firings();
         let guarded = now.guarded_rows.wrapping_sub(p.before.guarded_rows);
         let expected = now.after_expected.wrapping_sub(p.before.after_expected);

@@ -11,10 +11,46 @@ use crate::gucs;
 use crate::pg::guc::{token_origin, TokenOrigin};
 use pgrx::pg_sys;
 
-/// The token the current write carries: this session's `pg_fencing.token`, `None` when unset,
-/// empty, or (with `pg_fencing.token_scope = transaction`) set by `SET` in an earlier transaction.
+thread_local! {
+    /// Tokens of the `fenced_*` calls running now (innermost last), each with the subtransaction
+    /// it began in. A fenced call's statement carries its own token argument; it is kept here
+    /// rather than set in `pg_fencing.token` (a GUC nesting level per call costs more than the
+    /// rest of the call's bookkeeping). Dropped by the call's end, and by the abort of the
+    /// (sub)transaction it ran in (`backend.rs`).
+    static FENCED: std::cell::RefCell<Vec<(Token, pg_sys::SubTransactionId)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A `fenced_*` call's statement begins: `token` is the token of its writes.
+pub fn push_fenced(token: Token) {
+    let subxact = crate::pg::process::current_subxact();
+    FENCED.with(|f| f.borrow_mut().push((token, subxact)));
+}
+
+/// The innermost `fenced_*` call's statement ended.
+pub fn pop_fenced() {
+    FENCED.with(|f| {
+        f.borrow_mut().pop();
+    });
+}
+
+/// Subtransaction `subxact` aborted: the calls that began in it (or in its children, which have
+/// higher ids) are over. `None`: the transaction ended.
+pub fn forget_fenced(subxact: Option<pg_sys::SubTransactionId>) {
+    FENCED.with(|f| match subxact {
+        None => f.borrow_mut().clear(),
+        Some(s) => f.borrow_mut().retain(|(_, began)| *began < s),
+    });
+}
+
+/// The token the current write carries: the running `fenced_*` call's token argument, else this
+/// session's `pg_fencing.token`, `None` when unset, empty, or (with
+/// `pg_fencing.token_scope = transaction`) set by `SET` in an earlier transaction.
 #[inline]
 pub fn current_token() -> Option<Token> {
+    if let Some(t) = FENCED.with(|f| f.borrow().last().map(|(t, _)| *t)) {
+        return Some(t);
+    }
     match gucs::token_value() {
         0 => None,
         t if in_scope(t) => Some(t),
@@ -25,6 +61,9 @@ pub fn current_token() -> Option<Token> {
 /// True when `pg_fencing.token` holds a token that does not count here because it was set with
 /// `SET` in an earlier transaction (for the message of FT002).
 pub fn token_out_of_scope() -> bool {
+    if FENCED.with(|f| !f.borrow().is_empty()) {
+        return false;
+    }
     match gucs::token_value() {
         0 => false,
         t => !in_scope(t),

@@ -212,6 +212,31 @@ SELECT _pg_fencing.stamp_row(11, 'fp_row'::regclass, (SELECT id FROM _pg_fencing
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 
+-- A fenced_* call's token counts only for its own statement: not after a failed call caught in
+-- a savepoint or an EXCEPTION block, and never in pg_fencing.token.
+BEGIN;
+SAVEPOINT a;
+SELECT fenced_update('fp_row', '{"id": 1}', '{"v": 1}', 3);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK TO SAVEPOINT a;
+UPDATE fp_row SET v = 1 WHERE id = 1;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DO $$
+BEGIN
+  BEGIN
+    PERFORM fenced_update('fp_row', '{"id": 1}', '{"v": 1}', 3);
+  EXCEPTION WHEN SQLSTATE 'FT001' THEN
+    RAISE NOTICE 'caught %', SQLSTATE;
+  END;
+  UPDATE fp_row SET v = 1 WHERE id = 1;
+END
+$$;
+\echo :LAST_ERROR_SQLSTATE
+SELECT fenced_update('fp_row', '{"id": 1}', '{"v": 5}', 11) ->> 'v' AS v, current_setting('pg_fencing.token') AS session_token;
+UPDATE fp_row SET v = 1 WHERE id = 1;
+\echo :LAST_ERROR_SQLSTATE
+
 DROP VIEW fp_view;
 DROP TABLE fp_row, fp_res, fp_other, fp_gen, fp_part, fp_rpart;
 DROP FUNCTION fp_touch(), fp_calls(), fp_reset(), fp_plan(text);

@@ -471,11 +471,58 @@ unsafe fn json_object(
         Err(ShapeError::NotObject)
     } else {
         // SAFETY: not NULL (checked), and a jsonb argument (this function's contract).
-        json::parse_object(&unsafe { jsonb_text(datum) })
+        unsafe { jsonb_members(datum) }.ok_or(ShapeError::NotObject)
     };
     members
         .map(|m| (datum, m))
         .map_err(|e| shape_error(e, pg_sys::Oid::INVALID, what))
+}
+
+/// The top-level members of a jsonb object (name -> `"null"` for a JSON null, `""` for any
+/// other value, which is all the argument checks need: see `pg_fencing_core::json`), read from
+/// the jsonb itself; `None` if it is not an object.
+///
+/// # Safety
+/// `datum` must be a valid, non-NULL `jsonb` datum.
+unsafe fn jsonb_members(datum: pg_sys::Datum) -> Option<Members> {
+    // SAFETY: `datum` is a non-NULL jsonb (this function's contract); pg_detoast_datum returns
+    // it, or a detoasted copy in the current memory context, as a Jsonb whose header says
+    // whether its root container is an object. JsonbIteratorInit/Next walk that container
+    // (skipNested: nested containers come back as one jbvBinary value); a key is a jbvString
+    // whose `val.string` points at `len` bytes inside the jsonb, copied at once. The iterator
+    // frees itself when it reaches WJB_DONE.
+    unsafe {
+        let jb = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
+        if (*jb).root.header & pg_sys::JB_FOBJECT == 0 {
+            return None;
+        }
+        let mut it = pg_sys::JsonbIteratorInit(&mut (*jb).root);
+        let mut v = pg_sys::JsonbValue {
+            type_: pg_sys::jbvType::jbvNull,
+            val: std::mem::zeroed(),
+        };
+        let mut out = Members::new();
+        let mut key: Option<String> = None;
+        loop {
+            let token = pg_sys::JsonbIteratorNext(&mut it, &mut v, true);
+            match token {
+                pg_sys::JsonbIteratorToken::WJB_DONE => break,
+                pg_sys::JsonbIteratorToken::WJB_KEY => {
+                    let s = v.val.string;
+                    let bytes = std::slice::from_raw_parts(s.val.cast::<u8>(), s.len as usize);
+                    key = Some(String::from_utf8_lossy(bytes).into_owned());
+                }
+                pg_sys::JsonbIteratorToken::WJB_VALUE => {
+                    if let Some(k) = key.take() {
+                        let null = v.type_ == pg_sys::jbvType::jbvNull;
+                        out.insert(k, if null { "null".into() } else { String::new() });
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(out)
+    }
 }
 
 /// The text form of a jsonb datum.

@@ -627,8 +627,3 @@ CREATE FUNCTION _pg_fencing.stamp_resource(old_token bigint, relation oid, prote
 RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_resource';
 COMMENT ON FUNCTION _pg_fencing.stamp_resource(bigint, oid, bigint, text, text) IS
 'Internal (UPDATE fast path, resource mode): admits one written row with the session''s pg_fencing.token against the resource''s high-water mark (raising it in this transaction when the token is higher) and returns the token to stamp. Errors: FT001 token below the mark; FT002 no token; FT003 lock lost; FT006 refused by a watch in verify mode; 42501 as for stamp_row.';
-CREATE FUNCTION _pg_fencing.fast_path_marker() RETURNS void
-LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_fast_path_marker';
-REVOKE ALL ON FUNCTION _pg_fencing.fast_path_marker() FROM PUBLIC;
-COMMENT ON FUNCTION _pg_fencing.fast_path_marker() IS
-'Internal: never called. A plan that depends on it was made by pg_fencing''s planner hook (the UPDATE fast path), so only superusers may execute it (raises 42501 when called).';

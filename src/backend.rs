@@ -69,6 +69,7 @@ unsafe extern "C-unwind" fn xact_callback(
     {
         fenced::free_stale_plans();
         rule::session_token::forget_fenced(None);
+        crate::guard::fast_path::forget_authorized();
         tombstones::forget_tombstones();
         mark_versions::forget_changes();
     }

@@ -109,6 +109,15 @@ static CURRENT_TOKEN: AtomicI64 = AtomicI64::new(0);
 
 /// The parsed value of `pg_fencing.token`, whether or not it counts here (0: none); see
 /// `rule/session_token.rs` for which tokens count.
+/// How many times `pg_fencing.token` was assigned in this backend (set, reset, restored at the
+/// end of a transaction or savepoint): a `fenced_*` call tells from it whether the setting changed
+/// during its statement.
+pub fn token_assignments() -> u64 {
+    TOKEN_ASSIGNMENTS.load(Ordering::Relaxed)
+}
+
+static TOKEN_ASSIGNMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub fn token_value() -> Token {
     CURRENT_TOKEN.load(Ordering::Relaxed)
 }
@@ -173,6 +182,7 @@ unsafe extern "C-unwind" fn token_assign_hook(newval: *const c_char, _extra: *mu
         parse_token(&text).ok().flatten()
     };
     CURRENT_TOKEN.store(parsed.unwrap_or(0), Ordering::Relaxed);
+    TOKEN_ASSIGNMENTS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Register the GUCs. Called from `_PG_init`, with or without `shared_preload_libraries`.

@@ -122,26 +122,6 @@ unsafe fn stamp_result(fcinfo: FunctionCallInfo, token: Option<i64>) -> pg_sys::
     }
 }
 
-v1_finfo!(pg_finfo_pg_fencing_fast_path_marker);
-/// `_pg_fencing.fast_path_marker() RETURNS void`: never called; a plan's dependency on it marks
-/// the UPDATE fast path (see `guard/fast_path.rs`). Only superusers may execute it.
-///
-/// # Safety
-/// As `pg_fencing_stamp_row`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C-unwind" fn pg_fencing_fast_path_marker(
-    fcinfo: FunctionCallInfo,
-) -> pg_sys::Datum {
-    // SAFETY: as in `pg_fencing_stamp_row`.
-    unsafe {
-        run(fcinfo, || {
-            Err(FenceError::NotAllowed(crate::error::Text::new(
-                "_pg_fencing.fast_path_marker() marks plans and is not to be called".to_string(),
-            )))
-        })
-    }
-}
-
 v1_finfo!(pg_finfo_pg_fencing_mark_changed);
 /// `_pg_fencing.mark_changed() RETURNS trigger`: the row trigger of
 /// `_pg_fencing.resource_high_water` that bumps the versions of changed marks (see

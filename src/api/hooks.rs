@@ -47,16 +47,16 @@ unsafe extern "C-unwind" fn planner(
     // with the planner's own arguments, and marked with `add_marker` right after, in the same
     // memory context.
     unsafe {
-        let marker = match UpdateQuery::of(parse) {
+        let marked = match UpdateQuery::of(parse) {
             Some(mut q) => pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
                 fast_path::plan_update(&mut q, guard_address())
             }),
-            None => None,
+            None => false,
         };
         let prev = PREV_PLANNER.get().copied().flatten();
         let stmt = plan::plan_next(prev, parse, query_string, cursor_options, bound_params);
-        if let Some(hash) = marker {
-            plan::add_marker(stmt, hash);
+        if marked {
+            plan::add_marker(stmt);
         }
         stmt
     }

@@ -25,10 +25,11 @@
 //! result relation (a partition) with a BEFORE UPDATE row trigger of its own keeps its triggers
 //! too; it is then checked twice, by the expression and by the trigger.
 //!
-//! The mark is a plan dependency on `_pg_fencing.fast_path_marker()`, which no role but a
-//! superuser may execute: a statement that names it fails when the executor starts, so only the
-//! planner hook can produce a marked plan. Changes to the table's triggers, columns or key
-//! invalidate the plan, which is then planned again by these rules.
+//! The mark is a plan-cache dependency entry of a kind PostgreSQL never records for a statement
+//! (`pg/plan.rs`), so only the planner hook can produce a marked plan. Changes to the table's
+//! triggers, columns or key invalidate the plan, which is then planned again by these rules. A
+//! result relation whose guard trigger has other arguments than the root's (another protection)
+//! keeps its triggers; plain tables with inheritance children are not rewritten at all.
 
 #![forbid(unsafe_code)]
 
@@ -56,11 +57,10 @@ const REPLACED: [&CStr; 4] = [
 struct Functions {
     stamp_row: pg_sys::Oid,
     stamp_resource: pg_sys::Oid,
-    marker_hash: u32,
 }
 
 thread_local! {
-    /// The stamping functions and the mark, looked up once per backend (dropped on relcache
+    /// The stamping functions, looked up once per backend (dropped on relcache
     /// invalidation, which dropping or re-creating the extension causes).
     static FUNCTIONS: Cell<Option<Functions>> = const { Cell::new(None) };
     /// A function found to be `fencing_guard()`'s C symbol.
@@ -79,7 +79,6 @@ fn functions() -> Option<Functions> {
     let f = Functions {
         stamp_row: plan::internal_function(c"stamp_row")?,
         stamp_resource: plan::internal_function(c"stamp_resource")?,
-        marker_hash: plan::function_dependency_hash(plan::internal_function(c"fast_path_marker")?),
     };
     FUNCTIONS.with(|c| c.set(Some(f)));
     Some(f)
@@ -97,9 +96,13 @@ fn is_guard(function: pg_sys::Oid, guard_address: usize) -> bool {
     ok
 }
 
-/// Planner hook: add the stamping expression to `q` if it qualifies. Returns the mark to add to
-/// its plan.
-pub fn plan_update(q: &mut UpdateQuery, guard_address: usize) -> Option<u32> {
+/// Planner hook: add the stamping expression to `q` if it qualifies. Returns whether it did
+/// (then the plan is to be marked).
+pub fn plan_update(q: &mut UpdateQuery, guard_address: usize) -> bool {
+    plan_update_inner(q, guard_address).is_some()
+}
+
+fn plan_update_inner(q: &mut UpdateQuery, guard_address: usize) -> Option<()> {
     let relid = q.target()?;
     plan::with_relation(relid, |rel| {
         let guard = rel.trigger_named(GUARD)?;
@@ -109,7 +112,9 @@ pub fn plan_update(q: &mut UpdateQuery, guard_address: usize) -> Option<u32> {
         let funcs = functions()?;
         let args = trigger::args_of(guard.oid, &guard.args).ok()?;
         trigger::verify_protection(relid, &args, &|| rel.name()).ok()?;
-        if rel.has_stored_generated() {
+        // Stored generated columns depend on what the UPDATE sets; a plain table's inheritance
+        // children may be protected on their own (partitions cannot).
+        if rel.has_stored_generated() || rel.has_inheritance_children() {
             return None;
         }
         let token_attnum = rel.bigint_column(&args.token_column).ok()?;
@@ -159,7 +164,7 @@ pub fn plan_update(q: &mut UpdateQuery, guard_address: usize) -> Option<u32> {
                 );
             }
         }
-        Some(funcs.marker_hash)
+        Some(())
     })
 }
 
@@ -167,10 +172,7 @@ pub fn plan_update(q: &mut UpdateQuery, guard_address: usize) -> Option<u32> {
 /// mark, take the guard's UPDATE events out of its result relations' triggers and do the
 /// resource-mode statement trigger's work.
 pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(), FenceError> {
-    let Some(funcs) = FUNCTIONS.with(|f| f.get()).or_else(functions) else {
-        return Ok(());
-    };
-    if !exec.has_marker(funcs.marker_hash) || crate::pg::process::replica_mode() {
+    if !exec.has_marker() || crate::pg::process::replica_mode() {
         // Replica mode: the REPLICA trigger records what is written; the stamping expression
         // keeps the row's token as it is.
         return Ok(());
@@ -181,12 +183,23 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
     if !is_guard(function, guard_address) {
         return Ok(());
     }
-    if exec.drop_update_events(function, &REPLACED, GUARD) > 0 {
+    let guard_args = exec.root_trigger_args(GUARD);
+    if exec.drop_update_events(function, &REPLACED, GUARD, &guard_args) > 0 {
         trigger::count_unguarded_statement();
     }
+    // The executor has checked this statement's privileges on its result relations (as the
+    // statement's user: through a view, as the view's owner): the stamping calls in it need not
+    // check them again (see `check_site`).
+    let user = crate::pg::process::current_user();
+    AUTHORIZED.with(|a| {
+        let mut a = a.borrow_mut();
+        for id in exec.result_relation_ids() {
+            a.insert((id.to_u32(), user.to_u32()), ());
+        }
+    });
     // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
     // before the executor locks any row. Without a token the stamping expression raises FT002.
-    let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
+    let args = trigger::args_of(guard_oid, &guard_args)?;
     if let (Some(resource), Some(token)) = (&args.resource, current_token()) {
         trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
         crate::lock_service::locks::check_token(token)?;
@@ -196,6 +209,11 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
 }
 
 thread_local! {
+    /// (table, user) of the fast-path UPDATEs started in this transaction: their privileges were
+    /// checked by the executor. Dropped at the end of the transaction and on subtransaction
+    /// abort.
+    static AUTHORIZED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, u32), ()>> =
+        std::cell::RefCell::new(rustc_hash::FxHashMap::default());
     /// Stamping call sites found valid: (table, protection, user, hash of resource and token
     /// column). Dropped on relcache invalidation, which a GRANT or REVOKE on the table, a
     /// change of its triggers and `fencing_protect`/`fencing_unprotect` cause.
@@ -203,14 +221,22 @@ thread_local! {
         std::cell::RefCell::new(rustc_hash::FxHashMap::default());
 }
 
-/// Relcache invalidation: privileges or protections may have changed.
+/// Relcache invalidation, subtransaction abort: privileges or protections may have changed.
 pub fn forget_checked() {
     CHECKED.with(|c| c.borrow_mut().clear());
+    AUTHORIZED.with(|a| a.borrow_mut().clear());
+}
+
+/// End of the transaction.
+pub fn forget_authorized() {
+    AUTHORIZED.with(|a| a.borrow_mut().clear());
 }
 
 /// A stamping call's constants must name a protection made by `fencing_protect` for this table,
 /// and the user must be allowed to update it (anyone may call the function by hand; then it is
-/// no more than an UPDATE of the table). Checked once per backend, user and call shape.
+/// no more than an UPDATE of the table): either the call is part of a fast-path UPDATE of the
+/// table whose privileges the executor checked in this transaction, or the user may update the
+/// table or one of its columns. Checked once per backend, user and call shape.
 fn check_site(
     relid: pg_sys::Oid,
     protection: i64,
@@ -237,7 +263,8 @@ fn check_site(
         CString::new(column).unwrap_or_default(),
     );
     trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
-    if !plan::may_update(relid) {
+    let authorized = AUTHORIZED.with(|a| a.borrow().contains_key(&(relid.to_u32(), user.to_u32())));
+    if !authorized && !plan::may_update(relid) {
         return Err(FenceError::NotAllowed(Text::new(format!(
             "permission denied for table {}",
             relation_name(relid)
@@ -289,6 +316,12 @@ pub fn stamp_resource(call: &StampCall) -> Result<Option<Token>, FenceError> {
     let relid = call.oid(1);
     let protection = call.bigint(2).unwrap_or(0);
     let resource = call.text(3);
+    if resource.is_empty() {
+        return Err(FenceError::NotAllowed(Text::new(format!(
+            "_pg_fencing.stamp_resource() needs the resource of a resource-mode protection of {}",
+            relation_name(relid)
+        ))));
+    }
     check_site(relid, protection, Some(resource), call.text(4))?;
     let token = session_token(relid)?;
     trigger::count_guarded();

@@ -230,48 +230,41 @@ pub fn c_function_address(fnoid: pg_sys::Oid) -> Option<usize> {
 pub fn internal_function(name: &CStr) -> Option<pg_sys::Oid> {
     // SAFETY: main thread inside a transaction. The qualified name is a List of two String
     // nodes made from NUL-terminated strings; LookupFuncName with nargs -1 and missing_ok
-    // returns InvalidOid for a missing (or ambiguous-free missing) function, ERROR only if the
-    // name is ambiguous, which our schema never makes it.
+    // returns InvalidOid for a missing function (ERROR only for an ambiguous name, which our
+    // schema never has).
     unsafe {
-        let mut names = PgList::<pg_sys::Node>::new();
-        names.push(pg_sys::makeString(pg_sys::pstrdup(c"_pg_fencing".as_ptr())).cast());
-        names.push(pg_sys::makeString(pg_sys::pstrdup(name.as_ptr())).cast());
         if pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true) == pg_sys::Oid::INVALID {
             return None;
         }
+        let mut names = PgList::<pg_sys::Node>::new();
+        names.push(pg_sys::makeString(pg_sys::pstrdup(c"_pg_fencing".as_ptr())).cast());
+        names.push(pg_sys::makeString(pg_sys::pstrdup(name.as_ptr())).cast());
         let oid = pg_sys::LookupFuncName(names.into_pg(), -1, std::ptr::null(), true);
         (oid != pg_sys::Oid::INVALID).then_some(oid)
     }
 }
 
-/// The hash PostgreSQL's plan cache gives a dependency of a plan on function `fnoid`.
-pub fn function_dependency_hash(fnoid: pg_sys::Oid) -> u32 {
-    // SAFETY: a pure hash computation over the PROCOID cache's key, main thread.
-    unsafe {
-        pg_sys::GetSysCacheHashValue(
-            pg_sys::SysCacheIdentifier::PROCOID as c_int,
-            pg_sys::Datum::from(fnoid),
-            pg_sys::Datum::from(0usize),
-            pg_sys::Datum::from(0usize),
-            pg_sys::Datum::from(0usize),
-        )
-    }
-}
+/// The mark of a fast-path plan: a plan-cache dependency of a kind PostgreSQL never records
+/// (it records functions and domain types, `PROCOID` and `TYPEOID`; nothing a statement can
+/// name produces an `AUTHOID` entry), with a value of our own.
+const MARK_CACHE: c_int = pg_sys::SysCacheIdentifier::AUTHOID as c_int;
+const MARK_HASH: u32 = 0x7066_6670;
 
-/// Record in `stmt` that the plan depends on a function with dependency hash `hash` (the fast
-/// path's mark; it also makes the plan cache re-plan if that function changes).
+/// Mark `stmt` as a plan of the UPDATE fast path (see [`MARK_CACHE`]).
 ///
 /// # Safety
 /// `stmt` must be the PlannedStmt the planner just returned, in the current memory context.
-pub unsafe fn add_marker(stmt: *mut pg_sys::PlannedStmt, hash: u32) {
+pub unsafe fn add_marker(stmt: *mut pg_sys::PlannedStmt) {
     // SAFETY: per the contract; the item is a PlanInvalItem node allocated zeroed in the current
-    // memory context with its node tag set, appended to the plan's list of dependencies.
+    // memory context with its node tag set, appended to the plan's list of dependencies (the plan
+    // cache only compares its cache id and hash with invalidations, of which there are none for
+    // this value).
     unsafe {
         let item = pg_sys::palloc0(std::mem::size_of::<pg_sys::PlanInvalItem>())
             .cast::<pg_sys::PlanInvalItem>();
         (*item).type_ = pg_sys::NodeTag::T_PlanInvalItem;
-        (*item).cacheId = pg_sys::SysCacheIdentifier::PROCOID as c_int;
-        (*item).hashValue = hash;
+        (*item).cacheId = MARK_CACHE;
+        (*item).hashValue = MARK_HASH;
         (*stmt).invalItems = pg_sys::lappend((*stmt).invalItems, item.cast());
     }
 }
@@ -306,16 +299,13 @@ impl UpdateExecution {
         }
     }
 
-    /// Does the plan carry a dependency with hash `hash` (see [`add_marker`])?
-    pub fn has_marker(&self, hash: u32) -> bool {
+    /// Does the plan carry the fast path's mark (see [`add_marker`])?
+    pub fn has_marker(&self) -> bool {
         // SAFETY: the plan's invalItems is a List of PlanInvalItem nodes, valid for the call.
         unsafe {
             PgList::<pg_sys::PlanInvalItem>::from_pg((*(*self.qd).plannedstmt).invalItems)
                 .iter_ptr()
-                .any(|i| {
-                    (*i).cacheId == pg_sys::SysCacheIdentifier::PROCOID as c_int
-                        && (*i).hashValue == hash
-                })
+                .any(|i| (*i).cacheId == MARK_CACHE && (*i).hashValue == MARK_HASH)
         }
     }
 
@@ -371,15 +361,27 @@ impl UpdateExecution {
         }
     }
 
+    /// The OIDs of the result relations (the root target included).
+    pub fn result_relation_ids(&self) -> Vec<pg_sys::Oid> {
+        // SAFETY: each ResultRelInfo's relation is open for the statement.
+        self.result_relations()
+            .into_iter()
+            .map(|r| unsafe { (*(*r).ri_RelationDesc).rd_id })
+            .collect()
+    }
+
     /// In each result relation's own copy of its triggers, take the UPDATE event out of the
     /// triggers of function `function` named in `names`, unless the relation also has a BEFORE
-    /// UPDATE row trigger of another function (then its triggers stay as they are). Returns how
-    /// many result relations have no trigger named `guard` that fires in an ordinary session.
+    /// UPDATE row trigger of another function, or its trigger named `guard` has other arguments
+    /// than `guard_args` (another protection: an inheritance child protected on its own); then
+    /// its triggers stay as they are. Returns how many result relations have no trigger named
+    /// `guard` that fires in an ordinary session.
     pub fn drop_update_events(
         &mut self,
         function: pg_sys::Oid,
         names: &[&CStr],
         guard: &CStr,
+        guard_args: &[CString],
     ) -> usize {
         let mut unguarded = 0;
         for rri in self.result_relations() {
@@ -417,6 +419,18 @@ impl UpdateExecution {
                     .iter()
                     .any(|t| before_row_update(t) && t.tgfoid != function)
                 {
+                    continue;
+                }
+                let same_protection = |t: &pg_sys::Trigger| {
+                    let n = t.tgnargs.max(0) as usize;
+                    n == guard_args.len()
+                        && !t.tgargs.is_null()
+                        && (0..n)
+                            .all(|i| CStr::from_ptr(*t.tgargs.add(i)) == guard_args[i].as_c_str())
+                };
+                if triggers.iter().any(|t| {
+                    t.tgfoid == function && CStr::from_ptr(t.tgname) == guard && !same_protection(t)
+                }) {
                     continue;
                 }
                 for t in triggers.iter_mut() {
@@ -530,14 +544,14 @@ impl StampCall {
     }
 }
 
-/// May the current user UPDATE table `relid`?
+/// May the current user UPDATE table `relid` (the table, or any of its columns)?
 pub fn may_update(relid: pg_sys::Oid) -> bool {
-    // SAFETY: a catalog privilege check by value on the main thread inside a transaction.
+    // SAFETY: catalog privilege checks by value on the main thread inside a transaction.
     unsafe {
-        pg_sys::pg_class_aclcheck(
-            relid,
-            pg_sys::GetUserId(),
-            pg_sys::ACL_UPDATE as pg_sys::AclMode,
-        ) == pg_sys::AclResult::ACLCHECK_OK
+        let user = pg_sys::GetUserId();
+        let mode = pg_sys::ACL_UPDATE as pg_sys::AclMode;
+        pg_sys::pg_class_aclcheck(relid, user, mode) == pg_sys::AclResult::ACLCHECK_OK
+            || pg_sys::pg_attribute_aclcheck_all(relid, user, mode, pg_sys::AclMaskHow::ACLMASK_ANY)
+                == pg_sys::AclResult::ACLCHECK_OK
     }
 }

@@ -186,6 +186,15 @@ impl<'a> Relation<'a> {
             .find(|t| t.name.as_c_str() == name)
     }
 
+    /// Is this a plain table (not partitioned) with inheritance children?
+    pub fn has_inheritance_children(&self) -> bool {
+        // SAFETY: the open relation's pg_class row, valid while it is open.
+        unsafe {
+            let form = &*(*self.rel).rd_rel;
+            form.relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char && form.relhassubclass
+        }
+    }
+
     /// Does the table have stored generated columns?
     pub fn has_stored_generated(&self) -> bool {
         // SAFETY: the open relation's descriptor; `constr` is NULL or valid with it.

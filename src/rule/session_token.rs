@@ -17,14 +17,36 @@ thread_local! {
     /// rather than set in `pg_fencing.token` (a GUC nesting level per call costs more than the
     /// rest of the call's bookkeeping). Dropped by the call's end, and by the abort of the
     /// (sub)transaction it ran in (`backend.rs`).
-    static FENCED: std::cell::RefCell<Vec<(Token, pg_sys::SubTransactionId)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    static FENCED: std::cell::RefCell<Vec<Fenced>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A running `fenced_*` call's token, with what `pg_fencing.token` was when the call began.
+#[derive(Clone, Copy)]
+struct Fenced {
+    token: Token,
+    began_in: pg_sys::SubTransactionId,
+    assignments: u64,
+    setting: Token,
+}
+
+impl Fenced {
+    /// The call's token counts unless `pg_fencing.token` was set to another value during the
+    /// call's statement (a trigger of the statement that sets it for its own writes wins, as it
+    /// did when the call set the GUC itself).
+    fn counts(&self) -> bool {
+        gucs::token_assignments() == self.assignments || gucs::token_value() == self.setting
+    }
 }
 
 /// A `fenced_*` call's statement begins: `token` is the token of its writes.
 pub fn push_fenced(token: Token) {
-    let subxact = crate::pg::process::current_subxact();
-    FENCED.with(|f| f.borrow_mut().push((token, subxact)));
+    let entry = Fenced {
+        token,
+        began_in: crate::pg::process::current_subxact(),
+        assignments: gucs::token_assignments(),
+        setting: gucs::token_value(),
+    };
+    FENCED.with(|f| f.borrow_mut().push(entry));
 }
 
 /// The innermost `fenced_*` call's statement ended.
@@ -39,7 +61,7 @@ pub fn pop_fenced() {
 pub fn forget_fenced(subxact: Option<pg_sys::SubTransactionId>) {
     FENCED.with(|f| match subxact {
         None => f.borrow_mut().clear(),
-        Some(s) => f.borrow_mut().retain(|(_, began)| *began < s),
+        Some(s) => f.borrow_mut().retain(|e| e.began_in < s),
     });
 }
 
@@ -48,8 +70,10 @@ pub fn forget_fenced(subxact: Option<pg_sys::SubTransactionId>) {
 /// `pg_fencing.token_scope = transaction`) set by `SET` in an earlier transaction.
 #[inline]
 pub fn current_token() -> Option<Token> {
-    if let Some(t) = FENCED.with(|f| f.borrow().last().map(|(t, _)| *t)) {
-        return Some(t);
+    if let Some(e) = FENCED.with(|f| f.borrow().last().copied()) {
+        if e.counts() {
+            return Some(e.token);
+        }
     }
     match gucs::token_value() {
         0 => None,
@@ -61,7 +85,7 @@ pub fn current_token() -> Option<Token> {
 /// True when `pg_fencing.token` holds a token that does not count here because it was set with
 /// `SET` in an earlier transaction (for the message of FT002).
 pub fn token_out_of_scope() -> bool {
-    if FENCED.with(|f| !f.borrow().is_empty()) {
+    if FENCED.with(|f| f.borrow().last().is_some_and(|e| e.counts())) {
         return false;
     }
     match gucs::token_value() {

@@ -183,8 +183,7 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
     if !is_guard(function, guard_address) {
         return Ok(());
     }
-    let guard_args = exec.root_trigger_args(GUARD);
-    if exec.drop_update_events(function, &REPLACED, GUARD, &guard_args) > 0 {
+    if exec.drop_update_events(function, &REPLACED, GUARD) > 0 {
         trigger::count_unguarded_statement();
     }
     // The executor has checked this statement's privileges on its result relations (as the
@@ -199,7 +198,7 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
     });
     // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
     // before the executor locks any row. Without a token the stamping expression raises FT002.
-    let args = trigger::args_of(guard_oid, &guard_args)?;
+    let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
     if let (Some(resource), Some(token)) = (&args.resource, current_token()) {
         trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
         crate::lock_service::locks::check_token(token)?;

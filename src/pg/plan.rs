@@ -373,16 +373,39 @@ impl UpdateExecution {
     /// In each result relation's own copy of its triggers, take the UPDATE event out of the
     /// triggers of function `function` named in `names`, unless the relation also has a BEFORE
     /// UPDATE row trigger of another function, or its trigger named `guard` has other arguments
-    /// than `guard_args` (another protection: an inheritance child protected on its own); then
-    /// its triggers stay as they are. Returns how many result relations have no trigger named
-    /// `guard` that fires in an ordinary session.
+    /// than the root target's (another protection: an inheritance child protected on its own);
+    /// then its triggers stay as they are. Returns how many result relations have no trigger
+    /// named `guard` that fires in an ordinary session.
     pub fn drop_update_events(
         &mut self,
         function: pg_sys::Oid,
         names: &[&CStr],
         guard: &CStr,
-        guard_args: &[CString],
     ) -> usize {
+        // The root's guard arguments, compared in place (nothing copied).
+        // SAFETY: the root result relation and its trigger descriptor copy are the executor's,
+        // valid for the statement; argument strings are NUL-terminated.
+        let root_args: Vec<&CStr> = unsafe {
+            let root = (*self.mt).rootResultRelInfo;
+            let td = if root.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (*root).ri_TrigDesc
+            };
+            if td.is_null() || (*td).triggers.is_null() {
+                return self.result_relations().len();
+            }
+            std::slice::from_raw_parts((*td).triggers, (*td).numtriggers.max(0) as usize)
+                .iter()
+                .find(|t| t.tgfoid == function && CStr::from_ptr(t.tgname) == guard)
+                .map(|t| {
+                    (0..t.tgnargs.max(0) as usize)
+                        .filter(|_| !t.tgargs.is_null())
+                        .map(|i| CStr::from_ptr(*t.tgargs.add(i)))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
         let mut unguarded = 0;
         for rri in self.result_relations() {
             // SAFETY: each ResultRelInfo is the executor's, for this statement; `ri_TrigDesc` is
@@ -423,10 +446,9 @@ impl UpdateExecution {
                 }
                 let same_protection = |t: &pg_sys::Trigger| {
                     let n = t.tgnargs.max(0) as usize;
-                    n == guard_args.len()
+                    n == root_args.len()
                         && !t.tgargs.is_null()
-                        && (0..n)
-                            .all(|i| CStr::from_ptr(*t.tgargs.add(i)) == guard_args[i].as_c_str())
+                        && (0..n).all(|i| CStr::from_ptr(*t.tgargs.add(i)) == root_args[i])
                 };
                 if triggers.iter().any(|t| {
                     t.tgfoid == function && CStr::from_ptr(t.tgname) == guard && !same_protection(t)

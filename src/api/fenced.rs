@@ -478,9 +478,9 @@ unsafe fn json_object(
         .map_err(|e| shape_error(e, pg_sys::Oid::INVALID, what))
 }
 
-/// The top-level members of a jsonb object (name -> `"null"` for a JSON null, `""` for any
-/// other value, which is all the argument checks need: see `pg_fencing_core::json`), read from
-/// the jsonb itself; `None` if it is not an object.
+/// The top-level members of a jsonb object (name -> whether its value is JSON null, which is all
+/// the argument checks need: see `pg_fencing_core::json`), read from the jsonb itself; `None` if
+/// it is not an object.
 ///
 /// # Safety
 /// `datum` must be a valid, non-NULL `jsonb` datum.
@@ -514,8 +514,7 @@ unsafe fn jsonb_members(datum: pg_sys::Datum) -> Option<Members> {
                 }
                 pg_sys::JsonbIteratorToken::WJB_VALUE => {
                     if let Some(k) = key.take() {
-                        let null = v.type_ == pg_sys::jbvType::jbvNull;
-                        out.insert(k, if null { "null".into() } else { String::new() });
+                        out.insert(k, v.type_ == pg_sys::jbvType::jbvNull);
                     }
                 }
                 _ => {}

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 static PREV_PLANNER: OnceLock<pg_sys::planner_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock::new();
+static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::new();
 
 /// `fencing_guard`'s own C symbol, which identifies the guard trigger's function.
 fn guard_address() -> usize {
@@ -29,6 +30,9 @@ pub fn init() {
         }
         if PREV_EXECUTOR_START.set(pg_sys::ExecutorStart_hook).is_ok() {
             pg_sys::ExecutorStart_hook = Some(executor_start);
+        }
+        if PREV_EXECUTOR_END.set(pg_sys::ExecutorEnd_hook).is_ok() {
+            pg_sys::ExecutorEnd_hook = Some(executor_end);
         }
     }
 }
@@ -84,5 +88,19 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         if let Err(e) = outcome {
             raise(e);
         }
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's executor to call (installed by `init`), on the main thread.
+unsafe extern "C-unwind" fn executor_end(query_desc: *mut pg_sys::QueryDesc) {
+    // SAFETY: the executor's own argument; its memory context is read before the executor is
+    // ended, and only a plain value (no PostgreSQL call, nothing to drop) is kept in this frame
+    // while the previous hook or PostgreSQL's ExecutorEnd runs.
+    unsafe {
+        let statement = plan::statement_context(query_desc);
+        fast_path::end_update(statement);
+        let prev = PREV_EXECUTOR_END.get().copied().flatten();
+        plan::executor_end_next(prev, query_desc);
     }
 }

@@ -186,14 +186,15 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
     if exec.drop_update_events(function, &REPLACED, GUARD) > 0 {
         trigger::count_unguarded_statement();
     }
-    // The executor has checked this statement's privileges on its result relations (as the
-    // statement's user: through a view, as the view's owner): the stamping calls in it need not
-    // check them again (see `check_site`).
-    let user = crate::pg::process::current_user();
+    // The executor has checked this statement's privileges on its result relations (through a
+    // view, as the view's owner): the stamping calls of this statement (and only of it: keyed by
+    // its memory context, dropped when it ends) need not check them again (see `check_site`).
+    let user = crate::pg::process::current_user().to_u32();
+    let statement = exec.query_context();
     AUTHORIZED.with(|a| {
         let mut a = a.borrow_mut();
         for id in exec.result_relation_ids() {
-            a.insert((id.to_u32(), user.to_u32()), ());
+            a.insert((id.to_u32(), user, statement), ());
         }
     });
     // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
@@ -208,16 +209,27 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
 }
 
 thread_local! {
-    /// (table, user) of the fast-path UPDATEs started in this transaction: their privileges were
-    /// checked by the executor. Dropped at the end of the transaction and on subtransaction
-    /// abort.
-    static AUTHORIZED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, u32), ()>> =
+    /// (table, user, statement's memory context) of the fast-path UPDATEs running now: their
+    /// privileges were checked by the executor. Dropped when the statement ends (`end_update`),
+    /// and at the end of the transaction and on subtransaction abort.
+    static AUTHORIZED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, u32, usize), ()>> =
         std::cell::RefCell::new(rustc_hash::FxHashMap::default());
-    /// Stamping call sites found valid: (table, protection, user, hash of resource and token
-    /// column). Dropped on relcache invalidation, which a GRANT or REVOKE on the table, a
-    /// change of its triggers and `fencing_protect`/`fencing_unprotect` cause.
-    static CHECKED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, i64, u32, u64), ()>> =
+    /// Stamping constants found to name a protection made by `fencing_protect`: (table,
+    /// protection) -> (resource, token column). Not a privilege: that is checked per call.
+    /// Dropped on relcache invalidation (`fencing_protect`/`fencing_unprotect` re-create or drop
+    /// the table's triggers) and on subtransaction abort.
+    static CHECKED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, i64), (String, String)>> =
         std::cell::RefCell::new(rustc_hash::FxHashMap::default());
+}
+
+/// ExecutorEnd: the statement whose memory context is `statement` is over.
+pub fn end_update(statement: usize) {
+    AUTHORIZED.with(|a| {
+        let mut a = a.borrow_mut();
+        if !a.is_empty() {
+            a.retain(|k, _| k.2 != statement);
+        }
+    });
 }
 
 /// Relcache invalidation, subtransaction abort: privileges or protections may have changed.
@@ -233,43 +245,51 @@ pub fn forget_authorized() {
 
 /// A stamping call's constants must name a protection made by `fencing_protect` for this table,
 /// and the user must be allowed to update it (anyone may call the function by hand; then it is
-/// no more than an UPDATE of the table): either the call is part of a fast-path UPDATE of the
-/// table whose privileges the executor checked in this transaction, or the user may update the
-/// table or one of its columns. Checked once per backend, user and call shape.
+/// no more than an UPDATE of the table): either the call is part of a running fast-path UPDATE of
+/// the table, whose privileges the executor checked, or the user may update the table or one of
+/// its columns.
 fn check_site(
+    call: &StampCall,
     relid: pg_sys::Oid,
     protection: i64,
     resource: Option<&str>,
     column: &str,
 ) -> Result<(), FenceError> {
-    let user = crate::pg::process::current_user();
-    let key = (
-        relid.to_u32(),
-        protection,
-        user.to_u32(),
-        pg_fencing_core::hash::fnv1a(&[
-            resource.unwrap_or("").as_bytes(),
-            b"\0",
-            column.as_bytes(),
-        ]),
-    );
-    if CHECKED.with(|c| c.borrow().contains_key(&key)) {
-        return Ok(());
+    let known = CHECKED.with(|c| {
+        c.borrow()
+            .get(&(relid.to_u32(), protection))
+            .is_some_and(|(r, col)| r == resource.unwrap_or("") && col == column)
+    });
+    if !known {
+        let args = Args::new(
+            protection,
+            resource.map(str::to_string),
+            CString::new(column).unwrap_or_default(),
+        );
+        trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
+        CHECKED.with(|c| {
+            crate::cache::cache_insert(
+                &mut c.borrow_mut(),
+                (relid.to_u32(), protection),
+                (resource.unwrap_or("").to_string(), column.to_string()),
+                10_000,
+            )
+        });
     }
-    let args = Args::new(
-        protection,
-        resource.map(str::to_string),
-        CString::new(column).unwrap_or_default(),
-    );
-    trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
-    let authorized = AUTHORIZED.with(|a| a.borrow().contains_key(&(relid.to_u32(), user.to_u32())));
+    let user = crate::pg::process::current_user().to_u32();
+    let authorized = AUTHORIZED.with(|a| {
+        let a = a.borrow();
+        !a.is_empty()
+            && call
+                .contexts()
+                .any(|cxt| a.contains_key(&(relid.to_u32(), user, cxt)))
+    });
     if !authorized && !plan::may_update(relid) {
         return Err(FenceError::NotAllowed(Text::new(format!(
             "permission denied for table {}",
             relation_name(relid)
         ))));
     }
-    CHECKED.with(|c| crate::cache::cache_insert(&mut c.borrow_mut(), key, (), 10_000));
     Ok(())
 }
 
@@ -291,7 +311,7 @@ pub fn stamp_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     }
     let relid = call.oid(1);
     let protection = call.bigint(2).unwrap_or(0);
-    check_site(relid, protection, None, call.text(3))?;
+    check_site(call, relid, protection, None, call.text(3))?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     rule::admit_row(
@@ -321,7 +341,7 @@ pub fn stamp_resource(call: &StampCall) -> Result<Option<Token>, FenceError> {
             relation_name(relid)
         ))));
     }
-    check_site(relid, protection, Some(resource), call.text(4))?;
+    check_site(call, relid, protection, Some(resource), call.text(4))?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     rule::admit_resource(resource, token, true)?;

@@ -25,6 +25,41 @@ unsafe extern "C-unwind" {
     ) -> *mut pg_sys::PlannedStmt;
     #[link_name = "standard_ExecutorStart"]
     fn standard_executor_start_unguarded(query_desc: *mut pg_sys::QueryDesc, eflags: c_int);
+    #[link_name = "standard_ExecutorEnd"]
+    fn standard_executor_end_unguarded(query_desc: *mut pg_sys::QueryDesc);
+}
+
+/// End the executor with the previous hook, or PostgreSQL's.
+///
+/// # Safety
+/// As [`plan_next`], for the ExecutorEnd hook.
+pub unsafe fn executor_end_next(
+    prev: pg_sys::ExecutorEnd_hook_type,
+    query_desc: *mut pg_sys::QueryDesc,
+) {
+    // SAFETY: the executor's own argument, passed on unchanged.
+    unsafe {
+        match prev {
+            Some(f) => f(query_desc),
+            None => standard_executor_end_unguarded(query_desc),
+        }
+    }
+}
+
+/// The memory context of the statement of `query_desc` (0 if it has no executor state).
+///
+/// # Safety
+/// `query_desc` must be the ExecutorEnd hook's, before the executor is ended.
+pub unsafe fn statement_context(query_desc: *mut pg_sys::QueryDesc) -> usize {
+    // SAFETY: per the contract the QueryDesc and its EState (NULL checked) are valid.
+    unsafe {
+        let estate = (*query_desc).estate;
+        if estate.is_null() {
+            0
+        } else {
+            (*estate).es_query_cxt as usize
+        }
+    }
 }
 
 /// Plan with the previous planner hook, or PostgreSQL's planner.
@@ -129,8 +164,8 @@ impl UpdateQuery {
         // constructors in the current memory context (the planner's, where the Query lives).
         // Vars name the result relation's range table index and the column's own type,
         // typmod and collation; text constants are palloc'd text values; the new TargetEntry
-        // goes among the non-junk entries in attribute order (the rewriter's order), before the
-        // junk entries.
+        // goes after the non-junk entries, before the junk entries (the planner numbers the
+        // SET columns in list order).
         unsafe {
             let q = &mut *self.q;
             let mut list = PgList::<pg_sys::Node>::new();
@@ -188,10 +223,9 @@ impl UpdateQuery {
             let tle =
                 pg_sys::makeTargetEntry(expr.cast(), attnum, pg_sys::pstrdup(name.as_ptr()), false);
             let tlist = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList);
-            let pos = tlist
-                .iter_ptr()
-                .take_while(|t| !(**t).resjunk && (**t).resno < attnum)
-                .count();
+            // After the other SET entries: evaluated after them, as the trigger ran after the
+            // new row was computed (a SET expression that sets pg_fencing.token counts).
+            let pos = tlist.iter_ptr().take_while(|t| !(**t).resjunk).count();
             q.targetList = pg_sys::list_insert_nth(q.targetList, pos as c_int, tle.cast());
         }
     }
@@ -359,6 +393,12 @@ impl UpdateExecution {
                 .map(|t| t.args)
                 .unwrap_or_default()
         }
+    }
+
+    /// The statement's memory context (its identity while it runs).
+    pub fn query_context(&self) -> usize {
+        // SAFETY: the started executor's EState, valid for the call.
+        unsafe { (*(*self.qd).estate).es_query_cxt as usize }
     }
 
     /// The OIDs of the result relations (the root target included).
@@ -545,6 +585,24 @@ impl StampCall {
             let v = pg_sys::pg_detoast_datum_packed(d.cast_mut_ptr());
             std::str::from_utf8(pgrx::varlena::varlena_to_byte_slice(v)).unwrap_or("")
         }
+    }
+
+    /// The memory context the call's expression was built in and its ancestors (a statement's
+    /// own context, or, for an expression of an EvalPlanQual re-check, one made inside it).
+    pub fn contexts(&self) -> impl Iterator<Item = usize> + '_ {
+        // SAFETY: `flinfo` is the call site's; `fn_mcxt` and each `parent` are NULL or live
+        // memory contexts (a context outlives its children), read only.
+        let mut cxt = unsafe { (*(*self.fcinfo).flinfo).fn_mcxt };
+        std::iter::from_fn(move || {
+            if cxt.is_null() {
+                return None;
+            }
+            let here = cxt as usize;
+            // SAFETY: as above.
+            cxt = unsafe { (*cxt).parent };
+            Some(here)
+        })
+        .take(8)
     }
 
     /// The arguments from `from` on, printed as a key (see `trigger_event::key_text_of`).

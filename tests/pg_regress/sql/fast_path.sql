@@ -215,6 +215,41 @@ BEGIN; SET LOCAL pg_fencing.token = '11';
 UPDATE fp_row SET v = 3 WHERE id = 1;
 ROLLBACK;
 RESET ROLE;
+-- A role that may only update a view that shows it no rows: its UPDATE through the view (0 rows)
+-- gives it no right to call stamp_resource by hand, in that transaction or later.
+CREATE TABLE fp_acct (id int PRIMARY KEY, v int, owner name);
+SELECT fencing_protect('fp_acct', 'fp-settle');
+BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO fp_acct VALUES (1, 0, 'nobody'); COMMIT;
+CREATE VIEW fp_mine AS SELECT * FROM fp_acct WHERE owner = current_user;
+GRANT SELECT, UPDATE ON fp_mine TO fp_reader;
+SET ROLE fp_reader;
+BEGIN; SET LOCAL pg_fencing.token = '1000';
+UPDATE fp_mine SET v = v;
+SELECT _pg_fencing.stamp_resource(NULL, 'fp_acct'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'fp_acct'::regclass), 'fp-settle', 'fence_token');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+RESET ROLE;
+-- A right that is gone is gone for hand-made calls too (a role membership revoked).
+CREATE ROLE fp_writers;
+GRANT UPDATE ON fp_acct TO fp_writers;
+GRANT fp_writers TO fp_reader;
+SET ROLE fp_reader;
+BEGIN; SET LOCAL pg_fencing.token = '11';
+SELECT _pg_fencing.stamp_resource(NULL, 'fp_acct'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'fp_acct'::regclass), 'fp-settle', 'fence_token');
+COMMIT;
+RESET ROLE;
+REVOKE fp_writers FROM fp_reader;
+SET ROLE fp_reader;
+BEGIN; SET LOCAL pg_fencing.token = '12';
+SELECT _pg_fencing.stamp_resource(NULL, 'fp_acct'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'fp_acct'::regclass), 'fp-settle', 'fence_token');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+RESET ROLE;
+SELECT fencing_high_water('fp-settle');
+DROP VIEW fp_mine;
+REVOKE ALL ON fp_acct FROM fp_writers;
+DROP ROLE fp_writers;
+DROP TABLE fp_acct;
 DROP VIEW fp_rview;
 REVOKE ALL ON fp_row FROM fp_reader;
 DROP ROLE fp_reader;
@@ -248,6 +283,22 @@ UPDATE fp_parent SET v = 1;
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 DROP TABLE fp_child, fp_parent;
+
+-- A SET expression that sets pg_fencing.token counts for its row, as with the trigger (which ran
+-- after the new row was computed), also when the token column comes first in the table.
+CREATE FUNCTION fp_settok(t text) RETURNS int LANGUAGE sql AS $$ SELECT set_config('pg_fencing.token', t, true)::int $$;
+CREATE TABLE fp_first (fence_token bigint, id int PRIMARY KEY, v int);
+SELECT fencing_protect('fp_first');
+BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO fp_first VALUES (NULL, 1, 0); COMMIT;
+BEGIN;
+UPDATE fp_first SET v = fp_settok('20') RETURNING fence_token;
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '20';
+UPDATE fp_first SET v = fp_settok('5');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP TABLE fp_first;
+DROP FUNCTION fp_settok(text);
 
 -- A trigger fired by a fenced_* call that sets pg_fencing.token for its own writes: those carry
 -- its token (here stale: FT001), not the call's.

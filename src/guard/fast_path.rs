@@ -293,6 +293,21 @@ fn check_site(
     Ok(())
 }
 
+/// `check`, once per call site (an expression of one statement, whose constants do not change)
+/// and user: the other rows of the statement need not repeat it.
+fn check_site_once(
+    call: &StampCall,
+    check: impl FnOnce() -> Result<(), FenceError>,
+) -> Result<(), FenceError> {
+    let user = crate::pg::process::current_user();
+    if call.checked_for() == user {
+        return Ok(());
+    }
+    check()?;
+    call.set_checked_for(user);
+    Ok(())
+}
+
 fn session_token(relid: pg_sys::Oid) -> Result<Token, FenceError> {
     let token = current_token().ok_or_else(|| FenceError::NoToken {
         target: format!("a write to protected table {}", relation_name(relid)),
@@ -311,7 +326,9 @@ pub fn stamp_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     }
     let relid = call.oid(1);
     let protection = call.bigint(2).unwrap_or(0);
-    check_site(call, relid, protection, None, call.text(3))?;
+    check_site_once(call, || {
+        check_site(call, relid, protection, None, call.text(3))
+    })?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     rule::admit_row(
@@ -341,7 +358,9 @@ pub fn stamp_resource(call: &StampCall) -> Result<Option<Token>, FenceError> {
             relation_name(relid)
         ))));
     }
-    check_site(call, relid, protection, Some(resource), call.text(4))?;
+    check_site_once(call, || {
+        check_site(call, relid, protection, Some(resource), call.text(4))
+    })?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     rule::admit_resource(resource, token, true)?;

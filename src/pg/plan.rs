@@ -587,6 +587,35 @@ impl StampCall {
         }
     }
 
+    /// The user this call site (one expression of one statement) was checked for, if any: kept
+    /// in `fn_extra`, which lives as long as the statement's expression.
+    pub fn checked_for(&self) -> pg_sys::Oid {
+        // SAFETY: `flinfo` is the call site's; `fn_extra` is NULL or the Oid `set_checked_for`
+        // allocated there (no one else uses the field for a C function of ours).
+        unsafe {
+            let extra = (*(*self.fcinfo).flinfo).fn_extra;
+            if extra.is_null() {
+                pg_sys::Oid::INVALID
+            } else {
+                *extra.cast::<pg_sys::Oid>()
+            }
+        }
+    }
+
+    /// Remember that this call site was checked for `user`.
+    pub fn set_checked_for(&self, user: pg_sys::Oid) {
+        // SAFETY: as in `checked_for`; the Oid is allocated in `fn_mcxt`, which lives as long as
+        // the call site.
+        unsafe {
+            let fl = &mut *(*self.fcinfo).flinfo;
+            if fl.fn_extra.is_null() {
+                fl.fn_extra =
+                    pg_sys::MemoryContextAllocZero(fl.fn_mcxt, std::mem::size_of::<pg_sys::Oid>());
+            }
+            *fl.fn_extra.cast::<pg_sys::Oid>() = user;
+        }
+    }
+
     /// The memory context the call's expression was built in and its ancestors (a statement's
     /// own context, or, for an expression of an EvalPlanQual re-check, one made inside it).
     pub fn contexts(&self) -> impl Iterator<Item = usize> + '_ {

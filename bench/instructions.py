@@ -52,6 +52,18 @@ STATEMENTS = {
     "update floor": ("PREPARE s(int) AS UPDATE floor SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
     "update per-row": ("PREPARE s(int) AS UPDATE prow SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
     "update resource": ("PREPARE s(int) AS UPDATE pres SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
+    # References, not pg_fencing: the cheapest SQL that stamps the token column from the GUC with
+    # no check at all, and fenced_update's own work (jsonb key and changes in through
+    # jsonb_populate_record, the new row out through to_jsonb) written as one plain statement.
+    "update plain, token from the GUC in SQL": (
+        "PREPARE s(int) AS UPDATE plain SET v = v + 1, fence_token = "
+        "int8larger(fence_token, current_setting('pg_fencing.token')::bigint) WHERE id = $1",
+        "EXECUTE s({k})", "old"),
+    "update per-row, jsonb in and out in SQL": (
+        "PREPARE s(int) AS UPDATE prow AS t SET v = (jsonb_populate_record(NULL::prow, '{\"v\": 1}')).v "
+        "WHERE t.id = (jsonb_populate_record(NULL::prow, jsonb_build_object('id', $1))).id "
+        "RETURNING to_jsonb(t.*)",
+        "EXECUTE s({k})", "old"),
     "fenced_update per-row": (
         "PREPARE s(int) AS SELECT fenced_update('prow', jsonb_build_object('id', $1), '{\"v\": 1}', 100)",
         "EXECUTE s({k})", "old"),
@@ -76,6 +88,12 @@ PAIRS = [
     ("per-row mode UPDATE", "update plain", "update per-row"),
     ("resource mode UPDATE", "update plain", "update resource"),
     ("fenced_update vs the plain prepared UPDATE of the per-row table", "update per-row", "fenced_update per-row"),
+    ("reference, no pg_fencing code: the token column set from the GUC by a SQL expression, no check",
+     "update plain", "update plain, token from the GUC in SQL"),
+    ("reference: fenced_update's work as one SQL statement (jsonb_populate_record in, RETURNING "
+     "to_jsonb out) vs the plain prepared UPDATE, both on the per-row table",
+     "update per-row", "update per-row, jsonb in and out in SQL"),
+    ("fenced_update vs that SQL statement", "update per-row, jsonb in and out in SQL", "fenced_update per-row"),
     ("per-row mode INSERT (new key)", "insert plain", "insert per-row"),
     ("resource mode INSERT", "insert plain", "insert resource"),
     ("fenced_insert vs the plain INSERT of the per-row table", "insert per-row", "fenced_insert per-row"),

@@ -26,6 +26,8 @@
 --   * _pg_fencing.resource_high_water gets the ALWAYS trigger pg_fencing_mark_changed: a change
 --     of a stored mark takes the resource's exclusive lock and bumps the mark's version in shared
 --     memory, so that resource-mode writes need not read an unchanged mark again.
+--   * per-row mode's tombstones can be pruned below a floor (fencing_prune_tombstones; the floor is
+--     _pg_fencing.protected_table.tombstone_floor, shown in fencing_protected_tables).
 -- New columns go at the end so that CREATE OR REPLACE VIEW keeps views that users built on ours.
 -- The library of 0.2.0 still serves every C symbol the 0.1.0 SQL names, so the server keeps
 -- working between installing the new files and running ALTER EXTENSION pg_fencing UPDATE.
@@ -132,6 +134,13 @@ LEFT JOIN LATERAL @extschema@.fencing_domain_stats('resource', coalesce(h.resour
 COMMENT ON VIEW @extschema@.fencing_resources IS
 'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, and client address: NULL unless superuser or member of pg_read_all_stats or of the rejected session''s user); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
 
+ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_floor bigint CHECK (tombstone_floor > 0);
+CREATE FUNCTION @extschema@.fencing_prune_tombstones(relation regclass, floor bigint, max_tombstones bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_prune_tombstones';
+COMMENT ON FUNCTION @extschema@.fencing_prune_tombstones(regclass, bigint, bigint) IS
+'Per-row mode, owner only: raises the table''s tombstone floor to floor (a fencing token; never lowered) and deletes its tombstones whose high-water mark is at or below the floor, at most max_tombstones of them (NULL: all); returns how many were deleted. From then on a write that gives a row a key without a tombstone needs a token of at least the floor (FT001 otherwise), so a pruned key stays fenced. Safe only with a global token source whose holders that acquire later get higher tokens (etcd revisions, ZooKeeper zxids): a holder whose token is below the floor can no longer insert new keys (docs/operations.md, "Tombstone retention"). Waits for the table''s in-flight writes (SHARE lock on the table and its partitions until commit). Errors: 42501 not the owner; FT004 not a protected table; 22023 resource mode, floor <= 0 or max_tombstones < 0; 22004 NULL relation or floor.';
+
 CREATE OR REPLACE VIEW @extschema@.fencing_protected_tables AS
 SELECT p.relid AS relation,
        CASE WHEN p.resource IS NULL THEN 'per-row' ELSE 'resource' END AS mode,
@@ -148,12 +157,13 @@ SELECT p.relid AS relation,
        p.protected_at,
        s.last_rejection_pid,
        s.last_rejection_application_name,
-       s.last_rejection_client_addr
+       s.last_rejection_client_addr,
+       p.tombstone_floor
 FROM _pg_fencing.protected_table p
 LEFT JOIN LATERAL @extschema@.fencing_domain_stats('table', p.id::text) s ON true
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources); tombstone_floor: per-row mode, the floor set by fencing_prune_tombstones (NULL: none).';
 
 COMMENT ON FUNCTION @extschema@.fencing_release(text) IS
 'Releases a lock this session took with fencing_acquire and returns true; returns false if the session holds no such lock, or had lost it (lease expired or revoked; a WARNING says why, and the lock is forgotten either way). Locks are also released when the session ends. Error: 55000 worker not available.';

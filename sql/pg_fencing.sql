@@ -46,7 +46,10 @@ CREATE TABLE _pg_fencing.protected_table (
     resource      text        CHECK (resource <> ''),
     token_column  name        NOT NULL,
     protected     boolean     NOT NULL DEFAULT true,
-    protected_at  timestamptz NOT NULL DEFAULT pg_catalog.now()
+    protected_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- Per-row mode: the tombstone floor (fencing_prune_tombstones). A key without a tombstone
+    -- has this high-water mark; tombstones at or below it are pruned. NULL: none.
+    tombstone_floor bigint    CHECK (tombstone_floor > 0)
 );
 
 -- Per-row mode: the high-water mark of a deleted key, so a stale writer cannot re-create it.
@@ -722,6 +725,12 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_reset(text, bigint) IS
 'Superuser only (42501): sets a resource''s high-water mark to token, even lower, for recovery (e.g. an etcd restored from an old snapshot). Logged to the server log and _pg_fencing.reset_log.';
 
+CREATE FUNCTION @extschema@.fencing_prune_tombstones(relation regclass, floor bigint, max_tombstones bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_prune_tombstones';
+COMMENT ON FUNCTION @extschema@.fencing_prune_tombstones(regclass, bigint, bigint) IS
+'Per-row mode, owner only: raises the table''s tombstone floor to floor (a fencing token; never lowered) and deletes its tombstones whose high-water mark is at or below the floor, at most max_tombstones of them (NULL: all); returns how many were deleted. From then on a write that gives a row a key without a tombstone needs a token of at least the floor (FT001 otherwise), so a pruned key stays fenced. Safe only with a global token source whose holders that acquire later get higher tokens (etcd revisions, ZooKeeper zxids): a holder whose token is below the floor can no longer insert new keys (docs/operations.md, "Tombstone retention"). Waits for the table''s in-flight writes (SHARE lock on the table and its partitions until commit). Errors: 42501 not the owner; FT004 not a protected table; 22023 resource mode, floor <= 0 or max_tombstones < 0; 22004 NULL relation or floor.';
+
 -- ---------------------------------------------------------------------------------------------
 -- fenced_* functions (src/api/fenced.rs): jsonb in, one plain DML statement out (prepared once per
 -- table, operation and set of columns), fenced by the guard trigger with the token given here.
@@ -789,12 +798,13 @@ SELECT p.relid AS relation,
        p.protected_at,
        s.last_rejection_pid,
        s.last_rejection_application_name,
-       s.last_rejection_client_addr
+       s.last_rejection_client_addr,
+       p.tombstone_floor
 FROM _pg_fencing.protected_table p
 LEFT JOIN LATERAL @extschema@.fencing_domain_stats('table', p.id::text) s ON true
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources); tombstone_floor: per-row mode, the floor set by fencing_prune_tombstones (NULL: none).';
 
 GRANT SELECT ON @extschema@.fencing_resources, @extschema@.fencing_protected_tables TO PUBLIC;
 

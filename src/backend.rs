@@ -87,6 +87,7 @@ unsafe extern "C-unwind" fn xact_callback(
         watch::undo_applied();
         watch::forget_pending();
         trigger::forget_verified();
+        tombstones::forget_floors();
         locks::abort_pending(None);
     }
 }
@@ -126,6 +127,7 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
     fenced::invalidate();
     index::forget_located();
     marks::forget();
+    tombstones::forget_floors();
     rule::forget_seen_marks();
     trigger::forget_relation((relid != pg_sys::Oid::INVALID).then_some(relid));
     crate::guard::fast_path::forget_functions();

@@ -449,6 +449,46 @@ pub unsafe extern "C-unwind" fn pg_fencing_unregister(fcinfo: FunctionCallInfo) 
     }
 }
 
+v1_finfo!(pg_finfo_fencing_prune_tombstones);
+/// `fencing_prune_tombstones(relation regclass, floor bigint, max_tombstones bigint DEFAULT NULL)
+/// RETURNS bigint`: per-row mode, raises the table's tombstone floor to `floor` and deletes its
+/// tombstones at or below it (at most `max_tombstones`; NULL: all); returns how many were
+/// deleted (`state::tombstones::prune`). Owner only (`42501`); `FT004` not protected; `22023`
+/// resource mode, `floor <= 0` or `max_tombstones < 0`; `22004` NULL relation or floor.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_prune_tombstones(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || {
+            let null = |what: &str| {
+                FenceError::NullArgument(token::Text::new(format!("{what} must not be NULL")))
+            };
+            let relid: pg_sys::Oid =
+                pgrx::fcinfo::pg_getarg(fcinfo, 0).ok_or_else(|| null("relation"))?;
+            let floor: i64 = pgrx::fcinfo::pg_getarg(fcinfo, 1).ok_or_else(|| null("floor"))?;
+            let max: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 2);
+            if floor <= 0 {
+                return Err(FenceError::TokenNotPositive(floor.to_string()));
+            }
+            if let Some(m) = max.filter(|m| *m < 0) {
+                return Err(FenceError::InvalidArgument(format!(
+                    "max_tombstones must not be negative (got {m})"
+                )));
+            }
+            require_owner(relid)?;
+            let deleted = crate::state::tombstones::prune(relid, floor, max)?;
+            Ok(pg_sys::Datum::from(deleted))
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_fencing_acquire);
 /// `fencing_acquire(lock_name text, timeout interval DEFAULT '10s') RETURNS bigint`: the
 /// background worker takes etcd lock `pg_fencing.lock_prefix || lock_name` under a lease of its

@@ -54,3 +54,47 @@ fn lock(t: pg_sys::LOCKTAG, mode: LockMode) {
 pub fn lock_resource(resource: &str, mode: LockMode) {
     lock(resource_tag(resource), mode);
 }
+
+// Not in pgrx's bindings (catalog/pg_inherits.h); called through pgrx's FFI guard below, like
+// pgrx's own bindings, so an ERROR it raises becomes a Rust panic at the call.
+// SAFETY: the signature is find_all_inheritors' in catalog/pg_inherits.h (PostgreSQL 10 and
+// later): List *find_all_inheritors(Oid parentrelId, LOCKMODE lockmode, List **numparents).
+unsafe extern "C-unwind" {
+    fn find_all_inheritors(
+        parent: pg_sys::Oid,
+        lockmode: pg_sys::LOCKMODE,
+        numparents: *mut *mut pg_sys::List,
+    ) -> *mut pg_sys::List;
+}
+
+/// Lock table `relid` and every partition (or inheritance child) under it in SHARE mode until
+/// the transaction ends, so that every transaction writing any of them now has ended and any
+/// that writes them later waits for this one to end; and queue a relcache invalidation of each,
+/// sent at commit, which such a later writer reads when its lock is granted (PostgreSQL
+/// processes invalidations on every newly granted relation lock). `fencing_prune_tombstones`
+/// uses it so that no writer checks a key against a tombstone floor cached before the prune.
+/// Waits like any lock wait: query cancel, `statement_timeout`, `lock_timeout`, deadlock
+/// detection.
+pub fn lock_tree_share_and_invalidate(relid: pg_sys::Oid) {
+    // SAFETY: main thread inside a transaction (a SQL function's). LockRelationOid and
+    // find_all_inheritors take plain values and raise ERROR (a panic through pgrx's FFI guard)
+    // on failure; find_all_inheritors returns a palloc'd List of OIDs (never NULL: it contains
+    // at least `relid`) whose `length` cells of `elements` hold OIDs (an OID list), read within
+    // those bounds.
+    // CacheInvalidateRelcacheByRelid only queues a message for an OID (raising ERROR if the
+    // relation vanished meanwhile).
+    unsafe {
+        pg_sys::LockRelationOid(relid, pg_sys::ShareLock as pg_sys::LOCKMODE);
+        let tree = pg_sys::submodules::ffi::pg_guard_ffi_boundary(|| {
+            find_all_inheritors(
+                relid,
+                pg_sys::ShareLock as pg_sys::LOCKMODE,
+                std::ptr::null_mut(),
+            )
+        });
+        let n = if tree.is_null() { 0 } else { (*tree).length.max(0) as usize };
+        for i in 0..n {
+            pg_sys::CacheInvalidateRelcacheByRelid((*(*tree).elements.add(i)).oid_value);
+        }
+    }
+}

@@ -35,7 +35,7 @@ use crate::pg::locks::{lock_resource, LockMode};
 use crate::state::mark_versions;
 use crate::state::marks::{read_resource_mark, store_resource_mark, versions_trusted};
 use crate::state::stats;
-use crate::state::tombstones::read_tombstone;
+use crate::state::tombstones::{read_tombstone, tombstone_floor};
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 
@@ -259,8 +259,13 @@ pub fn admit_row_insert(
     token: Token,
     count: bool,
 ) -> Result<(), FenceError> {
-    let tomb = read_tombstone(protection, key);
-    admit_row(protection, table, &|| key.to_string(), token, tomb, count)
+    // A key without a tombstone has the table's tombstone floor (`fencing_prune_tombstones`):
+    // tombstones at or below it may have been pruned.
+    let high_water = match (read_tombstone(protection, key), tombstone_floor(protection)) {
+        (Some(t), Some(f)) => Some(t.max(f)),
+        (t, f) => t.or(f),
+    };
+    admit_row(protection, table, &|| key.to_string(), token, high_water, count)
 }
 
 /// Raise the stored mark of `resource` to at least `token`, under its exclusive lock (a watch's

@@ -39,6 +39,130 @@ const TOMB_INDEX: UniqueIndex = UniqueIndex {
     value: c"high_water",
 };
 
+const FLOOR_INDEX: UniqueIndex = UniqueIndex {
+    table: c"protected_table",
+    index: c"protected_table_pkey",
+    value: c"tombstone_floor",
+};
+
+const SQL_READ_FLOOR: &str = "SELECT tombstone_floor FROM _pg_fencing.protected_table \
+     WHERE id OPERATOR(pg_catalog.=) $1";
+
+thread_local! {
+    /// Tombstone floor per protection, cached per backend and dropped on any relcache
+    /// invalidation (see [`prune`] for why a cached floor is never older than a prune that
+    /// committed before the write that uses it).
+    static FLOORS: RefCell<FxHashMap<i64, Option<Token>>> = RefCell::new(FxHashMap::default());
+}
+
+/// The tombstone floor of `protection` (`fencing_prune_tombstones`): the high-water mark of
+/// every key that has no tombstone. `None`: no floor.
+pub fn tombstone_floor(protection: i64) -> Option<Token> {
+    if let Some(f) = FLOORS.with(|m| m.borrow().get(&protection).copied()) {
+        return f;
+    }
+    let id = pg_sys::Datum::from(protection);
+    let floor = read_by_index(&FLOOR_INDEX, &[(1, pg_sys::F_INT8EQ, id)]).unwrap_or_else(|| {
+        exec_internal(
+            SQL_READ_FLOOR,
+            true,
+            &[pg_sys::INT8OID],
+            &mut [id],
+            true,
+            as_token,
+        )
+    });
+    FLOORS.with(|m| crate::cache::cache_insert(&mut m.borrow_mut(), protection, floor, 10_000));
+    floor
+}
+
+/// Relcache invalidation (`backend.rs`): floors may have changed.
+pub fn forget_floors() {
+    FLOORS.with(|m| m.borrow_mut().clear());
+}
+
+/// `fencing_prune_tombstones`: raise the tombstone floor of the per-row protection of `relid`
+/// (the protected table itself, not a partition) to `floor` and delete its tombstones at or
+/// below the floor, at most `max` of them. Returns how many were deleted.
+///
+/// Why a pruned key stays fenced: a tombstone `h <= F` refused tokens below `h`; the floor `F`
+/// refuses, for every key without a tombstone, tokens below `F`, which includes them. The floor
+/// and the deletes commit together. Writers read the floor from a per-backend cache, so before
+/// anything changes this takes a SHARE lock on the table and all its partitions (conflicting
+/// with the ROW EXCLUSIVE lock of every INSERT, UPDATE, DELETE, MERGE and COPY) and queues a
+/// relcache invalidation of each: transactions that wrote the table before have ended, and a
+/// later writer gets its lock only after this commits, when PostgreSQL processes the
+/// invalidation for it and its cached floor is dropped.
+pub fn prune(relid: pg_sys::Oid, floor: Token, max: Option<i64>) -> Result<i64, FenceError> {
+    let protection = exec_internal(
+        "SELECT CASE WHEN p.resource IS NULL THEN p.id ELSE 0 END FROM _pg_fencing.protected_table p \
+         WHERE p.relid OPERATOR(pg_catalog.=) $1",
+        false,
+        &[pg_sys::REGCLASSOID],
+        &mut [pg_sys::Datum::from(relid)],
+        true,
+        as_token,
+    );
+    let table = || crate::pg::trigger_event::relation_name(relid);
+    let protection = match protection {
+        None => {
+            return Err(FenceError::NotProtected(crate::error::Text {
+                message: format!("table {} is not protected by pg_fencing", table()),
+                detail: None,
+                hint: Some(
+                    "Tombstones belong to the table that fencing_protect was called with (for \
+                     partitions, the partitioned table)."
+                        .into(),
+                ),
+            }))
+        }
+        Some(0) => {
+            return Err(FenceError::InvalidArgument(format!(
+                "table {} is protected in resource mode, which keeps no tombstones",
+                table()
+            )))
+        }
+        Some(id) => id,
+    };
+    crate::pg::locks::lock_tree_share_and_invalidate(relid);
+    // This transaction's own deletes first, so that they are pruned like the others.
+    flush_tombstones();
+    let floor = exec_internal(
+        "UPDATE _pg_fencing.protected_table \
+         SET tombstone_floor = GREATEST(COALESCE(tombstone_floor, 0), $2) \
+         WHERE id OPERATOR(pg_catalog.=) $1 RETURNING tombstone_floor",
+        false,
+        &[pg_sys::INT8OID, pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection), pg_sys::Datum::from(floor)],
+        false,
+        as_token,
+    )
+    .unwrap_or(floor);
+    forget_floors();
+    let deleted = exec_internal(
+        "WITH d AS (DELETE FROM _pg_fencing.row_tombstone t WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY( \
+             SELECT s.ctid FROM _pg_fencing.row_tombstone s \
+             WHERE s.protection_id OPERATOR(pg_catalog.=) $1 AND s.high_water OPERATOR(pg_catalog.<=) $2 \
+             LIMIT $3)) RETURNING 1) \
+         SELECT pg_catalog.count(*) FROM d",
+        false,
+        &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID],
+        &mut [
+            pg_sys::Datum::from(protection),
+            pg_sys::Datum::from(floor),
+            pg_sys::Datum::from(max.unwrap_or(i64::MAX)),
+        ],
+        false,
+        as_token,
+    )
+    .unwrap_or(0);
+    pgrx::log!(
+        "pg_fencing: tombstones of table {} pruned at or below floor {floor}: {deleted} deleted",
+        table()
+    );
+    Ok(deleted)
+}
+
 /// The tombstone mark of `key` in protection `protection` (`None`: never deleted).
 pub fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
     flush_tombstones();

@@ -5,6 +5,9 @@
 #   bench/run.sh [--no-setup]          BENCH_ROUNDS=3 BENCH_SECONDS=10 BENCH_ROWS_BIG=1000000
 #   bench/run.sh --instructions        instruction counts per transaction instead (valgrind's
 #                                      callgrind; BENCH_TXNS=1000), written to bench/instructions.md
+#   bench/run.sh --tombstones          tombstone storage per deleted key before and after
+#                                      fencing_prune_tombstones (BENCH_TOMBSTONES=1000000),
+#                                      written to bench/tombstones.md
 set -euo pipefail
 # Setup runs with the caller's environment (registry settings); the benchmark is hermetic,
 # its builds included.
@@ -14,9 +17,8 @@ if [ -z "${PGF_HERMETIC:-}" ] && [[ " $* " != *" --no-setup "* ]]; then
 fi
 source "$(dirname "$0")/../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
-echo "building the release build of pg_fencing and the etcd-client baseline"
+echo "building the release build of pg_fencing"
 cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
-(cd bench/etcd-lock-bench && cargo build --release -q)
 
 source scripts/lib.sh
 need_python
@@ -39,6 +41,18 @@ if [[ " $* " == *" --instructions "* ]]; then
     exit 0
 fi
 PGPORT_TEST=${PGPORT_BENCH:-54379}
+if [[ " $* " == *" --tombstones "* ]]; then
+    PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+max_wal_size = '4GB'" pg_start
+    {
+        echo "Machine: $(nproc) cores, $(. /etc/os-release; echo "$PRETTY_NAME"), PostgreSQL $(psql -X -Atc 'SHOW server_version'), pg_fencing release build at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), date $(date -u +%F)."
+        echo "Command: bench/run.sh --tombstones (BENCH_TOMBSTONES=${BENCH_TOMBSTONES:-1000000})"
+        echo
+        "$PY" bench/tombstones.py
+    } | tee bench/tombstones.md
+    exit 0
+fi
+(cd bench/etcd-lock-bench && cargo build --release -q)
 ETCD_CLIENT_PORT=${ETCD_BENCH_PORT:-23990}
 ETCD_PEER_PORT=$((ETCD_CLIENT_PORT + 1))
 etcd_start

@@ -136,8 +136,8 @@ pg_stop
 step "4/16 zombie-client demo with a real etcd (scripts/demo.sh)"
 ./scripts/demo.sh --no-setup
 
-step "5/16 randomized stress test, 16 clients, checked by an independent checker (tests/stress)"
-tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1
+step "5/16 randomized stress test, 16 clients, tombstones pruned during the load, checked by an independent checker (tests/stress)"
+tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
 
 step "6/16 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash

@@ -2,13 +2,15 @@
 # Randomized stress test of the fencing invariant against a throwaway cluster, checked by the
 # independent checker in stress.py.
 #
-#   tests/stress/run.sh [--clients N] [--writes N] [--seconds S] [--seed S] [--crash] [--unfenced]
+#   tests/stress/run.sh [--clients N] [--writes N] [--seconds S] [--seed S] [--crash] [--unfenced] [--prune]
 #
 # --crash: kill -9 the postmaster in the middle of the load, restart it, and check that no
 #          committed write was lost and no high-water mark went down (the checker asks the
 #          server which transactions committed).
 # --unfenced: negative control: the same load with the guard triggers skipped
 #          (session_replication_role = replica); the checker must then find violations.
+# --prune: a pruner thread runs fencing_prune_tombstones on the per-row table during the load
+#          (floors close behind the newest token; see stress.py).
 # Defaults: 16 clients, 20000 write attempts, at most 300 s. The long run in docs/testing.md:
 #   tests/stress/run.sh --writes 100000 --seconds 1800
 set -euo pipefail
@@ -17,7 +19,7 @@ cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 need_python
 
-CLIENTS=16 WRITES=20000 SECONDS_MAX=300 SEED=$RANDOM CRASH="" UNFENCED=""
+CLIENTS=16 WRITES=20000 SECONDS_MAX=300 SEED=$RANDOM CRASH="" UNFENCED="" PRUNE=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --clients) CLIENTS=$2; shift 2 ;;
@@ -26,6 +28,7 @@ while [ $# -gt 0 ]; do
         --seed) SEED=$2; shift 2 ;;
         --crash) CRASH=1; shift ;;
         --unfenced) UNFENCED=--unfenced; shift ;;
+        --prune) PRUNE=--prune; shift ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -43,18 +46,18 @@ deadlock_timeout = 100ms" pg_start
 DSN="host=127.0.0.1 port=$PGPORT_TEST user=postgres dbname=postgres"
 LOG="$WORK/stress.log"
 
-echo "stress: $CLIENTS clients, $WRITES write attempts, seed $SEED${CRASH:+, with a crash}"
+echo "stress: $CLIENTS clients, $WRITES write attempts, seed $SEED${CRASH:+, with a crash}${PRUNE:+, tombstones pruned during the load}"
 $PY tests/stress/stress.py setup --dsn "$DSN"
 if [ -z "$CRASH" ]; then
     $PY tests/stress/stress.py run --dsn "$DSN" --log "$LOG" --clients "$CLIENTS" --writes "$WRITES" \
-        --seconds "$SECONDS_MAX" --seed "$SEED" $UNFENCED
+        --seconds "$SECONDS_MAX" --seed "$SEED" $UNFENCED $PRUNE
     $PY tests/stress/stress.py check --dsn "$DSN" --log "$LOG"
     exit $?
 fi
 
 # Crash run: marks before, load, kill -9 the postmaster mid-load, restart, marks after, check.
 $PY tests/stress/stress.py run --dsn "$DSN" --log "$LOG" --clients "$CLIENTS" --writes "$WRITES" \
-    --seconds "$SECONDS_MAX" --seed "$SEED" &
+    --seconds "$SECONDS_MAX" --seed "$SEED" $PRUNE &
 RUN_PID=$!
 CHILD_PIDS="$CHILD_PIDS $RUN_PID"
 sleep 4

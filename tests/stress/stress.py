@@ -17,7 +17,7 @@ table (8 keys) that also sees deletes and re-inserts. Writes use UPDATE, INSERT 
 DO UPDATE / DO NOTHING, MERGE, DELETE, and fenced_update / fenced_insert / fenced_delete.
 
     stress.py setup  --dsn DSN
-    stress.py run    --dsn DSN --log FILE [--clients 16] [--writes 20000] [--seconds 120] [--seed S] [--unfenced]
+    stress.py run    --dsn DSN --log FILE [--clients 16] [--writes 20000] [--seconds 120] [--seed S] [--unfenced] [--prune]
     stress.py check  --dsn DSN --log FILE [--after-crash] [--lock-service [--etcd-history FILE]]
 
 With --lock-service (tests/partition: tokens come from a real lock service, etcd, under network
@@ -31,6 +31,16 @@ met is also justified when etcd's history shows that mark to be a revision at wh
 was granted (the holder's key was created at it) or at which no one held the lock: grants
 the clients never learned of (a client gave up waiting) and a watch's raise to the current
 revision of a free lock are both legitimate, and a mark etcd cannot account for is reported.
+
+With --prune a pruner thread runs fencing_prune_tombstones on the per-row table every 50-300 ms,
+with a floor a little below the newest token granted, so that it also refuses holders that are
+still running (a floor is only safe when holders below it are gone, which a load of overtaken
+holders does not promise: here it is a source of refusals, like a newer holder's write). The
+log then has "prune" records; the checker counts a committed prune with a floor above a
+rejected per-row write's token, committed before the write's statement returned, as the
+rejection's justification (the floor is the high-water mark of keys without a tombstone), and
+takes the floor into account for the tombstones of deleted keys. Prunes never count as writes
+of rows: a row that exists is fenced by its own token, below the floor or not.
 
 Exit status of `check`: 0 if no violation was found, 1 otherwise.
 """
@@ -110,6 +120,44 @@ class Tokens:
         with self.lock:
             self.next += 1
             return self.next
+
+    def newest(self):
+        with self.lock:
+            return self.next
+
+
+def pruner(args, tokens, log, log_lock, stop):
+    """--prune: fencing_prune_tombstones on the per-row table now and then (see above)."""
+    rng = random.Random(args.seed * 7919)
+    conn = None
+    while not stop.wait(rng.uniform(0.05, 0.3)):
+        if conn is None:
+            try:
+                conn = connect(args.dsn)
+            except psycopg2.Error:
+                continue
+        floor = max(1, tokens.newest() - rng.randint(0, 30))
+        rec = {"ev": "prune", "floor": floor, "xid": None}
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT txid_current()")
+            rec["xid"] = cur.fetchone()[0]
+            rec["t0"] = time.time()
+            cur.execute("SELECT fencing_prune_tombstones(%s, %s)", (ROW_TABLE, floor))
+            rec["deleted"] = cur.fetchone()[0]
+            conn.commit()
+            rec["outcome"] = "ok"
+        except psycopg2.Error as e:
+            rec["outcome"] = sqlstate_of(e)
+            try:
+                conn.rollback()
+            except psycopg2.Error:
+                conn = None
+        rec["t"] = time.time()
+        with log_lock:
+            log.write(json.dumps(rec) + "\n")
+    if conn is not None:
+        conn.close()
 
 
 def sqlstate_of(exc):
@@ -294,8 +342,16 @@ def run(args):
         clients = [Client(i, args, tokens, budget, log, log_lock, deadline) for i in range(args.clients)]
         for c in clients:
             c.start()
+        stop = threading.Event()
+        prune = None
+        if args.prune:
+            prune = threading.Thread(target=pruner, args=(args, tokens, log, log_lock, stop), daemon=True)
+            prune.start()
         for c in clients:
             c.join()
+        stop.set()
+        if prune is not None:
+            prune.join()
     print(f"run: {args.clients} clients, {args.writes - max(budget['left'], 0)} write attempts, log {args.log}")
 
 
@@ -351,12 +407,14 @@ def etcd_lock_history(path, resources):
 
 
 def check(args):
-    begins, writes, commits, grants = {}, [], {}, []
+    begins, writes, commits, grants, prunes = {}, [], {}, [], []
     with open(args.log) as f:
         for line in f:
             rec = json.loads(line)
             if rec["ev"] == "grant":
                 grants.append(rec)
+            elif rec["ev"] == "prune":
+                prunes.append(rec)
             elif rec["ev"] == "begin":
                 begins[rec["txn"]] = rec
             elif rec["ev"] == "write":
@@ -370,6 +428,7 @@ def check(args):
     # The server decides what committed and when; the client's log says what was attempted.
     status, commit_ts = {}, {}
     xids = [b["xid"] for b in begins.values() if b.get("xid") is not None]
+    xids += [p["xid"] for p in prunes if p.get("xid") is not None]
     for i in range(0, len(xids), 5000):
         chunk = xids[i:i + 5000]
         cur.execute("SELECT x, txid_status(x), extract(epoch FROM pg_xact_commit_timestamp((x %% 4294967296)::text::xid)) "
@@ -449,13 +508,30 @@ def check(args):
             if high is None or tok > high[1]:
                 high = (ts, tok, tag)
 
+    # Committed prunes (--prune): (commit time, floor). The server's word, as for the clients.
+    floors = []
+    for p in prunes:
+        st = status.get(p.get("xid"))
+        ts = commit_ts.get(p.get("xid"))
+        if st == "committed" and ts is not None and ts <= p["t"] + 0.001:
+            floors.append((ts, p["floor"]))
+        elif p.get("outcome") == "ok":
+            problems.append(f"LOST: prune at floor {p['floor']} (xid {p.get('xid')}) committed for the pruner, server says {st}")
+        elif p.get("outcome") not in ("40P01", "CONN", "57P01", "57P02", "57P03", "08006", "08003"):
+            problems.append(f"unexpected error {p.get('outcome')} in a prune at floor {p['floor']}")
+    counts["prunes committed"] = len(floors)
+    by_floor = 0
+
     # Every rejection must be explained by a committed write/advance with a higher token that
-    # committed before the rejected statement returned.
+    # committed before the rejected statement returned (or, per-row, a prune's floor above it).
     history = etcd_lock_history(args.etcd_history, RESOURCE_TABLES.values()) if args.etcd_history else None
     unjustified = by_history = 0
     for w in rejections:
         dom = ("resource", w["resource"]) if w["resource"] else ("row", w["rows"][0])
         ok = any(tok > w["token"] and ts <= w["t1"] + 0.001 for ts, tok, _ in domain_writes.get(dom, []))
+        if not ok and not w["resource"] and any(f > w["token"] and ts <= w["t1"] + 0.001 for ts, f in floors):
+            ok = True
+            by_floor += 1
         if not ok and args.lock_service and w["resource"]:
             # A hand-over to a higher token before the statement returned (fencing_watch).
             # The client logs a grant when it learns its token, a moment after etcd granted it
@@ -496,9 +572,16 @@ def check(args):
     cur.execute("SELECT t.key, t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p "
                 "ON p.id = t.protection_id WHERE p.relid = %s::regclass", (ROW_TABLE,))
     tombs = dict(cur.fetchall())
+    # A pruned tombstone is replaced by the table's floor (the high-water mark of keys without one).
+    cur.execute("SELECT coalesce(tombstone_floor, 0) FROM _pg_fencing.protected_table WHERE relid = %s::regclass",
+                (ROW_TABLE,))
+    floor_now = cur.fetchone()[0]
+    if floors and floor_now < max(f for _, f in floors):
+        problems.append(f"tombstone floor of {ROW_TABLE} is {floor_now}, below committed prune floor {max(f for _, f in floors)}")
     for (t, r), (ts, tok, op) in row_last.items():
-        if t == ROW_TABLE and op == "delete" and tombs.get(f"({r})", 0) < tok:
-            problems.append(f"tombstone of {ROW_TABLE} key {r} is {tombs.get(f'({r})')}, below delete token {tok}")
+        if t == ROW_TABLE and op == "delete" and max(tombs.get(f"({r})", 0), floor_now) < tok:
+            problems.append(f"tombstone of {ROW_TABLE} key {r} is {tombs.get(f'({r})')} (floor {floor_now}), "
+                            f"below delete token {tok}")
 
     if args.lock_service:
         counts["lock grants"] = len(grants)
@@ -507,6 +590,8 @@ def check(args):
     counts["violations"] = violations
     if history is not None:
         counts["rejections justified by etcd history"] = by_history
+    if args.prune or floors:
+        counts["rejections justified by a prune's floor"] = by_floor
     counts["unjustified rejections"] = unjustified
     print("stress check:")
     for k, v in counts.items():
@@ -531,6 +616,8 @@ def main():
     ap.add_argument("--lock-service", action="store_true",
                     help="tokens came from a lock service (tests/partition): see above")
     ap.add_argument("--etcd-history", help="etcd's event history of the lock keys (with --lock-service): see above")
+    ap.add_argument("--prune", action="store_true",
+                    help="run: a pruner thread prunes the per-row table's tombstones during the load (see above)")
     ap.add_argument("--unfenced", action="store_true",
                     help="negative control: run the load with the guard triggers skipped")
     args = ap.parse_args()

@@ -1,0 +1,93 @@
+"""Tombstone storage per deleted key, before and after fencing_prune_tombstones (issue 17).
+
+A per-row protected queue table gets BENCH_TOMBSTONES keys (default 1,000,000) inserted and
+deleted in batches of 10,000, batch b with token b (a queue whose lock holders take turns):
+once without pruning, once pruned every 10 batches at floor b - 10 (followed by VACUUM, as
+autovacuum would). Printed: the size of _pg_fencing.row_tombstone (heap and index) at the end of
+each. A stale re-insert of a pruned key must still be refused (FT001), or this fails.
+
+Usage: tombstones.py  (psql reaches the server through PGHOST/PGPORT/PGUSER/PGDATABASE)
+"""
+import os
+import subprocess
+import sys
+
+N = int(os.environ.get("BENCH_TOMBSTONES", "1000000"))
+BATCH = 10_000
+
+
+def psql(sql, check=True):
+    r = subprocess.run(["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-f", "-"],
+                       input=sql, text=True, capture_output=True)
+    if check and r.returncode != 0:
+        raise SystemExit(f"tombstones: psql failed:\n{r.stderr[-2000:]}")
+    return r
+
+
+def size(step, keys):
+    psql("VACUUM _pg_fencing.row_tombstone;")
+    out = psql("SELECT count(*), pg_total_relation_size('_pg_fencing.row_tombstone') "
+               "FROM _pg_fencing.row_tombstone;").stdout.strip()
+    count, total = (int(x) for x in out.split("|"))
+    return step, keys, count, total
+
+
+def queue(table, batches, prune_every, keep):
+    """Insert and delete `batches` batches of keys, batch b with token b; with `prune_every`,
+    every so many batches prune at floor b - keep (tombstones of the last `keep` batches stay)
+    and VACUUM, as autovacuum would. Returns the largest size seen and the final size."""
+    psql(f"DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id bigint PRIMARY KEY, payload text);"
+         f"SELECT fencing_protect('{table}');")
+    largest = 0
+    for b in range(1, batches + 1):
+        lo, hi = (b - 1) * BATCH + 1, b * BATCH
+        psql(f"BEGIN; SET LOCAL pg_fencing.token = '{b}';"
+             f"INSERT INTO {table} SELECT g, 'job' FROM generate_series({lo}, {hi}) g;"
+             f"DELETE FROM {table} WHERE id BETWEEN {lo} AND {hi}; COMMIT;")
+        if prune_every and b % prune_every == 0 and b > keep:
+            psql(f"SELECT fencing_prune_tombstones('{table}', {b - keep}); VACUUM _pg_fencing.row_tombstone;")
+            largest = max(largest, int(psql("SELECT pg_total_relation_size('_pg_fencing.row_tombstone')").stdout))
+    return largest
+
+
+def main():
+    batches = max(1, N // BATCH)
+    keys = batches * BATCH
+    psql("CREATE EXTENSION IF NOT EXISTS pg_fencing;")
+    rows = []
+    # 1. No pruning: every deleted key keeps its tombstone.
+    queue("tomb_bench", batches, 0, 0)
+    rows.append(size("no pruning", keys))
+    psql("DROP TABLE tomb_bench; VACUUM FULL _pg_fencing.row_tombstone;")
+    # 2. The same queue, pruned every 10 batches below the last 10 batches' tokens (a retention
+    #    of about 100,000 keys): storage stays bounded by the retained tombstones.
+    keep = min(10, batches)
+    largest = queue("tomb_bench", batches, 10, keep)
+    step, k, count, total = size(f"pruned every 10 batches at floor b - {keep} (after the last prune)", keys)
+    rows.append((step, k, count, total))
+    # A pruned key (deleted in the first batch, token 1) re-inserted by a stale holder.
+    stale = psql("BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO tomb_bench VALUES (1, 'zombie'); COMMIT;",
+                 check=False)
+    if stale.returncode == 0 or "stale fencing token" not in stale.stderr:
+        raise SystemExit(f"tombstones: the stale re-insert of a pruned key was not refused:\n{stale.stderr}")
+    psql("DROP TABLE tomb_bench; VACUUM FULL _pg_fencing.row_tombstone;")
+    print(f"Tombstone storage (`_pg_fencing.row_tombstone`, heap and index, after VACUUM): a per-row "
+          f"queue table, {keys:,} keys inserted and deleted in {batches} batches of {BATCH:,}, "
+          f"batch b with token b:")
+    print()
+    print("| workload | tombstones kept | bytes | bytes per deleted key |")
+    print("|---|---:|---:|---:|")
+    for step, k, count, total in rows:
+        print(f"| {step} | {count:,} | {total:,} | {total / k:.1f} |")
+    print()
+    peak = 2 * keep * BATCH
+    print(f"With pruning the largest size seen after a prune was {largest:,} bytes: bounded by the "
+          f"most tombstones alive between two prunes ({peak:,}: the {keep * BATCH:,} a prune keeps and "
+          f"the {keep * BATCH:,} deleted until the next one, {largest / peak:.1f} bytes each, the space "
+          f"VACUUM frees being reused), not by the keys ever deleted.")
+    print("The stale re-insert of a pruned key (token 1) was refused: "
+          + stale.stderr.strip().splitlines()[0].removeprefix("psql:<stdin>:1: "))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

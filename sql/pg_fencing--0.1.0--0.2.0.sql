@@ -27,7 +27,9 @@
 --     of a stored mark takes the resource's exclusive lock and bumps the mark's version in shared
 --     memory, so that resource-mode writes need not read an unchanged mark again.
 --   * per-row mode's tombstones can be pruned below a floor (fencing_prune_tombstones; the floor is
---     _pg_fencing.protected_table.tombstone_floor, shown in fencing_protected_tables).
+--     _pg_fencing.protected_table.tombstone_floor, shown in fencing_protected_tables), and pruned
+--     automatically for tables with a retention (fencing_tombstone_retention; the pruner worker
+--     samples etcd revisions into _pg_fencing.revision_sample).
 -- New columns go at the end so that CREATE OR REPLACE VIEW keeps views that users built on ours.
 -- The library of 0.2.0 still serves every C symbol the 0.1.0 SQL names, so the server keeps
 -- working between installing the new files and running ALTER EXTENSION pg_fencing UPDATE.
@@ -135,6 +137,20 @@ COMMENT ON VIEW @extschema@.fencing_resources IS
 'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, and client address: NULL unless superuser or member of pg_read_all_stats or of the rejected session''s user); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
 
 ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_floor bigint CHECK (tombstone_floor > 0);
+ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_retention interval CHECK (tombstone_retention > '0');
+-- The etcd revision the background worker had seen, sampled by the tombstone pruner
+-- (pg_fencing.tombstone_prune_database) every pg_fencing.tombstone_prune_interval: the floor of
+-- a table with retention R is the highest revision sampled at least R ago.
+CREATE TABLE _pg_fencing.revision_sample (
+    sampled_at  timestamptz PRIMARY KEY,
+    revision    bigint      NOT NULL CHECK (revision > 0)
+);
+GRANT SELECT ON _pg_fencing.revision_sample TO PUBLIC;
+CREATE FUNCTION @extschema@.fencing_tombstone_retention(relation regclass, retention interval)
+RETURNS void
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_tombstone_retention';
+COMMENT ON FUNCTION @extschema@.fencing_tombstone_retention(regclass, interval) IS
+'Per-row mode, owner only: the automatic tombstone retention of a table whose tokens are revisions of the etcd cluster the background worker uses (fencing_acquire, etcd''s lock recipe). The pruner worker (pg_fencing.tombstone_prune_database) prunes its tombstones with a floor of the highest etcd revision the worker had seen retention ago, so a lock acquired since then always has a higher token. retention must exceed the longest time any holder keeps its lock (a holder still writing after it is refused for new keys, FT001). NULL: off. Errors: 42501 not the owner; FT004 not a protected table; 22023 resource mode or retention not positive; 22004 NULL relation.';
 CREATE FUNCTION @extschema@.fencing_prune_tombstones(relation regclass, floor bigint, max_tombstones bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_prune_tombstones';
@@ -158,12 +174,13 @@ SELECT p.relid AS relation,
        s.last_rejection_pid,
        s.last_rejection_application_name,
        s.last_rejection_client_addr,
-       p.tombstone_floor
+       p.tombstone_floor,
+       p.tombstone_retention
 FROM _pg_fencing.protected_table p
 LEFT JOIN LATERAL @extschema@.fencing_domain_stats('table', p.id::text) s ON true
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources); tombstone_floor: per-row mode, the floor set by fencing_prune_tombstones (NULL: none).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources); tombstone_floor: per-row mode, the floor set by fencing_prune_tombstones (NULL: none); tombstone_retention: the retention of fencing_tombstone_retention (NULL: off).';
 
 COMMENT ON FUNCTION @extschema@.fencing_release(text) IS
 'Releases a lock this session took with fencing_acquire and returns true; returns false if the session holds no such lock, or had lost it (lease expired or revoked; a WARNING says why, and the lock is forgotten either way). Locks are also released when the session ends. Error: 55000 worker not available.';
@@ -187,6 +204,7 @@ CREATE TABLE _pg_fencing.watch (
 );
 GRANT SELECT ON _pg_fencing.watch TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.watch', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.revision_sample', '');
 
 CREATE FUNCTION _pg_fencing.watch_changed(resource text, lock_key_prefix text, verify boolean) RETURNS void
 LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_watch_changed';

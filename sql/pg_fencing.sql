@@ -49,7 +49,9 @@ CREATE TABLE _pg_fencing.protected_table (
     protected_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
     -- Per-row mode: the tombstone floor (fencing_prune_tombstones). A key without a tombstone
     -- has this high-water mark; tombstones at or below it are pruned. NULL: none.
-    tombstone_floor bigint    CHECK (tombstone_floor > 0)
+    tombstone_floor bigint    CHECK (tombstone_floor > 0),
+    -- Per-row mode: automatic pruning (fencing_tombstone_retention). NULL: off.
+    tombstone_retention interval CHECK (tombstone_retention > '0')
 );
 
 -- Per-row mode: the high-water mark of a deleted key, so a stale writer cannot re-create it.
@@ -98,6 +100,14 @@ CREATE TABLE _pg_fencing.tombstone_feed (
 -- Its deletes are published too: the whole row identifies them (it has no key of its own).
 ALTER TABLE _pg_fencing.tombstone_feed REPLICA IDENTITY FULL;
 
+-- The etcd revision the background worker had seen, sampled by the tombstone pruner
+-- (pg_fencing.tombstone_prune_database) every pg_fencing.tombstone_prune_interval: the floor of
+-- a table with retention R is the highest revision sampled at least R ago.
+CREATE TABLE _pg_fencing.revision_sample (
+    sampled_at  timestamptz PRIMARY KEY,
+    revision    bigint      NOT NULL CHECK (revision > 0)
+);
+
 GRANT SELECT ON ALL TABLES IN SCHEMA _pg_fencing TO PUBLIC;
 
 -- pg_dump must carry the marks along with the tables they guard.
@@ -109,6 +119,7 @@ SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.reset_log', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table_id_seq', '');
 -- (Added in 0.2.0, after the sequence: an upgraded install lists them in this order too.)
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.watch', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.revision_sample', '');
 
 -- ---------------------------------------------------------------------------------------------
 -- C functions (src/api/functions.rs)
@@ -725,6 +736,12 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_reset(text, bigint) IS
 'Superuser only (42501): sets a resource''s high-water mark to token, even lower, for recovery (e.g. an etcd restored from an old snapshot). Logged to the server log and _pg_fencing.reset_log.';
 
+CREATE FUNCTION @extschema@.fencing_tombstone_retention(relation regclass, retention interval)
+RETURNS void
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_tombstone_retention';
+COMMENT ON FUNCTION @extschema@.fencing_tombstone_retention(regclass, interval) IS
+'Per-row mode, owner only: the automatic tombstone retention of a table whose tokens are revisions of the etcd cluster the background worker uses (fencing_acquire, etcd''s lock recipe). The pruner worker (pg_fencing.tombstone_prune_database) prunes its tombstones with a floor of the highest etcd revision the worker had seen retention ago, so a lock acquired since then always has a higher token. retention must exceed the longest time any holder keeps its lock (a holder still writing after it is refused for new keys, FT001). NULL: off. Errors: 42501 not the owner; FT004 not a protected table; 22023 resource mode or retention not positive; 22004 NULL relation.';
+
 CREATE FUNCTION @extschema@.fencing_prune_tombstones(relation regclass, floor bigint, max_tombstones bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_prune_tombstones';
@@ -799,12 +816,13 @@ SELECT p.relid AS relation,
        s.last_rejection_pid,
        s.last_rejection_application_name,
        s.last_rejection_client_addr,
-       p.tombstone_floor
+       p.tombstone_floor,
+       p.tombstone_retention
 FROM _pg_fencing.protected_table p
 LEFT JOIN LATERAL @extschema@.fencing_domain_stats('table', p.id::text) s ON true
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources); tombstone_floor: per-row mode, the floor set by fencing_prune_tombstones (NULL: none).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources); tombstone_floor: per-row mode, the floor set by fencing_prune_tombstones (NULL: none); tombstone_retention: the retention of fencing_tombstone_retention (NULL: off).';
 
 GRANT SELECT ON @extschema@.fencing_resources, @extschema@.fencing_protected_tables TO PUBLIC;
 

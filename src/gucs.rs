@@ -26,6 +26,22 @@ static LOCK_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>:
 static LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(10);
 static VERIFY_MAX_LAG: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static WATCH_SYNC_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static PRUNE_DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
+
+/// `pg_fencing.tombstone_prune_database`: the database the tombstone pruner works in (empty: no
+/// pruner).
+pub fn tombstone_prune_database() -> String {
+    PRUNE_DATABASE
+        .get()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// `pg_fencing.tombstone_prune_interval`: seconds between two rounds of the tombstone pruner.
+pub fn tombstone_prune_interval_s() -> i32 {
+    PRUNE_INTERVAL.get()
+}
 
 /// `pg_fencing.watch_sync_timeout`: how long (milliseconds) a write to a watched resource waits
 /// for the watch to read etcd's state after it (re)started, before it is refused with `FT005`.
@@ -258,6 +274,24 @@ pub fn init() {
         3_600_000,
         GucContext::Suset,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_string_guc(
+        c"pg_fencing.tombstone_prune_database",
+        c"Database in which the tombstone pruner worker applies fencing_tombstone_retention; empty = no pruner.",
+        c"Needs shared_preload_libraries = 'pg_fencing' and the etcd worker (pg_fencing.etcd_endpoints): the pruner samples the etcd revision the worker has seen and prunes the per-row tables that have a retention, in this database only.",
+        &PRUNE_DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_fencing.tombstone_prune_interval",
+        c"Seconds between two rounds of the tombstone pruner.",
+        c"Each round samples the etcd revision the worker has seen and prunes the tables whose retention has passed a sample.",
+        &PRUNE_INTERVAL,
+        1,
+        86_400,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
     );
     GucRegistry::define_string_guc(
         c"pg_fencing.lock_prefix",

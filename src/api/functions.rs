@@ -461,7 +461,9 @@ v1_finfo!(pg_finfo_fencing_prune_tombstones);
 /// main thread, with the call's own `fcinfo` for the signature declared in
 /// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
-pub unsafe extern "C-unwind" fn fencing_prune_tombstones(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+pub unsafe extern "C-unwind" fn fencing_prune_tombstones(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
     // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
     // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
     // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
@@ -485,6 +487,46 @@ pub unsafe extern "C-unwind" fn fencing_prune_tombstones(fcinfo: FunctionCallInf
             require_owner(relid)?;
             let deleted = crate::state::tombstones::prune(relid, floor, max)?;
             Ok(pg_sys::Datum::from(deleted))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_fencing_tombstone_retention);
+/// `fencing_tombstone_retention(relation regclass, retention interval) RETURNS void`: per-row
+/// mode, the automatic tombstone retention the pruner worker applies (`lock_service/pruner.rs`);
+/// NULL turns it off. Owner only (`42501`); `FT004` not protected; `22023` resource mode or a
+/// retention that is not positive; `22004` NULL relation.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_tombstone_retention(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type, and `pg_getarg_datum(fcinfo, 1)` is the interval argument's datum
+    // (valid for the call). This frame holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || {
+            let relid: pg_sys::Oid = pgrx::fcinfo::pg_getarg(fcinfo, 0).ok_or_else(|| {
+                FenceError::NullArgument(token::Text::new("relation must not be NULL".to_string()))
+            })?;
+            let retention: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            if let Some(iv) = retention {
+                let parts = [iv.months() as i64, iv.days() as i64, iv.micros()];
+                if parts.iter().any(|p| *p < 0) || parts.iter().all(|p| *p == 0) {
+                    return Err(FenceError::InvalidArgument(
+                        "retention must be a positive interval (no negative part)".into(),
+                    ));
+                }
+            }
+            require_owner(relid)?;
+            let datum = retention.and_then(|_| pgrx::fcinfo::pg_getarg_datum(fcinfo, 1));
+            crate::state::tombstones::set_retention(relid, datum)?;
+            Ok(pg_sys::Datum::from(0usize))
         })
     }
 }

@@ -185,6 +185,7 @@ pub fn init_if_preloading() {
         .enable_shmem_access(None)
         .set_restart_time(Some(Duration::from_secs(1)))
         .load();
+    super::pruner::register_if_configured();
 }
 
 pub(super) fn shared() -> Result<&'static Shared, FenceError> {
@@ -402,6 +403,17 @@ pub(crate) fn observe_etcd_answer(
         return Ok(());
     }
     SHARED.get().observe_etcd(cluster_id, revision, floor)
+}
+
+/// For the tombstone pruner (`pruner.rs`): the highest etcd revision the worker has seen, if
+/// there is a worker that trusts etcd (no revision regression, some answer seen). Every lock
+/// granted by that etcd after this moment gets a higher revision.
+pub fn revision_seen() -> Option<i64> {
+    if !ENABLED.load(Ordering::Relaxed) || lock_service_problem().is_some() {
+        return None;
+    }
+    let rev = SHARED.get().etcd_highest_revision.load(Ordering::Acquire);
+    (rev > 0).then_some(rev)
 }
 
 /// Why the lock service cannot be trusted right now (`None`: fine, or no worker).

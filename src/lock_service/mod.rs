@@ -18,6 +18,7 @@
 
 pub mod etcd;
 pub mod locks;
+pub mod pruner;
 pub mod shmem_text;
 pub mod watch;
 pub mod worker;

@@ -92,7 +92,11 @@ pub fn lock_tree_share_and_invalidate(relid: pg_sys::Oid) {
                 std::ptr::null_mut(),
             )
         });
-        let n = if tree.is_null() { 0 } else { (*tree).length.max(0) as usize };
+        let n = if tree.is_null() {
+            0
+        } else {
+            (*tree).length.max(0) as usize
+        };
         for i in 0..n {
             pg_sys::CacheInvalidateRelcacheByRelid((*(*tree).elements.add(i)).oid_value);
         }

@@ -265,7 +265,14 @@ pub fn admit_row_insert(
         (Some(t), Some(f)) => Some(t.max(f)),
         (t, f) => t.or(f),
     };
-    admit_row(protection, table, &|| key.to_string(), token, high_water, count)
+    admit_row(
+        protection,
+        table,
+        &|| key.to_string(),
+        token,
+        high_water,
+        count,
+    )
 }
 
 /// Raise the stored mark of `resource` to at least `token`, under its exclusive lock (a watch's

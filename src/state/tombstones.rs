@@ -81,6 +81,67 @@ pub fn forget_floors() {
     FLOORS.with(|m| m.borrow_mut().clear());
 }
 
+/// The protection id of `relid` (the protected table itself, not a partition) if it is in
+/// per-row mode (`FT004` if it is not protected, `22023` in resource mode).
+fn per_row_protection(relid: pg_sys::Oid) -> Result<i64, FenceError> {
+    let protection = exec_internal(
+        "SELECT CASE WHEN p.resource IS NULL THEN p.id ELSE 0 END FROM _pg_fencing.protected_table p \
+         WHERE p.relid OPERATOR(pg_catalog.=) $1",
+        false,
+        &[pg_sys::REGCLASSOID],
+        &mut [pg_sys::Datum::from(relid)],
+        true,
+        as_token,
+    );
+    let table = || crate::pg::trigger_event::relation_name(relid);
+    match protection {
+        None => Err(FenceError::NotProtected(crate::error::Text {
+            message: format!("table {} is not protected by pg_fencing", table()),
+            detail: None,
+            hint: Some(
+                "Tombstones belong to the table that fencing_protect was called with (for \
+                     partitions, the partitioned table)."
+                    .into(),
+            ),
+        })),
+        Some(0) => Err(FenceError::InvalidArgument(format!(
+            "table {} is protected in resource mode, which keeps no tombstones",
+            table()
+        ))),
+        Some(id) => Ok(id),
+    }
+}
+
+/// `fencing_tombstone_retention`: set (or, `None`, clear) the automatic retention of the
+/// per-row protection of `relid`; `retention` is an `interval` datum.
+pub fn set_retention(
+    relid: pg_sys::Oid,
+    retention: Option<pg_sys::Datum>,
+) -> Result<(), FenceError> {
+    let protection = pg_sys::Datum::from(per_row_protection(relid)?);
+    match retention {
+        Some(r) => exec_internal(
+            "UPDATE _pg_fencing.protected_table SET tombstone_retention = $2 \
+             WHERE id OPERATOR(pg_catalog.=) $1",
+            false,
+            &[pg_sys::INT8OID, pg_sys::INTERVALOID],
+            &mut [protection, r],
+            false,
+            |_| (),
+        ),
+        None => exec_internal(
+            "UPDATE _pg_fencing.protected_table SET tombstone_retention = NULL \
+             WHERE id OPERATOR(pg_catalog.=) $1",
+            false,
+            &[pg_sys::INT8OID],
+            &mut [protection],
+            false,
+            |_| (),
+        ),
+    };
+    Ok(())
+}
+
 /// `fencing_prune_tombstones`: raise the tombstone floor of the per-row protection of `relid`
 /// (the protected table itself, not a partition) to `floor` and delete its tombstones at or
 /// below the floor, at most `max` of them. Returns how many were deleted.
@@ -94,36 +155,8 @@ pub fn forget_floors() {
 /// later writer gets its lock only after this commits, when PostgreSQL processes the
 /// invalidation for it and its cached floor is dropped.
 pub fn prune(relid: pg_sys::Oid, floor: Token, max: Option<i64>) -> Result<i64, FenceError> {
-    let protection = exec_internal(
-        "SELECT CASE WHEN p.resource IS NULL THEN p.id ELSE 0 END FROM _pg_fencing.protected_table p \
-         WHERE p.relid OPERATOR(pg_catalog.=) $1",
-        false,
-        &[pg_sys::REGCLASSOID],
-        &mut [pg_sys::Datum::from(relid)],
-        true,
-        as_token,
-    );
+    let protection = per_row_protection(relid)?;
     let table = || crate::pg::trigger_event::relation_name(relid);
-    let protection = match protection {
-        None => {
-            return Err(FenceError::NotProtected(crate::error::Text {
-                message: format!("table {} is not protected by pg_fencing", table()),
-                detail: None,
-                hint: Some(
-                    "Tombstones belong to the table that fencing_protect was called with (for \
-                     partitions, the partitioned table)."
-                        .into(),
-                ),
-            }))
-        }
-        Some(0) => {
-            return Err(FenceError::InvalidArgument(format!(
-                "table {} is protected in resource mode, which keeps no tombstones",
-                table()
-            )))
-        }
-        Some(id) => id,
-    };
     crate::pg::locks::lock_tree_share_and_invalidate(relid);
     // This transaction's own deletes first, so that they are pruned like the others.
     flush_tombstones();

@@ -456,6 +456,74 @@ def reset_statement_timeout(cur):
     raise RuntimeError("could not reset statement_timeout")
 
 
+def scenario_tombstone_retention(etcd, pg):
+    """The tombstone pruner (pg_fencing.tombstone_prune_database, interval 1 s) applies
+    fencing_tombstone_retention: tombstones of keys deleted with a lock's token are pruned once
+    the retention has passed the sampled etcd revision, the floor refuses the old holder's stale
+    re-insert of a pruned key, a lock granted later gets a token above the floor, and a holder
+    that keeps its lock longer than the retention is refused for new keys (as documented)."""
+    print("tombstone retention (pruner worker)")
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("DROP TABLE IF EXISTS ret_jobs")
+    cur.execute("CREATE TABLE ret_jobs (id int PRIMARY KEY, v text)")
+    cur.execute("SELECT fencing_protect('ret_jobs')")
+    cur.execute("SELECT fencing_tombstone_retention('ret_jobs', '2 seconds')")
+    cur.execute("SELECT tombstone_retention::text FROM fencing_protected_tables WHERE relation = 'ret_jobs'::regclass")
+    ok(cur.fetchone()[0] == "00:00:02", "fencing_tombstone_retention is shown in fencing_protected_tables")
+    cur.execute("SELECT fencing_acquire('ret-old')")
+    old = cur.fetchone()[0]
+    cur.execute("SELECT fencing_acquire('ret-long')")
+    long_token = cur.fetchone()[0]
+    cur.execute(f"BEGIN; SET LOCAL pg_fencing.token = '{old}'; "
+                "INSERT INTO ret_jobs SELECT g, 'job' FROM generate_series(1, 3) g; DELETE FROM ret_jobs; COMMIT")
+    cur.execute("SELECT fencing_release('ret-old')")
+
+    def pruned():
+        cur.execute("SELECT tombstones, tombstone_floor FROM fencing_protected_tables "
+                    "WHERE relation = 'ret_jobs'::regclass")
+        n, floor = cur.fetchone()
+        return n == 0 and floor is not None and floor >= old
+    took = wait_for(pruned, 30)
+    ok(took is not None, "the pruner pruned the tombstones once the retention had passed their token",
+       f"(tombstones/floor: {cur.fetchone() if took is None else ''})")
+    cur.execute("SELECT count(*) FROM _pg_fencing.revision_sample")
+    ok(cur.fetchone()[0] > 0, "the pruner samples etcd revisions into _pg_fencing.revision_sample")
+    st = sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{old}'; INSERT INTO ret_jobs VALUES (1, 'zombie'); COMMIT")
+    if st != "ok":
+        cur.execute("ROLLBACK")
+    ok(st == "FT001", "the old holder's re-insert of a pruned key is refused by the floor", st)
+    cur.execute("SELECT fencing_acquire('ret-new')")
+    new = cur.fetchone()[0]
+    cur.execute("SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'ret_jobs'::regclass")
+    floor = cur.fetchone()[0]
+    ok(new > floor, "a lock granted after the prune has a token above the floor", f"({new} vs {floor})")
+    st = sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{new}'; INSERT INTO ret_jobs VALUES (1, 'new'); COMMIT")
+    if st != "ok":
+        cur.execute("ROLLBACK")
+    ok(st == "ok", "the new holder inserts the key", st)
+    cur.execute("SELECT fencing_release('ret-new')")
+    # A holder that kept its lock past the retention: once the floor passes its token, it may
+    # not create keys any more (the documented cost of a retention shorter than a hold).
+    def floor_past_long():
+        cur.execute("SELECT coalesce(tombstone_floor, 0) FROM fencing_protected_tables WHERE relation = 'ret_jobs'::regclass")
+        return cur.fetchone()[0] > long_token
+    # Deleting a key with a newer token makes a tombstone the pruner must remove, above long_token.
+    cur.execute("SELECT fencing_acquire('ret-newer')")
+    newer = cur.fetchone()[0]
+    cur.execute(f"BEGIN; SET LOCAL pg_fencing.token = '{newer}'; DELETE FROM ret_jobs WHERE id = 1; COMMIT")
+    cur.execute("SELECT fencing_release('ret-newer')")
+    ok(wait_for(floor_past_long, 30) is not None, "the floor passes a lock held longer than the retention")
+    st = sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{long_token}'; INSERT INTO ret_jobs VALUES (50, 'late'); COMMIT")
+    if st != "ok":
+        cur.execute("ROLLBACK")
+    ok(st == "FT001", "a holder past the retention is refused for a new key", st)
+    cur.execute("SELECT fencing_release('ret-long')")
+    cur.execute("SELECT fencing_tombstone_retention('ret_jobs', NULL)")
+    cur.execute("DROP TABLE ret_jobs")
+    c.close()
+
+
 def scenario_cancel_storm(etcd, pg):
     """Requests that time out or are cancelled right after the worker took them, over and over:
     the worker once read a slot's generation before its state, so a slot freed and taken again in
@@ -1169,7 +1237,8 @@ def main():
     etcd = Etcd()
     etcd.start()
     pg = Pg("pg", PGPORT, f"shared_preload_libraries = 'pg_fencing'\npg_fencing.etcd_endpoints = '{etcd.endpoints()}'\n"
-                          f"pg_fencing.lease_ttl = {TTL}")
+                          f"pg_fencing.lease_ttl = {TTL}\n"
+                          "pg_fencing.tombstone_prune_database = 'postgres'\npg_fencing.tombstone_prune_interval = 1")
     pg.start()
     only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     try:
@@ -1189,6 +1258,7 @@ def main():
             scenario_watch_commit_fails(etcd, pg)
             scenario_watch_dropped_database(etcd, pg)
             scenario_watch_compacted(etcd, pg)
+            scenario_tombstone_retention(etcd, pg)
             scenario_cancel_storm(etcd, pg)
             scenario_etcd_down(etcd, pg)
             scenario_kill9(etcd, pg)

@@ -99,7 +99,8 @@ SELECT fencing_prune_tombstones('q', 10, -1);
 CREATE TABLE unprotected (id int PRIMARY KEY);
 SELECT fencing_prune_tombstones('unprotected', 10);
 CREATE TABLE qres (id int PRIMARY KEY);
-SELECT fencing_prune_tombstones('qres', 10) FROM (SELECT fencing_protect('qres', 'q-resource')) p;
+SELECT fencing_protect('qres', 'q-resource');
+SELECT fencing_prune_tombstones('qres', 10);
 -- a partition is not the protected table
 CREATE TABLE qp (id int PRIMARY KEY, v int) PARTITION BY RANGE (id);
 CREATE TABLE qp1 PARTITION OF qp FOR VALUES FROM (0) TO (100);
@@ -111,7 +112,23 @@ GRANT INSERT, SELECT, DELETE ON q TO floor_stranger;
 SET ROLE floor_stranger;
 SELECT fencing_prune_tombstones('q', 100);
 RESET ROLE;
+-- fencing_tombstone_retention (the pruner worker applies it; tests/worker): bad input
+SELECT fencing_tombstone_retention(NULL, '1 day');
+SELECT fencing_tombstone_retention('q', '0 s');
+SELECT fencing_tombstone_retention('q', '-1 day');
+SELECT fencing_tombstone_retention('q', '1 month -40 days');
+SELECT fencing_tombstone_retention('unprotected', '1 day');
+SELECT fencing_tombstone_retention('qres', '1 day');
+SELECT fencing_tombstone_retention('qp1', '1 day');
+SET ROLE floor_stranger;
+SELECT fencing_tombstone_retention('q', '1 day');
+RESET ROLE;
 \set VERBOSITY default
+-- set, shown, and turned off
+SELECT fencing_tombstone_retention('q', '1 day');
+SELECT tombstone_retention FROM fencing_protected_tables WHERE relation = 'q'::regclass;
+SELECT fencing_tombstone_retention('q', NULL);
+SELECT tombstone_retention FROM fencing_protected_tables WHERE relation = 'q'::regclass;
 
 -- partitioned: the floor holds for keys of every partition, inserted through the root or not
 BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO qp VALUES (1, 0); DELETE FROM qp WHERE id = 1; COMMIT;

@@ -1,0 +1,157 @@
+//! The tombstone pruner: a background worker that applies `fencing_tombstone_retention` in the
+//! database `pg_fencing.tombstone_prune_database` (docs/operations.md, "Tombstone retention").
+//!
+//! Every `pg_fencing.tombstone_prune_interval` it
+//! 1. samples the highest etcd revision the etcd worker has seen (`locks::revision_seen`) into
+//!    `_pg_fencing.revision_sample` (WAL-logged, so a restart or promotion keeps the history);
+//! 2. for each per-row table with a retention `R`, takes as its floor the highest revision
+//!    sampled at least `R` ago, and prunes the table's tombstones at or below it
+//!    (`state::tombstones::prune`), 10,000 per transaction;
+//! 3. forgets samples older than the newest one any retention still needs.
+//!
+//! Why the floor is safe: a sample is a revision etcd had reached by the time it was taken, so a
+//! lock granted after that moment has a higher revision, and so a higher token. A floor taken
+//! `R` ago refuses (for keys without a tombstone) only tokens of locks granted more than `R` ago;
+//! the retention must exceed the longest time a holder keeps its lock. Without a worker that
+//! trusts etcd (none preloaded, no endpoints yet, a revision regression) nothing is sampled, and
+//! without a sample old enough nothing is pruned.
+//!
+//! Worker discipline as in `worker.rs`: it waits on its latch, handles SIGHUP (settings) and
+//! SIGTERM and postmaster death, and runs each step in a transaction of its own with a
+//! `lock_timeout`, so a writer that keeps the table locked delays one round, not the server's
+//! shutdown. An error ends the worker; the postmaster starts it again after the interval.
+
+use crate::gucs;
+use crate::lock_service::locks::revision_seen;
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::prelude::*;
+use std::time::Duration;
+
+/// Tombstones deleted per transaction (each holds the table's SHARE lock until it commits).
+const BATCH: i64 = 10_000;
+
+/// Register the pruner if `pg_fencing.tombstone_prune_database` is set (while preloading).
+pub fn register_if_configured() {
+    if gucs::tombstone_prune_database().is_empty() {
+        return;
+    }
+    BackgroundWorkerBuilder::new("pg_fencing tombstone pruner")
+        .set_type("pg_fencing tombstone pruner")
+        .set_function("pg_fencing_pruner_main")
+        .set_library("pg_fencing")
+        .enable_spi_access()
+        .set_restart_time(Some(Duration::from_secs(
+            gucs::tombstone_prune_interval_s().max(1) as u64,
+        )))
+        .load();
+}
+
+/// Entry point of the pruner.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pg_fencing_pruner_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let db = gucs::tombstone_prune_database();
+    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
+    BackgroundWorker::transaction(|| {
+        // Session settings for every step: a writer holding the table delays a round only.
+        Spi::run("SET lock_timeout = '5s'").ok();
+    });
+    pgrx::log!("pg_fencing: tombstone pruner started in database \"{db}\"");
+    loop {
+        let interval = Duration::from_secs(gucs::tombstone_prune_interval_s().max(1) as u64);
+        if !BackgroundWorker::wait_latch(Some(interval)) {
+            break;
+        }
+        if BackgroundWorker::sighup_received() {
+            crate::pg::process::reload_config();
+        }
+        round();
+    }
+}
+
+/// One round: sample, prune what is due, forget old samples.
+fn round() {
+    let revision = revision_seen();
+    let due: Vec<(pg_sys::Oid, i64)> = BackgroundWorker::transaction(|| {
+        if !extension_installed() {
+            return Vec::new();
+        }
+        if let Some(rev) = revision {
+            Spi::run_with_args(
+                "INSERT INTO _pg_fencing.revision_sample (sampled_at, revision) \
+                 VALUES (pg_catalog.clock_timestamp(), $1) ON CONFLICT DO NOTHING",
+                &[rev.into()],
+            )
+            .ok();
+        }
+        let due = tables_due();
+        // Keep the newest sample that the longest retention still reads, and all newer ones.
+        Spi::run(
+            "DELETE FROM _pg_fencing.revision_sample s WHERE s.sampled_at OPERATOR(pg_catalog.<) ( \
+                 SELECT pg_catalog.max(o.sampled_at) FROM _pg_fencing.revision_sample o \
+                 WHERE o.sampled_at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) \
+                     (SELECT pg_catalog.max(p.tombstone_retention) FROM _pg_fencing.protected_table p)))",
+        )
+        .ok();
+        due
+    });
+    for (relid, floor) in due {
+        loop {
+            if BackgroundWorker::sigterm_received() {
+                return;
+            }
+            let deleted = BackgroundWorker::transaction(|| {
+                match crate::state::tombstones::prune(relid, floor, Some(BATCH)) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // The table stopped being a per-row protection since it was listed.
+                        pgrx::log!("pg_fencing: tombstone pruner skipped a table: {e}");
+                        0
+                    }
+                }
+            });
+            if deleted < BATCH {
+                break;
+            }
+        }
+    }
+}
+
+fn extension_installed() -> bool {
+    Spi::get_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_fencing')",
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}
+
+/// (table, floor) for each per-row table with a retention whose floor (the highest revision
+/// sampled at least the retention ago) is above its current floor or still has tombstones at
+/// or below it.
+fn tables_due() -> Vec<(pg_sys::Oid, i64)> {
+    let mut due = Vec::new();
+    let _ = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT p.relid::pg_catalog.oid, f.floor FROM _pg_fencing.protected_table p \
+             CROSS JOIN LATERAL (SELECT pg_catalog.max(s.revision) AS floor FROM _pg_fencing.revision_sample s \
+                 WHERE s.sampled_at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) p.tombstone_retention)) f \
+             WHERE p.resource IS NULL AND p.protected AND p.tombstone_retention IS NOT NULL \
+               AND f.floor IS NOT NULL \
+               AND (p.tombstone_floor IS NULL OR f.floor OPERATOR(pg_catalog.>) p.tombstone_floor \
+                    OR EXISTS (SELECT 1 FROM _pg_fencing.row_tombstone t \
+                               WHERE t.protection_id OPERATOR(pg_catalog.=) p.id \
+                                 AND t.high_water OPERATOR(pg_catalog.<=) f.floor))",
+            None,
+            &[],
+        )?;
+        for row in rows {
+            if let (Some(relid), Some(floor)) = (row.get::<pg_sys::Oid>(1)?, row.get::<i64>(2)?) {
+                due.push((relid, floor));
+            }
+        }
+        Ok::<_, pgrx::spi::Error>(())
+    });
+    due
+}

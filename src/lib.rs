@@ -49,6 +49,7 @@ pub extern "C-unwind" fn _PG_init() {
     state::mark_versions::init_if_preloading();
     lock_service::locks::init_if_preloading();
     lock_service::watch::init_if_preloading();
+    lock_service::pruner::init_if_preloading();
     backend::init();
     api::hooks::init();
 }

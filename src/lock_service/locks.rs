@@ -185,7 +185,6 @@ pub fn init_if_preloading() {
         .enable_shmem_access(None)
         .set_restart_time(Some(Duration::from_secs(1)))
         .load();
-    super::pruner::register_if_configured();
 }
 
 pub(super) fn shared() -> Result<&'static Shared, FenceError> {

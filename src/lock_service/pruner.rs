@@ -30,9 +30,9 @@ use std::time::Duration;
 /// Tombstones deleted per transaction (each holds the table's SHARE lock until it commits).
 const BATCH: i64 = 10_000;
 
-/// Register the pruner if `pg_fencing.tombstone_prune_database` is set (while preloading).
-pub fn register_if_configured() {
-    if gucs::tombstone_prune_database().is_empty() {
+/// Register the pruner if `pg_fencing.tombstone_prune_database` is set (only while preloading).
+pub fn init_if_preloading() {
+    if !crate::pg::process::preloading() || gucs::tombstone_prune_database().is_empty() {
         return;
     }
     BackgroundWorkerBuilder::new("pg_fencing tombstone pruner")

@@ -275,14 +275,20 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_MS,
     );
-    GucRegistry::define_string_guc(
-        c"pg_fencing.tombstone_prune_database",
-        c"Database in which the tombstone pruner worker applies fencing_tombstone_retention; empty = no pruner.",
-        c"Needs shared_preload_libraries = 'pg_fencing' and the etcd worker (pg_fencing.etcd_endpoints): the pruner samples the etcd revision the worker has seen and prunes the per-row tables that have a retention, in this database only.",
-        &PRUNE_DATABASE,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
+    // A server-start setting can only be defined while the postmaster loads the library; a
+    // session that loads it later has no pruner to configure.
+    // SAFETY: a global flag the postmaster sets around loading the preloaded libraries; read on
+    // the main thread from _PG_init.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        GucRegistry::define_string_guc(
+            c"pg_fencing.tombstone_prune_database",
+            c"Database in which the tombstone pruner worker applies fencing_tombstone_retention; empty = no pruner.",
+            c"Needs shared_preload_libraries = 'pg_fencing' and the etcd worker (pg_fencing.etcd_endpoints): the pruner samples the etcd revision the worker has seen and prunes the per-row tables that have a retention, in this database only.",
+            &PRUNE_DATABASE,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
     GucRegistry::define_int_guc(
         c"pg_fencing.tombstone_prune_interval",
         c"Seconds between two rounds of the tombstone pruner.",

@@ -42,7 +42,15 @@ if [[ " $* " == *" --instructions "* ]]; then
 fi
 PGPORT_TEST=${PGPORT_BENCH:-54379}
 if [[ " $* " == *" --tombstones "* ]]; then
+    # With etcd and the worker: the third workload takes its tokens with fencing_acquire and
+    # leaves pruning to the pruner worker (fencing_tombstone_retention).
+    ETCD_CLIENT_PORT=${ETCD_BENCH_PORT:-23990}
+    ETCD_PEER_PORT=$((ETCD_CLIENT_PORT + 1))
+    etcd_start
     PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+pg_fencing.etcd_endpoints = '127.0.0.1:$ETCD_CLIENT_PORT'
+pg_fencing.tombstone_prune_database = 'postgres'
+pg_fencing.tombstone_prune_interval = 1
 max_wal_size = '4GB'" pg_start
     {
         echo "Machine: $(nproc) cores, $(. /etc/os-release; echo "$PRETTY_NAME"), PostgreSQL $(psql -X -Atc 'SHOW server_version'), pg_fencing release build at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), date $(date -u +%F)."

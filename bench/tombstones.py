@@ -4,7 +4,10 @@ A per-row protected queue table gets BENCH_TOMBSTONES keys (default 1,000,000) i
 deleted in batches of 10,000, batch b with token b (a queue whose lock holders take turns):
 once without pruning, once pruned every 10 batches at floor b - 10 (followed by VACUUM, as
 autovacuum would). Printed: the size of _pg_fencing.row_tombstone (heap and index) at the end of
-each. A stale re-insert of a pruned key must still be refused (FT001), or this fails.
+each. With etcd and the worker (bench/run.sh starts them), a third run takes each batch's token
+with fencing_acquire, inserts, updates and deletes the batch's keys, and leaves pruning to the
+pruner worker (fencing_tombstone_retention of RETENTION_S seconds, pruner every second). A stale
+re-insert of a pruned key must still be refused (FT001), or this fails.
 
 Usage: tombstones.py  (psql reaches the server through PGHOST/PGPORT/PGUSER/PGDATABASE)
 """
@@ -50,6 +53,40 @@ def queue(table, batches, prune_every, keep):
     return largest
 
 
+RETENTION_S = 5
+POLICY_STALE = ""
+
+
+def policy_queue(batches, retention_s):
+    """The queue with fencing_tombstone_retention and the pruner worker; returns the largest
+    size seen, the run's seconds and the first batch's token."""
+    global POLICY_STALE
+    import time
+    psql("DROP TABLE IF EXISTS tomb_policy; CREATE TABLE tomb_policy (id bigint PRIMARY KEY, state text);"
+         f"SELECT fencing_protect('tomb_policy'); SELECT fencing_tombstone_retention('tomb_policy', '{retention_s} s');")
+    largest, first, t0 = 0, None, time.time()
+    for b in range(1, batches + 1):
+        lo, hi = (b - 1) * BATCH + 1, b * BATCH
+        token = int(psql("SELECT fencing_acquire('tomb-policy-queue')").stdout.strip())
+        first = first or token
+        psql(f"BEGIN; SET LOCAL pg_fencing.token = '{token}';"
+             f"INSERT INTO tomb_policy SELECT g, 'new' FROM generate_series({lo}, {hi}) g;"
+             f"UPDATE tomb_policy SET state = 'done' WHERE id BETWEEN {lo} AND {hi};"
+             f"DELETE FROM tomb_policy WHERE id BETWEEN {lo} AND {hi}; COMMIT;"
+             "SELECT fencing_release('tomb-policy-queue');")
+        if b % 10 == 0:
+            # VACUUM as autovacuum would, then the size.
+            psql("VACUUM _pg_fencing.row_tombstone;")
+            largest = max(largest, int(psql("SELECT pg_total_relation_size('_pg_fencing.row_tombstone')").stdout))
+    seconds = time.time() - t0
+    # Let the retention pass the last batch, then one more round.
+    time.sleep(retention_s + 3)
+    largest = max(largest, int(psql("SELECT pg_total_relation_size('_pg_fencing.row_tombstone')").stdout))
+    POLICY_STALE = (f"BEGIN; SET LOCAL pg_fencing.token = '{first}'; "
+                    "INSERT INTO tomb_policy VALUES (1, 'zombie'); COMMIT;")
+    return largest, seconds, first
+
+
 def main():
     batches = max(1, N // BATCH)
     keys = batches * BATCH
@@ -71,6 +108,17 @@ def main():
     if stale.returncode == 0 or "stale fencing token" not in stale.stderr:
         raise SystemExit(f"tombstones: the stale re-insert of a pruned key was not refused:\n{stale.stderr}")
     psql("DROP TABLE tomb_bench; VACUUM FULL _pg_fencing.row_tombstone;")
+    # 3. The queue with the retention policy: each batch's holder takes an etcd lock
+    #    (fencing_acquire; its token is an etcd revision), inserts, updates and deletes its keys,
+    #    releases; the pruner worker prunes what is older than the retention.
+    policy = None
+    if psql("SHOW pg_fencing.tombstone_prune_database", check=False).stdout.strip():
+        policy = policy_queue(batches, RETENTION_S)
+        rows.append(size(f"retention policy `fencing_tombstone_retention('…', '{RETENTION_S} s')` "
+                         f"(pruner every 1 s; tokens from `fencing_acquire`), after the run", keys))
+        if psql(POLICY_STALE, check=False).returncode == 0:
+            raise SystemExit("tombstones: the stale re-insert of a key pruned by the policy was not refused")
+        psql("DROP TABLE tomb_policy;")
     print(f"Tombstone storage (`_pg_fencing.row_tombstone`, heap and index, after VACUUM): a per-row "
           f"queue table, {keys:,} keys inserted and deleted in {batches} batches of {BATCH:,}, "
           f"batch b with token b:")
@@ -87,6 +135,11 @@ def main():
           f"VACUUM frees being reused), not by the keys ever deleted.")
     print("The stale re-insert of a pruned key (token 1) was refused: "
           + stale.stderr.strip().splitlines()[0].removeprefix("psql:<stdin>:1: "))
+    if policy is not None:
+        largest, seconds, first_token = policy
+        print(f"With the retention policy ({keys:,} keys inserted, updated and deleted in {seconds:.0f} s) "
+              f"the largest size seen was {largest:,} bytes, and the first batch's holder (token "
+              f"{first_token}) was refused when it re-inserted a pruned key.")
 
 
 if __name__ == "__main__":

@@ -118,9 +118,13 @@ fn round() {
     }
 }
 
+/// Is pg_fencing installed here, at a version with retention (0.2.0; before `ALTER EXTENSION
+/// pg_fencing UPDATE` an older one has nothing for the pruner to do)?
 fn extension_installed() -> bool {
     Spi::get_one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_fencing')",
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+         WHERE attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('_pg_fencing.protected_table') \
+           AND attname OPERATOR(pg_catalog.=) 'tombstone_retention' AND NOT attisdropped)",
     )
     .ok()
     .flatten()

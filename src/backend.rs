@@ -111,6 +111,7 @@ unsafe extern "C-unwind" fn subxact_callback(
         watch::forget_pending_of(my);
         rule::forget_all();
         trigger::forget_verified();
+        tombstones::forget_floors();
         crate::guard::fast_path::forget_checked();
         rule::session_token::forget_fenced(Some(my));
     }

@@ -7,7 +7,8 @@
 //! 2. for each per-row table with a retention `R`, takes as its floor the highest revision
 //!    sampled at least `R` ago, and prunes the table's tombstones at or below it
 //!    (`state::tombstones::prune`), 10,000 per transaction;
-//! 3. forgets samples older than the newest one any retention still needs.
+//! 3. forgets samples older than the newest one any retention still needs (all of them, and
+//!    samples nothing, while no table has a retention).
 //!
 //! Why the floor is safe: a sample is a revision etcd had reached by the time it was taken, so a
 //! lock granted after that moment has a higher revision, and so a higher token. A floor taken
@@ -77,6 +78,11 @@ fn round() {
         if !extension_installed() {
             return Vec::new();
         }
+        if !any_retention() {
+            // Nothing needs a history: keep none (a retention set later starts a new one).
+            Spi::run("DELETE FROM _pg_fencing.revision_sample").ok();
+            return Vec::new();
+        }
         if let Some(rev) = revision {
             Spi::run_with_args(
                 "INSERT INTO _pg_fencing.revision_sample (sampled_at, revision) \
@@ -125,6 +131,16 @@ fn extension_installed() -> bool {
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
          WHERE attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('_pg_fencing.protected_table') \
            AND attname OPERATOR(pg_catalog.=) 'tombstone_retention' AND NOT attisdropped)",
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}
+
+fn any_retention() -> bool {
+    Spi::get_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM _pg_fencing.protected_table p \
+         WHERE p.resource IS NULL AND p.protected AND p.tombstone_retention IS NOT NULL)",
     )
     .ok()
     .flatten()

@@ -47,7 +47,8 @@ const FLOOR_INDEX: UniqueIndex = UniqueIndex {
 
 /// Also right for the schema of 0.1.0 (no floor column, so no floor), which the library serves
 /// until `ALTER EXTENSION pg_fencing UPDATE`.
-const SQL_READ_FLOOR: &str = "SELECT (pg_catalog.to_jsonb(p) OPERATOR(pg_catalog.->>) 'tombstone_floor')::pg_catalog.int8 \
+const SQL_READ_FLOOR: &str =
+    "SELECT (pg_catalog.to_jsonb(p) OPERATOR(pg_catalog.->>) 'tombstone_floor')::pg_catalog.int8 \
      FROM _pg_fencing.protected_table p WHERE p.id OPERATOR(pg_catalog.=) $1";
 
 thread_local! {

@@ -170,6 +170,11 @@ SQL
     [ "$got" = "19 20 true psql" ] && ok "new columns of fencing_protected_tables are filled: $got" \
         || bad "fencing_protected_tables' last rejection after the upgrade: '$got' (want '19 20 true psql')"
 
+    # 0.2.0's tombstone floor and retention (fencing_prune_tombstones, fencing_tombstone_retention),
+    # to be carried by the dumps below.
+    q -d "$db" -c "SELECT fencing_prune_tombstones('accounts', 25)" -c "SELECT fencing_tombstone_retention('accounts', '1 day')" >/dev/null
+    expect_error "$db" FT001 "BEGIN; SET LOCAL pg_fencing.token = '24'; INSERT INTO accounts VALUES (77, 1); COMMIT;"
+
     # pg_dump carries everything along: a restored copy keeps marks, tombstones and protections,
     # refuses stale writes, and can protect more tables (the protection ids' sequence came too).
     restored="${db}_restored"
@@ -202,6 +207,14 @@ SQL
     expect_error "$restored" FT001 "BEGIN; SET LOCAL pg_fencing.token = '159'; UPDATE ledger SET amount = 0; COMMIT;"
     expect_error "$restored" FT001 "BEGIN; SET LOCAL pg_fencing.token = '399'; TRUNCATE parted_1; COMMIT;"
     expect_error "${restored}_plain" FT001 "BEGIN; SET LOCAL pg_fencing.token = '399'; TRUNCATE zparts.parted_2; COMMIT;"
+    floors="SELECT string_agg(relid::text || '=' || coalesce(tombstone_floor::text, '-') || '/' || coalesce(tombstone_retention::text, '-'), ',' ORDER BY id) FROM _pg_fencing.protected_table"
+    want=$(q -d "$db" -c "$floors")
+    for r in "$restored" "${restored}_plain"; do
+        got=$(q -d "$r" -c "$floors")
+        [ "$got" = "$want" ] && [[ "$got" == *"accounts=25/1 day"* ]] && ok "$r: tombstone floors and retentions are carried ($got)" \
+            || bad "$r: floors/retentions '$got', source '$want'"
+        expect_error "$r" FT001 "BEGIN; SET LOCAL pg_fencing.token = '24'; INSERT INTO accounts VALUES (77, 1); COMMIT;"
+    done
     if got=$(q -d "$restored" -c "CREATE TABLE after_restore (id int PRIMARY KEY)" -c "SELECT fencing_protect('after_restore')" \
             -c "SELECT count(*) FROM _pg_fencing.protected_table" 2>&1 | tail -1); then
         ok "a table protected after the restore gets a new protection id ($got protections)"

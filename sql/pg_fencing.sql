@@ -55,10 +55,12 @@ CREATE TABLE _pg_fencing.protected_table (
 );
 
 -- Per-row mode: the high-water mark of a deleted key, so a stale writer cannot re-create it.
--- key is the text of ROW(primary key columns), as record_out prints it.
+-- key is the text of ROW(primary key columns), as record_out prints it, compared byte for byte
+-- (COLLATE "C": the text is only ever matched exactly, and the database's collation would make
+-- every index comparison a strcoll call).
 CREATE TABLE _pg_fencing.row_tombstone (
     protection_id  bigint NOT NULL,
-    key            text   NOT NULL,
+    key            text   COLLATE "C" NOT NULL,
     high_water     bigint NOT NULL CHECK (high_water > 0),
     PRIMARY KEY (protection_id, key)
 );

@@ -4,7 +4,9 @@
 # markdown report (also written to bench/latest.md).
 #   bench/run.sh [--no-setup]          BENCH_ROUNDS=3 BENCH_SECONDS=10 BENCH_ROWS_BIG=1000000
 #   bench/run.sh --instructions        instruction counts per transaction instead (valgrind's
-#                                      callgrind; BENCH_TXNS=1000), written to bench/instructions.md
+#                                      callgrind; BENCH_TXNS=1000), and per row of multi-row
+#                                      statements (BENCH_BULK_ROWS=20000), written to
+#                                      bench/instructions.md
 #   bench/run.sh --tombstones          tombstone storage per deleted key before and after
 #                                      fencing_prune_tombstones (BENCH_TOMBSTONES=1000000),
 #                                      written to bench/tombstones.md
@@ -37,6 +39,8 @@ if [[ " $* " == *" --instructions "* ]]; then
         echo "Command: bench/run.sh --instructions (BENCH_TXNS=${BENCH_TXNS:-1000})"
         echo
         PGPORT_BENCH=${PGPORT_BENCH:-54379} "$PY" bench/instructions.py --pgbin "$PGBIN" --work "$WORK" --n "${BENCH_TXNS:-1000}"
+        echo
+        "$PY" bench/bulk_instructions.py --pgbin "$PGBIN" --work "$WORK" --n "${BENCH_BULK_ROWS:-20000}"
     } | tee bench/instructions.md
     exit 0
 fi

@@ -484,9 +484,10 @@ pub unsafe extern "C-unwind" fn fencing_prune_tombstones(
                     "max_tombstones must not be negative (got {m})"
                 )));
             }
+            crate::state::tombstones::require_table(relid)?;
             require_owner(relid)?;
-            let deleted = crate::state::tombstones::prune(relid, floor, max)?;
-            Ok(pg_sys::Datum::from(deleted))
+            let deleted = crate::state::tombstones::prune(relid, floor, max, true)?;
+            Ok(pg_sys::Datum::from(deleted.unwrap_or(0)))
         })
     }
 }
@@ -522,7 +523,17 @@ pub unsafe extern "C-unwind" fn fencing_tombstone_retention(
                         "retention must be a positive interval (no negative part)".into(),
                     ));
                 }
+                // The pruner subtracts it from the current time: keep that a timestamp (100
+                // years, counted as PostgreSQL counts interval months, 30 days).
+                let days =
+                    parts[0] as i128 * 30 + parts[1] as i128 + parts[2] as i128 / 86_400_000_000;
+                if days > 36_000 {
+                    return Err(FenceError::InvalidArgument(
+                        "retention must be at most 100 years".into(),
+                    ));
+                }
             }
+            crate::state::tombstones::require_table(relid)?;
             require_owner(relid)?;
             let datum = retention.and_then(|_| pgrx::fcinfo::pg_getarg_datum(fcinfo, 1));
             crate::state::tombstones::set_retention(relid, datum)?;

@@ -17,10 +17,12 @@
 //! trusts etcd (none preloaded, no endpoints yet, a revision regression) nothing is sampled, and
 //! without a sample old enough nothing is pruned.
 //!
-//! Worker discipline as in `worker.rs`: it waits on its latch, handles SIGHUP (settings) and
-//! SIGTERM and postmaster death, and runs each step in a transaction of its own with a
-//! `lock_timeout`, so a writer that keeps the table locked delays one round, not the server's
-//! shutdown. An error ends the worker; the postmaster starts it again after the interval.
+//! Worker discipline as in `worker.rs`: it waits on its latch (exiting if the postmaster dies),
+//! handles SIGHUP (settings), takes SIGTERM with PostgreSQL's own `die` (the next interrupt check
+//! ends it, also in a lock wait), and runs each step in a transaction of its own. It takes a
+//! table's lock only if it is free at once, so it never queues in front of the table's writers;
+//! a busy table is tried again next round. An error ends the worker; the postmaster starts it
+//! again after the interval.
 
 use crate::gucs;
 use crate::lock_service::locks::revision_seen;
@@ -51,19 +53,17 @@ pub fn init_if_preloading() {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn pg_fencing_pruner_main(_arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    // SIGTERM (shutdown, pg_terminate_backend) as PostgreSQL's own workers take it: the next
+    // interrupt check ends the process, also inside a lock wait.
+    crate::pg::process::sigterm_as_die();
     let db = gucs::tombstone_prune_database();
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
-    BackgroundWorker::transaction(|| {
-        // Session settings for every step: a writer holding the table delays a round only.
-        Spi::run("SET lock_timeout = '5s'").ok();
-    });
     pgrx::log!("pg_fencing: tombstone pruner started in database \"{db}\"");
     loop {
         let interval = Duration::from_secs(gucs::tombstone_prune_interval_s().max(1) as u64);
-        if !BackgroundWorker::wait_latch(Some(interval)) {
-            break;
-        }
+        BackgroundWorker::wait_latch(Some(interval));
+        pgrx::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             crate::pg::process::reload_config();
         }
@@ -104,21 +104,22 @@ fn round() {
     });
     for (relid, floor) in due {
         loop {
-            if BackgroundWorker::sigterm_received() {
-                return;
-            }
+            pgrx::check_for_interrupts!();
+            // Without waiting for the table's lock: a queued SHARE request would hold up every
+            // writer of the table behind a long one. A busy table is tried again next round.
             let deleted = BackgroundWorker::transaction(|| {
-                match crate::state::tombstones::prune(relid, floor, Some(BATCH)) {
+                match crate::state::tombstones::prune(relid, floor, Some(BATCH), false) {
                     Ok(n) => n,
                     Err(e) => {
-                        // The table stopped being a per-row protection since it was listed.
+                        // The table was dropped or unprotected since it was listed.
                         pgrx::log!("pg_fencing: tombstone pruner skipped a table: {e}");
-                        0
+                        None
                     }
                 }
             });
-            if deleted < BATCH {
-                break;
+            match deleted {
+                Some(n) if n >= BATCH => continue,
+                _ => break,
             }
         }
     }
@@ -147,9 +148,11 @@ fn any_retention() -> bool {
     .unwrap_or(false)
 }
 
-/// (table, floor) for each per-row table with a retention whose floor (the highest revision
-/// sampled at least the retention ago) is above its current floor or still has tombstones at
-/// or below it.
+/// (table, floor) for each per-row table with a retention that has tombstones at or below its
+/// floor (the highest revision sampled at least the retention ago). Tables that no longer exist
+/// (a protected temporary table gone with its session leaves its protection behind) and other
+/// sessions' temporary tables are left out. Raising a floor without deleting anything would
+/// only flush every backend's caches, so that waits until there is something to delete.
 fn tables_due() -> Vec<(pg_sys::Oid, i64)> {
     let mut due = Vec::new();
     let _ = Spi::connect(|client| {
@@ -157,12 +160,13 @@ fn tables_due() -> Vec<(pg_sys::Oid, i64)> {
             "SELECT p.relid::pg_catalog.oid, f.floor FROM _pg_fencing.protected_table p \
              CROSS JOIN LATERAL (SELECT pg_catalog.max(s.revision) AS floor FROM _pg_fencing.revision_sample s \
                  WHERE s.sampled_at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) p.tombstone_retention)) f \
+             JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.relid::pg_catalog.oid \
              WHERE p.resource IS NULL AND p.protected AND p.tombstone_retention IS NOT NULL \
+               AND c.relpersistence OPERATOR(pg_catalog.<>) 't' \
                AND f.floor IS NOT NULL \
-               AND (p.tombstone_floor IS NULL OR f.floor OPERATOR(pg_catalog.>) p.tombstone_floor \
-                    OR EXISTS (SELECT 1 FROM _pg_fencing.row_tombstone t \
-                               WHERE t.protection_id OPERATOR(pg_catalog.=) p.id \
-                                 AND t.high_water OPERATOR(pg_catalog.<=) f.floor))",
+               AND EXISTS (SELECT 1 FROM _pg_fencing.row_tombstone t \
+                           WHERE t.protection_id OPERATOR(pg_catalog.=) p.id \
+                             AND t.high_water OPERATOR(pg_catalog.<=) f.floor)",
             None,
             &[],
         )?;

@@ -73,22 +73,34 @@ unsafe extern "C-unwind" {
 /// sent at commit, which such a later writer reads when its lock is granted (PostgreSQL
 /// processes invalidations on every newly granted relation lock). `fencing_prune_tombstones`
 /// uses it so that no writer checks a key against a tombstone floor cached before the prune.
-/// Waits like any lock wait: query cancel, `statement_timeout`, `lock_timeout`, deadlock
-/// detection.
-pub fn lock_tree_share_and_invalidate(relid: pg_sys::Oid) {
-    // SAFETY: main thread inside a transaction (a SQL function's). LockRelationOid and
-    // find_all_inheritors take plain values and raise ERROR (a panic through pgrx's FFI guard)
-    // on failure; find_all_inheritors returns a palloc'd List of OIDs (never NULL: it contains
-    // at least `relid`) whose `length` cells of `elements` hold OIDs (an OID list), read within
-    // those bounds.
-    // CacheInvalidateRelcacheByRelid only queues a message for an OID (raising ERROR if the
-    // relation vanished meanwhile).
+///
+/// `wait`: wait for the locks like any lock wait (query cancel, `statement_timeout`,
+/// `lock_timeout`, deadlock detection); else take them only if they are free at once and return
+/// false otherwise (the tombstone pruner: a queued SHARE request would stall every writer).
+/// Also false if the table was dropped while this waited for it.
+pub fn lock_tree_share_and_invalidate(relid: pg_sys::Oid, wait: bool) -> bool {
+    let mode = pg_sys::ShareLock as pg_sys::LOCKMODE;
+    // SAFETY: main thread inside a transaction (a SQL function's or the pruner's).
+    // LockRelationOid, ConditionalLockRelationOid and find_all_inheritors take plain values and
+    // raise ERROR (a panic through pgrx's FFI guard) on failure; find_all_inheritors returns a
+    // palloc'd List of OIDs (never NULL: it contains at least `relid`) whose `length` cells of
+    // `elements` hold OIDs (an OID list), read within those bounds. The relation's existence is
+    // checked after its lock is granted (a concurrent DROP commits before that), so
+    // CacheInvalidateRelcacheByRelid only queues messages for relations that exist and that
+    // this transaction holds locked.
     unsafe {
-        pg_sys::LockRelationOid(relid, pg_sys::ShareLock as pg_sys::LOCKMODE);
+        if wait {
+            pg_sys::LockRelationOid(relid, mode);
+        } else if !pg_sys::ConditionalLockRelationOid(relid, mode) {
+            return false;
+        }
+        if !relation_exists(relid) {
+            return false;
+        }
         let tree = pg_sys::submodules::ffi::pg_guard_ffi_boundary(|| {
             find_all_inheritors(
                 relid,
-                pg_sys::ShareLock as pg_sys::LOCKMODE,
+                pg_sys::NoLock as pg_sys::LOCKMODE,
                 std::ptr::null_mut(),
             )
         });
@@ -97,8 +109,50 @@ pub fn lock_tree_share_and_invalidate(relid: pg_sys::Oid) {
         } else {
             (*tree).length.max(0) as usize
         };
-        for i in 0..n {
-            pg_sys::CacheInvalidateRelcacheByRelid((*(*tree).elements.add(i)).oid_value);
+        let members: Vec<pg_sys::Oid> = (0..n)
+            .map(|i| (*(*tree).elements.add(i)).oid_value)
+            .collect();
+        for &member in &members {
+            if member == relid {
+                continue;
+            }
+            if wait {
+                pg_sys::LockRelationOid(member, mode);
+            } else if !pg_sys::ConditionalLockRelationOid(member, mode) {
+                return false;
+            }
         }
+        for &member in &members {
+            // A partition dropped while we waited for its lock has nothing left to invalidate.
+            if relation_exists(member) {
+                pg_sys::CacheInvalidateRelcacheByRelid(member);
+            }
+        }
+    }
+    true
+}
+
+/// Lock relation `relid` in SHARE UPDATE EXCLUSIVE mode until the transaction ends (waits like
+/// any lock wait), as settings changes of a table do: it waits for a DROP in flight.
+pub fn lock_relation_share_update(relid: pg_sys::Oid) {
+    // SAFETY: main thread inside a transaction; LockRelationOid takes plain values (an OID that
+    // does not exist is simply locked, and checked by the caller).
+    unsafe {
+        pg_sys::LockRelationOid(relid, pg_sys::ShareUpdateExclusiveLock as pg_sys::LOCKMODE);
+    }
+}
+
+/// Does relation `relid` exist (in this transaction's view of the catalogs)?
+pub fn relation_exists(relid: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache probe by value on the main thread inside a transaction; it only
+    // reports whether the entry exists.
+    unsafe {
+        pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(relid),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        )
     }
 }

@@ -96,6 +96,24 @@ pub fn pause_us(us: i64) {
     pgrx::check_for_interrupts!();
 }
 
+/// Take SIGTERM as PostgreSQL's backends and own background workers do (`die`: the next
+/// interrupt check, also inside a lock wait, ends the process), for a background worker that
+/// runs transactions (the tombstone pruner).
+pub fn sigterm_as_die() {
+    // Declared here, not taken from pgrx's bindings, which wrap `die` in a Rust function; the
+    // handler must be PostgreSQL's own C function.
+    // SAFETY: the signature is die's in tcop/tcopprot.h, void die(SIGNAL_ARGS), i.e. one int.
+    unsafe extern "C-unwind" {
+        #[link_name = "die"]
+        fn die_handler(signal: std::ffi::c_int);
+    }
+    // SAFETY: installs PostgreSQL's own SIGTERM handler on the worker's main thread before it
+    // does any work; pqsignal only records the handler.
+    unsafe {
+        pg_sys::pqsignal(libc::SIGTERM, Some(die_handler));
+    }
+}
+
 /// This process's latch, as an address another process can set (`set_latch`).
 pub fn my_latch() -> usize {
     // SAFETY: MyLatch points to this process's latch in shared memory (PGPROC), valid for its life.

@@ -84,12 +84,16 @@ pub fn forget_floors() {
     FLOORS.with(|m| m.borrow_mut().clear());
 }
 
-/// The protection id of `relid` (the protected table itself, not a partition) if it is in
-/// per-row mode (`FT004` if it is not protected, `22023` in resource mode).
+/// The protection id of `relid` (the protected table itself, not a partition) if it is
+/// protected in per-row mode (`FT004` if it does not exist or is not protected, `22023` in
+/// resource mode).
 fn per_row_protection(relid: pg_sys::Oid) -> Result<i64, FenceError> {
+    if !crate::pg::locks::relation_exists(relid) {
+        return Err(gone(relid));
+    }
     let protection = exec_internal(
         "SELECT CASE WHEN p.resource IS NULL THEN p.id ELSE 0 END FROM _pg_fencing.protected_table p \
-         WHERE p.relid OPERATOR(pg_catalog.=) $1",
+         WHERE p.relid OPERATOR(pg_catalog.=) $1 AND p.protected",
         false,
         &[pg_sys::REGCLASSOID],
         &mut [pg_sys::Datum::from(relid)],
@@ -121,6 +125,11 @@ pub fn set_retention(
     relid: pg_sys::Oid,
     retention: Option<pg_sys::Datum>,
 ) -> Result<(), FenceError> {
+    // As a DROP TABLE would (its protection goes with it): wait for one in flight.
+    crate::pg::locks::lock_relation_share_update(relid);
+    if !crate::pg::locks::relation_exists(relid) {
+        return Err(gone(relid));
+    }
     let protection = pg_sys::Datum::from(per_row_protection(relid)?);
     match retention {
         Some(r) => exec_internal(
@@ -157,10 +166,23 @@ pub fn set_retention(
 /// relcache invalidation of each: transactions that wrote the table before have ended, and a
 /// later writer gets its lock only after this commits, when PostgreSQL processes the
 /// invalidation for it and its cached floor is dropped.
-pub fn prune(relid: pg_sys::Oid, floor: Token, max: Option<i64>) -> Result<i64, FenceError> {
+///
+/// `wait`: wait for the table's lock (`fencing_prune_tombstones`); else (the pruner worker)
+/// return `Ok(None)` at once if a writer holds it, to try again in a later round.
+pub fn prune(
+    relid: pg_sys::Oid,
+    floor: Token,
+    max: Option<i64>,
+    wait: bool,
+) -> Result<Option<i64>, FenceError> {
     let protection = per_row_protection(relid)?;
     let table = || crate::pg::trigger_event::relation_name(relid);
-    crate::pg::locks::lock_tree_share_and_invalidate(relid);
+    if !crate::pg::locks::lock_tree_share_and_invalidate(relid, wait) {
+        if crate::pg::locks::relation_exists(relid) {
+            return Ok(None);
+        }
+        return Err(gone(relid));
+    }
     // This transaction's own deletes first, so that they are pruned like the others.
     flush_tombstones();
     let floor = exec_internal(
@@ -196,7 +218,24 @@ pub fn prune(relid: pg_sys::Oid, floor: Token, max: Option<i64>) -> Result<i64, 
         "pg_fencing: tombstones of table {} pruned at or below floor {floor}: {deleted} deleted",
         table()
     );
-    Ok(deleted)
+    Ok(Some(deleted))
+}
+
+/// `FT004` unless relation `relid` exists (a regclass argument can name a dropped table by OID).
+pub fn require_table(relid: pg_sys::Oid) -> Result<(), FenceError> {
+    if crate::pg::locks::relation_exists(relid) {
+        Ok(())
+    } else {
+        Err(gone(relid))
+    }
+}
+
+/// `FT004` for a table dropped while a call waited for it.
+fn gone(relid: pg_sys::Oid) -> FenceError {
+    FenceError::NotProtected(crate::error::Text::new(format!(
+        "table with OID {} does not exist (it was dropped)",
+        relid.to_u32()
+    )))
 }
 
 /// The tombstone mark of `key` in protection `protection` (`None`: never deleted).

@@ -123,6 +123,19 @@ SELECT fencing_tombstone_retention('qp1', '1 day');
 SET ROLE floor_stranger;
 SELECT fencing_tombstone_retention('q', '1 day');
 RESET ROLE;
+-- a retention the pruner could not subtract from the current time
+SELECT fencing_tombstone_retention('q', '101 years');
+SELECT fencing_tombstone_retention('q', '2562047788 hours');
+-- a table that does not exist (any more): a regclass can still name its OID
+SELECT fencing_prune_tombstones(4000000000::oid::regclass, 10);
+SELECT fencing_tombstone_retention(4000000000::oid::regclass, '1 day');
+-- an unprotected table keeps its tombstones and floor, but takes no new floor or retention
+CREATE TABLE q2 (id int PRIMARY KEY);
+SELECT fencing_protect('q2');
+SELECT fencing_unprotect('q2');
+SELECT fencing_prune_tombstones('q2', 10);
+SELECT fencing_tombstone_retention('q2', '1 day');
+DROP TABLE q2;
 \set VERBOSITY default
 -- set, shown, and turned off
 SELECT fencing_tombstone_retention('q', '1 day');

@@ -1,0 +1,117 @@
+"""Instruction counts of multi-row statements, unprotected against protected (issue 17).
+
+The method of bench/instructions.py, per row instead of per transaction: a single-user backend
+(`postgres --single`, fsync and autovacuum off, the extension preloaded) under callgrind runs
+one transaction over 2N rows and one over N rows on fresh copies of one template cluster; the
+difference of the two totals over N is the cost of N more rows, start-up and the statement's
+fixed costs cancelled out. Where the statement needs rows to exist (DELETE), the same setup
+without the statement is counted too and taken off, so only the statement is measured.
+
+Statements (N = 20,000 by default; tokens: the data is written with token 1, the statement
+runs with token 5):
+  COPY FROM a file of new keys; INSERT ... SELECT of new keys; DELETE of every row.
+Tables: `plain` (no protection, with a bigint token column like the others), per-row mode,
+resource mode.
+
+Usage: bulk_instructions.py --pgbin DIR --work DIR [--n 20000]
+Prints a markdown table: statement, unprotected and protected instructions per row, ratio.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from instructions import as_postgres  # noqa: E402
+
+TABLES = {
+    "plain": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, fence_token bigint);",
+    "per-row": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); SELECT fencing_protect('t');",
+    "resource": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); SELECT fencing_protect('t', 'bulk');",
+}
+FILL = "BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO t (id, v) SELECT g, 0 FROM generate_series(1, {n}) g; COMMIT;"
+# name -> (rows exist before the statement?, statement with {n} and {file})
+STATEMENTS = {
+    "COPY FROM": (False, "BEGIN; SET LOCAL pg_fencing.token = '5'; COPY t (id, v) FROM '{file}'; COMMIT;"),
+    "INSERT ... SELECT of new keys": (
+        False, "BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO t (id, v) SELECT g, 0 FROM generate_series(1, {n}) g; COMMIT;"),
+    "DELETE of every row": (True, "BEGIN; SET LOCAL pg_fencing.token = '5'; DELETE FROM t; COMMIT;"),
+}
+# (label, statement, protected table)
+ROWS = [
+    ("COPY FROM, resource mode", "COPY FROM", "resource"),
+    ("COPY FROM, per-row mode", "COPY FROM", "per-row"),
+    ("INSERT ... SELECT of new keys, per-row mode", "INSERT ... SELECT of new keys", "per-row"),
+    ("DELETE of {n} keys, per-row mode", "DELETE of every row", "per-row"),
+    ("DELETE of {n} keys, resource mode", "DELETE of every row", "resource"),
+]
+
+
+def count(args, template, table, script):
+    run_dir = os.path.join(args.work, "run")
+    if os.path.exists(run_dir):
+        shutil.rmtree(run_dir)
+    as_postgres(["cp", "-a", template, run_dir])
+    path = os.path.join(args.work, "input.sql")
+    with open(path, "w") as f:
+        f.write("CREATE EXTENSION pg_fencing;\n" + TABLES[table] + "\n" + script + "\n")
+    log = os.path.join(args.work, "callgrind.log")
+    with open(path) as stdin:
+        out = as_postgres(["valgrind", "--tool=callgrind", f"--log-file={log}", "--callgrind-out-file=/dev/null",
+                           f"{args.pgbin}/postgres", "--single", "-D", run_dir, "-c", "fsync=off",
+                           "-c", "autovacuum=off", "-c", "shared_preload_libraries=pg_fencing", "postgres"],
+                          stdin=stdin, capture_output=True, text=True)
+    if "ERROR" in out.stdout + out.stderr:
+        raise SystemExit(f"bulk_instructions: {table} failed:\n" + (out.stdout + out.stderr)[-2000:])
+    with open(log) as f:
+        m = re.search(r"Collected : (\d+)", f.read())
+    if not m:
+        raise SystemExit(f"bulk_instructions: no instruction count in {log}")
+    return int(m.group(1))
+
+
+def per_row(args, template, statement, table):
+    needs_rows, stmt = STATEMENTS[statement]
+    totals = {}
+    for n in (args.n, 2 * args.n):
+        data = os.path.join(args.work, f"keys.{n}")
+        with open(data, "w") as f:
+            f.writelines(f"{i}\t0\n" for i in range(1, n + 1))
+        os.chmod(data, 0o644)
+        fill = FILL.format(n=n) if needs_rows else ""
+        total = count(args, template, table, fill + "\n" + stmt.format(n=n, file=data))
+        if needs_rows:
+            total -= count(args, template, table, fill)
+        totals[n] = total
+    return (totals[2 * args.n] - totals[args.n]) / args.n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pgbin", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--n", type=int, default=20_000)
+    args = ap.parse_args()
+    template = os.path.join(args.work, "bulk-template")
+    as_postgres([f"{args.pgbin}/initdb", "-D", template, "-U", "postgres", "-A", "trust", "--no-sync"],
+                stdout=subprocess.DEVNULL)
+    cost = {}
+    for label, statement, table in ROWS:
+        for t in ("plain", table):
+            if (statement, t) not in cost:
+                cost[(statement, t)] = per_row(args, template, statement, t)
+                print(f"  {statement}, {t}: {cost[(statement, t)]:,.0f} instructions per row", file=sys.stderr)
+    print(f"Instructions per row of multi-row statements (callgrind, `postgres --single`, one transaction "
+          f"over {2 * args.n:,} rows minus one over {args.n:,}); ratio = unprotected / protected:")
+    print()
+    print("| statement | unprotected | protected | ratio |")
+    print("|---|---:|---:|---:|")
+    for label, statement, table in ROWS:
+        b, p = cost[(statement, "plain")], cost[(statement, table)]
+        print(f"| {label.format(n=f'{args.n:,}')} | {b:,.0f} | {p:,.0f} | {b / p:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -531,6 +531,16 @@ def scenario_tombstone_retention(etcd, pg):
     crashes = [l for l in log_lines(pg, "pg_fencing tombstone pruner") if "exited with exit code" in l]
     ok(not crashes, "the pruner ran without an error exit (a leftover protection of a dropped temporary table)",
        crashes[:2])
+    # pg_terminate_backend ends the pruner (it takes SIGTERM as PostgreSQL's workers do) and the
+    # postmaster starts it again after the interval.
+    def pruner_pid():
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_fencing tombstone pruner'")
+        r = cur.fetchone()
+        return r[0] if r else None
+    first_pid = pruner_pid()
+    cur.execute("SELECT pg_terminate_backend(%s)", (first_pid,))
+    ok(first_pid is not None and wait_for(lambda: pruner_pid() not in (None, first_pid), 15) is not None,
+       "pg_terminate_backend ends the pruner and it is started again", f"(pid {first_pid} -> {pruner_pid()})")
     cur.execute("SELECT fencing_tombstone_retention('ret_jobs', NULL)")
     cur.execute("DROP TABLE ret_jobs")
     c.close()

@@ -61,9 +61,8 @@ pub extern "C-unwind" fn pg_fencing_pruner_main(_arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
     pgrx::log!("pg_fencing: tombstone pruner started in database \"{db}\"");
     loop {
-        let interval = Duration::from_secs(gucs::tombstone_prune_interval_s().max(1) as u64);
-        BackgroundWorker::wait_latch(Some(interval));
-        pgrx::check_for_interrupts!();
+        // Exits if the postmaster dies; SIGTERM ends it in the interrupt check.
+        crate::pg::process::nap(gucs::tombstone_prune_interval_s().max(1) as i64 * 1000);
         if BackgroundWorker::sighup_received() {
             crate::pg::process::reload_config();
         }

@@ -18,13 +18,11 @@ Prints a markdown table: statement, unprotected and protected instructions per r
 """
 import argparse
 import os
-import re
-import shutil
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from instructions import as_postgres  # noqa: E402
+from instructions import as_postgres, callgrind_total  # noqa: E402
 
 TABLES = {
     "plain": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, fence_token bigint);",
@@ -50,26 +48,8 @@ ROWS = [
 
 
 def count(args, template, table, script):
-    run_dir = os.path.join(args.work, "run")
-    if os.path.exists(run_dir):
-        shutil.rmtree(run_dir)
-    as_postgres(["cp", "-a", template, run_dir])
-    path = os.path.join(args.work, "input.sql")
-    with open(path, "w") as f:
-        f.write("CREATE EXTENSION pg_fencing;\n" + TABLES[table] + "\n" + script + "\n")
-    log = os.path.join(args.work, "callgrind.log")
-    with open(path) as stdin:
-        out = as_postgres(["valgrind", "--tool=callgrind", f"--log-file={log}", "--callgrind-out-file=/dev/null",
-                           f"{args.pgbin}/postgres", "--single", "-D", run_dir, "-c", "fsync=off",
-                           "-c", "autovacuum=off", "-c", "shared_preload_libraries=pg_fencing", "postgres"],
-                          stdin=stdin, capture_output=True, text=True)
-    if "ERROR" in out.stdout + out.stderr:
-        raise SystemExit(f"bulk_instructions: {table} failed:\n" + (out.stdout + out.stderr)[-2000:])
-    with open(log) as f:
-        m = re.search(r"Collected : (\d+)", f.read())
-    if not m:
-        raise SystemExit(f"bulk_instructions: no instruction count in {log}")
-    return int(m.group(1))
+    return callgrind_total(args.pgbin, args.work, template,
+                           "CREATE EXTENSION pg_fencing;\n" + TABLES[table] + "\n" + script + "\n", table)
 
 
 def per_row(args, template, statement, table):

@@ -121,22 +121,28 @@ def keys(kind, n, rng):
 
 def count(args, template, name, n):
     prepare, stmt, kind = STATEMENTS[name]
-    run_dir = os.path.join(args.work, "run")
-    if os.path.exists(run_dir):
-        shutil.rmtree(run_dir)
-    as_postgres(["cp", "-a", template, run_dir])
     rng = random.Random(args.seed)
     lines = [prepare] + [
         f"BEGIN; SET LOCAL pg_fencing.token = '100'; {stmt.format(k=k)}; COMMIT;"
         for k in keys(kind, n, rng)
     ]
-    script = os.path.join(args.work, "input.sql")
+    return callgrind_total(args.pgbin, args.work, template, "\n".join(lines) + "\n", name)
+
+
+def callgrind_total(pgbin, work, template, script_text, name):
+    """Instructions of one single-user backend on a fresh copy of `template` running
+    `script_text` under callgrind (start-up and shutdown included; callers take differences)."""
+    run_dir = os.path.join(work, "run")
+    if os.path.exists(run_dir):
+        shutil.rmtree(run_dir)
+    as_postgres(["cp", "-a", template, run_dir])
+    script = os.path.join(work, "input.sql")
     with open(script, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    log = os.path.join(args.work, "callgrind.log")
+        f.write(script_text)
+    log = os.path.join(work, "callgrind.log")
     with open(script) as stdin:
         out = as_postgres(["valgrind", "--tool=callgrind", f"--log-file={log}", "--callgrind-out-file=/dev/null",
-                           f"{args.pgbin}/postgres", "--single", "-D", run_dir,
+                           f"{pgbin}/postgres", "--single", "-D", run_dir,
                            "-c", "fsync=off", "-c", "autovacuum=off", "-c", "shared_preload_libraries=pg_fencing",
                            "postgres"],
                           stdin=stdin, capture_output=True, text=True)

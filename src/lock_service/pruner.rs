@@ -20,8 +20,9 @@
 //! Worker discipline as in `worker.rs`: it waits on its latch (exiting if the postmaster dies),
 //! handles SIGHUP (settings), takes SIGTERM with PostgreSQL's own `die` (the next interrupt check
 //! ends it, also in a lock wait), and runs each step in a transaction of its own. It takes a
-//! table's lock only if it is free at once, so it never queues in front of the table's writers;
-//! a busy table is tried again next round. An error ends the worker; the postmaster starts it
+//! table's lock only when no transaction is writing the table (looking for such a moment for up
+//! to a second per round), so it never queues in front of the table's writers; a table written
+//! without a pause is left to `fencing_prune_tombstones`, which waits. An error ends the worker; the postmaster starts it
 //! again after the interval.
 
 use crate::gucs;
@@ -32,6 +33,9 @@ use std::time::Duration;
 
 /// Tombstones deleted per transaction (each holds the table's SHARE lock until it commits).
 const BATCH: i64 = 10_000;
+
+/// Attempts, 5 ms apart, to find a table free of writers in one round.
+const BUSY_TRIES: u32 = 200;
 
 /// Register the pruner if `pg_fencing.tombstone_prune_database` is set (only while preloading).
 pub fn init_if_preloading() {
@@ -102,23 +106,32 @@ fn round() {
         due
     });
     for (relid, floor) in due {
+        let mut busy = 0;
         loop {
             pgrx::check_for_interrupts!();
-            // Without waiting for the table's lock: a queued SHARE request would hold up every
-            // writer of the table behind a long one. A busy table is tried again next round.
+            // Without queueing for the table's lock: a queued SHARE request would hold up every
+            // writer of the table behind a long one. The lock is taken when no transaction is
+            // writing the table; the pruner looks for such a moment every 5 ms for up to a second,
+            // then leaves the table to the next round.
             let deleted = BackgroundWorker::transaction(|| {
                 match crate::state::tombstones::prune(relid, floor, Some(BATCH), false) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        // The table was dropped or unprotected since it was listed.
-                        pgrx::log!("pg_fencing: tombstone pruner skipped a table: {e}");
-                        None
-                    }
+                    Ok(n) => Ok(n),
+                    Err(e) => Err(e.to_string()),
                 }
             });
             match deleted {
-                Some(n) if n >= BATCH => continue,
-                _ => break,
+                Ok(Some(n)) if n >= BATCH => busy = 0,
+                Ok(Some(_)) => break,
+                Ok(None) if busy < BUSY_TRIES => {
+                    busy += 1;
+                    crate::pg::process::nap(5);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // The table was dropped or unprotected since it was listed.
+                    pgrx::log!("pg_fencing: tombstone pruner skipped a table: {e}");
+                    break;
+                }
             }
         }
     }

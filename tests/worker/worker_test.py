@@ -456,6 +456,14 @@ def reset_statement_timeout(cur):
     raise RuntimeError("could not reset statement_timeout")
 
 
+def txn_state(cur, sql):
+    """The SQLSTATE of a transaction script ("ok" if it committed); a failed one is rolled back."""
+    st = sqlstate(cur, sql)
+    if st != "ok":
+        cur.execute("ROLLBACK")
+    return st
+
+
 def scenario_tombstone_retention(etcd, pg):
     """The tombstone pruner (pg_fencing.tombstone_prune_database, interval 1 s) applies
     fencing_tombstone_retention: tombstones of keys deleted with a lock's token are pruned once
@@ -500,18 +508,14 @@ def scenario_tombstone_retention(etcd, pg):
        f"(tombstones/floor: {cur.fetchone() if took is None else ''})")
     cur.execute("SELECT count(*) FROM _pg_fencing.revision_sample")
     ok(cur.fetchone()[0] > 0, "the pruner samples etcd revisions into _pg_fencing.revision_sample")
-    st = sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{old}'; INSERT INTO ret_jobs VALUES (1, 'zombie'); COMMIT")
-    if st != "ok":
-        cur.execute("ROLLBACK")
+    st = txn_state(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{old}'; INSERT INTO ret_jobs VALUES (1, 'zombie'); COMMIT")
     ok(st == "FT001", "the old holder's re-insert of a pruned key is refused by the floor", st)
     cur.execute("SELECT fencing_acquire('ret-new')")
     new = cur.fetchone()[0]
     cur.execute("SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'ret_jobs'::regclass")
     floor = cur.fetchone()[0]
     ok(new > floor, "a lock granted after the prune has a token above the floor", f"({new} vs {floor})")
-    st = sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{new}'; INSERT INTO ret_jobs VALUES (1, 'new'); COMMIT")
-    if st != "ok":
-        cur.execute("ROLLBACK")
+    st = txn_state(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{new}'; INSERT INTO ret_jobs VALUES (1, 'new'); COMMIT")
     ok(st == "ok", "the new holder inserts the key", st)
     cur.execute("SELECT fencing_release('ret-new')")
     # A holder that kept its lock past the retention: once the floor passes its token, it may
@@ -525,9 +529,7 @@ def scenario_tombstone_retention(etcd, pg):
     cur.execute(f"BEGIN; SET LOCAL pg_fencing.token = '{newer}'; DELETE FROM ret_jobs WHERE id = 1; COMMIT")
     cur.execute("SELECT fencing_release('ret-newer')")
     ok(wait_for(floor_past_long, 30) is not None, "the floor passes a lock held longer than the retention")
-    st = sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{long_token}'; INSERT INTO ret_jobs VALUES (50, 'late'); COMMIT")
-    if st != "ok":
-        cur.execute("ROLLBACK")
+    st = txn_state(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{long_token}'; INSERT INTO ret_jobs VALUES (50, 'late'); COMMIT")
     ok(st == "FT001", "a holder past the retention is refused for a new key", st)
     cur.execute("SELECT fencing_release('ret-long')")
     crashes = [l for l in log_lines(pg, "pg_fencing tombstone pruner") if "exited with exit code" in l][exits_before:]

@@ -25,14 +25,25 @@ pub type Token = i64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Domain {
     Resource(String),
-    Row { table: String, key: String },
+    Row {
+        table: String,
+        key: String,
+    },
+    /// A per-row key without a tombstone, refused by its table's tombstone floor
+    /// (`fencing_prune_tombstones`): the message says so, since the holder may be a rightful one.
+    RowFloor {
+        table: String,
+        key: String,
+    },
 }
 
 impl std::fmt::Display for Domain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Domain::Resource(r) => write!(f, "resource \"{r}\""),
-            Domain::Row { table, key } => write!(f, "row {key} of table {table}"),
+            Domain::Row { table, key } | Domain::RowFloor { table, key } => {
+                write!(f, "row {key} of table {table}")
+            }
         }
     }
 }
@@ -252,6 +263,9 @@ impl FenceError {
 
     pub fn detail(&self) -> Option<String> {
         match self {
+            FenceError::StaleToken { domain: domain @ Domain::RowFloor { .. }, token, high_water } => Some(format!(
+                "The write carries fencing token {token}, but {domain} has no tombstone and its table's tombstone floor is {high_water}: tokens below the floor are refused for keys without a tombstone."
+            )),
             FenceError::StaleToken { domain, token, high_water } => Some(format!(
                 "The write carries fencing token {token}, but the high-water mark of {domain} is {high_water}."
             )),
@@ -270,6 +284,12 @@ impl FenceError {
 
     pub fn hint(&self) -> Option<String> {
         match self {
+            FenceError::StaleToken { domain: Domain::RowFloor { .. }, .. } => Some(
+                "Either this client's lock is no longer valid (stop and re-acquire it), or the floor \
+                 was set above a holder that is still running: see docs/operations.md, \
+                 \"Tombstone retention\"."
+                    .into(),
+            ),
             FenceError::StaleToken { .. } => Some(
                 "A newer lock holder has written; this client's lock is no longer valid. Stop and \
                  re-acquire the lock instead of retrying with the same token."

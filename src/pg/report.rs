@@ -61,6 +61,11 @@ fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
                 Domain::Row { table, key } => {
                     format!("row {} of table {}", quoted(key), quoted(table))
                 }
+                Domain::RowFloor { table, key } => format!(
+                    "row {} of table {} (a key without a tombstone, below the table's tombstone floor)",
+                    quoted(key),
+                    quoted(table)
+                ),
             };
             format!(
                 "stale fencing token {token} for {domain}, whose high-water mark is {high_water}"

@@ -261,10 +261,14 @@ pub fn admit_row_insert(
 ) -> Result<(), FenceError> {
     // A key without a tombstone has the table's tombstone floor (`fencing_prune_tombstones`):
     // tombstones at or below it may have been pruned.
-    let high_water = match (read_tombstone(protection, key), tombstone_floor(protection)) {
+    let tomb = read_tombstone(protection, key);
+    let floor = tombstone_floor(protection);
+    let by_floor = floor.is_some_and(|f| tomb.is_none_or(|t| f > t));
+    let high_water = match (tomb, floor) {
         (Some(t), Some(f)) => Some(t.max(f)),
         (t, f) => t.or(f),
     };
+    // A refusal by the floor says so: its holder may be a rightful one (the floor set too high).
     admit_row(
         protection,
         table,
@@ -273,6 +277,18 @@ pub fn admit_row_insert(
         high_water,
         count,
     )
+    .map_err(|e| match e {
+        FenceError::StaleToken {
+            domain: Domain::Row { table, key },
+            token,
+            high_water,
+        } if by_floor => FenceError::StaleToken {
+            domain: Domain::RowFloor { table, key },
+            token,
+            high_water,
+        },
+        e => e,
+    })
 }
 
 /// Raise the stored mark of `resource` to at least `token`, under its exclusive lock (a watch's

@@ -31,7 +31,11 @@
 --   * per-row mode's tombstones can be pruned below a floor (fencing_prune_tombstones; the floor is
 --     _pg_fencing.protected_table.tombstone_floor, shown in fencing_protected_tables), and pruned
 --     automatically for tables with a retention (fencing_tombstone_retention; the pruner worker
---     samples etcd revisions into _pg_fencing.revision_sample).
+--     samples etcd revisions into _pg_fencing.revision_sample);
+--   * tombstones are matched by the key's own equality, not only its text: keys whose equal
+--     values may print differently get _pg_fencing.row_tombstone.key_hash (computed here for the
+--     tombstones of 0.1.0; _pg_fencing.rehash_tombstones), and the DDL event trigger follows
+--     ALTER COLLATION too.
 -- New columns go at the end so that CREATE OR REPLACE VIEW keeps views that users built on ours.
 -- The library of 0.2.0 still serves every C symbol the 0.1.0 SQL names, so the server keeps
 -- working between installing the new files and running ALTER EXTENSION pg_fencing UPDATE.
@@ -39,6 +43,62 @@
 \echo Use "ALTER EXTENSION pg_fencing UPDATE TO '0.2.0'" to load this file. \quit
 
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.protected_table_id_seq', '');
+
+-- The new columns of pg_fencing's tables, and the functions the new DDL event trigger below
+-- calls, come first: every ALTER TABLE of this script fires that trigger.
+-- Tombstone keys are matched byte for byte: no collation in the index comparisons.
+ALTER TABLE _pg_fencing.row_tombstone ALTER COLUMN key SET DATA TYPE text COLLATE "C";
+ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_floor bigint CHECK (tombstone_floor > 0);
+ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_retention interval CHECK (tombstone_retention > '0');
+-- Tombstones are matched by the key's own equality: keys whose equal values may print
+-- differently get a hash (filled in below, once the functions exist).
+ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_key_signature text;
+ALTER TABLE _pg_fencing.row_tombstone ADD COLUMN key_hash bigint;
+CREATE INDEX row_tombstone_key_hash ON _pg_fencing.row_tombstone (protection_id, key_hash)
+    WHERE key_hash IS NOT NULL;
+-- Tombstone keys (src/pg/key_identity.rs): the hash of a key from its text, and what the hashes
+-- of a table's tombstones depend on.
+CREATE FUNCTION _pg_fencing.tombstone_key_hash(protection_id bigint, key text) RETURNS bigint
+LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_hash';
+COMMENT ON FUNCTION _pg_fencing.tombstone_key_hash(bigint, text) IS
+'The key_hash of a tombstone of that per-row protection whose key prints as key (ROW(primary key)::text); NULL for keys identified by their text, an unknown protection, or text that is no key of the table''s key types.';
+CREATE FUNCTION _pg_fencing.tombstone_key_signature(relation regclass) RETURNS text
+LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_signature';
+
+-- Per-row mode: recompute the key hashes of a table's tombstones when what they depend on
+-- changed: the key columns' types or collations (ALTER TABLE), a nondeterministic collation's
+-- version (ALTER COLLATION ... REFRESH VERSION after an ICU upgrade), a restore of a dump made
+-- before 0.2.0 (its primary keys are created after the data), the upgrade from 0.1.0. Does
+-- nothing when the signature is unchanged, so anyone may call it.
+CREATE FUNCTION _pg_fencing.rehash_tombstones(protection bigint, relation regclass) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    sig text := _pg_fencing.tombstone_key_signature(relation);
+BEGIN
+    IF sig IS NULL THEN
+        RETURN;
+    END IF;
+    sig := sig || coalesce((SELECT ' ' || string_agg(c.collname || '=' || coalesce(pg_collation_actual_version(c.oid), ''), ' ' ORDER BY a.attnum)
+                            FROM pg_index i
+                            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+                            JOIN pg_collation c ON c.oid = a.attcollation AND NOT c.collisdeterministic
+                            WHERE i.indrelid = relation AND i.indisprimary), '');
+    IF sig IS NOT DISTINCT FROM (SELECT p.tombstone_key_signature FROM _pg_fencing.protected_table p
+                                 WHERE p.id = protection AND p.relid = relation AND p.resource IS NULL) THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM _pg_fencing.protected_table p
+                   WHERE p.id = protection AND p.relid = relation AND p.resource IS NULL) THEN
+        RETURN;
+    END IF;
+    UPDATE _pg_fencing.row_tombstone t SET key_hash = x.h
+    FROM (SELECT s.ctid AS c, _pg_fencing.tombstone_key_hash(s.protection_id, s.key) AS h
+          FROM _pg_fencing.row_tombstone s WHERE s.protection_id = protection) x
+    WHERE t.ctid = x.c AND t.key_hash IS DISTINCT FROM x.h;
+    UPDATE _pg_fencing.protected_table SET tombstone_key_signature = sig WHERE id = protection;
+END
+$fn$;
+
 
 -- Row triggers reach new partitions by themselves; statement triggers do not, so a partition
 -- created or attached later gets them here. Not while check_function_bodies is off, as pg_dump's
@@ -53,6 +113,12 @@ DECLARE
     part regclass;
     restoring boolean := current_setting('check_function_bodies') = 'off';
 BEGIN
+    -- Per-row mode: tombstone key hashes follow the key's types and collations (also in a
+    -- restore, whose primary keys are created after the data).
+    FOR p IN SELECT pt.id, pt.relid FROM _pg_fencing.protected_table pt
+             WHERE pt.resource IS NULL AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = pt.relid) LOOP
+        PERFORM _pg_fencing.rehash_tombstones(p.id, p.relid);
+    END LOOP;
     FOR p IN SELECT pt.id, pt.relid, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
              JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p' LOOP
         FOR part IN SELECT t.relid FROM _pg_fencing.tree(p.relid) t
@@ -138,10 +204,6 @@ LEFT JOIN LATERAL @extschema@.fencing_domain_stats('resource', coalesce(h.resour
 COMMENT ON VIEW @extschema@.fencing_resources IS
 'Every resource with a high-water mark or a protected table: its mark (NULL if never written), the tables it guards, and since server start (only with shared_preload_libraries = pg_fencing, else NULL) the accepted and rejected (FT001) writes and the last rejection (time, token, high-water mark, backend pid, application_name, and client address: NULL unless superuser or member of pg_read_all_stats or of the rejected session''s user); lock_service_problem says why the worker hands out no tokens (etcd''s revisions went backwards), else NULL.';
 
--- Tombstone keys are matched byte for byte: no collation in the index comparisons.
-ALTER TABLE _pg_fencing.row_tombstone ALTER COLUMN key SET DATA TYPE text COLLATE "C";
-ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_floor bigint CHECK (tombstone_floor > 0);
-ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_retention interval CHECK (tombstone_retention > '0');
 -- The etcd revision the background worker had seen, sampled by the tombstone pruner
 -- (pg_fencing.tombstone_prune_database) every pg_fencing.tombstone_prune_interval: the floor of
 -- a table with retention R is the highest revision sampled at least R ago.
@@ -297,10 +359,11 @@ BEGIN
         SELECT p.id INTO pid FROM _pg_fencing.protected_table p
         WHERE p.relid = to_regclass(NEW.relation) AND p.resource IS NULL AND p.protected;
         IF FOUND THEN
-            INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water)
-            VALUES (pid, NEW.key, NEW.high_water)
-            ON CONFLICT (protection_id, key) DO UPDATE SET high_water = excluded.high_water
-            WHERE h.high_water < excluded.high_water;
+            INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water, key_hash)
+            VALUES (pid, NEW.key, NEW.high_water, _pg_fencing.tombstone_key_hash(pid, NEW.key))
+            ON CONFLICT (protection_id, key) DO UPDATE
+            SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash
+            WHERE h.high_water < excluded.high_water OR h.key_hash IS DISTINCT FROM excluded.key_hash;
         END IF;
     END IF;
     -- protected_table, row_tombstone (keyed by the publisher's ids), reset_log, watch: each
@@ -572,6 +635,7 @@ BEGIN
     EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER zz_pg_fencing_replica', relation);
     IF resource IS NULL THEN
         PERFORM _pg_fencing.set_rekey_trigger(relation, pid, token_column);
+        PERFORM _pg_fencing.rehash_tombstones(pid, relation);
     ELSE
         PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     END IF;
@@ -620,7 +684,8 @@ $do$;
 -- zz_pg_fencing_rekey depends on the other BEFORE UPDATE row triggers).
 DROP EVENT TRIGGER pg_fencing_ddl_end;
 CREATE EVENT TRIGGER pg_fencing_ddl_end ON ddl_command_end
-    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA', 'CREATE TRIGGER', 'DROP TRIGGER')
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA', 'CREATE TRIGGER', 'DROP TRIGGER',
+                 'ALTER COLLATION')
     EXECUTE FUNCTION _pg_fencing.on_ddl_end();
 
 -- Per-row protections made before 0.2.0 get the cheap form of zz_pg_fencing_rekey where no other
@@ -636,6 +701,10 @@ BEGIN
     END LOOP;
 END
 $do$;
+
+-- Tombstones of 0.1.0 were matched by text: hash the keys of the tables that need it.
+SELECT _pg_fencing.rehash_tombstones(pt.id, pt.relid) FROM _pg_fencing.protected_table pt
+WHERE pt.resource IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = pt.relid);
 
 -- Every change of a stored mark takes the resource's exclusive lock and bumps the mark's version
 -- in shared memory first, so that a backend may keep a mark it read under the resource's lock for

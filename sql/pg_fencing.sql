@@ -51,19 +51,29 @@ CREATE TABLE _pg_fencing.protected_table (
     -- has this high-water mark; tombstones at or below it are pruned. NULL: none.
     tombstone_floor bigint    CHECK (tombstone_floor > 0),
     -- Per-row mode: automatic pruning (fencing_tombstone_retention). NULL: off.
-    tombstone_retention interval CHECK (tombstone_retention > '0')
+    tombstone_retention interval CHECK (tombstone_retention > '0'),
+    -- Per-row mode: what the key hashes of the table's tombstones were computed under (key
+    -- column types, collations and their versions; _pg_fencing.rehash_tombstones).
+    tombstone_key_signature text
 );
 
 -- Per-row mode: the high-water mark of a deleted key, so a stale writer cannot re-create it.
 -- key is the text of ROW(primary key columns), as record_out prints it, compared byte for byte
 -- (COLLATE "C": the text is only ever matched exactly, and the database's collation would make
--- every index comparison a strcoll call).
+-- every index comparison a strcoll call). key_hash: for keys whose equal values may print
+-- differently (numeric, float, interval, citext, nondeterministic collations...), the hash of
+-- the key's values by their types' hash functions; a tombstone with the same hash and an equal
+-- key by the key's own equality counts too. NULL: the text alone identifies the key
+-- (src/pg/key_identity.rs; docs/design.md, "Tombstone keys").
 CREATE TABLE _pg_fencing.row_tombstone (
     protection_id  bigint NOT NULL,
     key            text   COLLATE "C" NOT NULL,
     high_water     bigint NOT NULL CHECK (high_water > 0),
+    key_hash       bigint,
     PRIMARY KEY (protection_id, key)
 );
+CREATE INDEX row_tombstone_key_hash ON _pg_fencing.row_tombstone (protection_id, key_hash)
+    WHERE key_hash IS NOT NULL;
 
 -- Audit trail of fencing_reset (who, when, old and new mark).
 CREATE TABLE _pg_fencing.reset_log (
@@ -454,6 +464,7 @@ BEGIN
     EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER zz_pg_fencing_replica', relation);
     IF resource IS NULL THEN
         PERFORM _pg_fencing.set_rekey_trigger(relation, pid, token_column);
+        PERFORM _pg_fencing.rehash_tombstones(pid, relation);
     ELSE
         PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     END IF;
@@ -487,6 +498,49 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_unprotect(regclass) IS
 'Removes the protection of a table (owner only, 42501). The token column, the resource''s high-water mark and the table''s tombstones are kept.';
 
+-- Tombstone keys (src/pg/key_identity.rs): the hash of a key from its text, and what the hashes
+-- of a table's tombstones depend on.
+CREATE FUNCTION _pg_fencing.tombstone_key_hash(protection_id bigint, key text) RETURNS bigint
+LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_hash';
+COMMENT ON FUNCTION _pg_fencing.tombstone_key_hash(bigint, text) IS
+'The key_hash of a tombstone of that per-row protection whose key prints as key (ROW(primary key)::text); NULL for keys identified by their text, an unknown protection, or text that is no key of the table''s key types.';
+CREATE FUNCTION _pg_fencing.tombstone_key_signature(relation regclass) RETURNS text
+LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_signature';
+
+-- Per-row mode: recompute the key hashes of a table's tombstones when what they depend on
+-- changed: the key columns' types or collations (ALTER TABLE), a nondeterministic collation's
+-- version (ALTER COLLATION ... REFRESH VERSION after an ICU upgrade), a restore of a dump made
+-- before 0.2.0 (its primary keys are created after the data), the upgrade from 0.1.0. Does
+-- nothing when the signature is unchanged, so anyone may call it.
+CREATE FUNCTION _pg_fencing.rehash_tombstones(protection bigint, relation regclass) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    sig text := _pg_fencing.tombstone_key_signature(relation);
+BEGIN
+    IF sig IS NULL THEN
+        RETURN;
+    END IF;
+    sig := sig || coalesce((SELECT ' ' || string_agg(c.collname || '=' || coalesce(pg_collation_actual_version(c.oid), ''), ' ' ORDER BY a.attnum)
+                            FROM pg_index i
+                            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+                            JOIN pg_collation c ON c.oid = a.attcollation AND NOT c.collisdeterministic
+                            WHERE i.indrelid = relation AND i.indisprimary), '');
+    IF sig IS NOT DISTINCT FROM (SELECT p.tombstone_key_signature FROM _pg_fencing.protected_table p
+                                 WHERE p.id = protection AND p.relid = relation AND p.resource IS NULL) THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM _pg_fencing.protected_table p
+                   WHERE p.id = protection AND p.relid = relation AND p.resource IS NULL) THEN
+        RETURN;
+    END IF;
+    UPDATE _pg_fencing.row_tombstone t SET key_hash = x.h
+    FROM (SELECT s.ctid AS c, _pg_fencing.tombstone_key_hash(s.protection_id, s.key) AS h
+          FROM _pg_fencing.row_tombstone s WHERE s.protection_id = protection) x
+    WHERE t.ctid = x.c AND t.key_hash IS DISTINCT FROM x.h;
+    UPDATE _pg_fencing.protected_table SET tombstone_key_signature = sig WHERE id = protection;
+END
+$fn$;
+
 -- A dropped table takes its protection and tombstones with it.
 CREATE FUNCTION _pg_fencing.on_sql_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -515,6 +569,12 @@ DECLARE
     part regclass;
     restoring boolean := current_setting('check_function_bodies') = 'off';
 BEGIN
+    -- Per-row mode: tombstone key hashes follow the key's types and collations (also in a
+    -- restore, whose primary keys are created after the data).
+    FOR p IN SELECT pt.id, pt.relid FROM _pg_fencing.protected_table pt
+             WHERE pt.resource IS NULL AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = pt.relid) LOOP
+        PERFORM _pg_fencing.rehash_tombstones(p.id, p.relid);
+    END LOOP;
     FOR p IN SELECT pt.id, pt.relid, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
              JOIN pg_class c ON c.oid = pt.relid WHERE pt.protected AND c.relkind = 'p' LOOP
         FOR part IN SELECT t.relid FROM _pg_fencing.tree(p.relid) t
@@ -560,7 +620,8 @@ BEGIN
 END
 $fn$;
 CREATE EVENT TRIGGER pg_fencing_ddl_end ON ddl_command_end
-    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA', 'CREATE TRIGGER', 'DROP TRIGGER')
+    WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE SCHEMA', 'CREATE TRIGGER', 'DROP TRIGGER',
+                 'ALTER COLLATION')
     EXECUTE FUNCTION _pg_fencing.on_ddl_end();
 
 -- ---------------------------------------------------------------------------------------------
@@ -606,10 +667,11 @@ BEGIN
         SELECT p.id INTO pid FROM _pg_fencing.protected_table p
         WHERE p.relid = to_regclass(NEW.relation) AND p.resource IS NULL AND p.protected;
         IF FOUND THEN
-            INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water)
-            VALUES (pid, NEW.key, NEW.high_water)
-            ON CONFLICT (protection_id, key) DO UPDATE SET high_water = excluded.high_water
-            WHERE h.high_water < excluded.high_water;
+            INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water, key_hash)
+            VALUES (pid, NEW.key, NEW.high_water, _pg_fencing.tombstone_key_hash(pid, NEW.key))
+            ON CONFLICT (protection_id, key) DO UPDATE
+            SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash
+            WHERE h.high_water < excluded.high_water OR h.key_hash IS DISTINCT FROM excluded.key_hash;
         END IF;
     END IF;
     -- protected_table, row_tombstone (keyed by the publisher's ids), reset_log, watch: each

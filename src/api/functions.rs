@@ -877,3 +877,63 @@ pub fn fencing_lock_status() -> TableIterator<
 > {
     TableIterator::new(crate::lock_service::locks::lock_rows())
 }
+
+v1_finfo!(pg_finfo_pg_fencing_tombstone_key_hash);
+/// `_pg_fencing.tombstone_key_hash(protection_id bigint, key text) RETURNS bigint` (STRICT):
+/// the `row_tombstone.key_hash` of a tombstone of that per-row protection whose key prints as
+/// `key`; NULL for a key identified by its text, an unknown protection, or text that is no key
+/// of the table's key types (`pg/key_identity.rs`). For the SQL paths that write tombstones
+/// (TRUNCATE, logical replication's apply, recomputation after a change of key types).
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_hash(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || {
+            let protection: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let key: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            let hash = protection
+                .zip(key)
+                .and_then(|(p, k)| crate::state::tombstones::key_hash_of_text(p, &k));
+            match hash {
+                Some(h) => Ok(pg_sys::Datum::from(h)),
+                None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
+            }
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_tombstone_key_signature);
+/// `_pg_fencing.tombstone_key_signature(relation regclass) RETURNS text` (STRICT): what the
+/// hashes of the table's tombstones depend on (its key columns' types and collations; NULL
+/// without a primary key or table), compared with `protected_table.tombstone_key_signature` by
+/// `_pg_fencing.rehash_tombstones`. Writes this transaction's pending tombstones first.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_signature(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: as for `pg_fencing_tombstone_key_hash`; the text result is palloc'd by pgrx's
+    // into_datum in the function's memory context, as the function manager expects.
+    unsafe {
+        run(fcinfo, || {
+            let relid: Option<pg_sys::Oid> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            match relid.and_then(crate::state::tombstones::key_signature) {
+                Some(s) => Ok(s.into_datum().unwrap_or(pg_sys::Datum::from(0usize))),
+                None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
+            }
+        })
+    }
+}

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 use crate::error::{FenceError, Token};
+use crate::pg::key_identity::{KeyColumn, KeyIdentity};
 use crate::pg::spi;
 use crate::pg::trigger_event::{ColumnProblem, Relation, Row, TriggerEvent, TriggerOp};
 use crate::rule;
@@ -94,6 +95,57 @@ struct RelInfo {
     /// general form (`WHEN` the key changed) in that case; if they did not run, writes are refused
     /// (FT004) rather than let a new key escape its tombstone.
     rekey_misses: bool,
+    /// Per-row mode: how the key meets its tombstones (`pg/key_identity.rs`).
+    identity: std::rc::Rc<KeyIdentity>,
+}
+
+/// A row's key as tombstones know it (see `state::tombstones::TombKey`).
+struct KeyOf {
+    text: String,
+    values: Vec<pg_sys::Datum>,
+    hash: Option<i64>,
+}
+
+fn key_of(row: &Row, pk: &[i16], identity: &KeyIdentity) -> KeyOf {
+    let text = row.key_text(pk);
+    if !identity.is_hashed() {
+        return KeyOf {
+            text,
+            values: Vec::new(),
+            hash: None,
+        };
+    }
+    let values = row.values(pk);
+    let hash = identity.hash(&values);
+    KeyOf { text, values, hash }
+}
+
+/// The same key, by text or by the key's equality.
+fn same_key(a: &KeyOf, b: &KeyOf, identity: &KeyIdentity) -> bool {
+    a.text == b.text
+        || (identity.is_hashed() && a.hash == b.hash && identity.equal(&a.values, &b.values))
+}
+
+/// Admit `key` as a new key of the table (`rule::admit_row_insert`).
+fn admit_new_key(
+    protection: i64,
+    table: &dyn Fn() -> String,
+    key: &KeyOf,
+    identity: &KeyIdentity,
+    token: Token,
+    count: bool,
+) -> Result<(), FenceError> {
+    let same = |text: &str| identity.equals_text(&key.values, text);
+    let tomb = rule::TombKey {
+        text: key.text.clone(),
+        hash: key.hash,
+        same: &same,
+    };
+    rule::admit_row_insert(protection, table, &tomb, token, count)
+}
+
+fn record_delete(protection: i64, key: &KeyOf, token: Token) {
+    crate::state::tombstones::record_row_delete(protection, &key.text, key.hash, token);
 }
 
 /// Relcache invalidation of `relid` (`None`: of every relation): its cached trigger arguments
@@ -167,7 +219,24 @@ fn relinfo(
         key.sort_unstable();
         listed != key
     };
+    let identity = if args.resource.is_none() {
+        let cols: Vec<KeyColumn> = pk
+            .iter()
+            .map(|a| {
+                let (typid, typmod, collation) = rel.column_type(*a);
+                KeyColumn {
+                    typid,
+                    typmod,
+                    collation,
+                }
+            })
+            .collect();
+        KeyIdentity::new(&cols)
+    } else {
+        KeyIdentity::new(&[])
+    };
     let info = RelInfo {
+        identity: std::rc::Rc::new(identity),
         token_attnum,
         pk,
         pk_immediate,
@@ -396,18 +465,23 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
             }
             None if op == TriggerOp::Insert || op == TriggerOp::Update => {
                 let pk = pk_of()?;
-                let key = written.key_text(&pk);
-                let old_key = (op == TriggerOp::Update).then(|| row.key_text(&pk));
-                if old_key.as_deref() == Some(key.as_str()) {
-                    // An UPDATE that set a key column to the value it had (the column-list form
-                    // of zz_pg_fencing_rekey fires for those too): no new key.
+                let identity = &*info.identity;
+                let key = key_of(&written, &pk, identity);
+                let old_key = (op == TriggerOp::Update).then(|| key_of(&row, &pk, identity));
+                if old_key
+                    .as_ref()
+                    .is_some_and(|old| same_key(old, &key, identity))
+                {
+                    // An UPDATE that set a key column to the value it had, or to an equal one
+                    // (the column-list form of zz_pg_fencing_rekey fires for those too): no new
+                    // key.
                     return Ok(pg_sys::Datum::from(0usize));
                 }
-                rule::admit_row_insert(args.protection, table, &key, stamped, true)?;
+                admit_new_key(args.protection, table, &key, identity, stamped, true)?;
                 if let Some(old_key) = old_key {
                     // The key changed, possibly by another BEFORE trigger than the guard: the
                     // old key is gone, so it keeps a tombstone.
-                    crate::state::tombstones::record_row_delete(args.protection, &old_key, stamped);
+                    record_delete(args.protection, &old_key, stamped);
                 }
             }
             _ => {}
@@ -471,12 +545,13 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
             // Only an UPDATE that sets a key column can change the key (a key changed by a
             // later BEFORE trigger is caught by the AFTER UPDATE trigger).
             if pk.iter().any(|a| event.updates_column(*a)) {
-                let old_key = old.key_text(&pk);
-                let new_key = new.key_text(&pk);
-                if new_key != old_key {
+                let identity = &*info.identity;
+                let old_key = key_of(&old, &pk, identity);
+                let new_key = key_of(&new, &pk, identity);
+                if !same_key(&old_key, &new_key, identity) {
                     // The key changes: the old key is deleted, the new one is inserted.
-                    rule::admit_row_insert(args.protection, table, &new_key, token, false)?;
-                    crate::state::tombstones::record_row_delete(args.protection, &old_key, token);
+                    admit_new_key(args.protection, table, &new_key, identity, token, false)?;
+                    record_delete(args.protection, &old_key, token);
                     count(|f| f.after_expected = f.after_expected.wrapping_add(1));
                 }
             }
@@ -484,16 +559,16 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
         }
         (None, _delete) => {
             let pk = pk_of()?;
-            let key = row.key_text(&pk);
+            let key = key_of(&row, &pk, &info.identity);
             rule::admit_row(
                 args.protection,
                 table,
-                &|| key.clone(),
+                &|| key.text.clone(),
                 token,
                 row.bigint(attnum),
                 true,
             )?;
-            crate::state::tombstones::record_row_delete(args.protection, &key, token);
+            record_delete(args.protection, &key, token);
             Ok(row.datum())
         }
     }
@@ -539,13 +614,14 @@ fn record_replicated(
         None => {
             if let Some(old) = old {
                 let pk = check_primary_key(rel, info.pk.clone(), info.pk_immediate)?;
-                let old_key = old.key_text(&pk);
+                let identity = &*info.identity;
+                let old_key = key_of(&old, &pk, identity);
                 let gone = match new {
                     None => true,
-                    Some(new) => new.key_text(&pk) != old_key,
+                    Some(new) => !same_key(&key_of(&new, &pk, identity), &old_key, identity),
                 };
                 if let (true, Some(t)) = (gone, positive(old.bigint(attnum))) {
-                    crate::state::tombstones::record_row_delete(args.protection, &old_key, t);
+                    record_delete(args.protection, &old_key, t);
                 }
             }
         }

@@ -25,8 +25,9 @@ struct Located {
 }
 
 thread_local! {
-    /// Per table name; dropped on relcache invalidation (`forget_located`).
-    static LOCATED: RefCell<FxHashMap<&'static CStr, Located>> = RefCell::new(FxHashMap::default());
+    /// Per (table, index) name; dropped on relcache invalidation (`forget_located`).
+    static LOCATED: RefCell<FxHashMap<(&'static CStr, &'static CStr), Located>> =
+        RefCell::new(FxHashMap::default());
 }
 
 /// Relcache invalidation: the extension (and its tables) may have been dropped and re-created.
@@ -35,7 +36,7 @@ pub fn forget_located() {
 }
 
 fn locate(which: &UniqueIndex) -> Option<Located> {
-    if let Some(t) = LOCATED.with(|m| m.borrow().get(which.table).copied()) {
+    if let Some(t) = LOCATED.with(|m| m.borrow().get(&(which.table, which.index)).copied()) {
         return Some(t);
     }
     // SAFETY: catalog lookups on the backend's main thread inside a transaction (every caller runs
@@ -63,7 +64,7 @@ fn locate(which: &UniqueIndex) -> Option<Located> {
             value_attnum,
         }
     };
-    LOCATED.with(|m| m.borrow_mut().insert(which.table, t));
+    LOCATED.with(|m| m.borrow_mut().insert((which.table, which.index), t));
     Some(t)
 }
 
@@ -131,6 +132,92 @@ pub fn read_by_index(
         pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
         Some(found)
+    }
+}
+
+/// Is the table and index of `which` there (in the schema the library serves)?
+pub fn exists(which: &UniqueIndex) -> bool {
+    locate(which).is_some()
+}
+
+/// The attribute number of column `name` of the table of `which`.
+pub fn column_number(which: &UniqueIndex, name: &CStr) -> Option<i16> {
+    let t = locate(which)?;
+    // SAFETY: a syscache lookup by OID and NUL-terminated name (InvalidAttrNumber if missing),
+    // main thread inside a transaction.
+    let a = unsafe { pg_sys::get_attnum(t.heap, name.as_ptr()) };
+    (a > 0).then_some(a)
+}
+
+/// Every row whose index columns equal `keys` (as for [`read_by_index`], through a unique or
+/// non-unique index of `which`), as (text column `text`, the bigint value column); rows with
+/// either NULL are skipped. `None` if the table, index or column cannot be found.
+pub fn read_all_by_index(
+    which: &UniqueIndex,
+    text: &CStr,
+    keys: &[(i16, u32, pg_sys::Datum)],
+) -> Option<Vec<(String, i64)>> {
+    let t = locate(which)?;
+    // SAFETY: as for `read_by_index` (same table, index, snapshot and scan discipline); in
+    // addition `text_attnum` is an attribute of the table (looked up by name), and each text
+    // datum read from a returned tuple is detoasted and copied by text_to_cstring before the
+    // next tuple is fetched, the copy freed after it is turned into a String.
+    unsafe {
+        let text_attnum = pg_sys::get_attnum(t.heap, text.as_ptr()) as i32;
+        if text_attnum <= 0 {
+            return None;
+        }
+        let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let tupdesc = (*heap).rd_att;
+        let natts = (*tupdesc).natts as usize;
+        let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
+        for (attno, proc_, value) in keys {
+            let collation = (*tupdesc).attrs.as_slice(natts)[(*attno - 1) as usize].attcollation;
+            let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
+            pg_sys::ScanKeyEntryInitialize(
+                &mut key,
+                0,
+                *attno,
+                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::Oid::INVALID,
+                collation,
+                pg_sys::Oid::from(*proc_),
+                *value,
+            );
+            scankeys.push(key);
+        }
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(
+            heap,
+            t.index,
+            true,
+            snapshot,
+            scankeys.len() as i32,
+            scankeys.as_mut_ptr(),
+        );
+        let mut out = Vec::new();
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let (mut null_t, mut null_v) = (false, false);
+            let d = pg_sys::heap_getattr(tuple, text_attnum, tupdesc, &mut null_t);
+            let v = pg_sys::heap_getattr(tuple, t.value_attnum, tupdesc, &mut null_v);
+            if null_t || null_v {
+                continue;
+            }
+            let c = pg_sys::text_to_cstring(d.cast_mut_ptr());
+            out.push((
+                CStr::from_ptr(c).to_string_lossy().into_owned(),
+                v.value() as i64,
+            ));
+            pg_sys::pfree(c.cast());
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        Some(out)
     }
 }
 

@@ -12,6 +12,7 @@
 pub mod catalog;
 pub mod guc;
 pub mod index;
+pub mod key_identity;
 pub mod locks;
 pub mod plan;
 pub mod process;

@@ -417,6 +417,26 @@ impl<'a> Row<'a> {
         key_text_of(&values)
     }
 
+    /// The values of columns `attnums` (a NULL reads as a zero datum; primary key columns
+    /// have none). They point into the row, which outlives the trigger call.
+    pub fn values(&self, attnums: &[i16]) -> Vec<pg_sys::Datum> {
+        attnums
+            .iter()
+            .map(|attnum| {
+                let mut isnull = false;
+                // SAFETY: as in `key_text`.
+                let d = unsafe {
+                    pg_sys::heap_getattr(self.tuple, *attnum as i32, self.tupdesc, &mut isnull)
+                };
+                if isnull {
+                    pg_sys::Datum::from(0usize)
+                } else {
+                    d
+                }
+            })
+            .collect()
+    }
+
     /// The row as the trigger's result (the executor writes it unchanged).
     pub fn datum(&self) -> pg_sys::Datum {
         pg_sys::Datum::from(self.tuple)

@@ -35,6 +35,7 @@ use crate::pg::locks::{lock_resource, LockMode};
 use crate::state::mark_versions;
 use crate::state::marks::{read_resource_mark, store_resource_mark, versions_trusted};
 use crate::state::stats;
+pub use crate::state::tombstones::TombKey;
 use crate::state::tombstones::{read_tombstone, tombstone_floor};
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
@@ -255,7 +256,7 @@ pub fn admit_row(
 pub fn admit_row_insert(
     protection: i64,
     table: &dyn Fn() -> String,
-    key: &str,
+    key: &TombKey,
     token: Token,
     count: bool,
 ) -> Result<(), FenceError> {
@@ -272,7 +273,7 @@ pub fn admit_row_insert(
     admit_row(
         protection,
         table,
-        &|| key.to_string(),
+        &|| key.text.clone(),
         token,
         high_water,
         count,

@@ -5,6 +5,7 @@
 
 use crate::error::{Domain, FenceError, Token};
 use crate::pg::index::{read_by_index, UniqueIndex};
+use crate::pg::key_identity::{key_columns_of, KeyIdentity};
 use crate::pg::spi::{exec_internal, text_datum};
 use crate::state::marks::as_token;
 use crate::state::stats;
@@ -12,7 +13,16 @@ use pgrx::prelude::*;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 
-const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
+const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, key_hash, high_water) \
+     SELECT u.p, u.k, u.h, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4)) AS u(p, k, t, h) \
+     WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
+     ON CONFLICT (protection_id, key) DO UPDATE \
+     SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash \
+     WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water \
+        OR h.key_hash IS DISTINCT FROM excluded.key_hash";
+/// The same for the schema of 0.1.0 (no `key_hash`), which the library serves until `ALTER
+/// EXTENSION pg_fencing UPDATE`: tombstones are matched by text there.
+const SQL_STORE_TOMBS_0_1: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
      SELECT u.p, u.k, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
      WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
      ON CONFLICT (protection_id, key) DO UPDATE \
@@ -36,6 +46,14 @@ const SQL_READ_TOMB: &str = "SELECT high_water FROM _pg_fencing.row_tombstone \
 const TOMB_INDEX: UniqueIndex = UniqueIndex {
     table: c"row_tombstone",
     index: c"row_tombstone_pkey",
+    value: c"high_water",
+};
+
+/// Tombstones of keys identified by hash (`pg/key_identity.rs`), by (protection, hash); a
+/// partial index (`WHERE key_hash IS NOT NULL`). Missing in the schema of 0.1.0.
+const TOMB_HASH_INDEX: UniqueIndex = UniqueIndex {
+    table: c"row_tombstone",
+    index: c"row_tombstone_key_hash",
     value: c"high_water",
 };
 
@@ -79,9 +97,15 @@ pub fn tombstone_floor(protection: i64) -> Option<Token> {
     floor
 }
 
-/// Relcache invalidation (`backend.rs`): floors may have changed.
+/// Relcache invalidation (`backend.rs`): floors, and tables' keys, may have changed.
 pub fn forget_floors() {
     FLOORS.with(|m| m.borrow_mut().clear());
+    IDENTITIES.with(|m| m.borrow_mut().clear());
+}
+
+/// Does `row_tombstone` have `key_hash` (not in the schema of 0.1.0)?
+fn has_key_hash() -> bool {
+    crate::pg::index::exists(&TOMB_HASH_INDEX)
 }
 
 /// The protection id of `relid` (the protected table itself, not a partition) if it is
@@ -238,27 +262,99 @@ fn gone(relid: pg_sys::Oid) -> FenceError {
     )))
 }
 
-/// The tombstone mark of `key` in protection `protection` (`None`: never deleted).
-pub fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
+/// A key as tombstones know it (`pg/key_identity.rs`): its text, and for a key identified by
+/// hash, its hash and a test whether another key's text is the same key.
+pub struct TombKey<'a> {
+    pub text: String,
+    pub hash: Option<i64>,
+    pub same: &'a dyn Fn(&str) -> bool,
+}
+
+/// The tombstone mark of `key` in protection `protection` (`None`: never deleted): the highest
+/// of its tombstone by text and, for a key identified by hash, of every tombstone of an equal
+/// key printed otherwise.
+pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
     flush_tombstones();
-    let k = text_datum(key);
-    if let Some(found) = read_by_index(
+    let k = text_datum(&key.text);
+    let p = pg_sys::Datum::from(protection);
+    let exact = read_by_index(
         &TOMB_INDEX,
-        &[
-            (1, pg_sys::F_INT8EQ, pg_sys::Datum::from(protection)),
-            (2, pg_sys::F_TEXTEQ, k),
-        ],
-    ) {
-        return found;
+        &[(1, pg_sys::F_INT8EQ, p), (2, pg_sys::F_TEXTEQ, k)],
+    )
+    .unwrap_or_else(|| {
+        exec_internal(
+            SQL_READ_TOMB,
+            true,
+            &[pg_sys::INT8OID, pg_sys::TEXTOID],
+            &mut [p, k],
+            true,
+            as_token,
+        )
+    });
+    let Some(hash) = key.hash else {
+        return exact;
+    };
+    let attnum = crate::pg::index::column_number(&TOMB_HASH_INDEX, c"key_hash");
+    let equal = attnum
+        .and_then(|a| {
+            crate::pg::index::read_all_by_index(
+                &TOMB_HASH_INDEX,
+                c"key",
+                &[
+                    (1, pg_sys::F_INT8EQ, p),
+                    (a, pg_sys::F_INT8EQ, pg_sys::Datum::from(hash)),
+                ],
+            )
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(text, _)| *text != key.text && (key.same)(text))
+        .map(|(_, h)| h)
+        .max();
+    exact.max(equal)
+}
+
+thread_local! {
+    /// Key identity per protection, for the SQL functions below; dropped with the floors.
+    static IDENTITIES: RefCell<FxHashMap<i64, Option<std::rc::Rc<KeyIdentity>>>> =
+        RefCell::new(FxHashMap::default());
+}
+
+fn identity_of(protection: i64) -> Option<std::rc::Rc<KeyIdentity>> {
+    if let Some(i) = IDENTITIES.with(|m| m.borrow().get(&protection).cloned()) {
+        return i;
     }
-    exec_internal(
-        SQL_READ_TOMB,
+    let relid = exec_internal(
+        "SELECT relid::pg_catalog.oid::pg_catalog.int8 FROM _pg_fencing.protected_table \
+         WHERE id OPERATOR(pg_catalog.=) $1 AND resource IS NULL",
         true,
-        &[pg_sys::INT8OID, pg_sys::TEXTOID],
-        &mut [pg_sys::Datum::from(protection), k],
+        &[pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection)],
         true,
         as_token,
-    )
+    );
+    let identity = relid
+        .and_then(|r| key_columns_of(pg_sys::Oid::from(r as u32)))
+        .map(|cols| std::rc::Rc::new(KeyIdentity::new(&cols)));
+    IDENTITIES.with(|m| {
+        crate::cache::cache_insert(&mut m.borrow_mut(), protection, identity.clone(), 1_000)
+    });
+    identity
+}
+
+/// `_pg_fencing.tombstone_key_hash(protection_id, key)`: the `key_hash` of a tombstone of
+/// protection `protection` whose key prints as `key` (`None`: text identity, an unknown
+/// protection, or text that is no key of the table's key types).
+pub fn key_hash_of_text(protection: i64, key: &str) -> Option<i64> {
+    identity_of(protection)?.hash_of_text(key)
+}
+
+/// `_pg_fencing.tombstone_key_signature(relation)`: what the stored hashes of the table's
+/// tombstones depend on (`KeyIdentity::signature`); `None` without a primary key. Writes this
+/// transaction's pending tombstones first, so that a recomputation that follows sees them.
+pub fn key_signature(relid: pg_sys::Oid) -> Option<String> {
+    flush_tombstones();
+    key_columns_of(relid).map(|cols| KeyIdentity::new(&cols).signature().to_string())
 }
 
 /// Per-row mode, DELETE of `key` (already admitted by [`admit_row`], under the row lock): leave a
@@ -270,13 +366,14 @@ pub fn read_tombstone(protection: i64, key: &str) -> Option<Token> {
 /// callback in `backend.rs`). Only the deleting transaction could see them earlier, and its reads
 /// flush first; other transactions see them at its commit, as before: a concurrent insert of the
 /// same key waits in the unique index for this transaction's end, then reads the tombstone.
-pub fn record_row_delete(protection: i64, key: &str, token: Token) {
+pub fn record_row_delete(protection: i64, key: &str, hash: Option<i64>, token: Token) {
     let subxact = crate::pg::process::current_subxact();
     let full = PENDING_TOMBSTONES.with(|p| {
         let mut p = p.borrow_mut();
         p.push(PendingTombstone {
             protection,
             key: key.to_string(),
+            hash,
             token,
             subxact,
         });
@@ -291,6 +388,8 @@ pub fn record_row_delete(protection: i64, key: &str, token: Token) {
 struct PendingTombstone {
     protection: i64,
     key: String,
+    /// `row_tombstone.key_hash` (`pg/key_identity.rs`).
+    hash: Option<i64>,
     token: Token,
     /// The subtransaction that deleted the row: its abort takes the tombstone back.
     subxact: pg_sys::SubTransactionId,
@@ -316,28 +415,31 @@ pub fn flush_tombstones() {
         return;
     }
     let writer = crate::pg::process::current_subxact();
-    let mut highest: FxHashMap<(i64, &str), Token> =
+    let mut highest: FxHashMap<(i64, &str), (Token, Option<i64>)> =
         FxHashMap::with_capacity_and_hasher(pending.len(), Default::default());
     for t in &pending {
         let e = highest
             .entry((t.protection, t.key.as_str()))
-            .or_insert(t.token);
-        if *e < t.token {
-            *e = t.token;
+            .or_insert((t.token, t.hash));
+        if e.0 < t.token {
+            e.0 = t.token;
         }
     }
     let mut protections = Vec::with_capacity(highest.len());
     let mut keys = Vec::with_capacity(highest.len());
     let mut tokens = Vec::with_capacity(highest.len());
-    for ((p, k), t) in highest {
+    let mut hashes: Vec<Option<i64>> = Vec::with_capacity(highest.len());
+    for ((p, k), (t, h)) in highest {
         protections.push(p);
         keys.push(k.to_string());
         tokens.push(t);
+        hashes.push(h);
     }
-    let (Some(p), Some(k), Some(t)) = (
+    let (Some(p), Some(k), Some(t), Some(h)) = (
         protections.into_datum(),
         keys.into_datum(),
         tokens.into_datum(),
+        hashes.into_datum(),
     ) else {
         crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
             "could not build the tombstone batch".to_string(),
@@ -352,7 +454,35 @@ pub fn flush_tombstones() {
     } else {
         &[]
     };
-    for sql in std::iter::once(&SQL_STORE_TOMBS).chain(feed) {
+    if has_key_hash() {
+        exec_internal(
+            SQL_STORE_TOMBS,
+            true,
+            &[
+                pg_sys::INT8ARRAYOID,
+                pg_sys::TEXTARRAYOID,
+                pg_sys::INT8ARRAYOID,
+                pg_sys::INT8ARRAYOID,
+            ],
+            &mut [p, k, t, h],
+            false,
+            as_token,
+        );
+    } else {
+        exec_internal(
+            SQL_STORE_TOMBS_0_1,
+            true,
+            &[
+                pg_sys::INT8ARRAYOID,
+                pg_sys::TEXTARRAYOID,
+                pg_sys::INT8ARRAYOID,
+            ],
+            &mut [p, k, t],
+            false,
+            as_token,
+        );
+    }
+    for sql in feed {
         exec_internal(
             sql,
             true,
@@ -456,11 +586,22 @@ pub fn truncate_rows(
             high_water,
         });
     }
-    let store = format!(
-        "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
-         SELECT $1, {row_key}, $2 FROM {from} ON CONFLICT (protection_id, key) DO UPDATE \
-         SET high_water = excluded.high_water WHERE h.high_water < excluded.high_water"
-    );
+    // Keys identified by hash get it from their text, as the SQL of other paths does.
+    let store = if has_key_hash() {
+        format!(
+            "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, key_hash, high_water) \
+             SELECT $1, k, _pg_fencing.tombstone_key_hash($1, k), $2 FROM (SELECT {row_key} AS k FROM {from}) r \
+             ON CONFLICT (protection_id, key) DO UPDATE \
+             SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash \
+             WHERE h.high_water < excluded.high_water OR h.key_hash IS DISTINCT FROM excluded.key_hash"
+        )
+    } else {
+        format!(
+            "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
+             SELECT $1, {row_key}, $2 FROM {from} ON CONFLICT (protection_id, key) DO UPDATE \
+             SET high_water = excluded.high_water WHERE h.high_water < excluded.high_water"
+        )
+    };
     exec_internal(
         &store,
         false,

@@ -137,7 +137,7 @@ fn admit_new_key(
 ) -> Result<(), FenceError> {
     let same = |text: &str| identity.equals_text(&key.values, text);
     let tomb = rule::TombKey {
-        text: key.text.clone(),
+        text: &key.text,
         hash: key.hash,
         same: &same,
     };

@@ -273,7 +273,7 @@ pub fn admit_row_insert(
     admit_row(
         protection,
         table,
-        &|| key.text.clone(),
+        &|| key.text.to_string(),
         token,
         high_water,
         count,

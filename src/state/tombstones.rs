@@ -20,8 +20,9 @@ const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (prote
      SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash \
      WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water \
         OR h.key_hash IS DISTINCT FROM excluded.key_hash";
-/// The same for the schema of 0.1.0 (no `key_hash`), which the library serves until `ALTER
-/// EXTENSION pg_fencing UPDATE`: tombstones are matched by text there.
+/// The same without `key_hash`: for a batch of keys identified by text alone (`key_hash` stays
+/// NULL), and for the schema of 0.1.0 (no `key_hash`), which the library serves until `ALTER
+/// EXTENSION pg_fencing UPDATE` (tombstones are matched by text there).
 const SQL_STORE_TOMBS_0_1: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
      SELECT u.p, u.k, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
      WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
@@ -265,7 +266,7 @@ fn gone(relid: pg_sys::Oid) -> FenceError {
 /// A key as tombstones know it (`pg/key_identity.rs`): its text, and for a key identified by
 /// hash, its hash and a test whether another key's text is the same key.
 pub struct TombKey<'a> {
-    pub text: String,
+    pub text: &'a str,
     pub hash: Option<i64>,
     pub same: &'a dyn Fn(&str) -> bool,
 }
@@ -275,7 +276,7 @@ pub struct TombKey<'a> {
 /// key printed otherwise.
 pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
     flush_tombstones();
-    let k = text_datum(&key.text);
+    let k = text_datum(key.text);
     let p = pg_sys::Datum::from(protection);
     let exact = read_by_index(
         &TOMB_INDEX,
@@ -308,7 +309,7 @@ pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
         })
         .unwrap_or_default()
         .into_iter()
-        .filter(|(text, _)| *text != key.text && (key.same)(text))
+        .filter(|(text, _)| text != key.text && (key.same)(text))
         .map(|(_, h)| h)
         .max();
     exact.max(equal)
@@ -429,6 +430,7 @@ pub fn flush_tombstones() {
     let mut keys = Vec::with_capacity(highest.len());
     let mut tokens = Vec::with_capacity(highest.len());
     let mut hashes: Vec<Option<i64>> = Vec::with_capacity(highest.len());
+    let hashed = highest.values().any(|(_, h)| h.is_some());
     for ((p, k), (t, h)) in highest {
         protections.push(p);
         keys.push(k.to_string());
@@ -454,7 +456,8 @@ pub fn flush_tombstones() {
     } else {
         &[]
     };
-    if has_key_hash() {
+    // A batch of keys identified by text alone (no hashes) needs no key_hash: NULL by default.
+    if has_key_hash() && hashed {
         exec_internal(
             SQL_STORE_TOMBS,
             true,

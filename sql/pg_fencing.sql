@@ -504,11 +504,15 @@ CREATE FUNCTION _pg_fencing.tombstone_key_hash(protection_id bigint, key text) R
 LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_hash';
 COMMENT ON FUNCTION _pg_fencing.tombstone_key_hash(bigint, text) IS
 'The key_hash of a tombstone of that per-row protection whose key prints as key (ROW(primary key)::text); NULL for keys identified by their text, an unknown protection, or text that is no key of the table''s key types.';
+CREATE FUNCTION _pg_fencing.tombstone_key_text(protection_id bigint, key text) RETURNS text
+LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_text';
+COMMENT ON FUNCTION _pg_fencing.tombstone_key_text(bigint, text) IS
+'A tombstone''s key text printed again as a key of the table''s current key types prints (after a change of the key''s types numeric 5.0 is int 5); NULL for an unknown protection or text that is no key of those types.';
 CREATE FUNCTION _pg_fencing.tombstone_key_signature(relation regclass) RETURNS text
 LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_signature';
 
--- Per-row mode: recompute the key hashes of a table's tombstones when what they depend on
--- changed: the key columns' types or collations (ALTER TABLE), a nondeterministic collation's
+-- Per-row mode: bring a table's tombstones up to date (their key text as the key's types print
+-- it, their key hashes) when what they depend on changed: the key columns' types or collations (ALTER TABLE), a nondeterministic collation's
 -- version (ALTER COLLATION ... REFRESH VERSION after an ICU upgrade), a restore of a dump made
 -- before 0.2.0 (its primary keys are created after the data), the upgrade from 0.1.0. Does
 -- nothing when the signature is unchanged, so anyone may call it.
@@ -516,6 +520,8 @@ CREATE FUNCTION _pg_fencing.rehash_tombstones(protection bigint, relation regcla
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     sig text := _pg_fencing.tombstone_key_signature(relation);
+    old_sig text;
+    r record;
 BEGIN
     IF sig IS NULL THEN
         RETURN;
@@ -525,14 +531,23 @@ BEGIN
                             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
                             JOIN pg_collation c ON c.oid = a.attcollation AND NOT c.collisdeterministic
                             WHERE i.indrelid = relation AND i.indisprimary), '');
-    IF sig IS NOT DISTINCT FROM (SELECT p.tombstone_key_signature FROM _pg_fencing.protected_table p
-                                 WHERE p.id = protection AND p.relid = relation AND p.resource IS NULL) THEN
+    SELECT p.tombstone_key_signature INTO old_sig FROM _pg_fencing.protected_table p
+    WHERE p.id = protection AND p.relid = relation AND p.resource IS NULL;
+    IF NOT FOUND OR sig IS NOT DISTINCT FROM old_sig THEN
         RETURN;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM _pg_fencing.protected_table p
-                   WHERE p.id = protection AND p.relid = relation AND p.resource IS NULL) THEN
-        RETURN;
-    END IF;
+    -- After a change of the key's types (not when no signature was recorded: tombstones of
+    -- 0.1.0 and of its dumps were printed by the types they have), keys the new types print
+    -- otherwise (numeric 5.0 is int 5 now) get the new text; tombstones whose texts become one
+    -- keep the highest mark.
+    FOR r IN SELECT s.ctid AS c, s.key, s.high_water, _pg_fencing.tombstone_key_text(s.protection_id, s.key) AS new_key
+             FROM _pg_fencing.row_tombstone s WHERE s.protection_id = protection AND old_sig IS NOT NULL LOOP
+        CONTINUE WHEN r.new_key IS NULL OR r.new_key = r.key;
+        DELETE FROM _pg_fencing.row_tombstone WHERE ctid = r.c;
+        INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water)
+        VALUES (protection, r.new_key, r.high_water)
+        ON CONFLICT (protection_id, key) DO UPDATE SET high_water = GREATEST(h.high_water, excluded.high_water);
+    END LOOP;
     UPDATE _pg_fencing.row_tombstone t SET key_hash = x.h
     FROM (SELECT s.ctid AS c, _pg_fencing.tombstone_key_hash(s.protection_id, s.key) AS h
           FROM _pg_fencing.row_tombstone s WHERE s.protection_id = protection) x

@@ -911,6 +911,37 @@ pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_hash(
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_tombstone_key_text);
+/// `_pg_fencing.tombstone_key_text(protection_id bigint, key text) RETURNS text` (STRICT): a
+/// tombstone's key text printed again as a key of the table's current key types prints (after
+/// a change of the key's types, `numeric` 5.0 is `int` 5); NULL for an unknown protection or
+/// text that is no key of those types. For `_pg_fencing.rehash_tombstones`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_text(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: as for `pg_fencing_tombstone_key_hash`; the text result is palloc'd by pgrx's
+    // into_datum in the function's memory context, as the function manager expects.
+    unsafe {
+        run(fcinfo, || {
+            let protection: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let key: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            let text = protection
+                .zip(key)
+                .and_then(|(p, k)| crate::state::tombstones::key_text_of_text(p, &k));
+            match text {
+                Some(t) => Ok(t.into_datum().unwrap_or(pg_sys::Datum::from(0usize))),
+                None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
+            }
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_tombstone_key_signature);
 /// `_pg_fencing.tombstone_key_signature(relation regclass) RETURNS text` (STRICT): what the
 /// hashes of the table's tombstones depend on (its key columns' types and collations; NULL

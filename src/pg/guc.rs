@@ -39,18 +39,17 @@ fn token_record() -> Option<*mut pg_sys::config_generic> {
     if !cached.is_null() {
         return Some(cached);
     }
-    // SAFETY: main thread. get_guc_variables() returns guc.c's array of
-    // GetNumConfigOptions() pointers (checked for NULL); each entry is NULL-checked, and its
+    // SAFETY: main thread. guc_variables() returns guc.c's array of GUC record pointers and its
+    // length (checked for NULL); each entry is NULL-checked, and its
     // `name` is a NUL-terminated string owned by guc.c. The array may be reallocated by a later
     // GUC definition, but we keep only the record pointer, which is never moved or freed once
     // defined.
     unsafe {
-        let vars = pg_sys::get_guc_variables();
-        let n = pg_sys::GetNumConfigOptions();
+        let (vars, n) = crate::pg::compat::guc_variables();
         if vars.is_null() {
             return None;
         }
-        for i in 0..n as usize {
+        for i in 0..n {
             let v = *vars.add(i);
             if !v.is_null()
                 && !(*v).name.is_null()

@@ -93,10 +93,10 @@ pub fn read_by_index(
     unsafe {
         let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let tupdesc = (*heap).rd_att;
-        let natts = (*tupdesc).natts as usize;
         let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
         for (attno, proc_, value) in keys {
-            let collation = (*tupdesc).attrs.as_slice(natts)[(*attno - 1) as usize].attcollation;
+            let collation =
+                crate::pg::compat::tuple_desc_attr(tupdesc, (*attno - 1) as usize).attcollation;
             let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
             pg_sys::ScanKeyEntryInitialize(
                 &mut key,
@@ -169,10 +169,10 @@ pub fn read_all_by_index(
         }
         let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let tupdesc = (*heap).rd_att;
-        let natts = (*tupdesc).natts as usize;
         let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
         for (attno, proc_, value) in keys {
-            let collation = (*tupdesc).attrs.as_slice(natts)[(*attno - 1) as usize].attcollation;
+            let collation =
+                crate::pg::compat::tuple_desc_attr(tupdesc, (*attno - 1) as usize).attcollation;
             let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
             pg_sys::ScanKeyEntryInitialize(
                 &mut key,

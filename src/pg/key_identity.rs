@@ -8,13 +8,20 @@
 //! * A key whose columns all print one way per value ([`PRINT_EXACT`]: integers, `uuid`,
 //!   `bool`, dates and timestamps under the pinned output settings, `bytea`, text and varchar
 //!   under a deterministic collation) is identified by its text: equal text iff equal key.
-//! * Any other key also has a 64-bit hash: per column, the type's hash support function (the
-//!   one hash joins and hash partitioning use, which PostgreSQL requires to give equal values
-//!   equal hashes under the type's default equality, the primary key's), called with the
-//!   column's collation, combined as `hash_combine64` does. A tombstone with the same hash but
-//!   other text counts only if the key's equality operator says the keys are equal; the stored
-//!   text is parsed back with the column types' input functions.
-//! * A column type with no hash support or no default equality keeps text identity.
+//! * Any other key also has a 64-bit hash over its columns that have hash support consistent
+//!   with the primary key's ordering: the type's hash support function (the one hash joins and
+//!   hash partitioning use), called with the column's collation, combined as `hash_combine64`
+//!   does; for `citext`, whose own hash ignores the column's collation, the text hash of its
+//!   lower-cased value under that collation (what `citext_cmp` compares); under a
+//!   nondeterministic collation only `text`, `varchar` and `bpchar` hash by it, other columns
+//!   are left out of the hash. A tombstone with the same hash but other text counts if the
+//!   primary key's comparison function (the B-tree support function of its default operator
+//!   class, with the column's collation: what the unique index uses) finds every column equal;
+//!   the stored text is parsed back with the column types' input functions. Columns whose text
+//!   may name another value later (enums, whose labels can be renamed; `reg*` types, whose
+//!   objects can be) are taken as equal when the hash matched, and so is stored text that no
+//!   longer parses: on the safe side, a refusal.
+//! * A key with no column that has such hash support keeps text identity.
 
 use pgrx::pg_sys;
 use std::ffi::{CStr, CString};
@@ -44,24 +51,55 @@ const PRINT_EXACT: [pg_sys::Oid; 12] = [
     pg_sys::TEXTOID,
 ];
 
+/// How a column goes into the key's hash.
+enum Hasher {
+    /// The type's extended (64-bit, seeded) hash support function.
+    Extended(Box<pg_sys::FmgrInfo>),
+    /// The type's 32-bit hash support function.
+    Standard(Box<pg_sys::FmgrInfo>),
+    /// `citext`: `hashtextextended(lower(value))`, both under the column's collation.
+    Citext {
+        lower: Box<pg_sys::FmgrInfo>,
+        hash: Box<pg_sys::FmgrInfo>,
+    },
+}
+
 struct Column {
     spec: KeyColumn,
-    /// The hash support function (boxed: the function manager may keep a pointer to it).
-    hash: Box<pg_sys::FmgrInfo>,
-    /// `hash` takes a seed and returns 64 bits (else: 32 bits, no seed).
-    extended: bool,
-    /// The default equality operator's function.
-    eq: Box<pg_sys::FmgrInfo>,
+    /// `None`: left out of the hash (no hash support consistent with the key's ordering).
+    hash: Option<Hasher>,
+    /// The B-tree comparison support function (boxed: the function manager may keep a pointer
+    /// to it); equal iff it returns 0.
+    cmp: Box<pg_sys::FmgrInfo>,
+    /// The column's text may name another value later (enum labels, `reg*` names): a matching
+    /// hash counts as equal, whatever the stored text parses to now.
+    trust_hash: bool,
     input: pg_sys::Oid,
     ioparam: pg_sys::Oid,
 }
 
 /// How the keys of one protected table are identified (see the module's header).
 pub struct KeyIdentity {
-    /// Empty: text identity.
-    hashed: Vec<Column>,
+    cols: Vec<Column>,
+    /// Identified by hash (else by text).
+    hashed: bool,
     signature: String,
 }
+
+/// Types whose values print as the names of objects that can be renamed.
+const REG_TYPES: [pg_sys::Oid; 11] = [
+    pg_sys::REGCLASSOID,
+    pg_sys::REGTYPEOID,
+    pg_sys::REGPROCOID,
+    pg_sys::REGPROCEDUREOID,
+    pg_sys::REGOPEROID,
+    pg_sys::REGOPERATOROID,
+    pg_sys::REGNAMESPACEOID,
+    pg_sys::REGROLEOID,
+    pg_sys::REGCONFIGOID,
+    pg_sys::REGDICTIONARYOID,
+    pg_sys::REGCOLLATIONOID,
+];
 
 fn prints_exactly(c: &KeyColumn) -> bool {
     match c.typid {
@@ -75,6 +113,79 @@ fn prints_exactly(c: &KeyColumn) -> bool {
     }
 }
 
+/// The column of `c`, or `None` if its type has no default B-tree comparison (it cannot be in
+/// a primary key then).
+fn column(c: &KeyColumn) -> Option<Column> {
+    // SAFETY: main thread inside a transaction. lookup_type_cache returns a pointer to a type
+    // cache entry, which lives as long as the backend; only read here. The FmgrInfo boxes are
+    // zeroed plain C structs that fmgr_info_cxt fills, with their extra state in
+    // TopMemoryContext (an identity is cached for the backend's life or until a relcache
+    // invalidation). get_func_name returns a palloc'd NUL-terminated name or NULL (checked);
+    // getTypeInputInfo writes two OIDs; the other lookups take OIDs by value.
+    unsafe {
+        let flags = pg_sys::TYPECACHE_CMP_PROC
+            | pg_sys::TYPECACHE_HASH_PROC
+            | pg_sys::TYPECACHE_HASH_EXTENDED_PROC;
+        let tce = pg_sys::lookup_type_cache(c.typid, flags as i32);
+        if tce.is_null() || (*tce).cmp_proc == pg_sys::Oid::INVALID {
+            return None;
+        }
+        let mut cmp = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
+        pg_sys::fmgr_info_cxt((*tce).cmp_proc, &mut *cmp, pg_sys::TopMemoryContext);
+        let cmp_name = {
+            let n = pg_sys::get_func_name((*tce).cmp_proc);
+            if n.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(n).to_string_lossy().into_owned()
+            }
+        };
+        let base = pg_sys::getBaseType(c.typid);
+        let nondeterministic = c.collation != pg_sys::Oid::INVALID
+            && !pg_sys::get_collation_isdeterministic(c.collation);
+        let function = |proc_: pg_sys::Oid| {
+            let mut f = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
+            pg_sys::fmgr_info_cxt(proc_, &mut *f, pg_sys::TopMemoryContext);
+            f
+        };
+        let hash = if cmp_name == "citext_cmp" {
+            Some(Hasher::Citext {
+                lower: function(pg_sys::Oid::from(pg_sys::F_LOWER_TEXT)),
+                hash: function(pg_sys::Oid::from(pg_sys::F_HASHTEXTEXTENDED)),
+            })
+        } else if nondeterministic
+            && ![pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&base)
+        {
+            None
+        } else if (*tce).hash_extended_proc != pg_sys::Oid::INVALID {
+            Some(Hasher::Extended(function((*tce).hash_extended_proc)))
+        } else if (*tce).hash_proc != pg_sys::Oid::INVALID {
+            Some(Hasher::Standard(function((*tce).hash_proc)))
+        } else {
+            None
+        };
+        let element = pg_sys::get_element_type(base);
+        let names_objects = |t: pg_sys::Oid| {
+            t != pg_sys::Oid::INVALID && {
+                let b = pg_sys::getBaseType(t);
+                REG_TYPES.contains(&b) || pg_sys::type_is_enum(b)
+            }
+        };
+        let trust_hash = names_objects(base) || names_objects(element);
+        let mut input = pg_sys::Oid::INVALID;
+        let mut ioparam = pg_sys::Oid::INVALID;
+        pg_sys::getTypeInputInfo(c.typid, &mut input, &mut ioparam);
+        Some(Column {
+            spec: *c,
+            hash,
+            cmp,
+            trust_hash,
+            input,
+            ioparam,
+        })
+    }
+}
+
 impl KeyIdentity {
     /// The identity of keys made of `cols`.
     pub fn new(cols: &[KeyColumn]) -> KeyIdentity {
@@ -83,73 +194,54 @@ impl KeyIdentity {
         } else {
             "be"
         };
-        let text = || KeyIdentity {
-            hashed: Vec::new(),
-            signature: "text".to_string(),
+        let built: Option<Vec<Column>> = cols.iter().map(column).collect();
+        let Some(built) = built.filter(|b| !b.is_empty()) else {
+            return KeyIdentity {
+                cols: Vec::new(),
+                hashed: false,
+                signature: "text".to_string(),
+            };
         };
-        if cols.is_empty() || cols.iter().all(prints_exactly) {
-            return text();
-        }
-        let mut hashed = Vec::with_capacity(cols.len());
-        let mut signature = format!("hash {endian}");
-        for c in cols {
-            // SAFETY: main thread inside a transaction. lookup_type_cache returns a pointer to
-            // a type cache entry, which lives as long as the backend; only read here. The
-            // FmgrInfo boxes are zeroed plain C structs that fmgr_info_cxt fills, with their
-            // extra state in TopMemoryContext (this identity is cached for the backend's life
-            // or until a relcache invalidation). getTypeInputInfo writes two OIDs.
-            unsafe {
-                let flags = pg_sys::TYPECACHE_EQ_OPR
-                    | pg_sys::TYPECACHE_HASH_PROC
-                    | pg_sys::TYPECACHE_HASH_EXTENDED_PROC;
-                let tce = pg_sys::lookup_type_cache(c.typid, flags as i32);
-                if tce.is_null() || (*tce).eq_opr == pg_sys::Oid::INVALID {
-                    return text();
-                }
-                let (hash_fn, extended) = if (*tce).hash_extended_proc != pg_sys::Oid::INVALID {
-                    ((*tce).hash_extended_proc, true)
-                } else if (*tce).hash_proc != pg_sys::Oid::INVALID {
-                    ((*tce).hash_proc, false)
-                } else {
-                    return text();
+        let hashed = !cols.iter().all(prints_exactly) && built.iter().any(|c| c.hash.is_some());
+        let signature = if hashed {
+            let mut s = format!("hash {endian}");
+            for c in &built {
+                let how = match &c.hash {
+                    None => "-",
+                    Some(Hasher::Extended(_)) => "64",
+                    Some(Hasher::Standard(_)) => "32",
+                    Some(Hasher::Citext { .. }) => "citext",
                 };
-                let eq_fn = pg_sys::get_opcode((*tce).eq_opr);
-                if eq_fn == pg_sys::Oid::INVALID {
-                    return text();
-                }
-                let mut hash = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
-                let mut eq = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
-                pg_sys::fmgr_info_cxt(hash_fn, &mut *hash, pg_sys::TopMemoryContext);
-                pg_sys::fmgr_info_cxt(eq_fn, &mut *eq, pg_sys::TopMemoryContext);
-                let mut input = pg_sys::Oid::INVALID;
-                let mut ioparam = pg_sys::Oid::INVALID;
-                pg_sys::getTypeInputInfo(c.typid, &mut input, &mut ioparam);
-                signature.push_str(&format!(
-                    " {}:{}:{}",
-                    c.typid.to_u32(),
-                    c.collation.to_u32(),
-                    if extended { 64 } else { 32 }
+                s.push_str(&format!(
+                    " {}:{}:{how}",
+                    c.spec.typid.to_u32(),
+                    c.spec.collation.to_u32()
                 ));
-                hashed.push(Column {
-                    spec: *c,
-                    hash,
-                    extended,
-                    eq,
-                    input,
-                    ioparam,
-                });
             }
+            s
+        } else {
+            let types: Vec<String> = built
+                .iter()
+                .map(|c| c.spec.typid.to_u32().to_string())
+                .collect();
+            format!("text {}", types.join(":"))
+        };
+        KeyIdentity {
+            cols: built,
+            hashed,
+            signature,
         }
-        KeyIdentity { hashed, signature }
     }
 
     /// Identified by hash and equality (else by text alone).
     pub fn is_hashed(&self) -> bool {
-        !self.hashed.is_empty()
+        self.hashed
     }
 
-    /// What the stored hashes depend on: the columns' types, collations and hash widths, and
-    /// the byte order. Tombstone hashes computed under another signature must be computed again.
+    /// What the stored tombstones depend on: text identity and the key's types, or hash
+    /// identity with the columns' types, collations and hash functions, and the byte order.
+    /// Tombstones written under another signature must be brought up to date
+    /// (`_pg_fencing.rehash_tombstones`).
     pub fn signature(&self) -> &str {
         &self.signature
     }
@@ -157,28 +249,45 @@ impl KeyIdentity {
     /// The key's hash (`None`: text identity). `values`: the key's columns, in key order, of
     /// the types this identity was made for, none NULL (a primary key has no NULLs).
     pub fn hash(&self, values: &[pg_sys::Datum]) -> Option<i64> {
-        if self.hashed.is_empty() || values.len() != self.hashed.len() {
+        if !self.hashed || values.len() != self.cols.len() {
             return None;
         }
         let mut h: u64 = 0;
-        for (c, v) in self.hashed.iter().zip(values) {
+        for (c, v) in self.cols.iter().zip(values) {
+            let Some(hasher) = &c.hash else {
+                continue;
+            };
             // SAFETY: main thread inside a transaction; `v` is a value of the column's type (the
             // caller's duty), which its hash support function takes, with the column's
-            // collation (and a zero seed for an extended one). The FmgrInfo was filled by
-            // fmgr_info_cxt for that function. A NULL result would raise ERROR in the
-            // function manager, not UB.
+            // collation (and a zero seed for an extended one); for citext, a text-compatible
+            // value, lower-cased by lower(text) and hashed by hashtextextended, both builtins
+            // called with the column's collation. The FmgrInfos were filled by fmgr_info_cxt. A
+            // NULL result would raise ERROR in the function manager, not UB.
             let part = unsafe {
-                if c.extended {
-                    pg_sys::FunctionCall2Coll(
-                        &*c.hash as *const _ as *mut _,
-                        c.spec.collation,
+                let coll = c.spec.collation;
+                match hasher {
+                    Hasher::Extended(f) => pg_sys::FunctionCall2Coll(
+                        &**f as *const _ as *mut _,
+                        coll,
                         *v,
                         pg_sys::Datum::from(0i64),
                     )
-                    .value() as u64
-                } else {
-                    pg_sys::FunctionCall1Coll(&*c.hash as *const _ as *mut _, c.spec.collation, *v)
-                        .value() as u32 as u64
+                    .value() as u64,
+                    Hasher::Standard(f) => {
+                        pg_sys::FunctionCall1Coll(&**f as *const _ as *mut _, coll, *v).value()
+                            as u32 as u64
+                    }
+                    Hasher::Citext { lower, hash } => {
+                        let lowered =
+                            pg_sys::FunctionCall1Coll(&**lower as *const _ as *mut _, coll, *v);
+                        pg_sys::FunctionCall2Coll(
+                            &**hash as *const _ as *mut _,
+                            coll,
+                            lowered,
+                            pg_sys::Datum::from(0i64),
+                        )
+                        .value() as u64
+                    }
                 }
             };
             // hash_combine64 (PostgreSQL's common/hashfn.h).
@@ -190,123 +299,138 @@ impl KeyIdentity {
         Some(h as i64)
     }
 
-    /// Are keys `a` and `b` (values as for [`KeyIdentity::hash`]) equal under the columns'
-    /// equality? Only for an identity by hash (text identity: compare the texts).
-    pub fn equal(&self, a: &[pg_sys::Datum], b: &[pg_sys::Datum]) -> bool {
-        !self.hashed.is_empty()
-            && a.len() == self.hashed.len()
-            && b.len() == self.hashed.len()
-            && self.hashed.iter().zip(a).zip(b).all(|((c, x), y)| {
-                // SAFETY: as in `equals_text`: two values of the column's type.
-                unsafe {
-                    pg_sys::FunctionCall2Coll(
-                        &*c.eq as *const _ as *mut _,
-                        c.spec.collation,
-                        *x,
-                        *y,
-                    )
-                    .value()
-                        != 0
-                }
-            })
+    /// Are columns `a` and `b` equal under the key's B-tree comparison?
+    fn column_equal(c: &Column, a: pg_sys::Datum, b: pg_sys::Datum) -> bool {
+        // SAFETY: `a` and `b` are values of the column's type; its B-tree comparison function
+        // takes two of them and the column's collation, and returns an int4 datum.
+        unsafe {
+            pg_sys::FunctionCall2Coll(&*c.cmp as *const _ as *mut _, c.spec.collation, a, b).value()
+                as i32
+                == 0
+        }
     }
 
-    /// Is the key printed as `text` (as `trigger_event::key_text_of` prints keys) equal to the
-    /// key `values` under the columns' equality? False for text that does not parse as a key of
-    /// these types (parsing may raise ERROR for text a key of these types never prints; the
-    /// tombstones compared here were hashed from a key of these types, so their text parses).
-    pub fn equals_text(&self, values: &[pg_sys::Datum], text: &str) -> bool {
-        let Some(parsed) = crate::pg::spi::with_pinned_settings(|| self.parse(text, false)) else {
-            return false;
-        };
+    /// Are keys `a` and `b` (values as for [`KeyIdentity::hash`]) equal under the primary key's
+    /// comparison? Only for an identity by hash (text identity: compare the texts).
+    pub fn equal(&self, a: &[pg_sys::Datum], b: &[pg_sys::Datum]) -> bool {
         self.hashed
+            && a.len() == self.cols.len()
+            && b.len() == self.cols.len()
+            && self
+                .cols
+                .iter()
+                .zip(a)
+                .zip(b)
+                .all(|((c, x), y)| Self::column_equal(c, *x, *y))
+    }
+
+    /// Is the tombstone printed as `text`, whose hash equals that of key `values`, a tombstone of
+    /// that key? Yes if the text parses to a key equal to it under the primary key's
+    /// comparison, its columns that may name another value now (`trust_hash`) aside; and yes
+    /// if the text no longer parses (a domain's new constraint, a renamed object): the hash
+    /// matched and nothing else can tell, so the safe answer.
+    pub fn equals_text(&self, values: &[pg_sys::Datum], text: &str) -> bool {
+        let Some(parsed) = crate::pg::spi::with_pinned_settings(|| self.parse(text)) else {
+            return true;
+        };
+        self.cols
             .iter()
             .zip(values)
             .zip(&parsed)
-            .all(|((c, a), b)| {
-                // SAFETY: `a` and `b` are values of the column's type (`b` made by its input
-                // function); the equality operator's function takes two of them and the column's
-                // collation, and returns a bool datum.
-                unsafe {
-                    pg_sys::FunctionCall2Coll(
-                        &*c.eq as *const _ as *mut _,
-                        c.spec.collation,
-                        *a,
-                        *b,
-                    )
-                    .value()
-                        != 0
-                }
-            })
+            .all(|((c, a), b)| c.trust_hash || Self::column_equal(c, *a, *b))
     }
 
     /// The hash of the key printed as `text` (`None`: text identity, or text that is not a key
-    /// of these types: it can equal no key, and keeps text identity). Input errors are caught.
+    /// of these types: it can equal no key, and keeps text identity).
     pub fn hash_of_text(&self, text: &str) -> Option<i64> {
-        if self.hashed.is_empty() {
+        if !self.hashed {
             return None;
         }
-        let values = crate::pg::spi::with_pinned_settings(|| self.parse(text, true))?;
+        let values = crate::pg::spi::with_pinned_settings(|| self.parse(text))?;
         self.hash(&values)
     }
 
-    /// The key's values from its text; `soft`: an input function's ERROR gives `None` (run in a
-    /// subtransaction), else it is raised.
-    fn parse(&self, text: &str, soft: bool) -> Option<Vec<pg_sys::Datum>> {
+    /// The key printed as `text`, printed again as a key of these types prints
+    /// (`trigger_event::key_text_of`): after a change of the key's types its text may differ
+    /// (`numeric` 5.0 is `int` 5). `None`: text that is not a key of these types.
+    pub fn reprint(&self, text: &str) -> Option<String> {
+        crate::pg::spi::with_pinned_settings(|| {
+            let values = self.parse(text)?;
+            let typed: Vec<(Option<pg_sys::Datum>, pg_sys::Oid)> = values
+                .iter()
+                .zip(&self.cols)
+                .map(|(v, c)| (Some(*v), c.spec.typid))
+                .collect();
+            Some(crate::pg::trigger_event::key_text_of(&typed))
+        })
+    }
+
+    /// The key's values from its text (`None` for text of another shape, or one an input
+    /// function refuses: see [`input_soft`]).
+    fn parse(&self, text: &str) -> Option<Vec<pg_sys::Datum>> {
         let fields = split_key_text(text)?;
-        if fields.len() != self.hashed.len() {
+        if fields.is_empty() || fields.len() != self.cols.len() {
             return None;
         }
         let mut out = Vec::with_capacity(fields.len());
-        for (c, f) in self.hashed.iter().zip(fields) {
+        for (c, f) in self.cols.iter().zip(fields) {
             let f = CString::new(f?).ok()?;
-            let v = if soft {
-                input_soft(c, &f)?
-            } else {
-                input(c, &f)
-            };
-            out.push(v);
+            out.push(input_soft(c, &f)?);
         }
         Some(out)
     }
 }
 
-fn input(c: &Column, text: &CStr) -> pg_sys::Datum {
-    // SAFETY: main thread inside a transaction; the type's input function (found by
-    // getTypeInputInfo) with its I/O parameter and the column's type modifier, on a
-    // NUL-terminated string that outlives the call. The result is palloc'd in the current
-    // memory context. An ERROR becomes a panic through pgrx's FFI guard.
-    unsafe {
-        pg_sys::OidInputFunctionCall(c.input, text.as_ptr().cast_mut(), c.ioparam, c.spec.typmod)
-    }
-}
-
-/// [`input`] in a subtransaction: `None` if the input function raises ERROR (as PL/pgSQL's
-/// EXCEPTION blocks do it: the caller's memory context and resource owner are restored).
+/// The type's input function on `text`, in a subtransaction: `None` if it raises an error of
+/// the classes bad input raises (22 data exception, 23 integrity constraint violation: a
+/// domain's CHECK, 42 e.g. an undefined object for `reg*`), which are taken back as PL/pgSQL's
+/// EXCEPTION blocks do (the caller's memory context and resource owner restored); any other
+/// error (a cancel, out of memory) is raised again.
 fn input_soft(c: &Column, text: &CStr) -> Option<pg_sys::Datum> {
     // SAFETY: main thread inside a transaction. The subtransaction is begun and then either
     // released (success) or rolled back (ERROR caught by PgTryBuilder, which has already
     // copied and flushed the error state), and each path restores the memory context and
-    // resource owner saved before it began, as PL/pgSQL's exception blocks do. The value is
-    // made in the caller's memory context, which outlives the subtransaction.
+    // resource owner saved before it began, as PL/pgSQL's exception blocks do; an error of
+    // another class is raised again after the rollback. The input function (found by
+    // getTypeInputInfo) gets its I/O parameter and the column's type modifier, on a
+    // NUL-terminated string that outlives the call; its value is made in the caller's memory
+    // context, which outlives the subtransaction.
     unsafe {
         let cxt = pg_sys::CurrentMemoryContext;
         let owner = pg_sys::CurrentResourceOwner;
         pg_sys::BeginInternalSubTransaction(std::ptr::null());
         pg_sys::MemoryContextSwitchTo(cxt);
         pgrx::PgTryBuilder::new(|| {
-            let v = input(c, text);
+            let v = pg_sys::OidInputFunctionCall(
+                c.input,
+                text.as_ptr().cast_mut(),
+                c.ioparam,
+                c.spec.typmod,
+            );
             pg_sys::ReleaseCurrentSubTransaction();
             pg_sys::MemoryContextSwitchTo(cxt);
             pg_sys::CurrentResourceOwner = owner;
             Some(v)
         })
-        .catch_others(|_| {
+        .catch_others(|e| {
             pg_sys::MemoryContextSwitchTo(cxt);
             pg_sys::RollbackAndReleaseCurrentSubTransaction();
             pg_sys::MemoryContextSwitchTo(cxt);
             pg_sys::CurrentResourceOwner = owner;
-            None
+            let class = match &e {
+                pg_sys::panic::CaughtError::PostgresError(r)
+                | pg_sys::panic::CaughtError::ErrorReport(r) => {
+                    (r.sql_error_code() as i32) & ((1 << 12) - 1)
+                }
+                pg_sys::panic::CaughtError::RustPanic { .. } => -1,
+            };
+            // MAKE_SQLSTATE's category of classes 22, 23 and 42.
+            let sixbit = |a: u8, b: u8| i32::from(a - b'0') | (i32::from(b - b'0') << 6);
+            if [sixbit(b'2', b'2'), sixbit(b'2', b'3'), sixbit(b'4', b'2')].contains(&class) {
+                None
+            } else {
+                e.rethrow()
+            }
         })
         .execute()
     }
@@ -370,7 +494,7 @@ pub fn key_columns_of(relid: pg_sys::Oid) -> Option<Vec<KeyColumn>> {
         if rel.is_null() {
             return None;
         }
-        let pk = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        let pk = crate::pg::compat::primary_key_index(rel);
         let mut out = None;
         if pk != pg_sys::Oid::INVALID {
             let idx = pg_sys::index_open(pk, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
@@ -382,11 +506,12 @@ pub fn key_columns_of(relid: pg_sys::Oid) -> Option<Vec<KeyColumn>> {
                 .to_vec();
             pg_sys::index_close(idx, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
             let tupdesc = (*rel).rd_att;
-            let attrs = (*tupdesc).attrs.as_slice((*tupdesc).natts as usize);
+            let natts = (*tupdesc).natts.max(0) as usize;
             out = attnums
                 .iter()
                 .map(|a| {
-                    let a = attrs.get((*a as usize).checked_sub(1)?)?;
+                    let i = (*a as usize).checked_sub(1).filter(|i| *i < natts)?;
+                    let a = crate::pg::compat::tuple_desc_attr(tupdesc, i);
                     Some(KeyColumn {
                         typid: a.atttypid,
                         typmod: a.atttypmod,

@@ -10,6 +10,7 @@
 //! `// SAFETY:` notes say so.
 
 pub mod catalog;
+pub mod compat;
 pub mod guc;
 pub mod index;
 pub mod key_identity;

@@ -110,7 +110,7 @@ pub fn sigterm_as_die() {
     // SAFETY: installs PostgreSQL's own SIGTERM handler on the worker's main thread before it
     // does any work; pqsignal only records the handler.
     unsafe {
-        pg_sys::pqsignal(libc::SIGTERM, Some(die_handler));
+        crate::pg::compat::set_signal_handler(libc::SIGTERM, die_handler);
     }
 }
 
@@ -141,7 +141,7 @@ pub fn reload_config() {
 pub fn exit(code: i32) -> ! {
     // SAFETY: proc_exit runs the exit callbacks and never returns; called on the main thread
     // with no Rust value left that needs dropping for correctness.
-    unsafe { pg_sys::proc_exit(code) }
+    unsafe { crate::pg::compat::proc_exit(code) }
 }
 
 /// Run `callback` when this backend exits (before its shared-memory detach), once per process.

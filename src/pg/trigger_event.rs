@@ -216,8 +216,7 @@ impl<'a> Relation<'a> {
         // out of bounds).
         unsafe {
             let tupdesc = (*self.rel).rd_att;
-            let natts = (*tupdesc).natts as usize;
-            &(*tupdesc).attrs.as_slice(natts)[(attnum - 1) as usize]
+            crate::pg::compat::tuple_desc_attr(tupdesc, (attnum - 1) as usize)
         }
     }
 
@@ -308,7 +307,7 @@ impl<'a> Relation<'a> {
         // (valid while open; `indkey` has at least `indnkeyatts` entries) and copied before
         // index_close; main thread inside the trigger's transaction.
         unsafe {
-            let pk = pg_sys::RelationGetPrimaryKeyIndex(self.rel);
+            let pk = crate::pg::compat::primary_key_index(self.rel);
             if pk == pg_sys::Oid::INVALID {
                 return (Vec::new(), true);
             }
@@ -362,10 +361,7 @@ impl<'a> Row<'a> {
     fn type_of(&self, attnum: i16) -> pg_sys::Oid {
         // SAFETY: the descriptor is valid for the call with `natts` attributes; the slice index
         // is bounds-checked.
-        unsafe {
-            let natts = (*self.tupdesc).natts as usize;
-            (*self.tupdesc).attrs.as_slice(natts)[(attnum - 1) as usize].atttypid
-        }
+        unsafe { crate::pg::compat::tuple_desc_attr(self.tupdesc, (attnum - 1) as usize).atttypid }
     }
 
     /// The value of bigint column `attnum` (None if NULL).

@@ -350,6 +350,13 @@ pub fn key_hash_of_text(protection: i64, key: &str) -> Option<i64> {
     identity_of(protection)?.hash_of_text(key)
 }
 
+/// `_pg_fencing.tombstone_key_text(protection_id, key)`: the key printed as `key`, printed as a
+/// key of the table's key types prints now (`None`: an unknown protection, or text that is no
+/// key of those types).
+pub fn key_text_of_text(protection: i64, key: &str) -> Option<String> {
+    identity_of(protection)?.reprint(key)
+}
+
 /// `_pg_fencing.tombstone_key_signature(relation)`: what the stored hashes of the table's
 /// tombstones depend on (`KeyIdentity::signature`); `None` without a primary key. Writes this
 /// transaction's pending tombstones first, so that a recomputation that follows sees them.
@@ -484,6 +491,23 @@ pub fn flush_tombstones() {
             false,
             as_token,
         );
+        // The schema may have been updated (ALTER EXTENSION pg_fencing UPDATE) while this
+        // statement waited for its lock: then write the hashes too.
+        if hashed && has_key_hash() {
+            exec_internal(
+                SQL_STORE_TOMBS,
+                true,
+                &[
+                    pg_sys::INT8ARRAYOID,
+                    pg_sys::TEXTARRAYOID,
+                    pg_sys::INT8ARRAYOID,
+                    pg_sys::INT8ARRAYOID,
+                ],
+                &mut [p, k, t, h],
+                false,
+                as_token,
+            );
+        }
     }
     for sql in feed {
         exec_internal(

@@ -1,0 +1,121 @@
+//! What differs between the PostgreSQL majors pg_fencing builds for (the pgrx features `pg15`
+//! and `pg18`), in one place: the rest of the crate calls these and never tests a feature.
+//!
+//! * 18 stores a tuple descriptor's attributes after its compact attributes, so `attrs` is no
+//!   longer a field; `TupleDescAttr` (a pgrx shim for the C inline function) finds them.
+//! * 16 made `get_guc_variables` return its length and dropped `GetNumConfigOptions`.
+//! * 17 gave `RelationGetPrimaryKeyIndex` a `deferrable_ok` flag (pg_fencing asks for a
+//!   deferrable key too, as 15 returns it, and refuses it itself with a clear error).
+//! * 18 renamed the backend's `pqsignal` to `pqsignal_be`, and pgrx's binding of `proc_exit`
+//!   lost its `noreturn`.
+
+use pgrx::pg_sys;
+
+/// Attribute `index` (0-based) of `tupdesc`; panics (never reads out of bounds) if `index` is
+/// not below `natts`.
+///
+/// # Safety
+/// `tupdesc` must be a valid tuple descriptor that outlives the returned reference.
+pub unsafe fn tuple_desc_attr<'a>(
+    tupdesc: pg_sys::TupleDesc,
+    index: usize,
+) -> &'a pg_sys::FormData_pg_attribute {
+    // SAFETY: per the contract `tupdesc` is valid for 'a; `index` is checked against `natts`
+    // first. On 15 the attributes are the flexible array `attrs` of `natts` entries; on 18
+    // `TupleDescAttr` returns the address of entry `index` of the array that follows the
+    // compact attributes, inside the descriptor's allocation.
+    unsafe {
+        let natts = (*tupdesc).natts.max(0) as usize;
+        assert!(
+            index < natts,
+            "attribute {index} of a descriptor of {natts}"
+        );
+        #[cfg(feature = "pg15")]
+        {
+            &(*tupdesc).attrs.as_slice(natts)[index]
+        }
+        #[cfg(feature = "pg18")]
+        {
+            &*pg_sys::TupleDescAttr(tupdesc, index as std::ffi::c_int)
+        }
+    }
+}
+
+/// The OID of `rel`'s primary key index, deferrable or not (`InvalidOid`: none).
+///
+/// # Safety
+/// `rel` must be an open relation.
+pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
+    // SAFETY: per the contract; reads the relation's relcache entry (its index list).
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            pg_sys::RelationGetPrimaryKeyIndex(rel)
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::RelationGetPrimaryKeyIndex(rel, true)
+        }
+    }
+}
+
+/// guc.c's array of GUC records and its length (NULL and 0 before GUCs exist).
+///
+/// # Safety
+/// Main thread. The array may be reallocated by a later GUC definition: use it at once.
+pub unsafe fn guc_variables() -> (*mut *mut pg_sys::config_generic, usize) {
+    // SAFETY: per the contract; both calls only read guc.c's state (on 18 the length through the
+    // out-parameter, a local).
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            (
+                pg_sys::get_guc_variables(),
+                pg_sys::GetNumConfigOptions().max(0) as usize,
+            )
+        }
+        #[cfg(feature = "pg18")]
+        {
+            let mut n: std::ffi::c_int = 0;
+            let vars = pg_sys::get_guc_variables(&mut n);
+            (vars, n.max(0) as usize)
+        }
+    }
+}
+
+/// Install `handler` for signal `signo` in this backend (PostgreSQL's own `pqsignal`).
+///
+/// # Safety
+/// Main thread, before the signal can arrive; `handler` must be safe to run as a signal handler.
+pub unsafe fn set_signal_handler(
+    signo: i32,
+    handler: unsafe extern "C-unwind" fn(std::ffi::c_int),
+) {
+    // SAFETY: per the contract; pqsignal only records the handler.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            pg_sys::pqsignal(signo, Some(handler));
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::pqsignal_be(signo, Some(handler));
+        }
+    }
+}
+
+/// `proc_exit`: runs the exit callbacks and ends the process.
+///
+/// # Safety
+/// Main thread, with nothing left that needs dropping for correctness.
+pub unsafe fn proc_exit(code: i32) -> ! {
+    // SAFETY: per the contract; proc_exit never returns (pgrx's 18 binding only lacks the
+    // attribute that says so).
+    unsafe {
+        pg_sys::proc_exit(code);
+        #[allow(unreachable_code)]
+        {
+            unreachable!("proc_exit returned")
+        }
+    }
+}

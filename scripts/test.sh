@@ -7,21 +7,22 @@
 #   1. unit tests and #[pg_test] tests   (cargo pgrx test pg15, in pgrx's own test cluster)
 #   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster)
 #   3. isolation specs                    (tests/isolation, concurrent interleavings)
-#   4. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock)
-#   5. randomized stress test             (tests/stress, 16 clients, independent checker)
-#   6. crash under load                   (tests/stress --crash: kill -9 of the postmaster)
-#   7. negative control                   (tests/stress --unfenced must be caught)
-#   8. streaming standby and promotion    (tests/replication)
-#   9. background worker with real etcd   (tests/worker/run.sh)
-#  10. pooler safety through pgbouncer    (tests/pooler, transaction mode)
-#  11. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
-#  12. observability                      (tests/observability: rejection log, views, pg_stat_statements)
-#  13. the Rust client example            (examples/rust-client against real etcd, tests/client)
-#  14. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
-#  15. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
+#   4. PostgreSQL 18                      (the release build for 18; pg_regress and isolation on 18.6)
+#   5. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock)
+#   6. randomized stress test             (tests/stress, 16 clients, independent checker)
+#   7. crash under load                   (tests/stress --crash: kill -9 of the postmaster)
+#   8. negative control                   (tests/stress --unfenced must be caught)
+#   9. streaming standby and promotion    (tests/replication)
+#  10. background worker with real etcd   (tests/worker/run.sh)
+#  11. pooler safety through pgbouncer    (tests/pooler, transaction mode)
+#  12. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
+#  13. observability                      (tests/observability: rejection log, views, pg_stat_statements)
+#  14. the Rust client example            (examples/rust-client against real etcd, tests/client)
+#  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
+#  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
 #                                          0.1.0 through ALTER EXTENSION UPDATE; logical replication)
-#  16. network partitions                 (tests/partition: three etcd members and PostgreSQL in
+#  17. network partitions                 (tests/partition: three etcd members and PostgreSQL in
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
 # Between 1 and 2 the release package (cargo pgrx package) is installed by copying its files, as
@@ -70,12 +71,13 @@ step "structure: layers without import cycles (scripts/check_layers.py), clippy 
 "$PY" scripts/check_layers.py src
 cargo clippy -- -D warnings   # the library as built for release
 cargo clippy --features "pg15 pg_test" --tests -- -D warnings
+CARGO_TARGET_DIR=target/pg18 cargo clippy --no-default-features --features pg18 -- -D warnings  # PostgreSQL 18's build
 scripts/check-docs.sh --strict
 
 step "released SQL scripts unchanged (scripts/check-sql-releases.sh)"
 scripts/check-sql-releases.sh
 
-step "1/16 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
+step "1/17 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
 (cd fencing-core && cargo test -q 2>&1 | grep -E "^test result|FAILED|panicked")
 mkdir -p "$WORK/pgrx-data"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
@@ -105,7 +107,7 @@ cmp "$PACKAGE/usr/lib/postgresql/15/lib/pg_fencing.so" "$($PGBIN/pg_config --pkg
 grep -q "default_version = '$VERSION'" "$($PGBIN/pg_config --sharedir)/extension/pg_fencing.control"
 echo "  installed pg_fencing $VERSION from the package by copying files"
 
-step "2/16 pg_regress (tests/pg_regress)"
+step "2/17 pg_regress (tests/pg_regress)"
 # The #[pg_test] cluster above runs without preloading; this one preloads the library, so both
 # ways are tested (the statistics need it).
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
@@ -120,7 +122,7 @@ if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=pos
     exit 1
 fi
 
-step "3/16 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
+step "3/17 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
 ISOLATION="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress"
 mkdir -p "$WORK/isolation"
 psql -X -q -c "CREATE DATABASE pg_fencing_isolation"
@@ -133,16 +135,48 @@ if ! "$ISOLATION" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=p
 fi
 pg_stop
 
-step "4/16 zombie-client demo with a real etcd (scripts/demo.sh)"
+step "4/17 PostgreSQL 18: the release build for 18 (cargo pgrx install --features pg18), pg_regress and isolation specs on 18.6"
+# The same suites on PostgreSQL 18 (scripts/pg18.sh), built into its own target directory so
+# that the builds for 15 stay as they are. Its build has no ICU: tombstone_equality_icu skips
+# itself there (its alternative output, tombstone_equality_icu_1.out).
+CARGO_TARGET_DIR=target/pg18 cargo pgrx install --release --no-default-features --features pg18 \
+    --pg-config "$PG18_BIN/pg_config" >"$WORK/pg18-install.log" 2>&1 \
+    || { tail -30 "$WORK/pg18-install.log"; exit 1; }
+echo "  installed pg_fencing into $("$PG18_BIN/pg_config" --pkglibdir) ($("$PG18_BIN/pg_config" --version))"
+PGBIN_15=$PGBIN
+PGBIN=$PG18_BIN
+rm -rf "$WORK/pgdata"  # stage 2's cluster (PostgreSQL 15), stopped
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
+for suite in regress isolation; do
+    mkdir -p "$WORK/pg18-$suite"
+    psql -X -q -c "CREATE DATABASE pg_fencing_$suite"
+done
+psql -X -q -d pg_fencing_isolation -c "CREATE EXTENSION pg_fencing"
+if ! "$("$PGBIN/pg_config" --pkglibdir)/pgxs/src/test/regress/pg_regress" --bindir="$PGBIN" --use-existing \
+        --host=127.0.0.1 --port="$PGPORT_TEST" --user=postgres --dbname=pg_fencing_regress \
+        --inputdir=tests/pg_regress --outputdir="$WORK/pg18-regress" --schedule=tests/pg_regress/schedule; then
+    cat "$WORK/pg18-regress/regression.diffs" || true
+    exit 1
+fi
+if ! "$("$PGBIN/pg_config" --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress" --bindir="$PGBIN" \
+        --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=postgres --dbname=pg_fencing_isolation \
+        --inputdir=tests/isolation --outputdir="$WORK/pg18-isolation" --schedule=tests/isolation/schedule; then
+    cat "$WORK/pg18-isolation/regression.diffs" || true
+    exit 1
+fi
+pg_stop
+PGBIN=$PGBIN_15
+
+step "5/17 zombie-client demo with a real etcd (scripts/demo.sh)"
 ./scripts/demo.sh --no-setup
 
-step "5/16 randomized stress test, 16 clients, tombstones pruned during the load, checked by an independent checker (tests/stress)"
+step "6/17 randomized stress test, 16 clients, tombstones pruned during the load, checked by an independent checker (tests/stress)"
 tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
 
-step "6/16 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
+step "7/17 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
 
-step "7/16 negative control: the same checker must catch violations when fencing is switched off"
+step "8/17 negative control: the same checker must catch violations when fencing is switched off"
 if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
     echo "$out" | tail -15
     echo "FAIL: the checker found no violation in an unfenced run" >&2
@@ -151,22 +185,22 @@ fi
 echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run failed without a VIOLATION" >&2; exit 1; }
 echo "  (expected: the checker reports violations when the guard is off)"
 
-step "8/16 streaming standby and promotion (tests/replication)"
+step "9/17 streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
 
-step "9/16 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
+step "10/17 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
 tests/worker/run.sh
 
-step "10/16 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
+step "11/17 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
 tests/pooler/run.sh
 
-step "11/16 upgrade: ALTER EXTENSION pg_fencing UPDATE from every released version; released scripts never edited (tests/upgrade)"
+step "12/17 upgrade: ALTER EXTENSION pg_fencing UPDATE from every released version; released scripts never edited (tests/upgrade)"
 tests/upgrade/run.sh
 
-step "12/16 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
+step "13/17 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
 tests/observability/run.sh
 
-step "13/16 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
+step "14/17 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
 tests/client/run.sh
 # Negative control: without fencing_protect the same scenario must let the zombie's write land.
 if out=$(tests/client/run.sh --unfenced 2>&1); then
@@ -176,7 +210,7 @@ if out=$(tests/client/run.sh --unfenced 2>&1); then
 fi
 echo "$out" | grep -m2 "FAIL" | sed 's/^/  expected with --unfenced: /'
 
-step "14/16 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
+step "15/17 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
 for target in token_parse json_shape; do
     corpus="$WORK/fuzz-$target"
     mkdir -p "$corpus"
@@ -190,18 +224,18 @@ for target in token_parse json_shape; do
     grep -E "^(Done|stat::number_of_executed_units)" "$WORK/fuzz-$target.log" | sed "s/^/  $target: /"
 done
 
-step "15/16 lifecycle paths: a mark raised by fencing_advance survives a crash under synchronous_commit = off (tests/lifecycle)"
+step "16/17 lifecycle paths: a mark raised by fencing_advance survives a crash under synchronous_commit = off (tests/lifecycle)"
 tests/lifecycle/async_commit.sh
-step "15/16 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion, PITR and pg_upgrade (tests/lifecycle)"
+step "16/17 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion, PITR and pg_upgrade (tests/lifecycle)"
 tests/lifecycle/watch_carried.sh
-step "15/16 lifecycle paths: a watch registered under 0.1.0 survives ALTER EXTENSION UPDATE and the loss of its state file (tests/lifecycle)"
+step "16/17 lifecycle paths: a watch registered under 0.1.0 survives ALTER EXTENSION UPDATE and the loss of its state file (tests/lifecycle)"
 tests/lifecycle/watch_upgrade.sh
-step "15/16 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
+step "16/17 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
 tests/lifecycle/logical.sh
 
-step "16/16 network partitions between PostgreSQL and a three-member etcd cluster, 150 s, independent checker (tests/partition)"
+step "17/17 network partitions between PostgreSQL and a three-member etcd cluster, 150 s, independent checker (tests/partition)"
 tests/partition/run.sh --seconds 150 --seed 14
-step "16/16 negative control: the same without fencing must show violations (tests/partition --unfenced)"
+step "17/17 negative control: the same without fencing must show violations (tests/partition --unfenced)"
 tests/partition/run.sh --seconds 60 --seed 3 --unfenced
 
 step "all tests passed"

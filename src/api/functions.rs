@@ -324,14 +324,7 @@ fn require_owner(relid: pg_sys::Oid) -> Result<(), FenceError> {
     // SAFETY: GetUserId only reads the backend's current user id (main thread, inside the
     // calling SQL function's transaction, where it is always set).
     let user = unsafe { pg_sys::GetUserId() };
-    // SAFETY: a catalog lookup by value on the main thread inside a transaction; a relation that
-    // no longer exists makes it raise ERROR (a panic through pgrx's FFI guard, inside `run`'s
-    // guard), not UB.
-    #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
-    let owner = unsafe { pg_sys::pg_class_ownercheck(relid, user) };
-    // SAFETY: as above (PostgreSQL 16 renamed the check).
-    #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
-    let owner = unsafe { pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, user) };
+    let owner = crate::pg::compat::owns_relation(relid, user);
     if owner {
         Ok(())
     } else {

@@ -4,12 +4,18 @@
 //! * 18 stores a tuple descriptor's attributes after its compact attributes, so `attrs` is no
 //!   longer a field; `TupleDescAttr` (a pgrx shim for the C inline function) finds them.
 //! * 16 made `get_guc_variables` return its length and dropped `GetNumConfigOptions`.
-//! * 17 gave `RelationGetPrimaryKeyIndex` a `deferrable_ok` flag (pg_fencing asks for a
-//!   deferrable key too, as 15 returns it, and refuses it itself with a clear error).
+//! * 17 gave `RelationGetPrimaryKeyIndex` a `deferrable_ok` flag (false: a DEFERRABLE key is
+//!   none, as on 15).
+//! * 16 replaced `pg_class_ownercheck` by `object_ownercheck`.
 //! * 18 renamed the backend's `pqsignal` to `pqsignal_be`, and pgrx's binding of `proc_exit`
 //!   lost its `noreturn`.
 
 use pgrx::pg_sys;
+
+#[cfg(any(feature = "pg13", feature = "pg14", feature = "pg16", feature = "pg17"))]
+compile_error!(
+    "pg_fencing builds for PostgreSQL 15 and 18 only: features pg15 (the default) and pg18"
+);
 
 /// Attribute `index` (0-based) of `tupdesc`; panics (never reads out of bounds) if `index` is
 /// not below `natts`.
@@ -41,7 +47,7 @@ pub unsafe fn tuple_desc_attr<'a>(
     }
 }
 
-/// The OID of `rel`'s primary key index, deferrable or not (`InvalidOid`: none).
+/// The OID of `rel`'s primary key index (`InvalidOid`: none, or a DEFERRABLE one).
 ///
 /// # Safety
 /// `rel` must be an open relation.
@@ -54,7 +60,7 @@ pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
         }
         #[cfg(feature = "pg18")]
         {
-            pg_sys::RelationGetPrimaryKeyIndex(rel, true)
+            pg_sys::RelationGetPrimaryKeyIndex(rel, false)
         }
     }
 }
@@ -116,6 +122,22 @@ pub unsafe fn proc_exit(code: i32) -> ! {
         #[allow(unreachable_code)]
         {
             unreachable!("proc_exit returned")
+        }
+    }
+}
+
+/// Does `user` own relation `relid` (or is a member of the owning role)?
+pub fn owns_relation(relid: pg_sys::Oid, user: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog lookup by value on the main thread inside a transaction; a relation that
+    // no longer exists makes it raise ERROR (a panic through pgrx's FFI guard), not UB.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            pg_sys::pg_class_ownercheck(relid, user)
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, user)
         }
     }
 }

@@ -80,9 +80,9 @@ RESET TimeZone;
 -- keys with characters record_out quotes (vertical tab), through TRUNCATE and back
 CREATE TABLE vt (k text PRIMARY KEY);
 SELECT fencing_protect('vt');
-BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO vt VALUES (E'a\vb'); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO vt VALUES ('a' || chr(11) || 'b'); COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '20'; TRUNCATE vt; COMMIT;
-BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO vt VALUES (E'a\vb'); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO vt VALUES ('a' || chr(11) || 'b'); ROLLBACK;
 \echo :LAST_ERROR_SQLSTATE
 
 -- a generated column in the primary key cannot identify a row in BEFORE INSERT: refused

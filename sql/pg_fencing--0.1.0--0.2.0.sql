@@ -79,6 +79,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     sig text := _pg_fencing.tombstone_key_signature(relation);
     old_sig text;
+    unread bigint := 0;
     r record;
 BEGIN
     IF sig IS NULL THEN
@@ -100,16 +101,25 @@ BEGIN
     -- keep the highest mark.
     FOR r IN SELECT s.ctid AS c, s.key, s.high_water, _pg_fencing.tombstone_key_text(s.protection_id, s.key) AS new_key
              FROM _pg_fencing.row_tombstone s WHERE s.protection_id = protection AND old_sig IS NOT NULL LOOP
+        IF r.new_key IS NULL THEN
+            unread := unread + 1;
+        END IF;
         CONTINUE WHEN r.new_key IS NULL OR r.new_key = r.key;
         DELETE FROM _pg_fencing.row_tombstone WHERE ctid = r.c;
         INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water)
         VALUES (protection, r.new_key, r.high_water)
         ON CONFLICT (protection_id, key) DO UPDATE SET high_water = GREATEST(h.high_water, excluded.high_water);
     END LOOP;
+    IF unread > 0 THEN
+        RAISE WARNING 'pg_fencing: % tombstones of % could not be read as keys of its new key types; they keep their old text and fence only that spelling', unread, relation
+            USING HINT = 'A tombstone''s text is read with the new types'' input functions, not with the cast ALTER TABLE applied (numeric 5.00 is no int).';
+    END IF;
+    -- Keys identified by hash: a tombstone whose text no longer parses (a renamed enum label
+    -- or object) keeps the hash it has, the only thing that still finds it.
     UPDATE _pg_fencing.row_tombstone t SET key_hash = x.h
     FROM (SELECT s.ctid AS c, _pg_fencing.tombstone_key_hash(s.protection_id, s.key) AS h
           FROM _pg_fencing.row_tombstone s WHERE s.protection_id = protection) x
-    WHERE t.ctid = x.c AND t.key_hash IS DISTINCT FROM x.h;
+    WHERE t.ctid = x.c AND t.key_hash IS DISTINCT FROM x.h AND (x.h IS NOT NULL OR sig LIKE 'text%');
     UPDATE _pg_fencing.protected_table SET tombstone_key_signature = sig WHERE id = protection;
 END
 $fn$;
@@ -651,6 +661,11 @@ BEGIN
     IF resource IS NULL THEN
         PERFORM _pg_fencing.set_rekey_trigger(relation, pid, token_column);
         PERFORM _pg_fencing.rehash_tombstones(pid, relation);
+        IF _pg_fencing.tombstone_key_signature(relation) ~ '^hash' AND _pg_fencing.tombstone_key_signature(relation) !~ ':(32|64|citext)( |$)' THEN
+            RAISE WARNING 'pg_fencing: no column of the primary key of % has hash support that agrees with its comparison', relation
+                USING DETAIL = 'A new key is compared with every tombstone of the table: inserts slow down as tombstones accumulate.',
+                      HINT = 'Prune its tombstones (fencing_prune_tombstones, fencing_tombstone_retention), or key it by a type with hash support.';
+        END IF;
     ELSE
         PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     END IF;

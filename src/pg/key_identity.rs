@@ -21,7 +21,8 @@
 //!   may name another value later (enums, whose labels can be renamed; `reg*` types, whose
 //!   objects can be) are taken as equal when the hash matched, and so is stored text that no
 //!   longer parses: on the safe side, a refusal.
-//! * A key with no column that has such hash support keeps text identity.
+//! * A key with no column that has such hash support still gets a hash, the same (0) for every
+//!   key: each of its tombstones is compared with the new key.
 
 use pgrx::pg_sys;
 use std::ffi::{CStr, CString};
@@ -36,7 +37,7 @@ pub struct KeyColumn {
 
 /// Types whose output under the pinned settings (`pg/spi.rs`, `PINNED_SETTINGS`) is one text per
 /// value of the type's default equality. Text and varchar only under a deterministic collation.
-const PRINT_EXACT: [pg_sys::Oid; 12] = [
+const PRINT_EXACT: [pg_sys::Oid; 14] = [
     pg_sys::INT2OID,
     pg_sys::INT4OID,
     pg_sys::INT8OID,
@@ -48,6 +49,8 @@ const PRINT_EXACT: [pg_sys::Oid; 12] = [
     pg_sys::TIMESTAMPTZOID,
     pg_sys::BYTEAOID,
     pg_sys::CHAROID,
+    pg_sys::BITOID,
+    pg_sys::VARBITOID,
     pg_sys::TEXTOID,
 ];
 
@@ -57,7 +60,8 @@ enum Hasher {
     Extended(Box<pg_sys::FmgrInfo>),
     /// The type's 32-bit hash support function.
     Standard(Box<pg_sys::FmgrInfo>),
-    /// `citext`: `hashtextextended(lower(value))`, both under the column's collation.
+    /// `citext`: `hashtextextended(lower(value))`, lower-cased under the database's default
+    /// collation and hashed under the column's, as `citext_cmp` lower-cases and compares.
     Citext {
         lower: Box<pg_sys::FmgrInfo>,
         hash: Box<pg_sys::FmgrInfo>,
@@ -113,6 +117,53 @@ fn prints_exactly(c: &KeyColumn) -> bool {
     }
 }
 
+/// Does the hash support of type `typid` agree with its B-tree comparison under `collation`,
+/// everywhere inside the type (array elements, composite fields, range subtypes)? Not where a
+/// nondeterministic collation meets a type other than `text`, `varchar` and `bpchar`, whose hash
+/// functions hash by the collation: `citext`'s hash, say, ignores it while its comparison uses
+/// it. (A `citext` column itself gets its own hasher, see `Hasher::Citext`.)
+fn hash_agrees(typid: pg_sys::Oid, collation: pg_sys::Oid, depth: u32) -> bool {
+    if depth > 16 {
+        return false;
+    }
+    // SAFETY: catalog and type cache lookups by OID on the main thread inside a transaction;
+    // lookup_rowtype_tupdesc_noerror returns NULL (checked) or a reference-counted descriptor,
+    // released with DecrTupleDescRefCount after its attributes are read.
+    unsafe {
+        let base = pg_sys::getBaseType(typid);
+        let element = pg_sys::get_element_type(base);
+        if element != pg_sys::Oid::INVALID {
+            return hash_agrees(element, collation, depth + 1);
+        }
+        match pg_sys::get_typtype(base) as u8 {
+            b'c' => {
+                let td = pg_sys::lookup_rowtype_tupdesc_noerror(base, -1, true);
+                if td.is_null() {
+                    return false;
+                }
+                let natts = (*td).natts.max(0) as usize;
+                let ok = (0..natts).all(|i| {
+                    let a = crate::pg::compat::tuple_desc_attr(td, i);
+                    a.attisdropped || hash_agrees(a.atttypid, a.attcollation, depth + 1)
+                });
+                pg_sys::DecrTupleDescRefCount(td);
+                ok
+            }
+            b'r' => hash_agrees(
+                pg_sys::get_range_subtype(base),
+                pg_sys::get_range_collation(base),
+                depth + 1,
+            ),
+            b'm' => hash_agrees(pg_sys::get_multirange_range(base), collation, depth + 1),
+            _ => {
+                collation == pg_sys::Oid::INVALID
+                    || pg_sys::get_collation_isdeterministic(collation)
+                    || [pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&base)
+            }
+        }
+    }
+}
+
 /// The column of `c`, or `None` if its type has no default B-tree comparison (it cannot be in
 /// a primary key then).
 fn column(c: &KeyColumn) -> Option<Column> {
@@ -141,8 +192,6 @@ fn column(c: &KeyColumn) -> Option<Column> {
             }
         };
         let base = pg_sys::getBaseType(c.typid);
-        let nondeterministic = c.collation != pg_sys::Oid::INVALID
-            && !pg_sys::get_collation_isdeterministic(c.collation);
         let function = |proc_: pg_sys::Oid| {
             let mut f = Box::new(std::mem::zeroed::<pg_sys::FmgrInfo>());
             pg_sys::fmgr_info_cxt(proc_, &mut *f, pg_sys::TopMemoryContext);
@@ -153,9 +202,7 @@ fn column(c: &KeyColumn) -> Option<Column> {
                 lower: function(pg_sys::Oid::from(pg_sys::F_LOWER_TEXT)),
                 hash: function(pg_sys::Oid::from(pg_sys::F_HASHTEXTEXTENDED)),
             })
-        } else if nondeterministic
-            && ![pg_sys::TEXTOID, pg_sys::VARCHAROID, pg_sys::BPCHAROID].contains(&base)
-        {
+        } else if !hash_agrees(c.typid, c.collation, 0) {
             None
         } else if (*tce).hash_extended_proc != pg_sys::Oid::INVALID {
             Some(Hasher::Extended(function((*tce).hash_extended_proc)))
@@ -202,7 +249,9 @@ impl KeyIdentity {
                 signature: "text".to_string(),
             };
         };
-        let hashed = !cols.iter().all(prints_exactly) && built.iter().any(|c| c.hash.is_some());
+        // A key with no column to hash still needs its equality: all its tombstones share one
+        // hash (0) and each is compared.
+        let hashed = !cols.iter().all(prints_exactly);
         let signature = if hashed {
             let mut s = format!("hash {endian}");
             for c in &built {
@@ -278,8 +327,11 @@ impl KeyIdentity {
                             as u32 as u64
                     }
                     Hasher::Citext { lower, hash } => {
-                        let lowered =
-                            pg_sys::FunctionCall1Coll(&**lower as *const _ as *mut _, coll, *v);
+                        let lowered = pg_sys::FunctionCall1Coll(
+                            &**lower as *const _ as *mut _,
+                            pg_sys::DEFAULT_COLLATION_OID,
+                            *v,
+                        );
                         pg_sys::FunctionCall2Coll(
                             &**hash as *const _ as *mut _,
                             coll,

@@ -309,7 +309,12 @@ pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
         })
         .unwrap_or_default()
         .into_iter()
-        .filter(|(text, _)| text != key.text && (key.same)(text))
+        .filter(|(text, _)| {
+            // Many equal spellings of one key (or a key with no column to hash) make this
+            // loop long: a cancel must reach it.
+            pgrx::check_for_interrupts!();
+            text != key.text && (key.same)(text)
+        })
         .map(|(_, h)| h)
         .max();
     exact.max(equal)

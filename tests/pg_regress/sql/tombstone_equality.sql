@@ -82,6 +82,13 @@ SELECT * FROM tombs('jx');
 BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jx VALUES (1.00, '1'); ROLLBACK;
 BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jx VALUES (1.00, '0'); ROLLBACK;
 
+-- citext under a collation other than the default: citext_cmp lower-cases under the database's
+-- default collation and compares under the column's
+CREATE TABLE jcc (id citext COLLATE "C" PRIMARY KEY);
+SELECT fencing_protect('jcc');
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO jcc VALUES ('JOB-É'); DELETE FROM jcc; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jcc VALUES ('job-é'); ROLLBACK;
+
 -- the stored text may name another value later: an enum label renamed (and the old label
 -- reused), a table renamed; the value's hash still finds the tombstone
 CREATE TYPE jstate AS ENUM ('new', 'done');
@@ -100,6 +107,17 @@ BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO jg VALUES ('jfoo'); DELETE
 ALTER TABLE jfoo RENAME TO jbar;
 BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jg VALUES ('jbar'); ROLLBACK;
 BEGIN; SET LOCAL pg_fencing.token = '25'; INSERT INTO jg VALUES ('jbar'); ROLLBACK;
+
+-- a renamed label's tombstone keeps its hash when another key column's type changes
+CREATE TABLE jen (e jstate, n int, PRIMARY KEY (e, n));
+SELECT fencing_protect('jen');
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO jen VALUES ('done', 1); DELETE FROM jen; COMMIT;
+ALTER TYPE jstate RENAME VALUE 'done' TO 'closed';
+SELECT fencing_unprotect('jen');
+ALTER TABLE jen ALTER COLUMN n TYPE bigint;
+SELECT fencing_protect('jen');
+SELECT * FROM tombs('jen');
+BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jen VALUES ('closed', 1); ROLLBACK;
 
 -- stored text that no longer parses (a domain's new constraint): the matching hash counts,
 -- the rightful holder is accepted and the stale one refused with FT001
@@ -135,6 +153,16 @@ ALTER TABLE ja ALTER COLUMN id TYPE numeric;
 SELECT * FROM tombs('ja');
 SELECT fencing_protect('ja');
 BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO ja VALUES (5.0); ROLLBACK;
+-- a tombstone the new type's input cannot read (numeric 5.00 for int) keeps its old text, and
+-- the change says so (a WARNING; docs/guarantees.md)
+CREATE TABLE jw (id numeric PRIMARY KEY);
+SELECT fencing_protect('jw');
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO jw VALUES (5.00), (6); DELETE FROM jw; COMMIT;
+SELECT fencing_unprotect('jw');
+ALTER TABLE jw ALTER COLUMN id TYPE int;
+SELECT fencing_protect('jw');
+SELECT * FROM tombs('jw');
+BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jw VALUES (6); ROLLBACK;
 -- and back to a type identified by text: the tombstones get the new type's text
 SELECT fencing_unprotect('ja');
 ALTER TABLE ja ALTER COLUMN id TYPE bigint;
@@ -162,7 +190,7 @@ ALTER TABLE jc ADD COLUMN note text;
 SELECT * FROM tombs('jc');
 BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jc VALUES ('job-a'); ROLLBACK;
 
-DROP TABLE jn, jf, ji, jc, jm, jr, jb, ja, jx, je, jg, jbar, jd, jts;
+DROP TABLE jn, jf, ji, jc, jm, jr, jb, ja, jx, je, jg, jbar, jd, jts, jcc, jen, jw;
 DROP TYPE jstate;
 DROP DOMAIN jdn;
 DROP FUNCTION tombs(regclass);

@@ -68,28 +68,28 @@ fn locate(which: &UniqueIndex) -> Option<Located> {
     Some(t)
 }
 
-/// Read the value column of the row whose key columns equal `keys` ((attribute number, equality
-/// function, value) per column), straight through the table's unique index with the latest
-/// committed snapshot: the same answer as a `SELECT` through SPI, without the round trip.
-/// `None` if the table cannot be found this way (the caller then runs its `SELECT`);
-/// `Some(None)` if there is no such row.
-pub fn read_by_index(
+/// Scan the index of `which` for the rows whose key columns equal `keys` ((attribute number,
+/// equality function, value) per column) with the latest committed snapshot, calling `each`
+/// with every tuple, the table's descriptor and the value column's attribute number until it
+/// returns false. `None` if the table cannot be found this way.
+fn scan(
     which: &UniqueIndex,
     keys: &[(i16, u32, pg_sys::Datum)],
-) -> Option<Option<i64>> {
+    mut each: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc, i32) -> bool,
+) -> Option<()> {
     let t = locate(which)?;
     // SAFETY: backend main thread, inside a transaction (as for `locate`). `t.heap` and `t.index`
     // were looked up together by name in schema `_pg_fencing` and are dropped from the cache on any
     // relcache invalidation, so the index belongs to the table (a vanished OID makes table_open or
     // systable_beginscan raise ERROR, which pgrx's FFI guard turns into a panic, not UB). The
     // relation, its tuple descriptor and every tuple returned stay valid until systable_endscan and
-    // table_close below (the lock is kept to the end of the transaction, NoLock on close). Indexing
-    // `attrs` is bounds-checked; systable_beginscan maps our heap attribute numbers to index columns
-    // and raises ERROR for a column not in the index. The scan keys and their datums (e.g. a text
-    // palloc'd in the current memory context by `text_datum`) outlive the scan. The snapshot is
-    // registered before use and unregistered after; if an ERROR escapes, the resource owner releases
-    // snapshot, scan and lock at abort. An all-zero ScanKeyData (plain C data) is a valid blank
-    // for ScanKeyEntryInitialize. `heap_getattr` reads a tuple of `tupdesc`.
+    // table_close below (the lock is kept to the end of the transaction, NoLock on close); `each`
+    // gets them only for the call. `tuple_desc_attr` is bounds-checked; systable_beginscan maps our
+    // heap attribute numbers to index columns and raises ERROR for a column not in the index. The
+    // scan keys and their datums (e.g. a text palloc'd in the current memory context by
+    // `text_datum`) outlive the scan. The snapshot is registered before use and unregistered
+    // after; if an ERROR escapes, the resource owner releases snapshot, scan and lock at abort. An
+    // all-zero ScanKeyData (plain C data) is a valid blank for ScanKeyEntryInitialize.
     unsafe {
         let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let tupdesc = (*heap).rd_att;
@@ -119,25 +119,40 @@ pub fn read_by_index(
             scankeys.len() as i32,
             scankeys.as_mut_ptr(),
         );
-        let tuple = pg_sys::systable_getnext(scan);
-        let mut found = None;
-        if !tuple.is_null() {
-            let mut isnull = false;
-            let d = pg_sys::heap_getattr(tuple, t.value_attnum, tupdesc, &mut isnull);
-            if !isnull {
-                found = Some(d.value() as i64);
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() || !each(tuple, tupdesc, t.value_attnum) {
+                break;
             }
         }
         pg_sys::systable_endscan(scan);
         pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
-        Some(found)
+        Some(())
     }
 }
 
-/// Is the table and index of `which` there (in the schema the library serves)?
-pub fn exists(which: &UniqueIndex) -> bool {
-    locate(which).is_some()
+/// Read the value column of the row whose key columns equal `keys` ((attribute number, equality
+/// function, value) per column), straight through the table's unique index with the latest
+/// committed snapshot: the same answer as a `SELECT` through SPI, without the round trip.
+/// `None` if the table cannot be found this way (the caller then runs its `SELECT`);
+/// `Some(None)` if there is no such row.
+pub fn read_by_index(
+    which: &UniqueIndex,
+    keys: &[(i16, u32, pg_sys::Datum)],
+) -> Option<Option<i64>> {
+    let mut found = None;
+    scan(which, keys, |tuple, tupdesc, value_attnum| {
+        let mut isnull = false;
+        // SAFETY: `tuple` is a tuple of `tupdesc` and `value_attnum` one of its attributes
+        // (`scan`); a bigint is read by value.
+        let d = unsafe { pg_sys::heap_getattr(tuple, value_attnum, tupdesc, &mut isnull) };
+        if !isnull {
+            found = Some(d.value() as i64);
+        }
+        false
+    })?;
+    Some(found)
 }
 
 /// The attribute number of column `name` of the table of `which`.
@@ -149,6 +164,11 @@ pub fn column_number(which: &UniqueIndex, name: &CStr) -> Option<i16> {
     (a > 0).then_some(a)
 }
 
+/// Is the table and index of `which` there (in the schema the library serves)?
+pub fn exists(which: &UniqueIndex) -> bool {
+    locate(which).is_some()
+}
+
 /// Every row whose index columns equal `keys` (as for [`read_by_index`], through a unique or
 /// non-unique index of `which`), as (text column `text`, the bigint value column); rows with
 /// either NULL are skipped. `None` if the table, index or column cannot be found.
@@ -157,68 +177,28 @@ pub fn read_all_by_index(
     text: &CStr,
     keys: &[(i16, u32, pg_sys::Datum)],
 ) -> Option<Vec<(String, i64)>> {
-    let t = locate(which)?;
-    // SAFETY: as for `read_by_index` (same table, index, snapshot and scan discipline); in
-    // addition `text_attnum` is an attribute of the table (looked up by name), and each text
-    // datum read from a returned tuple is detoasted and copied by text_to_cstring before the
-    // next tuple is fetched, the copy freed after it is turned into a String.
-    unsafe {
-        let text_attnum = pg_sys::get_attnum(t.heap, text.as_ptr()) as i32;
-        if text_attnum <= 0 {
-            return None;
-        }
-        let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let tupdesc = (*heap).rd_att;
-        let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
-        for (attno, proc_, value) in keys {
-            let collation =
-                crate::pg::compat::tuple_desc_attr(tupdesc, (*attno - 1) as usize).attcollation;
-            let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
-            pg_sys::ScanKeyEntryInitialize(
-                &mut key,
-                0,
-                *attno,
-                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-                pg_sys::Oid::INVALID,
-                collation,
-                pg_sys::Oid::from(*proc_),
-                *value,
-            );
-            scankeys.push(key);
-        }
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan = pg_sys::systable_beginscan(
-            heap,
-            t.index,
-            true,
-            snapshot,
-            scankeys.len() as i32,
-            scankeys.as_mut_ptr(),
-        );
-        let mut out = Vec::new();
-        loop {
-            let tuple = pg_sys::systable_getnext(scan);
-            if tuple.is_null() {
-                break;
-            }
-            let (mut null_t, mut null_v) = (false, false);
+    let text_attnum = i32::from(column_number(which, text)?);
+    let mut out = Vec::new();
+    scan(which, keys, |tuple, tupdesc, value_attnum| {
+        let (mut null_t, mut null_v) = (false, false);
+        // SAFETY: `tuple` is a tuple of `tupdesc` with attributes `text_attnum` (text) and
+        // `value_attnum` (bigint) (`scan`); the text is detoasted and copied by text_to_cstring,
+        // and the copy freed once it is a String.
+        unsafe {
             let d = pg_sys::heap_getattr(tuple, text_attnum, tupdesc, &mut null_t);
-            let v = pg_sys::heap_getattr(tuple, t.value_attnum, tupdesc, &mut null_v);
-            if null_t || null_v {
-                continue;
+            let v = pg_sys::heap_getattr(tuple, value_attnum, tupdesc, &mut null_v);
+            if !null_t && !null_v {
+                let c = pg_sys::text_to_cstring(d.cast_mut_ptr());
+                out.push((
+                    CStr::from_ptr(c).to_string_lossy().into_owned(),
+                    v.value() as i64,
+                ));
+                pg_sys::pfree(c.cast());
             }
-            let c = pg_sys::text_to_cstring(d.cast_mut_ptr());
-            out.push((
-                CStr::from_ptr(c).to_string_lossy().into_owned(),
-                v.value() as i64,
-            ));
-            pg_sys::pfree(c.cast());
         }
-        pg_sys::systable_endscan(scan);
-        pg_sys::UnregisterSnapshot(snapshot);
-        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
-        Some(out)
-    }
+        true
+    })?;
+    Some(out)
 }
 
 /// Does the table of `which` have a trigger named `name` that fires `ALWAYS` (`ENABLE ALWAYS

@@ -469,29 +469,34 @@ pub fn flush_tombstones() {
         &[]
     };
     // A batch of keys identified by text alone (no hashes) needs no key_hash: NULL by default.
-    if has_key_hash() && hashed {
+    const THREE: [pg_sys::Oid; 3] = [
+        pg_sys::INT8ARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::INT8ARRAYOID,
+    ];
+    const FOUR: [pg_sys::Oid; 4] = [
+        pg_sys::INT8ARRAYOID,
+        pg_sys::TEXTARRAYOID,
+        pg_sys::INT8ARRAYOID,
+        pg_sys::INT8ARRAYOID,
+    ];
+    let store_hashed = || {
         exec_internal(
             SQL_STORE_TOMBS,
             true,
-            &[
-                pg_sys::INT8ARRAYOID,
-                pg_sys::TEXTARRAYOID,
-                pg_sys::INT8ARRAYOID,
-                pg_sys::INT8ARRAYOID,
-            ],
+            &FOUR,
             &mut [p, k, t, h],
             false,
             as_token,
-        );
+        )
+    };
+    if has_key_hash() && hashed {
+        store_hashed();
     } else {
         exec_internal(
             SQL_STORE_TOMBS_0_1,
             true,
-            &[
-                pg_sys::INT8ARRAYOID,
-                pg_sys::TEXTARRAYOID,
-                pg_sys::INT8ARRAYOID,
-            ],
+            &THREE,
             &mut [p, k, t],
             false,
             as_token,
@@ -499,34 +504,11 @@ pub fn flush_tombstones() {
         // The schema may have been updated (ALTER EXTENSION pg_fencing UPDATE) while this
         // statement waited for its lock: then write the hashes too.
         if hashed && has_key_hash() {
-            exec_internal(
-                SQL_STORE_TOMBS,
-                true,
-                &[
-                    pg_sys::INT8ARRAYOID,
-                    pg_sys::TEXTARRAYOID,
-                    pg_sys::INT8ARRAYOID,
-                    pg_sys::INT8ARRAYOID,
-                ],
-                &mut [p, k, t, h],
-                false,
-                as_token,
-            );
+            store_hashed();
         }
     }
     for sql in feed {
-        exec_internal(
-            sql,
-            true,
-            &[
-                pg_sys::INT8ARRAYOID,
-                pg_sys::TEXTARRAYOID,
-                pg_sys::INT8ARRAYOID,
-            ],
-            &mut [p, k, t],
-            false,
-            as_token,
-        );
+        exec_internal(sql, true, &THREE, &mut [p, k, t], false, as_token);
     }
     if !feed.is_empty() {
         exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);

@@ -39,9 +39,18 @@ need_python() {
     fi
 }
 
-PGBIN=/usr/lib/postgresql/15/bin
 # PostgreSQL 18 for building and testing (PG18_HOME, PG18_BIN).
 source "$(dirname "${BASH_SOURCE[0]}")/pg18.sh"
+# The major the suites run against: PGF_PG_MAJOR=15 (Debian's, the default) or 18 (PG18_BIN,
+# where scripts/test.sh's stage 4 installed the build for 18). Its bin directory goes first on
+# PATH, so psql, pg_dump and pg_restore match the server.
+case "${PGF_PG_MAJOR:-15}" in
+    15) PGBIN=/usr/lib/postgresql/15/bin ;;
+    18) PGBIN=$PG18_BIN ;;
+    *) echo "PGF_PG_MAJOR=$PGF_PG_MAJOR: the suites run on 15 or 18" >&2; exit 2 ;;
+esac
+PG_MAJOR=${PGF_PG_MAJOR:-15}
+case ":$PATH:" in *":$PGBIN:"*) ;; *) export PATH="$PGBIN:$PATH" ;; esac
 : "${PGPORT_TEST:=54329}"
 : "${ETCD_CLIENT_PORT:=23790}"
 : "${ETCD_PEER_PORT:=23800}"
@@ -82,6 +91,31 @@ as_pg() {
     fi
 }
 
+# port_free <port>: waits up to 30 s until nothing listens on the TCP port (a server a previous
+# suite stopped may still be closing it); if something still does, says what.
+port_free() {
+    for _ in $(seq 1 300); do
+        [ -z "$(ss -Hltn "sport = :$1")" ] && return 0
+        sleep 0.1
+    done
+    echo "port $1 is still in use after 30 s:" >&2
+    ss -ltnp "sport = :$1" >&2 || true
+    return 1
+}
+
+# pg_ctl_start <datadir> <log> [timeout in s, 60]: starts the cluster once its port is free; if
+# it does not start, prints the end of its log (and what holds its port) and fails.
+pg_ctl_start() {
+    local port
+    port=$(sed -n 's/^port = \([0-9]*\).*/\1/p' "$1/postgresql.conf" | tail -1)
+    [ -z "$port" ] || port_free "$port" || true
+    if ! as_pg "$PGBIN/pg_ctl" -D "$1" -l "$2" -w -t "${3:-60}" start >/dev/null; then
+        echo "FAIL: PostgreSQL in $1 did not start; the end of $2:" >&2
+        tail -20 "$2" >&2 || true
+        return 1
+    fi
+}
+
 pg_start() {
     PGDATA_TEST="$WORK/pgdata"
     mkdir -p "$PGDATA_TEST"
@@ -94,7 +128,7 @@ unix_socket_directories = '$WORK'
 fsync = off
 ${PG_EXTRA_CONF:-}
 CONF
-    as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null
+    pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log"
     export PGHOST=127.0.0.1 PGPORT=$PGPORT_TEST PGUSER=postgres PGDATABASE=postgres
 }
 

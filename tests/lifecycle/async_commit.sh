@@ -24,7 +24,7 @@ fsync = on" pg_start
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 crash_and_restart() {
     as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m immediate -w stop >/dev/null
-    as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null
+    pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log" 60
 }
 
 "${PSQL[@]}" -o /dev/null <<'SQL'

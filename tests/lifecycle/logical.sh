@@ -5,7 +5,7 @@
 # record what arrives instead of refusing it, and the publisher's own marks and tombstones travel
 # through _pg_fencing.resource_high_water and _pg_fencing.tombstone_feed.
 #
-#   publisher 127.0.0.1:${PGPORT_LOGICAL:-54429}, subscriber the next port; wal_level = logical.
+#   publisher 127.0.0.1:${PGPORT_LOGICAL:-54439}, subscriber the next port; wal_level = logical.
 #   1. FOR ALL TABLES (pg_fencing's own tables included): resource mode 'jobs' with mark 10 on
 #      both; a publisher write with 12 arrives; a subscriber write with 11 is refused (FT001).
 #      fencing_advance and a DELETE on the publisher raise the subscriber's mark too. Per-row
@@ -29,7 +29,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-PGPORT_TEST=${PGPORT_LOGICAL:-54429}
+PGPORT_TEST=${PGPORT_LOGICAL:-54439}
 PUB=$PGPORT_TEST
 SUB=$((PGPORT_TEST + 1))
 PG_EXTRA_CONF="wal_level = logical" pg_start
@@ -43,7 +43,7 @@ unix_socket_directories = '$WORK'
 fsync = off
 wal_level = logical
 CONF
-as_pg "$PGBIN/pg_ctl" -D "$SUBDATA" -l "$WORK/sub.log" -w -t 60 start >/dev/null
+pg_ctl_start "$SUBDATA" "$WORK/sub.log" 60
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 pub() { "${PSQL[@]}" -p "$PUB" "$@"; }
 sub() { "${PSQL[@]}" -p "$SUB" "$@"; }

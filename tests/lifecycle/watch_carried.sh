@@ -74,7 +74,7 @@ cat >>"$STANDBY/postgresql.conf" <<CONF
 port = $PORT2
 archive_mode = off
 CONF
-as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -l "$WORK/standby.log" -w -t 60 start >/dev/null
+pg_ctl_start "$STANDBY" "$WORK/standby.log" 60
 
 echo "== watch 'jobs'; holder Z takes the lock and never writes"
 "${PSQL[@]}" -o /dev/null -c "SELECT fencing_watch('jobs')"
@@ -131,7 +131,7 @@ recovery_target_action = 'promote'
 CONF
 touch "$PITR/recovery.signal"
 chown postgres:postgres "$PITR/recovery.signal"
-as_pg "$PGBIN/pg_ctl" -D "$PITR" -l "$WORK/pitr.log" -w -t 120 start >/dev/null
+pg_ctl_start "$PITR" "$WORK/pitr.log" 120
 wait_for "recovered: out of recovery" f "$PORT2" postgres "SELECT pg_is_in_recovery()"
 expect "recovered: a write with H - 1" FT001 "$(stale_write "$PORT2" postgres $((H - 1)))"
 expect "recovered: watch listed" jobs "$("${PSQL[@]}" -p "$PORT2" -Atc "SELECT resource FROM fencing_watches")"
@@ -154,7 +154,7 @@ if ! (cd "$WORK/upgrade" && as_pg "$PGBIN/pg_upgrade" -b "$PGBIN" -B "$PGBIN" -d
         -p $((PGPORT_TEST + 2)) -P $((PGPORT_TEST + 3)) -U postgres) >"$WORK/pg_upgrade.log" 2>&1; then
     echo "FAIL: pg_upgrade"; cat "$WORK/pg_upgrade.log"; exit 1
 fi
-as_pg "$PGBIN/pg_ctl" -D "$NEWDATA" -l "$WORK/new.log" -w -t 60 start >/dev/null
+pg_ctl_start "$NEWDATA" "$WORK/new.log" 60
 expect "upgraded: watch listed" jobs "$("${PSQL[@]}" -Atc "SELECT resource FROM fencing_watches")"
 expect "upgraded: a write with H - 1" FT001 "$(stale_write "$PGPORT_TEST" postgres $((H - 1)))"
 expect "upgraded: Z's own write with H" ok "$(stale_write "$PGPORT_TEST" postgres "$H")"

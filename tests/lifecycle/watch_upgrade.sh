@@ -81,7 +81,7 @@ chown postgres:postgres "$PGDATA_TEST/pg_fencing_watches.state" 2>/dev/null || t
 as_pg flock -x "$PGDATA_TEST/pg_fencing_watches.lock" sleep 3 &
 FLOCK_PID=$!
 sleep 0.3
-as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null
+pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log" 60
 expect "0.1.0's SQL, right after the start, before the worker read the state file: a write with 31 (stored mark 30)" \
     FT001 "$(stale_write 31)"
 wait "$FLOCK_PID" 2>/dev/null || true
@@ -104,7 +104,7 @@ expect "after the update: a write with H - 1" FT001 "$(stale_write $((H - 1)))"
 echo "== the state file is lost (as pg_upgrade or a restore without it would); restart"
 as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m fast -w stop >/dev/null
 rm -f "$PGDATA_TEST/pg_fencing_watches.state"
-as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 60 start >/dev/null
+pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log" 60
 expect "without the state file: a write with H - 1" FT001 "$(stale_write $((H - 1)))"
 expect "without the state file: watch listed" jobs "$("${PSQL[@]}" -Atc "SELECT resource FROM fencing_watches")"
 expect "Z's own write with H" ok "$(stale_write "$H")"

@@ -42,7 +42,7 @@ port = $SPORT
 unix_socket_directories = '$WORK'
 hot_standby = on
 CONF
-as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -l "$WORK/standby.log" -w -t 60 start >/dev/null
+pg_ctl_start "$STANDBY" "$WORK/standby.log" 60
 
 # Written after the standby started: must arrive by streaming.
 "${P[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '25'; UPDATE ledger SET v = 25 WHERE id = 1; COMMIT;"

@@ -78,7 +78,7 @@ left=$(alive)
 if [ -n "$left" ]; then echo "stress: backends still running 10 s after the crash: $left" >&2; exit 1; fi
 # The dead postmaster lingers as a zombie here, so its lock files would look live: remove them.
 rm -f "$PGDATA_TEST/postmaster.pid" "$WORK/.s.PGSQL.$PGPORT_TEST.lock"
-as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -l "$WORK/postgres.log" -w -t 120 start >/dev/null
+pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log" 120
 echo "stress: restarted after crash recovery"
 wait "$RUN_PID" || true
 psql -X -Atc "SELECT resource || '=' || high_water FROM fencing_resources WHERE resource LIKE 'stress-%' ORDER BY 1" \

@@ -7,4 +7,4 @@ source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 need_python
-exec "$PY" tests/worker/worker_test.py "$@"
+PGBIN="$PGBIN" exec "$PY" tests/worker/worker_test.py "$@"

@@ -47,7 +47,8 @@ import time
 
 import psycopg2
 
-PGBIN = "/usr/lib/postgresql/15/bin"
+# The server binaries: scripts/lib.sh sets PGBIN for the major under test (PGF_PG_MAJOR).
+PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 PGPORT = int(os.environ.get("PGPORT_WORKER", "54369"))
 ETCD_BASE = int(os.environ.get("ETCD_WORKER_PORT", "23900"))
 TTL = 3

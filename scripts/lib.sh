@@ -130,6 +130,9 @@ ${PG_EXTRA_CONF:-}
 CONF
     pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log"
     export PGHOST=127.0.0.1 PGPORT=$PGPORT_TEST PGUSER=postgres PGDATABASE=postgres
+    if [ -n "${PGF_PG_MAJOR:-}" ]; then
+        echo "  (PostgreSQL $(psql -X -Atc 'SHOW server_version') from $PGBIN on 127.0.0.1:$PGPORT_TEST)"
+    fi
 }
 
 pg_stop() {

@@ -48,12 +48,12 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo etcd-server etcd-client
-      build-essential pkg-config)
+      build-essential pkg-config dpkg-dev)
 # Commands the profile's scripts call, checked at the end (psql and pg_* come with postgresql-15).
 cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
 if [ "$PROFILE" = test ]; then
-    pkgs+=(pgbouncer procps git python3-venv valgrind)
-    cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind)
+    pkgs+=(pgbouncer procps git python3-venv valgrind iproute2)
+    cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

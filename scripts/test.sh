@@ -7,7 +7,8 @@
 #   1. unit tests and #[pg_test] tests   (cargo pgrx test pg15, in pgrx's own test cluster)
 #   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster)
 #   3. isolation specs                    (tests/isolation, concurrent interleavings)
-#   4. PostgreSQL 18                      (the release build for 18; pg_regress and isolation on 18.6)
+#   4. PostgreSQL 18                      (cargo pgrx test pg18; the release tarball for 18 installed;
+#                                          pg_regress and isolation on 18.6)
 #   5. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock)
 #   6. randomized stress test             (tests/stress, 16 clients, independent checker)
 #   7. crash under load                   (tests/stress --crash: kill -9 of the postmaster)
@@ -25,8 +26,11 @@
 #  17. network partitions                 (tests/partition: three etcd members and PostgreSQL in
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
-# Between 1 and 2 the release package (cargo pgrx package) is installed by copying its files, as
-# docs/operations.md "Install" says, so the suites test what users install.
+#  18. the suites on PostgreSQL 18        (PGF_PG_MAJOR=18: stages 6-13 and 16 again; then a cluster
+#                                          carried from 15 to 18, tests/lifecycle/major_upgrade.sh)
+#  19. the Debian package removed         (apt-get remove; none of its files left)
+# Between 1 and 2 the Debian package (scripts/package.sh 15) is installed with apt-get install,
+# as docs/operations.md "Install" says, so the suites test what users install.
 # Usage: scripts/test.sh [--no-setup]
 set -euo pipefail
 # Setup runs with the caller's environment (apt, pip and cargo need the machine's registry
@@ -77,7 +81,7 @@ scripts/check-docs.sh --strict
 step "released SQL scripts unchanged (scripts/check-sql-releases.sh)"
 scripts/check-sql-releases.sh
 
-step "1/17 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
+step "1/19 unit and #[pg_test] tests (cargo test in fencing-core, cargo pgrx test pg15)"
 (cd fencing-core && cargo test -q 2>&1 | grep -E "^test result|FAILED|panicked")
 mkdir -p "$WORK/pgrx-data"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
@@ -89,25 +93,34 @@ fi
 
 # cargo pgrx test installs its own build (with the #[pg_test] functions) into the system
 # PostgreSQL; put the release package in its place, installed the way docs/operations.md
-# "Install" says: by copying the files of `cargo pgrx package`.
-step "packaging: cargo pgrx package (release build), installed by copying its files"
+# "Install" says: the Debian package, by apt-get (scripts/package.sh builds it).
+step "packaging: the Debian package for 15 (scripts/package.sh 15), installed with apt-get install"
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-PACKAGE="target/release/pg_fencing-pg15"
-rm -rf "$PACKAGE"
-cargo pgrx package --pg-config "$PGBIN/pg_config"
-(cd "$PACKAGE" && find . -type f | sort) | tee "$WORK/package-files.txt"
-for f in "usr/lib/postgresql/15/lib/pg_fencing.so" \
-         "usr/share/postgresql/15/extension/pg_fencing.control" \
-         "usr/share/postgresql/15/extension/pg_fencing--$VERSION.sql" \
-         $(cd sql && ls pg_fencing--*--*.sql | sed 's|^|usr/share/postgresql/15/extension/|'); do
-    grep -qxF "./$f" "$WORK/package-files.txt" || { echo "FAIL: the package lacks $f" >&2; exit 1; }
+DEB_NAME=postgresql-15-pg-fencing
+DEB="$ROOT/target/packages/${DEB_NAME}_${VERSION}_amd64.deb"
+rm -f "$DEB"
+scripts/package.sh 15
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+dpkg-deb --info "$DEB" | sed -n 's/^ \(Package\|Version\|Depends\|Installed-Size\):/  \1:/p'
+# --reinstall: a previous run may have left the package installed, and cargo pgrx test has just
+# written its own build over the package's files.
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --reinstall "$DEB" >"$WORK/apt-install.log" 2>&1 \
+    || { cat "$WORK/apt-install.log"; exit 1; }
+dpkg-query -W -f='  installed: ${Package} ${Version} (${db:Status-Abbrev})\n' "$DEB_NAME"
+dpkg -L "$DEB_NAME" | sort >"$WORK/deb-files.txt"
+for f in "/usr/lib/postgresql/15/lib/pg_fencing.so" \
+         "/usr/share/postgresql/15/extension/pg_fencing.control" \
+         "/usr/share/postgresql/15/extension/pg_fencing--$VERSION.sql" \
+         $(cd sql && ls pg_fencing--*--*.sql | sed 's|^|/usr/share/postgresql/15/extension/|') \
+         "/usr/share/doc/$DEB_NAME/copyright" "/usr/share/doc/$DEB_NAME/README.md"; do
+    grep -qxF "$f" "$WORK/deb-files.txt" || { echo "FAIL: the package lacks $f" >&2; exit 1; }
 done
-if [ "$(id -u)" -eq 0 ]; then cp -r --remove-destination "$PACKAGE/usr/." /usr/; else sudo cp -r --remove-destination "$PACKAGE/usr/." /usr/; fi
-cmp "$PACKAGE/usr/lib/postgresql/15/lib/pg_fencing.so" "$($PGBIN/pg_config --pkglibdir)/pg_fencing.so"
+cmp target/release/pg_fencing-pg15/usr/lib/postgresql/15/lib/pg_fencing.so "$($PGBIN/pg_config --pkglibdir)/pg_fencing.so"
 grep -q "default_version = '$VERSION'" "$($PGBIN/pg_config --sharedir)/extension/pg_fencing.control"
-echo "  installed pg_fencing $VERSION from the package by copying files"
+echo "  installed pg_fencing $VERSION from $(basename "$DEB"); dpkg -L lists $(grep -c . "$WORK/deb-files.txt") paths"
 
-step "2/17 pg_regress (tests/pg_regress)"
+step "2/19 pg_regress (tests/pg_regress)"
 # The #[pg_test] cluster above runs without preloading; this one preloads the library, so both
 # ways are tested (the statistics need it).
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
@@ -122,7 +135,7 @@ if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=pos
     exit 1
 fi
 
-step "3/17 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
+step "3/19 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
 ISOLATION="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress"
 mkdir -p "$WORK/isolation"
 psql -X -q -c "CREATE DATABASE pg_fencing_isolation"
@@ -135,14 +148,35 @@ if ! "$ISOLATION" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=p
 fi
 pg_stop
 
-step "4/17 PostgreSQL 18: the release build for 18 (cargo pgrx install --features pg18), pg_regress and isolation specs on 18.6"
+step "4/19 PostgreSQL 18: #[pg_test] tests (cargo pgrx test pg18), the release tarball for 18 (scripts/package.sh 18) installed, pg_regress and isolation specs on 18.6"
 # The same suites on PostgreSQL 18 (scripts/pg18.sh), built into its own target directory so
 # that the builds for 15 stay as they are. Its build has no ICU: tombstone_equality_icu skips
 # itself there (its alternative output, tombstone_equality_icu_1.out).
-CARGO_TARGET_DIR=target/pg18 cargo pgrx install --release --no-default-features --features pg18 \
-    --pg-config "$PG18_BIN/pg_config" >"$WORK/pg18-install.log" 2>&1 \
-    || { tail -30 "$WORK/pg18-install.log"; exit 1; }
-echo "  installed pg_fencing into $("$PG18_BIN/pg_config" --pkglibdir) ($("$PG18_BIN/pg_config" --version))"
+mkdir -p "$WORK/pgrx-data-18"
+[ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data-18"
+if [ "$(id -u)" -eq 0 ]; then
+    CARGO_TARGET_DIR=target/pg18 cargo pgrx test pg18 --no-default-features --runas postgres --pgdata "$WORK/pgrx-data-18"
+else
+    CARGO_TARGET_DIR=target/pg18 cargo pgrx test pg18 --no-default-features
+fi
+# cargo pgrx test installed its test build into 18; the release tarball replaces it, installed
+# as docs/operations.md says for a server whose paths are not Debian's: the library into
+# `pg_config --pkglibdir`, the rest into `pg_config --sharedir`/extension, each by a new file
+# renamed over the old one.
+TARBALL="target/packages/pg_fencing-$VERSION-pg18.tar.gz"
+rm -f "$TARBALL"
+scripts/package.sh 18
+mkdir -p "$WORK/tar18"
+tar -C "$WORK/tar18" -xzf "$TARBALL"
+(cd "$WORK/tar18" && find . -type f | sort) | sed 's/^/  /'
+LIB18=$("$PG18_BIN/pg_config" --pkglibdir)
+EXT18="$("$PG18_BIN/pg_config" --sharedir)/extension"
+for f in "$WORK"/tar18/usr/lib/postgresql/18/lib/* "$WORK"/tar18/usr/share/postgresql/18/extension/*; do
+    case "$f" in *.so) dest=$LIB18 ;; *) dest=$EXT18 ;; esac
+    cp "$f" "$dest/.$(basename "$f").new" && mv -f "$dest/.$(basename "$f").new" "$dest/$(basename "$f")"
+done
+cmp "$WORK/tar18/usr/lib/postgresql/18/lib/pg_fencing.so" "$LIB18/pg_fencing.so"
+echo "  installed pg_fencing $VERSION for $("$PG18_BIN/pg_config" --version) from $TARBALL"
 PGBIN_15=$PGBIN
 PGBIN=$PG18_BIN
 rm -rf "$WORK/pgdata"  # stage 2's cluster (PostgreSQL 15), stopped
@@ -167,16 +201,16 @@ fi
 pg_stop
 PGBIN=$PGBIN_15
 
-step "5/17 zombie-client demo with a real etcd (scripts/demo.sh)"
+step "5/19 zombie-client demo with a real etcd (scripts/demo.sh)"
 ./scripts/demo.sh --no-setup
 
-step "6/17 randomized stress test, 16 clients, tombstones pruned during the load, checked by an independent checker (tests/stress)"
+step "6/19 randomized stress test, 16 clients, tombstones pruned during the load, checked by an independent checker (tests/stress)"
 tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
 
-step "7/17 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
+step "7/19 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
 
-step "8/17 negative control: the same checker must catch violations when fencing is switched off"
+step "8/19 negative control: the same checker must catch violations when fencing is switched off"
 if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
     echo "$out" | tail -15
     echo "FAIL: the checker found no violation in an unfenced run" >&2
@@ -185,22 +219,22 @@ fi
 echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run failed without a VIOLATION" >&2; exit 1; }
 echo "  (expected: the checker reports violations when the guard is off)"
 
-step "9/17 streaming standby and promotion (tests/replication)"
+step "9/19 streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
 
-step "10/17 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
+step "10/19 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
 tests/worker/run.sh
 
-step "11/17 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
+step "11/19 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"
 tests/pooler/run.sh
 
-step "12/17 upgrade: ALTER EXTENSION pg_fencing UPDATE from every released version; released scripts never edited (tests/upgrade)"
+step "12/19 upgrade: ALTER EXTENSION pg_fencing UPDATE from every released version; released scripts never edited (tests/upgrade)"
 tests/upgrade/run.sh
 
-step "13/17 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
+step "13/19 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
 tests/observability/run.sh
 
-step "14/17 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
+step "14/19 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
 tests/client/run.sh
 # Negative control: without fencing_protect the same scenario must let the zombie's write land.
 if out=$(tests/client/run.sh --unfenced 2>&1); then
@@ -210,7 +244,7 @@ if out=$(tests/client/run.sh --unfenced 2>&1); then
 fi
 echo "$out" | grep -m2 "FAIL" | sed 's/^/  expected with --unfenced: /'
 
-step "15/17 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
+step "15/19 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
 for target in token_parse json_shape; do
     corpus="$WORK/fuzz-$target"
     mkdir -p "$corpus"
@@ -224,18 +258,54 @@ for target in token_parse json_shape; do
     grep -E "^(Done|stat::number_of_executed_units)" "$WORK/fuzz-$target.log" | sed "s/^/  $target: /"
 done
 
-step "16/17 lifecycle paths: a mark raised by fencing_advance survives a crash under synchronous_commit = off (tests/lifecycle)"
+step "16/19 lifecycle paths: a mark raised by fencing_advance survives a crash under synchronous_commit = off (tests/lifecycle)"
 tests/lifecycle/async_commit.sh
-step "16/17 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion, PITR and pg_upgrade (tests/lifecycle)"
+step "16/19 lifecycle paths: a watched resource stays fenced after pg_dump/restore, promotion, PITR and pg_upgrade (tests/lifecycle)"
 tests/lifecycle/watch_carried.sh
-step "16/17 lifecycle paths: a watch registered under 0.1.0 survives ALTER EXTENSION UPDATE and the loss of its state file (tests/lifecycle)"
+step "16/19 lifecycle paths: a watch registered under 0.1.0 survives ALTER EXTENSION UPDATE and the loss of its state file (tests/lifecycle)"
 tests/lifecycle/watch_upgrade.sh
-step "16/17 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
+step "16/19 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
 tests/lifecycle/logical.sh
 
-step "17/17 network partitions between PostgreSQL and a three-member etcd cluster, 150 s, independent checker (tests/partition)"
+step "17/19 network partitions between PostgreSQL and a three-member etcd cluster, 150 s, independent checker (tests/partition)"
 tests/partition/run.sh --seconds 150 --seed 14
-step "17/17 negative control: the same without fencing must show violations (tests/partition --unfenced)"
+step "17/19 negative control: the same without fencing must show violations (tests/partition --unfenced)"
 tests/partition/run.sh --seconds 60 --seed 3 --unfenced
+
+step "18/19 the suites on PostgreSQL 18 (PGF_PG_MAJOR=18): stress, crash, negative control, standby, worker, pooler, upgrade, observability, lifecycle; pg_upgrade from 15 to 18"
+export PGF_PG_MAJOR=18
+tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
+tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
+if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
+    echo "$out" | tail -15
+    echo "FAIL: on 18, the checker found no violation in an unfenced run" >&2
+    exit 1
+fi
+echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run on 18 failed without a VIOLATION" >&2; exit 1; }
+tests/replication/standby.sh
+tests/worker/run.sh
+tests/pooler/run.sh
+tests/upgrade/run.sh
+tests/observability/run.sh
+for t in async_commit watch_carried watch_upgrade logical; do tests/lifecycle/$t.sh; done
+unset PGF_PG_MAJOR
+tests/lifecycle/major_upgrade.sh
+
+step "19/19 the Debian package removed with apt-get remove: none of its files is left"
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq "$DEB_NAME" >"$WORK/apt-remove.log" 2>&1 \
+    || { cat "$WORK/apt-remove.log"; exit 1; }
+status=$(dpkg-query -W -f='${db:Status-Abbrev}' "$DEB_NAME" 2>/dev/null || true)
+case "$status" in ""|un*) ;; *) echo "FAIL: after apt-get remove, dpkg says $DEB_NAME is '$status'" >&2; exit 1 ;; esac
+left=0
+while read -r f; do
+    if [ -f "$f" ] || [ -L "$f" ]; then echo "  FAIL: left behind: $f"; left=1; fi
+    # A directory the package made for itself must be gone too (/usr/share/doc/<package>).
+    case "$f" in "/usr/share/doc/$DEB_NAME"*) [ -e "$f" ] && { echo "  FAIL: left behind: $f"; left=1; } ;; esac
+done <"$WORK/deb-files.txt"
+[ $left -eq 0 ] || exit 1
+echo "  removed: none of the $(grep -c . "$WORK/deb-files.txt") paths dpkg -L listed is left (dpkg status: ${status:-none})"
+# Leave the machine as scripts/setup.sh left it: the release build installed by copying files.
+$SUDO cp -r --remove-destination target/release/pg_fencing-pg15/usr/. /usr/
+echo "  the release build is back in place by copying files (as scripts/setup.sh installs it)"
 
 step "all tests passed"

@@ -137,7 +137,14 @@ CONF
 
 pg_stop() {
     if [ -n "${PGDATA_TEST:-}" ] && [ -f "$PGDATA_TEST/postmaster.pid" ]; then
-        as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m immediate -w stop >/dev/null 2>&1 || true
+        # A server that does not stop would keep its port from the next suite: say so.
+        if ! as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m immediate -w -t 60 stop >/dev/null 2>&1; then
+            local pid
+            pid=$(head -1 "$PGDATA_TEST/postmaster.pid" 2>/dev/null || true)
+            if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+                echo "WARNING: the PostgreSQL server in $PGDATA_TEST (pid $pid) did not stop within 60 s" >&2
+            fi
+        fi
     fi
 }
 

@@ -272,23 +272,33 @@ tests/partition/run.sh --seconds 150 --seed 14
 step "17/19 negative control: the same without fencing must show violations (tests/partition --unfenced)"
 tests/partition/run.sh --seconds 60 --seed 3 --unfenced
 
-step "18/19 the suites on PostgreSQL 18 (PGF_PG_MAJOR=18): stress, crash, negative control, standby, worker, pooler, upgrade, observability, lifecycle; pg_upgrade from 15 to 18"
+# Stages 6 to 13 and 16 again, against PostgreSQL 18 (the build stage 4 installed there).
 export PGF_PG_MAJOR=18
+step "18/19 on PostgreSQL 18: randomized stress test, 16 clients, tombstones pruned (tests/stress)"
 tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
+step "18/19 on PostgreSQL 18: crash under the stress load (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
+step "18/19 on PostgreSQL 18: negative control (tests/stress --unfenced)"
 if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
     echo "$out" | tail -15
     echo "FAIL: on 18, the checker found no violation in an unfenced run" >&2
     exit 1
 fi
 echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run on 18 failed without a VIOLATION" >&2; exit 1; }
+step "18/19 on PostgreSQL 18: streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
+step "18/19 on PostgreSQL 18: background worker with real etcd (tests/worker)"
 tests/worker/run.sh
+step "18/19 on PostgreSQL 18: pooler safety (tests/pooler)"
 tests/pooler/run.sh
+step "18/19 on PostgreSQL 18: upgrade from every released version (tests/upgrade)"
 tests/upgrade/run.sh
+step "18/19 on PostgreSQL 18: observability (tests/observability)"
 tests/observability/run.sh
+step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, logical replication)"
 for t in async_commit watch_carried watch_upgrade logical; do tests/lifecycle/$t.sh; done
 unset PGF_PG_MAJOR
+step "18/19 from 15 to 18: marks, tombstones and a watch carried across majors (tests/lifecycle/major_upgrade.sh)"
 tests/lifecycle/major_upgrade.sh
 
 step "19/19 the Debian package removed with apt-get remove: none of its files is left"

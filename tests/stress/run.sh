@@ -64,12 +64,20 @@ sleep 4
 psql -X -Atc "SELECT resource || '=' || high_water FROM fencing_resources WHERE resource LIKE 'stress-%' ORDER BY 1" \
     > "$WORK/marks.before" || true
 PM_PID=$(head -1 "$PGDATA_TEST/postmaster.pid")
-CHILDREN=$(pgrep -P "$PM_PID" || true)
 echo "stress: kill -9 postmaster $PM_PID under load"
 kill -9 "$PM_PID"
-# Its backends notice the postmaster's death and exit; a restart must wait for them (they still
-# hold the shared memory). Exited processes may linger as zombies here (no init reaps them).
-alive() { for p in $CHILDREN; do
+# Its backends notice the postmaster's death and exit; a restart must wait for every one of them:
+# one still running would go on writing WAL and data files under the new server's recovery (and
+# the pid file, which would let the new server see it, is removed below). A list of the
+# postmaster's children taken before the kill misses one it forked just before dying (a backend
+# for a reconnecting client, an autovacuum worker), so find them by what every PostgreSQL process
+# has: its working directory is the data directory. Exited processes may linger as zombies here
+# (no init reaps them).
+DATA_REAL=$(readlink -f "$PGDATA_TEST")
+alive() { local d p st
+          for d in /proc/[0-9]*; do
+              [ "$(readlink "$d/cwd" 2>/dev/null)" = "$DATA_REAL" ] || continue
+              p=${d#/proc/}
               st=$(ps -o stat= -p "$p" 2>/dev/null || true)
               [ -n "$st" ] && [ "${st#Z}" = "$st" ] && echo "$p"
           done; true; }

@@ -50,7 +50,14 @@ case "${PGF_PG_MAJOR:-15}" in
     *) echo "PGF_PG_MAJOR=$PGF_PG_MAJOR: the suites run on 15 or 18" >&2; exit 2 ;;
 esac
 PG_MAJOR=${PGF_PG_MAJOR:-15}
-case ":$PATH:" in *":$PGBIN:"*) ;; *) export PATH="$PGBIN:$PATH" ;; esac
+# First on PATH, and the other major's bin directory off it, wherever the caller had them.
+_pgf_path=""
+IFS=: read -ra _pgf_dirs <<<"$PATH"
+for _pgf_d in "${_pgf_dirs[@]}"; do
+    case "$_pgf_d" in /usr/lib/postgresql/15/bin|"$PG18_BIN") ;; *) _pgf_path+="${_pgf_path:+:}$_pgf_d" ;; esac
+done
+export PATH="$PGBIN${_pgf_path:+:$_pgf_path}"
+unset _pgf_path _pgf_dirs _pgf_d
 : "${PGPORT_TEST:=54329}"
 : "${ETCD_CLIENT_PORT:=23790}"
 : "${ETCD_PEER_PORT:=23800}"

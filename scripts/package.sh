@@ -31,9 +31,19 @@ stage() {
     local root="$WORK/root-$1" lib share
     lib="$3$("$2" --pkglibdir)"
     share="$3$("$2" --sharedir)/extension"
-    mkdir -p "$root/usr/lib/postgresql/$1/lib" "$root/usr/share/postgresql/$1/extension"
-    install -m 0755 "$lib/pg_fencing.so" "$root/usr/lib/postgresql/$1/lib/"
+    mkdir -p "$root/usr/lib/postgresql/$1/lib" "$root/usr/share/postgresql/$1/extension" \
+        "$root/usr/share/doc/postgresql-$1-pg-fencing"
+    install -m 0644 "$lib/pg_fencing.so" "$root/usr/lib/postgresql/$1/lib/"
     install -m 0644 "$share"/pg_fencing.control "$share"/pg_fencing--*.sql "$root/usr/share/postgresql/$1/extension/"
+    # The license's notice goes with every copy (LICENSE), in Debian's machine-readable format.
+    { echo "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"
+      echo "Upstream-Name: pg_fencing"
+      echo
+      echo "Files: *"
+      echo "Copyright: 2026, pg_fencing developers"
+      echo "License: PostgreSQL"
+      sed -e 's/^$/./' -e 's/^/ /' LICENSE; } >"$root/usr/share/doc/postgresql-$1-pg-fencing/copyright"
+    chmod 0644 "$root/usr/share/doc/postgresql-$1-pg-fencing/copyright"
     echo "$root"
 }
 
@@ -52,17 +62,13 @@ if [ "$WHICH" != 18 ]; then
     PKG=postgresql-15-pg-fencing
     doc="$root/usr/share/doc/$PKG"
     mkdir -p "$doc/docs" "$root/DEBIAN"
-    install -m 0644 README.md CHANGELOG.md BENCHMARKS.md "$doc/"
+    install -m 0644 README.md BENCHMARKS.md "$doc/"
+    install -m 0644 CHANGELOG.md "$doc/changelog"
     install -m 0644 docs/*.md "$doc/docs/"
-    gzip -9n "$doc/CHANGELOG.md"
-    { echo "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"
-      echo "Upstream-Name: pg_fencing"
-      echo
-      echo "Files: *"
-      echo "Copyright: 2026, pg_fencing developers"
-      echo "License: PostgreSQL"
-      sed -e 's/^$/./' -e 's/^/ /' LICENSE; } >"$doc/copyright"
-    chmod 0644 "$doc/copyright"
+    # As Debian's tools do: the changelog and every document over 4 KiB compressed, the library
+    # stripped of its symbol table (dh_strip; the tarballs keep cargo pgrx package's file).
+    find "$doc" -type f ! -name copyright \( -name changelog -o -size +4k \) -exec gzip -9n {} +
+    strip --strip-unneeded "$root/usr/lib/postgresql/15/lib/pg_fencing.so"
     # The libraries the .so links, as Debian package dependencies (dpkg-shlibdeps reads a
     # debian/control of its own).
     mkdir -p "$WORK/shlibs/debian"
@@ -74,7 +80,7 @@ if [ "$WHICH" != 18 ]; then
 Package: $PKG
 Version: $VERSION
 Architecture: amd64
-Maintainer: pg_fencing developers
+Maintainer: pg_fencing developers <maintainers@pg-fencing.invalid>
 Depends: postgresql-15, $shlibs
 Section: database
 Priority: optional
@@ -85,6 +91,7 @@ Description: fencing tokens enforced by PostgreSQL 15: stale lock holders cannot
  SQLSTATE FT001. An optional background worker takes etcd locks and watches hand-overs
  (shared_preload_libraries = 'pg_fencing'). CREATE EXTENSION pg_fencing in each database.
 CONTROL
+    (cd "$root" && find usr -type f -exec md5sum {} + | sort -k2) >"$root/DEBIAN/md5sums"
     dpkg-deb --root-owner-group -Zxz --build "$root" "$OUT/${PKG}_${VERSION}_amd64.deb" >/dev/null
     echo "  $OUT/${PKG}_${VERSION}_amd64.deb"
 fi

@@ -113,10 +113,16 @@ for f in "/usr/lib/postgresql/15/lib/pg_fencing.so" \
          "/usr/share/postgresql/15/extension/pg_fencing.control" \
          "/usr/share/postgresql/15/extension/pg_fencing--$VERSION.sql" \
          $(cd sql && ls pg_fencing--*--*.sql | sed 's|^|/usr/share/postgresql/15/extension/|') \
-         "/usr/share/doc/$DEB_NAME/copyright" "/usr/share/doc/$DEB_NAME/README.md"; do
+         "/usr/share/doc/$DEB_NAME/copyright" "/usr/share/doc/$DEB_NAME/README.md.gz"; do
     grep -qxF "$f" "$WORK/deb-files.txt" || { echo "FAIL: the package lacks $f" >&2; exit 1; }
 done
-cmp target/release/pg_fencing-pg15/usr/lib/postgresql/15/lib/pg_fencing.so "$($PGBIN/pg_config --pkglibdir)/pg_fencing.so"
+# Every installed file as the package has it (its md5sums); then the library is the release build's,
+# stripped as Debian's tools do.
+# (dpkg --verify exits 0 either way; a line per differing file is what tells.)
+verify=$(dpkg --verify "$DEB_NAME" 2>&1 || true)
+[ -z "$verify" ] || { echo "FAIL: dpkg --verify $DEB_NAME: files differ from the package:" >&2; echo "$verify" >&2; exit 1; }
+strip --strip-unneeded -o "$WORK/stripped.so" target/release/pg_fencing-pg15/usr/lib/postgresql/15/lib/pg_fencing.so
+cmp "$WORK/stripped.so" "$($PGBIN/pg_config --pkglibdir)/pg_fencing.so"
 grep -q "default_version = '$VERSION'" "$($PGBIN/pg_config --sharedir)/extension/pg_fencing.control"
 echo "  installed pg_fencing $VERSION from $(basename "$DEB"); dpkg -L lists $(grep -c . "$WORK/deb-files.txt") paths"
 

@@ -16,7 +16,7 @@
 #   - the carried watch keeps working: Z hands the lock to A, and Z's next write is refused.
 #
 # Throwaway servers on 127.0.0.1:${PGPORT_MAJOR_UPGRADE:-54449} (15, then 18; +2 and +3 during
-# pg_upgrade) and etcd on ${ETCD_CLIENT_PORT:-23790}.
+# pg_upgrade, +4 for the control's plain cluster) and etcd on ${ETCD_CLIENT_PORT:-23790}.
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
@@ -182,6 +182,8 @@ expect "upgraded: key 3 (deleted with 25) re-inserted with 24" FT001 "$(write 24
 expect "upgraded: key 3 re-inserted with 26" ok "$(write 26 "INSERT INTO accounts VALUES (3, 26)")"
 expect "upgraded: key 1.00 (1.0 deleted with 20) re-inserted with 15" FT001 "$(write 15 "INSERT INTO jobs_n VALUES (1.00, 15)")"
 expect "upgraded: key 1.00 re-inserted with 21" ok "$(write 21 "INSERT INTO jobs_n VALUES (1.00, 21)")"
+expect "upgraded: the equal-key tombstone still has its key hash" 1 \
+    "$("${PSQL[@]}" -Atc "SELECT count(*) FROM _pg_fencing.row_tombstone WHERE key_hash IS NOT NULL")"
 expect "upgraded: a write without a token" FT002 "$(write "" "UPDATE accounts SET balance = 0 WHERE id = 2")"
 
 echo "== on 18, the carried watch keeps working: Z hands the lock to A"

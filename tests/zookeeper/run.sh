@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The zombie story with ZooKeeper's lock recipe (kazoo's Lock) against a real ZooKeeper 3.8 and
+# PostgreSQL, the token being the czxid of the holder's lock znode (tests/zookeeper/holder.py
+# says why czxid and not the sequence number).
+#
+# A throwaway ZooKeeper (standalone, tickTime 500 ms, so sessions of 1 to 10 s) on
+# 127.0.0.1:${ZK_TEST_PORT:-24181} and a throwaway cluster on 127.0.0.1:${PGPORT_ZOOKEEPER:-54469}.
+# Checks, for table settlement (protected, resource mode, resource 'settlement') and then for
+# settlement_unprotected (the negative control: the same story must corrupt it):
+#   1. holder A (session timeout 2 s) takes lock /locks/<table> and is frozen with SIGSTOP
+#      between taking the lock and writing; ZooKeeper expires its session and deletes its node;
+#   2. holder B takes the lock (a higher czxid) and writes;
+#   3. A is resumed and writes with its old czxid: refused with FT001 on the protected table (the
+#      row keeps B's write), accepted on the unprotected one (the row ends with A's write).
+# Then the two kinds of token: after the lock's parent node is deleted and re-created (an
+# operator's cleanup, or a recipe that removes empty parents), the next holder's sequence number
+# starts again at 0 and is below the previous holder's, while its czxid is above it.
+# Prints ok/FAIL per check; exits 1 if any check failed.
+set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
+cd "$(dirname "$0")/../.."
+source scripts/lib.sh
+need_python
+
+PGPORT_TEST=${PGPORT_ZOOKEEPER:-54469}
+ZK_PORT=${ZK_TEST_PORT:-24181}
+CHILD_PIDS=""
+ZK_PID=""
+fresh_workdir
+cleanup() {
+    if [ -n "$ZK_PID" ]; then kill "$ZK_PID" 2>/dev/null || true; wait "$ZK_PID" 2>/dev/null || true; fi
+    cleanup_all
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "== ZooKeeper (Debian package zookeeper $(dpkg-query -W -f='${Version}' zookeeper)) on 127.0.0.1:$ZK_PORT"
+mkdir -p "$WORK/zk"
+cat >"$WORK/zoo.cfg" <<CFG
+tickTime=500
+dataDir=$WORK/zk
+clientPort=$ZK_PORT
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=ruok
+CFG
+java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.server.ZooKeeperServerMain "$WORK/zoo.cfg" \
+    >"$WORK/zk.log" 2>&1 &
+ZK_PID=$!
+zk_ok() { [ "$( (exec 3<>"/dev/tcp/127.0.0.1/$ZK_PORT" && printf ruok >&3 && head -c4 <&3) 2>/dev/null)" = imok ]; }
+for _ in $(seq 1 150); do zk_ok && break; sleep 0.2; done
+zk_ok || { echo "ZooKeeper did not start; see $WORK/zk.log" >&2; tail -20 "$WORK/zk.log" >&2; exit 1; }
+
+pg_start
+DSN="host=127.0.0.1 port=$PGPORT_TEST user=postgres dbname=postgres"
+PSQL=(psql -X -q -v ON_ERROR_STOP=1)
+"${PSQL[@]}" -o /dev/null <<'SQL'
+CREATE EXTENSION pg_fencing;
+CREATE TABLE settlement (id int PRIMARY KEY, holder text);
+CREATE TABLE settlement_unprotected (id int PRIMARY KEY, holder text);
+INSERT INTO settlement VALUES (1, 'nobody');
+INSERT INTO settlement_unprotected VALUES (1, 'nobody');
+SELECT fencing_protect('settlement', 'settlement');
+SQL
+HOLDER=("$PY" tests/zookeeper/holder.py --zk "127.0.0.1:$ZK_PORT" --dsn "$DSN")
+field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" "$2" | head -1; }
+wait_line() {  # wait_line <file> <pattern>: up to 30 s
+    for _ in $(seq 1 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    echo "  (no '$2' in $1: $(cat "$1" 2>/dev/null))"; return 1
+}
+
+story() {  # story <table>
+    local table=$1 lock="/locks/$1"
+    echo "== the zombie story on $table ($lock)"
+    mkfifo "$WORK/a-$table.go"
+    "${HOLDER[@]}" --name A --lock "$lock" --table "$table" --session-timeout 2 --wait-for-go \
+        <"$WORK/a-$table.go" >"$WORK/a-$table.out" 2>&1 &
+    local a=$!
+    CHILD_PIDS="$CHILD_PIDS $a"
+    exec 4>"$WORK/a-$table.go"
+    wait_line "$WORK/a-$table.out" acquired
+    local ta; ta=$(field czxid "$WORK/a-$table.out")
+    kill -STOP "$a"
+    echo "  holder A took the lock: czxid $ta; frozen with SIGSTOP before writing"
+    # ZooKeeper expires A's session after 2 s without heartbeats and deletes its ephemeral node;
+    # B is granted the lock then.
+    "${HOLDER[@]}" --name B --lock "$lock" --table "$table" --session-timeout 2 >"$WORK/b-$table.out" 2>&1 || true
+    local tb; tb=$(field czxid "$WORK/b-$table.out")
+    echo "  holder B took the lock after A's session expired: czxid $tb; $(grep -m1 '^write' "$WORK/b-$table.out")"
+    expect "$table: B's token is above A's" yes "$([ -n "$ta" ] && [ -n "$tb" ] && [ "$tb" -gt "$ta" ] && echo yes || echo "no ($ta, $tb)")"
+    expect "$table: B's write" "write ok" "$(grep -m1 '^write' "$WORK/b-$table.out")"
+    kill -CONT "$a"
+    echo go >&4
+    exec 4>&-
+    local rc=0
+    wait "$a" || rc=$?
+    echo "  holder A resumed and wrote with czxid $ta: $(grep -m1 '^write' "$WORK/a-$table.out")"
+    if [ "$table" = settlement ]; then
+        expect "$table: A's write (a zombie's)" FT001 "$(grep -m1 '^write' "$WORK/a-$table.out" | awk '{print $2}')"
+        expect "$table: A stops (exit 3) after FT001" 3 "$rc"
+        expect "$table: the row keeps B's write" B "$("${PSQL[@]}" -Atc "SELECT holder FROM $table")"
+    else
+        expect "negative control, $table: A's write (a zombie's) lands" "write ok" "$(grep -m1 '^write' "$WORK/a-$table.out")"
+        expect "negative control, $table: the row ends with the zombie's write" A "$("${PSQL[@]}" -Atc "SELECT holder FROM $table")"
+    fi
+}
+story settlement
+story settlement_unprotected
+expect "the resource's mark is B's czxid" "$(field czxid "$WORK/b-settlement.out")" \
+    "$("${PSQL[@]}" -Atc "SELECT high_water FROM fencing_resources WHERE resource = 'settlement'")"
+
+echo "== the two kinds of token: czxid keeps growing, the sequence number starts again"
+"$PY" - "127.0.0.1:$ZK_PORT" <<'PY' >"$WORK/kinds.out"
+import sys
+from kazoo.client import KazooClient
+from kazoo.recipe.lock import Lock
+zk = KazooClient(hosts=sys.argv[1]); zk.start(timeout=10)
+def take(name):
+    lock = Lock(zk, "/locks/kinds", identifier=name); lock.acquire(timeout=10)
+    st = zk.exists(f"{lock.path}/{lock.node}")
+    out = (st.czxid, int(lock.node[-10:])); lock.release(); return out
+first = [take("c%d" % i) for i in range(3)]
+zk.delete("/locks/kinds", recursive=True)   # an empty lock directory removed by a cleanup
+after = take("d0")
+print("before", *first[-1]); print("after", *after)
+PY
+read -r _ c1 s1 < <(grep '^before' "$WORK/kinds.out")
+read -r _ c2 s2 < <(grep '^after' "$WORK/kinds.out")
+echo "  last holder before the parent was re-created: czxid $c1, sequence $s1; next holder: czxid $c2, sequence $s2"
+expect "czxid of the next holder is above the last one's" yes "$([ "$c2" -gt "$c1" ] && echo yes || echo no)"
+expect "the sequence number of the next holder is below the last one's (not a token)" yes "$([ "$s2" -lt "$s1" ] && echo yes || echo no)"
+exit $fail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The zombie story with ZooKeeper's lock recipe (kazoo's Lock) against a real ZooKeeper 3.8 and
-# PostgreSQL, the token being the czxid of the holder's lock znode (tests/zookeeper/holder.py
+# PostgreSQL, the token being the czxid of the holder's lock znode (examples/zookeeper/holder.py
 # says why czxid and not the sequence number).
 #
 # A throwaway ZooKeeper (standalone, tickTime 500 ms, so sessions of 1 to 10 s) on
@@ -62,7 +62,7 @@ INSERT INTO settlement VALUES (1, 'nobody');
 INSERT INTO settlement_unprotected VALUES (1, 'nobody');
 SELECT fencing_protect('settlement', 'settlement');
 SQL
-HOLDER=("$PY" tests/zookeeper/holder.py --zk "127.0.0.1:$ZK_PORT" --dsn "$DSN")
+HOLDER=("$PY" examples/zookeeper/holder.py --zk "127.0.0.1:$ZK_PORT" --dsn "$DSN")
 field() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" "$2" | head -1; }
 wait_line() {  # wait_line <file> <pattern>: up to 30 s
     for _ in $(seq 1 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
@@ -73,7 +73,7 @@ story() {  # story <table>
     local table=$1 lock="/locks/$1"
     echo "== the zombie story on $table ($lock)"
     mkfifo "$WORK/a-$table.go"
-    "${HOLDER[@]}" --name A --lock "$lock" --table "$table" --session-timeout 2 --wait-for-go \
+    "${HOLDER[@]}" --name A --lock "$lock" --sql "UPDATE $table SET holder = %(name)s WHERE id = 1" --session-timeout 2 --wait-for-go \
         <"$WORK/a-$table.go" >"$WORK/a-$table.out" 2>&1 &
     local a=$!
     CHILD_PIDS="$CHILD_PIDS $a"
@@ -84,7 +84,7 @@ story() {  # story <table>
     echo "  holder A took the lock: czxid $ta; frozen with SIGSTOP before writing"
     # ZooKeeper expires A's session after 2 s without heartbeats and deletes its ephemeral node;
     # B is granted the lock then.
-    "${HOLDER[@]}" --name B --lock "$lock" --table "$table" --session-timeout 2 >"$WORK/b-$table.out" 2>&1 || true
+    "${HOLDER[@]}" --name B --lock "$lock" --sql "UPDATE $table SET holder = %(name)s WHERE id = 1" --session-timeout 2 >"$WORK/b-$table.out" 2>&1 || true
     local tb; tb=$(field czxid "$WORK/b-$table.out")
     echo "  holder B took the lock after A's session expired: czxid $tb; $(grep -m1 '^write' "$WORK/b-$table.out")"
     expect "$table: B's token is above A's" yes "$([ -n "$ta" ] && [ -n "$tb" ] && [ "$tb" -gt "$ta" ] && echo yes || echo "no ($ta, $tb)")"

@@ -1,4 +1,6 @@
-"""A lock holder with ZooKeeper's lock recipe (kazoo's Lock), writing through pg_fencing.
+"""A lock holder with ZooKeeper's lock recipe (kazoo's Lock), writing through pg_fencing: the
+example docs/clients.md ("ZooKeeper") describes, run by tests/zookeeper/run.sh and by
+scripts/demo.sh --lock-service zookeeper.
 
 The token is the czxid of the holder's lock znode: the zxid of the transaction that created it.
 zxids are global to the ensemble and only grow, so a later holder's node always has a higher
@@ -13,8 +15,9 @@ it), and it is a different counter from czxid, so one resource must only ever se
 Prints `acquired czxid=N seq=M node=PATH` once it holds the lock. With --wait-for-go it then
 reads one line from stdin before writing (the test freezes it there with SIGSTOP, a pause between
 "I hold the lock" and the write, as a GC pause would); it writes regardless of what happened to
-its session meanwhile, as a zombie does. It writes `UPDATE <table> SET holder = NAME WHERE id =
-ID` with the token set for the transaction (set_config(..., true)), prints `write ok` or `write SQLSTATE message`, and
+its session meanwhile, as a zombie does. It runs STATEMENT (default `UPDATE settlement SET
+holder = NAME WHERE id = 1`; %(name)s in it is the holder's name) in one transaction with the
+token set for it (set_config(..., true)), prints `write ok` or `write SQLSTATE message`, and
 exits 0 on ok, 3 on FT001 (fenced off: it stops and never retries with the same token), 1 else.
 """
 
@@ -33,8 +36,7 @@ def main():
     ap.add_argument("--name", required=True)
     ap.add_argument("--lock", required=True)
     ap.add_argument("--session-timeout", type=float, default=2.0)
-    ap.add_argument("--table", default="settlement")
-    ap.add_argument("--id", type=int, default=1)
+    ap.add_argument("--sql", default="UPDATE settlement SET holder = %(name)s WHERE id = 1")
     ap.add_argument("--wait-for-go", action="store_true")
     args = ap.parse_args()
 
@@ -55,7 +57,7 @@ def main():
     try:
         with conn, conn.cursor() as cur:
             cur.execute("SELECT set_config('pg_fencing.token', %s, true)", (str(token),))
-            cur.execute(f"UPDATE {args.table} SET holder = %s WHERE id = %s", (args.name, args.id))
+            cur.execute(args.sql, {"name": args.name})
         print("write ok", flush=True)
         rc = 0
     except psycopg2.Error as e:

@@ -7,6 +7,10 @@
 #                                      callgrind; BENCH_TXNS=1000), and per row of multi-row
 #                                      statements (BENCH_BULK_ROWS=20000), written to
 #                                      bench/instructions.md
+#   bench/run.sh --locks               lock acquisition latency of Redis, etcd (etcd-client and
+#                                      etcdctl), ZooKeeper (kazoo's recipe) and fencing_acquire,
+#                                      servers on loopback (BENCH_LOCK_N=500), written to
+#                                      bench/locks.md
 #   bench/run.sh --tombstones          tombstone storage per deleted key before and after
 #                                      fencing_prune_tombstones (BENCH_TOMBSTONES=1000000),
 #                                      written to bench/tombstones.md
@@ -65,6 +69,27 @@ max_wal_size = '4GB'" pg_start
     exit 0
 fi
 (cd bench/etcd-lock-bench && cargo build --release -q)
+if [[ " $* " == *" --locks "* ]]; then
+    # Four lock services side by side: Redis, etcd, ZooKeeper and pg_fencing's worker (on that
+    # etcd), each a real server on loopback.
+    ETCD_CLIENT_PORT=${ETCD_BENCH_PORT:-23990}
+    ETCD_PEER_PORT=$((ETCD_CLIENT_PORT + 1))
+    ZK_PORT=${ZK_BENCH_PORT:-24183}
+    REDIS_PORT=${REDIS_BENCH_PORT:-24193}
+    etcd_start
+    zk_start
+    redis_start
+    PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+pg_fencing.etcd_endpoints = '127.0.0.1:$ETCD_CLIENT_PORT'" pg_start
+    {
+        echo "Machine: $(nproc) cores, $(. /etc/os-release; echo "$PRETTY_NAME"); servers on loopback: Redis $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (no persistence), etcd $(etcd --version | head -1 | awk '{print $3}') (its default fsync per write), ZooKeeper $(dpkg-query -W -f='${Version}' zookeeper) (standalone, its default fsync of the transaction log), PostgreSQL $(psql -X -Atc 'SHOW server_version') with the pg_fencing worker on that etcd; pg_fencing release build at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), date $(date -u +%F)."
+        echo "Command: bench/run.sh --locks (BENCH_LOCK_N=${BENCH_LOCK_N:-500})"
+        echo
+        ETCD_ENDPOINT="127.0.0.1:$ETCD_CLIENT_PORT" ETCD_BENCH_BIN=bench/etcd-lock-bench/target/release/etcd-lock-bench \
+            ZK_HOSTS="127.0.0.1:$ZK_PORT" REDIS_PORT=$REDIS_PORT PGPORT=$PGPORT_TEST "$PY" bench/locks.py
+    } | tee bench/locks.md
+    exit 0
+fi
 ETCD_CLIENT_PORT=${ETCD_BENCH_PORT:-23990}
 ETCD_PEER_PORT=$((ETCD_CLIENT_PORT + 1))
 etcd_start

@@ -1,26 +1,52 @@
 #!/usr/bin/env bash
-# The zombie-client demo, with the real `etcdctl lock` as the lock client.
+# The zombie-client demo, with a real lock service and its standard lock client.
 #
-#   holder 1 takes etcd lock "settlement" (token = its ETCD_LOCK_REV) and is frozen (SIGSTOP)
-#            before it writes; its lease (TTL $LEASE_TTL s) expires;
-#   holder 2 takes the lock (higher ETCD_LOCK_REV) and writes;
+#   holder 1 takes lock "settlement" and is frozen (SIGSTOP) before it writes; its lease (TTL
+#            $LEASE_TTL s) expires;
+#   holder 2 takes the lock and writes;
 #   holder 1 is resumed (SIGCONT) and writes with its old token: a zombie write.
 #
-# The scenario runs twice on a throwaway PostgreSQL cluster and etcd (127.0.0.1, non-default
-# ports): once on a table without protection (the zombie's write lands and corrupts the row) and
-# once on a table protected by pg_fencing (the zombie's write is refused with FT001).
+# The lock service (--lock-service):
+#   etcd       (the default) `etcdctl lock --ttl`: the token is ETCD_LOCK_REV, the lock key's
+#              revision;
+#   zookeeper  ZooKeeper's lock recipe (kazoo, examples/zookeeper/holder.py) with a session
+#              timeout of $LEASE_TTL s: the token is the czxid of the holder's lock znode;
+#   redis      `SET lock NX PX`: Redis hands out no token at all.
+# The scenario runs twice on a throwaway PostgreSQL cluster and lock service (127.0.0.1,
+# non-default ports): once on a table without protection (the zombie's write lands and corrupts
+# the row) and once on a table protected by pg_fencing: with etcd and ZooKeeper the zombie's
+# write is refused with FT001; with Redis every write is refused, holder 2's too, with FT002
+# (no token): pg_fencing cannot tell a Redis lock's holders apart (README, "Lock services").
 #
-# Usage: scripts/demo.sh [--no-setup]
+# Usage: scripts/demo.sh [--no-setup] [--lock-service etcd|zookeeper|redis]
 #   --no-setup  skip scripts/setup.sh (dependencies and extension already installed)
-# Exit status: 0 if the protected run refused the stale write and kept holder 2's row;
+# Exit status: 0 if the protected run behaved as described above (the stale write refused and
+#                holder 2's row kept; with Redis, both writes refused with FT002);
 #              1 if a stale write was accepted on the protected table;
 #              2 if the scenario itself did not happen as described (e.g. tokens not increasing).
 set -euo pipefail
+LOCK_SERVICE=etcd
+NO_SETUP=""
+args=("$@")
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-setup) NO_SETUP=1 ;;
+        --lock-service) LOCK_SERVICE=${2:-}; shift ;;
+        --lock-service=*) LOCK_SERVICE=${1#*=} ;;
+        *) echo "usage: scripts/demo.sh [--no-setup] [--lock-service etcd|zookeeper|redis]" >&2; exit 2 ;;
+    esac
+    shift
+done
+case "$LOCK_SERVICE" in
+    etcd|zookeeper|redis) ;;
+    *) echo "demo: --lock-service is etcd, zookeeper or redis, not '$LOCK_SERVICE'" >&2; exit 2 ;;
+esac
 # Setup runs with the caller's environment (registry settings); the demo itself is hermetic.
-if [ -z "${PGF_HERMETIC:-}" ] && [ "${1:-}" != "--no-setup" ]; then
-    "$(dirname "$0")/setup.sh"
-    set -- --no-setup
+if [ -z "${PGF_HERMETIC:-}" ] && [ -z "$NO_SETUP" ]; then
+    "$(dirname "$0")/setup.sh" --lock-service "$LOCK_SERVICE"
+    args=(--no-setup --lock-service "$LOCK_SERVICE")
 fi
+set -- "${args[@]}"
 source "$(dirname "$0")/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -35,9 +61,18 @@ fresh_workdir
 t0=$(date +%s.%N)
 say() { printf '  [%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')" "$*"; }
 
-echo "== starting a throwaway PostgreSQL 15 (127.0.0.1:$PGPORT_TEST) and etcd (127.0.0.1:$ETCD_CLIENT_PORT) in $WORK"
+case "$LOCK_SERVICE" in
+    etcd) SERVICE_AT="etcd (127.0.0.1:$ETCD_CLIENT_PORT)" ;;
+    zookeeper) SERVICE_AT="ZooKeeper (127.0.0.1:$ZK_PORT)"; need_python ;;
+    redis) SERVICE_AT="Redis (127.0.0.1:$REDIS_PORT)" ;;
+esac
+echo "== starting a throwaway PostgreSQL 15 (127.0.0.1:$PGPORT_TEST) and $SERVICE_AT in $WORK"
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
-etcd_start
+case "$LOCK_SERVICE" in
+    etcd) etcd_start ;;
+    zookeeper) zk_start ;;
+    redis) redis_start ;;
+esac
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 "${PSQL[@]}" -c "CREATE EXTENSION pg_fencing"
 
@@ -63,13 +98,146 @@ fi
 SH
 }
 
+# The same writer for Redis: takes the lock with SET NX PX (retrying until it is free) and writes
+# without a token, since Redis gives none. WORK/<holder>.<table>.token says "none".
+redis_holder_script() {
+    cat <<SH
+set -u
+until [ "\$(redis-cli -p $REDIS_PORT SET lock:settlement $1 NX PX $((LEASE_TTL * 1000)))" = OK ]; do sleep 0.05; done
+echo none > "$WORK/$1.$2.token"
+while [ -n "$4" ] && [ ! -e "$4" ]; do sleep 0.05; done
+if out=\$(psql -X -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose 2>&1 <<SQL
+UPDATE $2 SET balance = $3, settled_by = '$1' WHERE account = 'acme';
+SQL
+); then
+    echo "accepted" > "$WORK/$1.$2.result"
+else
+    echo "\$out" | grep -m1 'ERROR' > "$WORK/$1.$2.result"
+fi
+SH
+}
+
+# The same writer for ZooKeeper: examples/zookeeper/holder.py (kazoo's lock recipe, token = czxid
+# of its lock node), run as zk_holder <holder> <table> <balance> [--wait-for-go] (its output in
+# WORK/<holder>.<table>.out); zk_outcome <holder> <table> then writes the .token and .result files.
+zk_holder() {
+    "$PY" examples/zookeeper/holder.py --zk "127.0.0.1:$ZK_PORT" \
+        --dsn "host=127.0.0.1 port=$PGPORT_TEST user=postgres dbname=postgres" --name "$1" \
+        --lock /locks/settlement --session-timeout "$LEASE_TTL" \
+        --sql "UPDATE $2 SET balance = $3, settled_by = %(name)s WHERE account = 'acme'" ${4:-} \
+        >"$WORK/$1.$2.out" 2>&1
+}
+zk_outcome() {
+    local out="$WORK/$1.$2.out" w
+    sed -n 's/.*czxid=\([0-9]*\).*/\1/p' "$out" | head -1 >"$WORK/$1.$2.token"
+    w=$(grep -m1 '^write' "$out" || true)
+    case "$w" in
+        "write ok") echo accepted ;;
+        "") echo "no write: $(tail -1 "$out")" ;;
+        *) echo "ERROR:  ${w#write }" ;;
+    esac >"$WORK/$1.$2.result"
+}
+
+wait_for_file() {  # wait_for_file <file>: up to 30 s for it to be non-empty
+    for _ in $(seq 1 600); do [ -s "$1" ] && return 0; sleep 0.05; done
+    echo "scenario broken: $1 never appeared" >&2
+    exit 2
+}
+
 run_scenario() {
+    case "$LOCK_SERVICE" in
+        etcd) run_scenario_etcd "$@" ;;
+        zookeeper) run_scenario_zookeeper "$@" ;;
+        redis) run_scenario_redis "$@" ;;
+    esac
+    say "row after:  $("${PSQL[@]}" -Atc "SELECT format('balance=%s settled_by=%s fence_token=%s', balance, settled_by, coalesce(fence_token::text, '-')) FROM $1")"
+}
+
+scenario_header() {
+    echo
+    echo "== scenario on table '$1' with $SERVICE_AT: $("${PSQL[@]}" -Atc "SELECT CASE WHEN EXISTS (SELECT 1 FROM fencing_protected_tables WHERE relation = '$1'::regclass AND active) THEN 'protected by pg_fencing (resource mode, resource ''settlement'')' ELSE 'NOT protected' END")"
+    say "row before: $("${PSQL[@]}" -Atc "SELECT format('balance=%s settled_by=%s', balance, settled_by) FROM $1")"
+}
+
+run_scenario_zookeeper() {
+    local table=$1
+    scenario_header "$table"
+    rm -f "$WORK/go1"
+    mkfifo "$WORK/go1"
+    zk_holder holder1 "$table" 100 --wait-for-go <"$WORK/go1" &
+    local h1=$!
+    CHILD_PIDS="$CHILD_PIDS $h1"
+    exec 5>"$WORK/go1"
+    for _ in $(seq 1 600); do grep -q acquired "$WORK/holder1.$table.out" 2>/dev/null && break; sleep 0.05; done
+    zk_outcome holder1 "$table"
+    local tok1; tok1=$(cat "$WORK/holder1.$table.token")
+    [ -n "$tok1" ] || { echo "scenario broken: holder 1 got no lock: $(cat "$WORK/holder1.$table.out")" >&2; exit 2; }
+    say "holder 1 acquired lock /locks/settlement (ZooKeeper session timeout ${LEASE_TTL}s): token (czxid of its lock node) = $tok1"
+    kill -STOP "$h1"
+    say "holder 1 frozen with SIGSTOP before writing (think: a long GC pause)"
+    # holder 2 waits in the lock recipe until ZooKeeper expires holder 1's session and deletes
+    # its ephemeral node.
+    zk_holder holder2 "$table" 200 || true
+    zk_outcome holder2 "$table"
+    local tok2; tok2=$(cat "$WORK/holder2.$table.token")
+    say "holder 1's session expired; ZooKeeper deleted its lock node"
+    say "holder 2 acquired the lock: token = $tok2; wrote balance=200: $(cat "$WORK/holder2.$table.result")"
+    kill -CONT "$h1"
+    echo go >&5
+    exec 5>&-
+    say "holder 1 resumed with SIGCONT; still believes it holds the lock; writes balance=100 with token $tok1"
+    wait "$h1" 2>/dev/null || true
+    CHILD_PIDS=""
+    zk_outcome holder1 "$table"
+    say "holder 1's write: $(cat "$WORK/holder1.$table.result")"
+    check_tokens "$tok1" "$tok2" "$table"
+}
+
+run_scenario_redis() {
+    local table=$1
+    scenario_header "$table"
+    rm -f "$WORK/go1"
+    redis_holder_script holder1 "$table" 100 "$WORK/go1" >"$WORK/h1.sh"
+    setsid bash "$WORK/h1.sh" >"$WORK/h1.$table.out" 2>&1 &
+    local h1=$!
+    CHILD_PIDS="$CHILD_PIDS $h1"
+    wait_for_file "$WORK/holder1.$table.token"
+    say "holder 1 acquired the Redis lock (SET lock:settlement holder1 NX PX $((LEASE_TTL * 1000))): no token"
+    kill -STOP -- "-$h1"
+    say "holder 1 frozen with SIGSTOP before writing (think: a long GC pause)"
+    touch "$WORK/go1"
+    local waited=0
+    while [ "$(redis-cli -p "$REDIS_PORT" EXISTS lock:settlement)" != 0 ]; do
+        sleep 0.2; waited=$((waited + 1))
+        if [ $waited -gt $((LEASE_TTL * 5 + 50)) ]; then echo "holder 1's Redis lock never expired" >&2; exit 2; fi
+    done
+    say "holder 1's lock expired (PX); Redis deleted the key"
+    redis_holder_script holder2 "$table" 200 "" >"$WORK/h2.sh"
+    bash "$WORK/h2.sh" >"$WORK/h2.$table.out" 2>&1
+    say "holder 2 acquired the Redis lock: no token either; wrote balance=200: $(cat "$WORK/holder2.$table.result")"
+    kill -CONT -- "-$h1"
+    say "holder 1 resumed with SIGCONT; still believes it holds the lock; writes balance=100"
+    wait "$h1" 2>/dev/null || true
+    CHILD_PIDS=""
+    say "holder 1's write: $(cat "$WORK/holder1.$table.result")"
+}
+
+check_tokens() {  # check_tokens <holder 1's> <holder 2's> <table>
+    if [ -z "$1" ] || [ -z "$2" ] || [ "$1" -ge "$2" ]; then
+        echo "scenario broken: token of holder 1 (${1:-none}) is not below holder 2's (${2:-none})" >&2
+        exit 2
+    fi
+    if [ "$(cat "$WORK/holder2.$3.result")" != "accepted" ]; then
+        echo "scenario broken: holder 2's write was not accepted" >&2
+        exit 2
+    fi
+}
+
+run_scenario_etcd() {
     local table=$1
     local lock="settlement"
     rm -f "$WORK/go1"
-    echo
-    echo "== scenario on table '$table': $("${PSQL[@]}" -Atc "SELECT CASE WHEN EXISTS (SELECT 1 FROM fencing_protected_tables WHERE relation = '$table'::regclass AND active) THEN 'protected by pg_fencing (resource mode, resource ''settlement'')' ELSE 'NOT protected' END")"
-    say "row before: $("${PSQL[@]}" -Atc "SELECT format('balance=%s settled_by=%s', balance, settled_by) FROM $table")"
+    scenario_header "$table"
 
     holder_script holder1 "$table" 100 "$WORK/go1" >"$WORK/h1.sh"
     setsid etcdctl lock --ttl="$LEASE_TTL" "$lock" -- bash "$WORK/h1.sh" >"$WORK/h1.$table.out" 2>&1 &
@@ -99,16 +267,7 @@ run_scenario() {
     wait "$h1" 2>/dev/null || true
     CHILD_PIDS=""
     say "holder 1's write: $(cat "$WORK/holder1.$table.result")"
-    say "row after:  $("${PSQL[@]}" -Atc "SELECT format('balance=%s settled_by=%s fence_token=%s', balance, settled_by, coalesce(fence_token::text, '-')) FROM $table")"
-
-    if [ "$tok1" -ge "$tok2" ]; then
-        echo "scenario broken: token of holder 1 ($tok1) is not below holder 2's ($tok2)" >&2
-        exit 2
-    fi
-    if [ "$(cat "$WORK/holder2.$table.result")" != "accepted" ]; then
-        echo "scenario broken: holder 2's write was not accepted" >&2
-        exit 2
-    fi
+    check_tokens "$tok1" "$tok2" "$table"
 }
 
 for t in ledger_unprotected ledger_protected; do
@@ -133,6 +292,24 @@ echo "                      final row written by $prot"
 if [ "$z_unprot" != "accepted" ] || [ "$unprot" != "holder1" ]; then
     echo "scenario broken: without protection the zombie write should have landed" >&2
     exit 2
+fi
+if [ "$LOCK_SERVICE" = redis ]; then
+    h2_prot=$(cat "$WORK/holder2.ledger_protected.result")
+    echo "  with pg_fencing:    holder 2's write $h2_prot"
+    if [ "$z_prot" = "accepted" ] || [ "$h2_prot" = "accepted" ]; then
+        echo "FAIL: pg_fencing accepted a write without a token" >&2
+        exit 1
+    fi
+    if ! grep -q "FT002" <<<"$z_prot" || ! grep -q "FT002" <<<"$h2_prot"; then
+        echo "FAIL: the writes without a token failed, but not with FT002: $z_prot / $h2_prot" >&2
+        exit 1
+    fi
+    echo "OK, and not enough: Redis's SET NX PX lock hands out no token, so the zombie corrupted the"
+    echo "unprotected table, and the protected table refuses every write without a token (FT002),"
+    echo "holder 2's as well: pg_fencing cannot tell a Redis lock's holders apart. With Redis, take the"
+    echo "token from a consensus service (etcd, ZooKeeper), or let pg_fencing's worker take the lock in"
+    echo "etcd: fencing_acquire (README, \"Lock services\")."
+    exit 0
 fi
 if [ "$z_prot" = "accepted" ] || [ "$prot" != "holder2" ]; then
     echo "FAIL: pg_fencing accepted a stale write" >&2

@@ -61,6 +61,8 @@ unset _pgf_path _pgf_dirs _pgf_d
 : "${PGPORT_TEST:=54329}"
 : "${ETCD_CLIENT_PORT:=23790}"
 : "${ETCD_PEER_PORT:=23800}"
+: "${ZK_PORT:=24181}"
+: "${REDIS_PORT:=24191}"
 
 # Checks shared by the shell suites: `expect` prints ok/FAIL and sets fail=1 on a mismatch;
 # `sqlstate_of PSQL-COMMAND...` runs it and prints the SQLSTATE it fails with, or "ok".
@@ -182,10 +184,49 @@ etcd_stop() {
     fi
 }
 
+# zk_start: a throwaway standalone ZooKeeper (Debian's zookeeper package) on
+# 127.0.0.1:$ZK_PORT, data under $WORK/zk; tickTime 500 ms, so session timeouts of 1 to 10 s.
+# Stopped by cleanup_all.
+zk_start() {
+    mkdir -p "$WORK/zk"
+    cat >"$WORK/zoo.cfg" <<CFG
+tickTime=500
+dataDir=$WORK/zk
+clientPort=$ZK_PORT
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=ruok
+CFG
+    java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.server.ZooKeeperServerMain "$WORK/zoo.cfg" \
+        >"$WORK/zk.log" 2>&1 &
+    ZK_PID=$!
+    for _ in $(seq 1 150); do zk_ok && return 0; sleep 0.2; done
+    echo "ZooKeeper did not start; see $WORK/zk.log" >&2
+    tail -20 "$WORK/zk.log" >&2
+    return 1
+}
+zk_ok() { [ "$( (exec 3<>"/dev/tcp/127.0.0.1/$ZK_PORT" && printf ruok >&3 && head -c4 <&3) 2>/dev/null)" = imok ]; }
+
+# redis_start: a throwaway Redis on 127.0.0.1:$REDIS_PORT, nothing saved. Stopped by cleanup_all.
+redis_start() {
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
+        >"$WORK/redis.log" 2>&1 &
+    REDIS_PID=$!
+    for _ in $(seq 1 100); do
+        [ "$(redis-cli -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ] && return 0
+        sleep 0.1
+    done
+    echo "Redis did not start; see $WORK/redis.log" >&2
+    return 1
+}
+
 cleanup_all() {
     # Resume anything we froze, so it can exit, then stop everything we started.
     for p in ${CHILD_PIDS:-}; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
     etcd_stop
+    for v in ZK_PID REDIS_PID; do
+        if [ -n "${!v:-}" ]; then kill "${!v}" 2>/dev/null || true; wait "${!v}" 2>/dev/null || true; fi
+    done
     pg_stop
     if [ -n "${WORK:-}" ] && [ -z "${KEEP_WORK:-}" ]; then rm -rf "$WORK"; fi
 }

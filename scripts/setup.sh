@@ -3,13 +3,18 @@
 # builds and installs the extension into the system PostgreSQL 15, and then checks that every
 # command and Python module the chosen profile needs is really there (it fails loudly if not).
 #
-# Usage: scripts/setup.sh [--test]
+# Usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis]
 #   (no flag)  building, installing and the demo (scripts/demo.sh):
 #              apt: postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo
 #                   etcd-server etcd-client build-essential pkg-config
 #              cargo: cargo-pgrx 0.18.1 (matches pgrx = "=0.18.1" in Cargo.toml), `cargo pgrx init --pg15`
+#   --lock-service zookeeper|redis   also what `scripts/demo.sh --lock-service` needs:
+#              zookeeper: apt zookeeper (with Java), and the project's Python (below, for kazoo)
+#              redis: apt redis-server redis-tools
 #   --test     also what the test command and the benchmarks need:
-#              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv, valgrind (bench --instructions)
+#              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv, valgrind (bench
+#                   --instructions), iproute2 (ss, ip netns), zookeeper, redis-server, redis-tools,
+#                   golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev (the Go example)
 #              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
 #                   /usr/bin/python3 from the pinned tests/requirements.txt; made again whenever
 #                   that file changes. Every script runs Python as .venv/bin/python, never the
@@ -27,10 +32,19 @@ unset CDPATH  # its own cd must not depend on the caller's CDPATH
 cd "$(dirname "$0")/.."
 
 PROFILE=demo
-case "${1:-}" in
-    "") ;;
-    --test) PROFILE=test ;;
-    *) echo "usage: scripts/setup.sh [--test]" >&2; exit 2 ;;
+LOCK_SERVICE=etcd
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --test) PROFILE=test ;;
+        --lock-service) LOCK_SERVICE=${2:-}; shift ;;
+        --lock-service=*) LOCK_SERVICE=${1#*=} ;;
+        *) echo "usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis]" >&2; exit 2 ;;
+    esac
+    shift
+done
+case "$LOCK_SERVICE" in
+    etcd|zookeeper|redis) ;;
+    *) echo "setup: --lock-service is etcd, zookeeper or redis, not '$LOCK_SERVICE'" >&2; exit 2 ;;
 esac
 
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
@@ -52,9 +66,18 @@ pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo
 # Commands the profile's scripts call, checked at the end (psql and pg_* come with postgresql-15).
 cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
 if [ "$PROFILE" = test ]; then
-    pkgs+=(pgbouncer procps git python3-venv valgrind iproute2)
-    cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps)
+    pkgs+=(pgbouncer procps git python3-venv valgrind iproute2
+           zookeeper redis-server redis-tools golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev)
+    cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps java redis-server redis-cli go)
 fi
+# The demo's other lock services (scripts/demo.sh --lock-service): ZooKeeper's holder is the
+# Python example examples/zookeeper/holder.py (kazoo, from the project's virtualenv).
+case "$LOCK_SERVICE" in
+    zookeeper) pkgs+=(zookeeper python3-venv); cmds+=(java) ;;
+    redis) pkgs+=(redis-server redis-tools); cmds+=(redis-server redis-cli) ;;
+esac
+NEED_VENV=""
+if [ "$PROFILE" = test ] || [ "$LOCK_SERVICE" = zookeeper ]; then NEED_VENV=1; fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -93,7 +116,8 @@ if [ "$PROFILE" = test ]; then
             rustup component add "$component"
         fi
     done
-
+fi
+if [ -n "$NEED_VENV" ]; then
     while IFS= read -r line; do
         line=${line%%$'\r'}
         [[ -z ${line//[[:space:]]/} || $line =~ ^[[:space:]]*# ]] && continue
@@ -161,6 +185,8 @@ if [ "$PROFILE" = test ]; then
     cargo clippy --version >/dev/null 2>&1 || problems+=("cargo clippy is missing")
     cargo fmt --version >/dev/null 2>&1 || problems+=("cargo fmt is missing")
     "$PG18_BIN/pg_config" --version 2>/dev/null | grep -qx "PostgreSQL 18.6" || problems+=("PostgreSQL 18.6 is missing in $PG18_HOME")
+fi
+if [ -n "$NEED_VENV" ]; then
     for m in "${modules[@]}"; do
         "$VENV/bin/python" -I -c "import $m" 2>/dev/null || problems+=("Python module $m does not import in $VENV")
     done

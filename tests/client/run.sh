@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The Rust client example (examples/rust-client) against a real etcd and PostgreSQL 15.
+# The client examples (examples/rust-client, and with --client go examples/go-client, the same
+# program flag for flag) against a real etcd and PostgreSQL 15.
 #
 # Builds the example and runs its unit tests, then starts a throwaway cluster on
 # 127.0.0.1:${PGPORT_CLIENT:-54319} (no preloading) and a throwaway etcd on
@@ -13,7 +14,7 @@
 #      which no lock key and no lease is left in etcd.
 # Prints PASS/FAIL per check; exits 1 if any check failed.
 #
-#   tests/client/run.sh              # the test
+#   tests/client/run.sh              # the test (the Rust client; --client go for the Go one)
 #   tests/client/run.sh --unfenced   # negative control: the same without fencing_protect (and B
 #                                    # in style sql); the zombie write lands and the run must FAIL
 set -euo pipefail
@@ -21,29 +22,50 @@ source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 
 UNFENCED=""
-case "${1:-}" in
-    "") ;;
-    --unfenced) UNFENCED=1 ;;
-    *) echo "usage: $0 [--unfenced]" >&2; exit 2 ;;
-esac
+CLIENT=rust
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --unfenced) UNFENCED=1 ;;
+        --client) CLIENT=${2:-}; shift ;;
+        *) echo "usage: $0 [--client rust|go] [--unfenced]" >&2; exit 2 ;;
+    esac
+    shift
+done
+case "$CLIENT" in rust|go) ;; *) echo "usage: $0 [--client rust|go] [--unfenced]" >&2; exit 2 ;; esac
 
 PGPORT_TEST=${PGPORT_CLIENT:-54319}
 ETCD_CLIENT_PORT=${ETCD_CLIENT_TEST_PORT:-24101}
 ETCD_PEER_PORT=$((ETCD_CLIENT_PORT + 1))
 source scripts/lib.sh
 
-MANIFEST=examples/rust-client/Cargo.toml
-BIN=examples/rust-client/target/release/pg-fencing-client
 T0=$(date +%s%3N)
-echo "== building examples/rust-client (release) and running its unit tests"
-cargo build --release --locked --manifest-path "$MANIFEST" -q
-# --release: the unit tests reuse the release build's dependencies instead of building them again.
-if ! UNIT=$(cargo test --release --locked --manifest-path "$MANIFEST" -q 2>&1); then
-    echo "$UNIT"
-    echo "FAIL: cargo test of examples/rust-client"
-    exit 1
+if [ "$CLIENT" = rust ]; then
+    MANIFEST=examples/rust-client/Cargo.toml
+    BIN=examples/rust-client/target/release/pg-fencing-client
+    echo "== building examples/rust-client (release) and running its unit tests"
+    cargo build --release --locked --manifest-path "$MANIFEST" -q
+    # --release: the unit tests reuse the release build's dependencies instead of building them again.
+    if ! UNIT=$(cargo test --release --locked --manifest-path "$MANIFEST" -q 2>&1); then
+        echo "$UNIT"
+        echo "FAIL: cargo test of examples/rust-client"
+        exit 1
+    fi
+    echo "   unit tests: $(echo "$UNIT" | grep -m1 '^test result')"
+else
+    # Debian 12's Go and its packaged etcd 3.4 client and pgx v4, in GOPATH mode: nothing is
+    # downloaded. The build cache goes under target/ (the hermetic environment has no GOCACHE).
+    BIN=examples/go-client/target/pg-fencing-client-go
+    export GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="$PWD/examples/go-client/target/go-build" GOFLAGS=
+    mkdir -p examples/go-client/target
+    echo "== building examples/go-client ($(go version | awk '{print $3}'), GOPATH mode) and running its unit tests"
+    go build -o "$BIN" ./examples/go-client
+    if ! UNIT=$(go test ./examples/go-client 2>&1); then
+        echo "$UNIT"
+        echo "FAIL: go test of examples/go-client"
+        exit 1
+    fi
+    echo "   unit tests: $UNIT"
 fi
-echo "   unit tests: $(echo "$UNIT" | grep -m1 '^test result')"
 echo "   built and unit-tested in $(( ($(date +%s%3N) - T0) / 1000 ))s"
 
 CHILD_PIDS=""

@@ -4,7 +4,7 @@
 # says why czxid and not the sequence number).
 #
 # A throwaway ZooKeeper (standalone, tickTime 500 ms, so sessions of 1 to 10 s) on
-# 127.0.0.1:${ZK_TEST_PORT:-24181} and a throwaway cluster on 127.0.0.1:${PGPORT_ZOOKEEPER:-54469}.
+# 127.0.0.1:${ZK_TEST_PORT:-24182} and a throwaway cluster on 127.0.0.1:${PGPORT_ZOOKEEPER:-54469}.
 # Checks, for table settlement (protected, resource mode, resource 'settlement') and then for
 # settlement_unprotected (the negative control: the same story must corrupt it):
 #   1. holder A (session timeout 2 s) takes lock /locks/<table> and is frozen with SIGSTOP
@@ -23,34 +23,14 @@ source scripts/lib.sh
 need_python
 
 PGPORT_TEST=${PGPORT_ZOOKEEPER:-54469}
-ZK_PORT=${ZK_TEST_PORT:-24181}
+ZK_PORT=${ZK_TEST_PORT:-24182}
 CHILD_PIDS=""
-ZK_PID=""
 fresh_workdir
-cleanup() {
-    if [ -n "$ZK_PID" ]; then kill "$ZK_PID" 2>/dev/null || true; wait "$ZK_PID" 2>/dev/null || true; fi
-    cleanup_all
-}
-trap cleanup EXIT
+trap cleanup_all EXIT
 trap 'exit 130' INT TERM
 
 echo "== ZooKeeper (Debian package zookeeper $(dpkg-query -W -f='${Version}' zookeeper)) on 127.0.0.1:$ZK_PORT"
-mkdir -p "$WORK/zk"
-cat >"$WORK/zoo.cfg" <<CFG
-tickTime=500
-dataDir=$WORK/zk
-clientPort=$ZK_PORT
-clientPortAddress=127.0.0.1
-admin.enableServer=false
-4lw.commands.whitelist=ruok
-CFG
-java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.server.ZooKeeperServerMain "$WORK/zoo.cfg" \
-    >"$WORK/zk.log" 2>&1 &
-ZK_PID=$!
-zk_ok() { [ "$( (exec 3<>"/dev/tcp/127.0.0.1/$ZK_PORT" && printf ruok >&3 && head -c4 <&3) 2>/dev/null)" = imok ]; }
-for _ in $(seq 1 150); do zk_ok && break; sleep 0.2; done
-zk_ok || { echo "ZooKeeper did not start; see $WORK/zk.log" >&2; tail -20 "$WORK/zk.log" >&2; exit 1; }
-
+zk_start
 pg_start
 DSN="host=127.0.0.1 port=$PGPORT_TEST user=postgres dbname=postgres"
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)

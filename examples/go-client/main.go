@@ -143,9 +143,19 @@ func run(a args) error {
 		return fmt.Errorf("etcd: %w", err)
 	}
 	defer s.Close() // revokes the lease: releases the lock if we still hold it
+	// s.Done() is closed when the lease is gone: say so, unless we are closing the session.
+	closing := make(chan struct{})
+	defer close(closing) // runs before s.Close()
 	go func() {
-		<-s.Done()
-		fmt.Fprintf(os.Stderr, "lease %x lost (expired or not refreshed)\n", int64(s.Lease()))
+		select {
+		case <-s.Done():
+			select {
+			case <-closing:
+			default:
+				fmt.Fprintf(os.Stderr, "lease %x lost (expired or not refreshed)\n", int64(s.Lease()))
+			}
+		case <-closing:
+		}
 	}()
 
 	m := concurrency.NewMutex(s, a.lock)

@@ -114,6 +114,8 @@ SQL
 else
     echo "\$out" | grep -m1 'ERROR' > "$WORK/$1.$2.result"
 fi
+# Release the lock if it is still ours (a zombie's has expired, maybe re-taken by another).
+redis-cli -p $REDIS_PORT EVAL "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end" 1 lock:settlement $1 >/dev/null
 SH
 }
 
@@ -134,7 +136,7 @@ zk_outcome() {
     case "$w" in
         "write ok") echo accepted ;;
         "") echo "no write: $(tail -1 "$out")" ;;
-        *) echo "ERROR:  ${w#write }" ;;
+        *) w=${w#write }; echo "ERROR:  ${w%% *}: ${w#* }" ;;
     esac >"$WORK/$1.$2.result"
 }
 
@@ -173,7 +175,8 @@ run_scenario_zookeeper() {
     local tok1; tok1=$(cat "$WORK/holder1.$table.token")
     [ -n "$tok1" ] || { echo "scenario broken: holder 1 got no lock: $(cat "$WORK/holder1.$table.out")" >&2; exit 2; }
     say "holder 1 acquired lock /locks/settlement (ZooKeeper session timeout ${LEASE_TTL}s): token (czxid of its lock node) = $tok1"
-    kill -STOP "$h1"
+    # $h1 is the subshell running zk_holder; the holder is its child.
+    pkill -STOP -P "$h1"
     say "holder 1 frozen with SIGSTOP before writing (think: a long GC pause)"
     # holder 2 waits in the lock recipe until ZooKeeper expires holder 1's session and deletes
     # its ephemeral node.
@@ -182,7 +185,7 @@ run_scenario_zookeeper() {
     local tok2; tok2=$(cat "$WORK/holder2.$table.token")
     say "holder 1's session expired; ZooKeeper deleted its lock node"
     say "holder 2 acquired the lock: token = $tok2; wrote balance=200: $(cat "$WORK/holder2.$table.result")"
-    kill -CONT "$h1"
+    pkill -CONT -P "$h1"
     echo go >&5
     exec 5>&-
     say "holder 1 resumed with SIGCONT; still believes it holds the lock; writes balance=100 with token $tok1"

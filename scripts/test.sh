@@ -9,7 +9,8 @@
 #   3. isolation specs                    (tests/isolation, concurrent interleavings)
 #   4. PostgreSQL 18                      (cargo pgrx test pg18; the release tarball for 18 installed;
 #                                          pg_regress and isolation on 18.6)
-#   5. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock)
+#   5. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock; then
+#                                          with ZooKeeper's lock recipe and with a Redis lock)
 #   6. randomized stress test             (tests/stress, 16 clients, independent checker)
 #   7. crash under load                   (tests/stress --crash: kill -9 of the postmaster)
 #   8. negative control                   (tests/stress --unfenced must be caught)
@@ -18,7 +19,8 @@
 #  11. pooler safety through pgbouncer    (tests/pooler, transaction mode)
 #  12. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
 #  13. observability                      (tests/observability: rejection log, views, pg_stat_statements)
-#  14. the Rust client example            (examples/rust-client against real etcd, tests/client)
+#  14. the client examples                (examples/rust-client and examples/go-client against real
+#                                          etcd, tests/client; ZooKeeper with kazoo, tests/zookeeper)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
@@ -207,8 +209,10 @@ fi
 pg_stop
 PGBIN=$PGBIN_15
 
-step "5/19 zombie-client demo with a real etcd (scripts/demo.sh)"
+step "5/19 zombie-client demo with a real etcd (scripts/demo.sh), then with ZooKeeper and with Redis (--lock-service)"
 ./scripts/demo.sh --no-setup
+./scripts/demo.sh --no-setup --lock-service zookeeper
+./scripts/demo.sh --no-setup --lock-service redis
 
 step "6/19 randomized stress test, 16 clients, tombstones pruned during the load, checked by an independent checker (tests/stress)"
 tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
@@ -240,15 +244,18 @@ tests/upgrade/run.sh
 step "13/19 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
 tests/observability/run.sh
 
-step "14/19 the Rust client example (etcd-client + tokio-postgres) against real etcd (tests/client)"
-tests/client/run.sh
-# Negative control: without fencing_protect the same scenario must let the zombie's write land.
-if out=$(tests/client/run.sh --unfenced 2>&1); then
-    echo "$out" | tail -15
-    echo "FAIL: the client test passed with fencing switched off; its checks cannot fail" >&2
-    exit 1
-fi
-echo "$out" | grep -m2 "FAIL" | sed 's/^/  expected with --unfenced: /'
+step "14/19 the client examples against real etcd: Rust (etcd-client + tokio-postgres) and Go (etcd concurrency + pgx) (tests/client); ZooKeeper's lock recipe (tests/zookeeper)"
+for client in rust go; do
+    tests/client/run.sh --client "$client"
+    # Negative control: without fencing_protect the same scenario must let the zombie's write land.
+    if out=$(tests/client/run.sh --client "$client" --unfenced 2>&1); then
+        echo "$out" | tail -15
+        echo "FAIL: the $client client test passed with fencing switched off; its checks cannot fail" >&2
+        exit 1
+    fi
+    echo "$out" | grep -m2 "FAIL" | sed "s/^/  $client, expected with --unfenced: /"
+done
+tests/zookeeper/run.sh
 
 step "15/19 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
 for target in token_parse json_shape; do

@@ -81,6 +81,7 @@ if [[ " $* " == *" --locks "* ]]; then
     redis_start
     PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
 pg_fencing.etcd_endpoints = '127.0.0.1:$ETCD_CLIENT_PORT'" pg_start
+    psql -X -q -c "CREATE EXTENSION pg_fencing"
     {
         echo "Machine: $(nproc) cores, $(. /etc/os-release; echo "$PRETTY_NAME"); servers on loopback: Redis $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (no persistence), etcd $(etcd --version | head -1 | awk '{print $3}') (its default fsync per write), ZooKeeper $(dpkg-query -W -f='${Version}' zookeeper) (standalone, its default fsync of the transaction log), PostgreSQL $(psql -X -Atc 'SHOW server_version') with the pg_fencing worker on that etcd; pg_fencing release build at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), date $(date -u +%F)."
         echo "Command: bench/run.sh --locks (BENCH_LOCK_N=${BENCH_LOCK_N:-500})"

@@ -184,6 +184,27 @@ etcd_stop() {
     fi
 }
 
+# etcd_holder <name> <lock>: takes etcd lock <lock> with `etcdctl lock` in the background, in a
+# process group of its own (setsid; its pid in $WORK/<name>.pid and in CHILD_PIDS). Its output
+# goes to $WORK/<name>.out.
+etcd_holder() {
+    setsid etcdctl lock "$2" -- sleep 600 >"$WORK/$1.out" 2>&1 &
+    CHILD_PIDS="${CHILD_PIDS:-} $!"
+    echo "$!" >"$WORK/$1.pid"
+}
+# wait_lock_owner <lock> [previous revision]: waits up to 10 s until a key other than the one of
+# that revision holds the lock; prints the create revision of the key holding it (the lowest),
+# or nothing.
+wait_lock_owner() {
+    local rev=""
+    for _ in $(seq 1 100); do
+        rev=$(etcdctl get --prefix "$1/" -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | sort -n | head -1)
+        [ -n "$rev" ] && [ "$rev" != "${2:-}" ] && break
+        sleep 0.1
+    done
+    echo "$rev"
+}
+
 # zk_start: a throwaway standalone ZooKeeper (Debian's zookeeper package) on
 # 127.0.0.1:$ZK_PORT, data under $WORK/zk; tickTime 500 ms, so session timeouts of 1 to 10 s.
 # Stopped by cleanup_all.

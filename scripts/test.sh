@@ -220,14 +220,19 @@ tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
 step "7/19 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
 
+# The stress checker's negative control: with the guard switched off it must report violations.
+stress_unfenced() {
+    local out
+    if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
+        echo "$out" | tail -15
+        echo "FAIL: the checker found no violation in an unfenced run" >&2
+        exit 1
+    fi
+    echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run failed without a VIOLATION" >&2; exit 1; }
+    echo "  (expected: the checker reports violations when the guard is off)"
+}
 step "8/19 negative control: the same checker must catch violations when fencing is switched off"
-if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
-    echo "$out" | tail -15
-    echo "FAIL: the checker found no violation in an unfenced run" >&2
-    exit 1
-fi
-echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run failed without a VIOLATION" >&2; exit 1; }
-echo "  (expected: the checker reports violations when the guard is off)"
+stress_unfenced
 
 step "9/19 streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
@@ -292,12 +297,7 @@ tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
 step "18/19 on PostgreSQL 18: crash under the stress load (tests/stress --crash)"
 tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
 step "18/19 on PostgreSQL 18: negative control (tests/stress --unfenced)"
-if out=$(tests/stress/run.sh --clients 16 --writes 2000 --seconds 120 --seed 3 --unfenced 2>&1); then
-    echo "$out" | tail -15
-    echo "FAIL: on 18, the checker found no violation in an unfenced run" >&2
-    exit 1
-fi
-echo "$out" | grep -m3 "VIOLATION" || { echo "$out" | tail -15; echo "FAIL: unfenced run on 18 failed without a VIOLATION" >&2; exit 1; }
+stress_unfenced
 step "18/19 on PostgreSQL 18: streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
 step "18/19 on PostgreSQL 18: background worker with real etcd (tests/worker)"

@@ -61,14 +61,6 @@ write() {  # write <token> <sql>: the SQLSTATE of <sql> run with that token ("" 
     [ -z "$1" ] || set="SET LOCAL pg_fencing.token = '$1';"
     sqlstate_of "${PSQL[@]}" -c "BEGIN; $set $2; COMMIT;"
 }
-owner_rev() {  # the create revision of the current lock holder's key
-    etcdctl get --prefix jobs/ -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | head -1
-}
-holder() {  # holder <name>: take etcd lock 'jobs' in the background (pid in $WORK/<name>.pid)
-    setsid etcdctl lock jobs -- sleep 600 >"$WORK/$1.out" 2>&1 &
-    echo $! >"$WORK/$1.pid"
-    CHILD_PIDS="$CHILD_PIDS $!"
-}
 
 echo "== on PostgreSQL $("${PSQL[@]}" -Atc "SHOW server_version"): marks, tombstones and a watch"
 "${PSQL[@]}" -o /dev/null <<'SQL'
@@ -91,9 +83,8 @@ expect "on 15: the equal-key tombstone has a key hash" 1 \
     "$("${PSQL[@]}" -Atc "SELECT count(*) FROM _pg_fencing.row_tombstone WHERE key_hash IS NOT NULL")"
 # etcd's revision above the stored mark, so the hand-over revision is above it too.
 for i in $(seq 1 40); do etcdctl put "pad/$i" x >/dev/null; done
-holder z
-H=""
-for _ in $(seq 1 100); do H=$(owner_rev); [ -n "$H" ] && break; sleep 0.1; done
+etcd_holder z jobs
+H=$(wait_lock_owner jobs)
 [ -n "$H" ] || { echo "FAIL: holder Z never got the lock"; exit 1; }
 echo "  holder Z's token (hand-over revision) H = $H"
 wait_for "on 15: hand-over revision seen by the watch" "$H" "$PGPORT_TEST" postgres \
@@ -190,9 +181,8 @@ echo "== on 18, the carried watch keeps working: Z hands the lock to A"
 z=$(cat "$WORK/z.pid")
 kill -TERM -- "-$z" 2>/dev/null || kill "$z"
 wait "$z" 2>/dev/null || true
-holder a
-A=""
-for _ in $(seq 1 100); do A=$(owner_rev); [ -n "$A" ] && [ "$A" != "$H" ] && break; sleep 0.1; done
+etcd_holder a jobs
+A=$(wait_lock_owner jobs "$H")
 wait_for "upgraded: hand-over to A seen" "$A" "$PGPORT_TEST" postgres \
     "SELECT handover_revision FROM fencing_watches WHERE resource = 'jobs'"
 expect "upgraded: Z's write after the hand-over" FT001 "$(write "$H" "UPDATE jobs SET v = 0 WHERE id = 1")"

@@ -46,14 +46,6 @@ PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 stale_write() {  # stale_write <token>: the SQLSTATE of a write to 'jobs' with that token
     sqlstate_of "${PSQL[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '$1'; UPDATE jobs SET v = $1 WHERE id = 1; COMMIT;"
 }
-holder() {  # holder <name>: take etcd lock 'jobs' in the background; prints its key's create revision
-    setsid etcdctl lock jobs -- sleep 600 >"$WORK/$1.out" 2>&1 &
-    CHILD_PIDS="$CHILD_PIDS $!"
-    echo "$!" >"$WORK/$1.pid"
-}
-owner_rev() {  # the create revision of the key that holds etcd lock 'jobs' now (the lowest)
-    etcdctl get --prefix jobs/ -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | sort -n | head -1
-}
 
 echo "== 0.1.0's SQL, resource 'jobs' at mark 30, watched under 0.1.0 (its state file)"
 "${PSQL[@]}" -o /dev/null <<'SQL'
@@ -67,9 +59,8 @@ as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m fast -w stop >/dev/null
 # etcd's revision above the stored mark, so the hand-over revision is above it too; holder Z
 # takes the lock (and never writes) while PostgreSQL is down.
 for i in $(seq 1 40); do etcdctl put "pad/$i" x >/dev/null; done
-holder z
-H=""
-for _ in $(seq 1 100); do H=$(owner_rev); [ -n "$H" ] && break; sleep 0.1; done
+etcd_holder z jobs
+H=$(wait_lock_owner jobs)
 [ -n "$H" ] || { echo "FAIL: holder Z never got the lock"; exit 1; }
 echo "  holder Z's token (hand-over revision) H = $H"
 # The line 0.1.0's library wrote for fencing_watch('jobs') once it had seen Z's grant
@@ -113,9 +104,8 @@ echo "== Z hands the lock to A: Z is fenced off"
 z=$(cat "$WORK/z.pid")
 kill -TERM -- "-$z" 2>/dev/null || kill "$z"
 wait "$z" 2>/dev/null || true
-holder a
-A=""
-for _ in $(seq 1 100); do A=$(owner_rev); [ -n "$A" ] && [ "$A" != "$H" ] && break; sleep 0.1; done
+etcd_holder a jobs
+A=$(wait_lock_owner jobs "$H")
 wait_for "hand-over to A seen" "$A" "$PGPORT_TEST" postgres \
     "SELECT handover_revision FROM fencing_watches WHERE resource = 'jobs'"
 expect "Z's write after the hand-over" FT001 "$(stale_write "$H")"

@@ -63,8 +63,16 @@ say() { printf '  [%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN 
 
 case "$LOCK_SERVICE" in
     etcd) SERVICE_AT="etcd (127.0.0.1:$ETCD_CLIENT_PORT)" ;;
-    zookeeper) SERVICE_AT="ZooKeeper (127.0.0.1:$ZK_PORT)"; need_python ;;
-    redis) SERVICE_AT="Redis (127.0.0.1:$REDIS_PORT)" ;;
+    zookeeper)
+        SERVICE_AT="ZooKeeper (127.0.0.1:$ZK_PORT)"
+        if ! [ -x "$PY" ] || ! command -v java >/dev/null; then
+            echo "demo: ZooKeeper's holder needs Java, ZooKeeper and the project's Python with kazoo:" >&2
+            echo "  run scripts/setup.sh --lock-service zookeeper (or the demo without --no-setup)" >&2
+            exit 2
+        fi ;;
+    redis)
+        SERVICE_AT="Redis (127.0.0.1:$REDIS_PORT)"
+        command -v redis-server >/dev/null || { echo "demo: run scripts/setup.sh --lock-service redis (or the demo without --no-setup)" >&2; exit 2; } ;;
 esac
 echo "== starting a throwaway PostgreSQL 15 (127.0.0.1:$PGPORT_TEST) and $SERVICE_AT in $WORK"
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start

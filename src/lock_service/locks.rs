@@ -3,12 +3,15 @@
 //! regression). The worker's main thread is `worker.rs`, the etcd side `etcd/locks.rs`.
 //!
 //! Lock protocol (docs/design.md, "Worker"): each acquisition gets its own lease (TTL
-//! `pg_fencing.lease_ttl`) kept alive every TTL/3, and takes the lock with etcd's lock service,
-//! which uses the concurrency-mutex layout (`<prefix><name>/<lease id in hex>`) exactly as
-//! `etcdctl lock` and Go's `concurrency.Mutex` do, so all three exclude each other. The token is
-//! the response-header revision of the grant (what `etcdctl lock` exports as `ETCD_LOCK_REV` and
-//! `Mutex.Header().Revision` returns). Before a token is returned, the lease is checked to be
-//! alive (etcd 3.4 can grant the lock to a waiter whose lease just expired).
+//! `pg_fencing.lease_ttl`) kept alive every TTL/3, and takes the lock in the concurrency-mutex
+//! layout (`<prefix><name>/<lease id in hex>`, the oldest key owns the lock) exactly as
+//! `etcdctl lock` and Go's `concurrency.Mutex` do, so all three exclude each other: first with
+//! the mutex's own transaction (create our key, read the owner), which takes a free lock in one
+//! request; if the lock is held, by queueing with etcd's lock service. The token is the
+//! response-header revision of the grant (what `etcdctl lock` exports as `ETCD_LOCK_REV` and
+//! `Mutex.Header().Revision` returns). After a wait in the queue, the lease is checked to be
+//! alive before a token is returned (etcd 3.4 can grant the lock to a waiter whose lease expired
+//! or was revoked while it waited).
 //!
 //! Lease loss: every slot carries `valid_until` (CLOCK_MONOTONIC ms): the send time of the last
 //! keepalive that etcd answered plus the TTL it granted. A write carrying the token of a slot
@@ -79,7 +82,8 @@ pub struct Shared {
     pub(super) etcd_highest_revision: AtomicI64,
     pub(super) etcd_regressed: AtomicU32,
     pub(super) etcd_regression: ShmemText<MSG_LEN>,
-    /// Set whenever the three above change; cleared by whoever saves them to the state file.
+    /// What of the three above changed since the state file was last saved: `CLEAN`,
+    /// `DIRTY_REVISION` or `DIRTY_IDENTITY` (only ever raised; cleared by whoever saves the file).
     pub(super) etcd_state_dirty: AtomicU32,
     pub(super) slots: [Slot; SLOTS],
 }
@@ -229,14 +233,31 @@ pub(super) fn lock_key_name(name: &str) -> String {
 // behind the same endpoints, answers with lower revisions: the worker would hand out tokens below
 // ones it handed out before. So the worker remembers etcd's cluster id and the highest revision
 // etcd answered a write (lease grant, lock) with, in shared memory and in the file
-// `$PGDATA/pg_fencing_etcd.state` (saved right after it changes, so it survives restarts). A
+// `$PGDATA/pg_fencing_etcd.state`, so it survives restarts. A
 // write sent after another write was answered is applied after it, so its answer carries at
 // least that revision, from whichever member it comes; a lower one (or another cluster id) can
 // only mean a regression. (Answers to writes in flight together may arrive in any order, so each
 // answer is compared with the highest revision known when its request was sent.) From then on `fencing_acquire` fails with FT005 and held locks are lost, until a
 // superuser runs `fencing_reset` (which forgets what the worker knew about etcd).
+//
+// When the file is saved: a new cluster id, a regression and a reset at once; a higher revision
+// within `STATE_SAVE_INTERVAL` (by the etcd thread's saver), and when the worker stops. Every
+// acquisition raises the revision twice, and a save is two fsyncs on the disk etcd fsyncs its
+// own log to: saving each one doubled the disk flushes of an acquisition (BENCHMARKS.md, "Lock
+// services side by side"). The file only notices a restored etcd; it admits no write (stored
+// marks refuse lower tokens whatever it says), so after a crash of the machine it may be up to
+// that interval behind, and a restore into revisions of that last interval goes unnoticed by
+// the file as by a worker that never saw them.
 
 pub(super) const STATE_FILE: &str = "pg_fencing_etcd.state";
+/// How long a higher revision may wait to be saved (see above).
+pub(super) const STATE_SAVE_INTERVAL: Duration = Duration::from_secs(1);
+// `etcd_state_dirty` levels.
+pub(super) const CLEAN: u32 = 0;
+/// Only the highest revision rose: saved within `STATE_SAVE_INTERVAL`.
+pub(super) const DIRTY_REVISION: u32 = 1;
+/// The cluster id was learnt or forgotten, or a regression found: saved at once.
+pub(super) const DIRTY_IDENTITY: u32 = 2;
 
 impl Shared {
     pub(super) fn regression(&self) -> Option<String> {
@@ -270,21 +291,28 @@ impl Shared {
                 "etcd's revision went back from {floor} to {revision}"
             )));
         }
-        let mut changed = false;
-        if known == 0 && cluster_id != 0 {
-            changed |= self
+        if known == 0
+            && cluster_id != 0
+            && self
                 .etcd_cluster_id
                 .compare_exchange(0, cluster_id, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok();
+                .is_ok()
+        {
+            self.mark_dirty(DIRTY_IDENTITY);
         }
-        changed |= self
+        if self
             .etcd_highest_revision
             .fetch_max(revision, Ordering::AcqRel)
-            < revision;
-        if changed {
-            self.etcd_state_dirty.store(1, Ordering::Release);
+            < revision
+        {
+            self.mark_dirty(DIRTY_REVISION);
         }
         Ok(())
+    }
+
+    /// Raise what the state file misses to at least `level` (never lowers it).
+    pub(super) fn mark_dirty(&self, level: u32) {
+        self.etcd_state_dirty.fetch_max(level, Ordering::AcqRel);
     }
 
     pub(super) fn regress(&self, why: String) -> String {
@@ -293,7 +321,7 @@ impl Shared {
         );
         self.etcd_regression.set(&msg);
         self.etcd_regressed.store(1, Ordering::Release);
-        self.etcd_state_dirty.store(1, Ordering::Release);
+        self.mark_dirty(DIRTY_IDENTITY);
         for s in self.slots.iter() {
             s.transition_saying(HELD, LOST, "etcd's revisions went backwards");
         }
@@ -324,8 +352,12 @@ impl Shared {
         ) else {
             return;
         };
-        self.etcd_cluster_id.store(cid, Ordering::Release);
-        self.etcd_highest_revision.store(rev, Ordering::Release);
+        // Merged, not overwritten: after a restart of the worker alone, shared memory may know
+        // a higher revision than the file (saved up to STATE_SAVE_INTERVAL later).
+        let _ = self
+            .etcd_cluster_id
+            .compare_exchange(0, cid, Ordering::AcqRel, Ordering::Acquire);
+        self.etcd_highest_revision.fetch_max(rev, Ordering::AcqRel);
         if reg == 1 {
             let why = lines.next().unwrap_or("etcd's revisions went backwards");
             self.etcd_regression.set(why);
@@ -339,7 +371,12 @@ impl Shared {
 /// writers (worker, a backend running fencing_reset) off each other's temporary file.
 pub(super) fn save_state(sh: &Shared, dir: &str, tag: &str) -> std::io::Result<()> {
     use std::io::Write;
-    if sh.etcd_state_dirty.swap(0, Ordering::AcqRel) == 0 {
+    // One save at a time in this process: a save that read older values must not rename its
+    // file over a newer one's.
+    static SAVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _saving = SAVING.lock().unwrap_or_else(|e| e.into_inner());
+    let level = sh.etcd_state_dirty.swap(CLEAN, Ordering::AcqRel);
+    if level == CLEAN {
         return Ok(());
     }
     let path = std::path::Path::new(dir).join(STATE_FILE);
@@ -352,7 +389,7 @@ pub(super) fn save_state(sh: &Shared, dir: &str, tag: &str) -> std::io::Result<(
         std::fs::File::open(dir)?.sync_all()
     })();
     if result.is_err() {
-        sh.etcd_state_dirty.store(1, Ordering::Release);
+        sh.mark_dirty(level);
     }
     result
 }
@@ -373,7 +410,7 @@ pub fn reset_lock_service() {
     sh.etcd_highest_revision.store(0, Ordering::Release);
     sh.etcd_regression.set("");
     sh.etcd_regressed.store(0, Ordering::Release);
-    sh.etcd_state_dirty.store(1, Ordering::Release);
+    sh.mark_dirty(DIRTY_IDENTITY);
     let tag = format!("backend{}", crate::pg::process::my_pid());
     if let Err(e) = save_state(sh, &data_dir(), &tag) {
         pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");

@@ -1,7 +1,7 @@
 //! The background worker's main thread (PostgreSQL's `autoprewarm.c` discipline): the only thread
 //! of the worker that calls PostgreSQL. It waits on its latch (1 s at most), handles SIGHUP
 //! (re-reads the settings and passes them on), SIGTERM and postmaster death, loads the state
-//! files at start, saves the etcd state file, and forwards the backends' requests from the lock
+//! files at start, saves the etcd state file when it stops, and forwards the backends' requests from the lock
 //! slots to the etcd thread over a channel. The etcd thread (`etcd/`) is spawned with every
 //! signal blocked, so PostgreSQL's handlers only ever run here.
 //!
@@ -112,9 +112,8 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
             None => logged_regression = false,
             _ => {}
         }
-        if let Err(e) = save_state(sh, &dir, "worker") {
-            pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
-        }
+        // The state file is saved by the etcd thread, off this loop: a save is two fsyncs, and
+        // this loop forwards the requests (see "Revision regression" in locks.rs).
         for (i, s) in sh.slots.iter().enumerate() {
             // The generation is read after the state, never before: a slot freed and taken
             // again between the two reads would otherwise be sent to the etcd thread with its
@@ -160,6 +159,10 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     if tx.send(Cmd::Shutdown(done_tx)).is_ok() {
         let _ = done_rx.recv_timeout(Duration::from_millis(700));
+    }
+    // What the etcd thread had not saved yet (a higher revision waits up to STATE_SAVE_INTERVAL).
+    if let Err(e) = save_state(sh, &dir, "worker") {
+        pgrx::warning!("pg_fencing: could not save {STATE_FILE}: {e}");
     }
     log!("pg_fencing worker stopped");
     // Exit code 1: if only the worker was stopped (not the server), the postmaster restarts it.

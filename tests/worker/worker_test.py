@@ -4,6 +4,10 @@ Each scenario prints "ok: ..." or "FAIL: ..."; the exit status is 1 if any faile
 Run by tests/worker/run.sh (which is part of scripts/test.sh).
 
 Scenarios (issue "Background worker", docs/design.md, "Worker"):
+  requests       a free lock costs a lease grant and one transaction (no Lock request, no lease
+                 read), its token the creation revision of its key; a held one is queued with
+                 etcd's Lock service and its lease read after the wait (etcd's request counters)
+  state_file     the etcd state file has a higher revision within a second, and at a stop
   interop        a PostgreSQL session holds `orders`; `etcdctl lock orders` waits until release and
                  then gets a higher token; and the reverse
   timeout        fencing_acquire honours its timeout (55P03), statement_timeout (57014) and
@@ -1136,6 +1140,99 @@ def scenario_watch_compacted(etcd, pg):
     c.close()
 
 
+def etcd_requests(etcd):
+    """etcd's count of the gRPC requests it answered, by method (its /metrics on the client port)."""
+    import urllib.request
+    counts = {}
+    for m in etcd.procs:
+        with urllib.request.urlopen(f"http://127.0.0.1:{etcd.client[m]}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("grpc_server_handled_total{") and 'grpc_type="unary"' in line:
+                    method = line.split('grpc_method="')[1].split('"')[0]
+                    counts[method] = counts.get(method, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def scenario_requests(etcd, pg):
+    print("== the etcd requests of an acquisition: a free lock in two, a held one queued with etcd's lock service")
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("SELECT fencing_acquire('requests')")   # warm: the worker is connected
+    cur.execute("SELECT fencing_release('requests')")
+    n = 5
+    before = etcd_requests(etcd)
+    tokens = []
+    for _ in range(n):
+        cur.execute("SELECT fencing_acquire('requests')")
+        tokens.append(cur.fetchone()[0])
+        keys = json.loads(etcd.ctl("get", "--prefix", "requests/", "-w", "json").stdout).get("kvs", [])
+        created = [kv["create_revision"] for kv in keys]
+        ok(created == [tokens[-1]],
+           f"a free lock: the token is the creation revision of the only key of the lock ({tokens[-1]}, {created})")
+        cur.execute("SELECT fencing_release('requests')")
+    after = etcd_requests(etcd)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("LeaseGrant", "Txn", "Lock", "LeaseTimeToLive", "LeaseRevoke")}
+    ok(delta == {"LeaseGrant": n, "Txn": n, "Lock": 0, "LeaseTimeToLive": 0, "LeaseRevoke": n},
+       f"{n} free locks: a lease grant and one transaction each, no Lock request, no lease read; one revoke to release ({delta})")
+    ok(tokens == sorted(set(tokens)), f"their tokens grow ({tokens})")
+
+    # Held by etcdctl: the request queues (Lock) and the lease is read after the wait.
+    env = etcdctl_env()
+    holder = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "requests", "--",
+                               "sh", "-c", "echo $ETCD_LOCK_REV; sleep 1"], stdout=subprocess.PIPE, text=True, env=env)
+    ext = int(holder.stdout.readline().strip())
+    before = etcd_requests(etcd)
+    cur.execute("SELECT fencing_acquire('requests', '10s')")
+    tok = cur.fetchone()[0]
+    after = etcd_requests(etcd)
+    holder.wait(timeout=10)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("Txn", "Lock", "LeaseTimeToLive")}
+    ok(tok > ext and delta["Lock"] == 1 and delta["LeaseTimeToLive"] == 1,
+       f"a held lock: queued with one Lock request, the lease read after the wait, a higher token ({tok} > {ext}, {delta})")
+    keys = etcd.keys("requests/")
+    ok(len(keys) == 1 and keys[0].endswith(format(int(lock_lease(cur, "requests")), "x")),
+       f"and the only key of the lock is ours, the one the transaction created ({keys})")
+    cur.execute("SELECT fencing_release('requests')")
+    c.close()
+
+
+def lock_lease(cur, name):
+    cur.execute("SELECT lease_id FROM fencing_locks WHERE lock = %s", (name,))
+    row = cur.fetchone()
+    return row[0] if row else 0
+
+
+def etcd_state_file(pg):
+    """(cluster id, highest revision) from $PGDATA/pg_fencing_etcd.state."""
+    path = os.path.join(pg.data, "pg_fencing_etcd.state")
+    try:
+        with open(path) as f:
+            head = f.readline().split()
+        return head[0], int(head[1])
+    except (OSError, IndexError, ValueError):
+        return None, 0
+
+
+def scenario_state_file(etcd, pg):
+    print("== the etcd state file: a higher revision saved within a second, and when the worker stops")
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("SELECT fencing_acquire('statefile')")
+    tok = cur.fetchone()[0]
+    cur.execute("SELECT fencing_release('statefile')")
+    saved = wait_for(lambda: etcd_state_file(pg)[1] >= tok or None, 3)
+    ok(saved is not None, f"the state file reaches the token's revision within a second or so ({etcd_state_file(pg)}, token {tok})")
+    for _ in range(3):
+        cur.execute("SELECT fencing_acquire('statefile')")
+        tok = cur.fetchone()[0]
+        cur.execute("SELECT fencing_release('statefile')")
+    c.close()
+    pg.stop()
+    ok(etcd_state_file(pg)[1] >= tok,
+       f"a stop right after an acquisition saves its revision ({etcd_state_file(pg)}, token {tok})")
+    pg.start()
+
+
 def etcd_revision(etcd):
     out = etcd.ctl("get", "none-such-key", "-w", "json").stdout
     return json.loads(out)["header"]["revision"]
@@ -1276,6 +1373,8 @@ def main():
                 globals()["scenario_" + name](etcd, pg)
         else:
             scenarios_single(etcd, pg)
+            scenario_requests(etcd, pg)
+            scenario_state_file(etcd, pg)
             scenario_watch(etcd, pg)
             scenario_worker_threads(pg)
             scenario_verify_wait(etcd, pg)

@@ -17,7 +17,10 @@ pub(crate) enum Cmd {
     Cancel(usize, u64),
     Shutdown(std::sync::mpsc::Sender<()>),
 }
-use etcd_client::{Client, EventType, LockOptions, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The client each held lock was taken with: a release must reach the etcd cluster that
@@ -45,6 +48,7 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
     let in_flight: InFlight = Default::default();
     let watch_cfg = std::sync::Arc::new(std::sync::Mutex::new(cfg.clone()));
     tokio::spawn(super::watch::supervise(watch_cfg.clone()));
+    tokio::spawn(save_state_periodically(sh, cfg.state_dir.clone()));
     let mut client: Option<Client> = None;
     let mut backoff = Duration::from_millis(100);
     let mut next_try = tokio::time::Instant::now();
@@ -158,12 +162,81 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
     }
 }
 
+/// The transaction etcd's Lock service starts with (`concurrency.Mutex.Lock` in etcd 3.4, the
+/// layout `etcdctl lock` and Go's Mutex share): if `my_key` does not exist, create it under the
+/// lease, else read it; either way read the key under `<name>/` created first (the owner).
+fn enqueue(name: &str, my_key: &str, lease_id: i64) -> Txn {
+    let owner = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    let prefix = format!("{name}/");
+    Txn::new()
+        .when([Compare::create_revision(my_key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(my_key, "", Some(PutOptions::new().with_lease(lease_id))),
+            TxnOp::get(prefix.as_str(), Some(owner.clone())),
+        ])
+        .or_else([TxnOp::get(my_key, None), TxnOp::get(prefix, Some(owner))])
+}
+
+/// The token if `enqueue` created our key and it is the owner: the transaction's revision, at
+/// which our key was created. `None` (queue with etcd's Lock service) otherwise, also if the
+/// answer is not what that transaction gives.
+fn owned_at_once(resp: &TxnResponse) -> Option<i64> {
+    let revision = resp.header()?.revision();
+    if !resp.succeeded() || revision <= 0 {
+        return None;
+    }
+    match resp.op_responses().get(1) {
+        Some(TxnOpResponse::Get(owner)) => owner
+            .kvs()
+            .first()
+            .filter(|kv| kv.create_revision() == revision)
+            .map(|_| revision),
+        _ => None,
+    }
+}
+
+enum Step<T> {
+    Answered(T),
+    TimedOut,
+    Cancelled,
+}
+
+/// One etcd request of an acquisition, until it is answered, the request's deadline passes, or
+/// the backend cancels the request (checked every 5 ms).
+async fn step<T>(
+    request: impl std::future::Future<Output = T>,
+    slot: &Slot,
+    generation: u64,
+) -> Step<T> {
+    let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
+    let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
+    let cancelled = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if !current(slot, generation) || slot.state.load(Ordering::Acquire) == CANCELLED {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        r = tokio::time::timeout(remaining, request) => match r {
+            Ok(answer) => Step::Answered(answer),
+            Err(_) => Step::TimedOut,
+        },
+        _ = cancelled => Step::Cancelled,
+    }
+}
+
 fn current(slot: &Slot, generation: u64) -> bool {
     slot.generation.load(Ordering::Acquire) == generation
 }
 
 /// Check a write's response header against what we know of etcd (see "Revision
-/// regression"); save the state file in the background when it changed.
+/// regression"); save the state file in the background at once if etcd's identity changed (a
+/// higher revision is left to `save_state_periodically`).
 fn observe(
     sh: &'static Shared,
     header: Option<&etcd_client::ResponseHeader>,
@@ -174,15 +247,32 @@ fn observe(
         Some(h) => sh.observe_etcd(h.cluster_id(), h.revision(), floor),
         None => Ok(()),
     };
-    if sh.etcd_state_dirty.load(Ordering::Acquire) != 0 && !state_dir.is_empty() {
-        let dir = state_dir.to_string();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = save_state(sh, &dir, "etcd") {
-                eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
-            }
-        });
+    if sh.etcd_state_dirty.load(Ordering::Acquire) >= DIRTY_IDENTITY && !state_dir.is_empty() {
+        tokio::task::spawn_blocking(save_blocking(sh, state_dir.to_string()));
     }
     result
+}
+
+fn save_blocking(sh: &'static Shared, dir: String) -> impl FnOnce() + Send + 'static {
+    move || {
+        if let Err(e) = save_state(sh, &dir, "etcd") {
+            eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
+        }
+    }
+}
+
+/// Save what the state file misses every `STATE_SAVE_INTERVAL` (whoever raised it: lock
+/// answers, watches), off the lock requests' path.
+async fn save_state_periodically(sh: &'static Shared, state_dir: String) {
+    if state_dir.is_empty() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(STATE_SAVE_INTERVAL).await;
+        if sh.etcd_state_dirty.load(Ordering::Acquire) != CLEAN {
+            let _ = tokio::task::spawn_blocking(save_blocking(sh, state_dir.clone())).await;
+        }
+    }
 }
 
 async fn acquire(
@@ -196,8 +286,6 @@ async fn acquire(
 ) {
     let slot = &sh.slots[index];
     let name = slot.key();
-    let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
-    let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
     let sent = now_ms();
     let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
     let lease = match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None)).await {
@@ -224,55 +312,78 @@ async fn acquire(
         lease.ttl(),
     ));
 
+    // First, in one request, what etcd's Lock service (`concurrency.Mutex.Lock` of etcd 3.4)
+    // does first: put our key `<name>/<lease id in hex>` under the lease unless it exists, and
+    // read the lock's owner (the key under `<name>/` created first) in the same transaction.
+    // If the owner is our key, the lock is ours and the token is the transaction's revision (our
+    // key's creation): the answer etcd's Lock service gives without waiting, one request less
+    // than asking it (it needs this transaction too) and no lease read (below).
+    let my_key = format!("{name}/{lease_id:x}");
     let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
-    let lock = c.lock(
-        name.as_bytes(),
-        Some(LockOptions::new().with_lease(lease_id)),
-    );
-    let cancelled = async {
-        loop {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            if !current(slot, generation) || slot.state.load(Ordering::Acquire) == CANCELLED {
-                return;
-            }
-        }
-    };
-    let outcome = tokio::select! {
-        r = tokio::time::timeout(remaining, lock) => Some(r),
-        _ = cancelled => None,
-    };
-    let resp = match outcome {
-        None => return give_up(c, slot, generation, lease_id).await,
-        Some(Err(_)) => {
+    let first = match step(c.txn(enqueue(&name, &my_key, lease_id)), slot, generation).await {
+        Step::Cancelled => return give_up(c, slot, generation, lease_id).await,
+        Step::TimedOut => {
             slot.fail(ERR_TIMEOUT, "timed out");
             return give_up(c, slot, generation, lease_id).await;
         }
-        Some(Ok(Err(e))) => {
+        Step::Answered(Err(e)) => {
             slot.fail(ERR_OTHER, &format!("etcd lock failed: {e}"));
             return give_up(c, slot, generation, lease_id).await;
         }
-        Some(Ok(Ok(r))) => r,
+        Step::Answered(Ok(r)) => r,
     };
-    if let Err(why) = observe(sh, resp.header(), floor, &state_dir) {
+    if let Err(why) = observe(sh, first.header(), floor, &state_dir) {
         slot.fail(ERR_OTHER, &why);
-        let _ = c.unlock(resp.key().to_vec()).await;
         return give_up(c, slot, generation, lease_id).await;
     }
-    let token = match resp.header().map(|h| h.revision()) {
-        Some(rev) if rev > 0 => rev,
-        _ => {
-            slot.fail(
-                ERR_OTHER,
-                "etcd granted the lock without a revision in its response header",
-            );
+    let (token, key, waited) = if let Some(token) = owned_at_once(&first) {
+        (token, my_key.into_bytes(), false)
+    } else {
+        // Somebody holds the lock: queue behind them with etcd's Lock service, which finds our
+        // key (the same name) and waits for every key of the lock created before it.
+        let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
+        let lock = c.lock(
+            name.as_bytes(),
+            Some(LockOptions::new().with_lease(lease_id)),
+        );
+        let resp = match step(lock, slot, generation).await {
+            Step::Cancelled => return give_up(c, slot, generation, lease_id).await,
+            Step::TimedOut => {
+                slot.fail(ERR_TIMEOUT, "timed out");
+                return give_up(c, slot, generation, lease_id).await;
+            }
+            Step::Answered(Err(e)) => {
+                slot.fail(ERR_OTHER, &format!("etcd lock failed: {e}"));
+                return give_up(c, slot, generation, lease_id).await;
+            }
+            Step::Answered(Ok(r)) => r,
+        };
+        if let Err(why) = observe(sh, resp.header(), floor, &state_dir) {
+            slot.fail(ERR_OTHER, &why);
             let _ = c.unlock(resp.key().to_vec()).await;
             return give_up(c, slot, generation, lease_id).await;
         }
+        match resp.header().map(|h| h.revision()) {
+            Some(rev) if rev > 0 => (rev, resp.key().to_vec(), true),
+            _ => {
+                slot.fail(
+                    ERR_OTHER,
+                    "etcd granted the lock without a revision in its response header",
+                );
+                let _ = c.unlock(resp.key().to_vec()).await;
+                return give_up(c, slot, generation, lease_id).await;
+            }
+        }
     };
-    let key = resp.key().to_vec();
-    // etcd 3.4 can grant the lock to a waiter whose lease has just expired: check it is alive.
-    let alive =
-        match tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(lease_id, None))
+    // etcd 3.4 can grant the lock to a waiter whose lease expired or was revoked while it
+    // waited (its key deleted before the revision it gets as token, so the watch below cannot
+    // see it): after a wait, check that the lease is alive. Without a wait there is nothing to
+    // check: our key was created at the token's revision under the lease, which cannot have
+    // expired yet if etcd answered within half its TTL of the grant request (etcd counts the TTL
+    // from the grant on); a deletion after that revision is seen by the watch (mark_lost).
+    let young = now_ms() < sent + lease.ttl() * 500;
+    let alive = (!waited && young)
+        || match tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(lease_id, None))
             .await
         {
             Ok(Ok(r)) => r.ttl() > 0,

@@ -240,14 +240,16 @@ pub(super) fn lock_key_name(name: &str) -> String {
 // answer is compared with the highest revision known when its request was sent.) From then on `fencing_acquire` fails with FT005 and held locks are lost, until a
 // superuser runs `fencing_reset` (which forgets what the worker knew about etcd).
 //
-// When the file is saved: a new cluster id, a regression and a reset at once; a higher revision
-// within `STATE_SAVE_INTERVAL` (by the etcd thread's saver), and when the worker stops. Every
-// acquisition raises the revision twice, and a save is two fsyncs on the disk etcd fsyncs its
-// own log to: saving each one doubled the disk flushes of an acquisition (BENCHMARKS.md, "Lock
-// services side by side"). The file only notices a restored etcd; it admits no write (stored
-// marks refuse lower tokens whatever it says), so after a crash of the machine it may be up to
-// that interval behind, and a restore into revisions of that last interval goes unnoticed by
-// the file as by a worker that never saw them.
+// When the file is saved: by the etcd thread, off the requests' path, a new cluster id or a
+// regression at once when a lock answer shows it and within 100 ms when a watch's does, a higher
+// revision within `STATE_SAVE_INTERVAL`; by the backend running `fencing_reset`, the reset; by
+// the worker's main thread when the worker stops. Every acquisition raises the revision twice,
+// and a save is two fsyncs on the disk etcd fsyncs its own log to: saving each one doubled the
+// disk flushes of an acquisition (BENCHMARKS.md, "Lock services side by side"). The file only
+// notices a restored etcd; it admits no write (stored marks refuse lower tokens whatever it
+// says). So after a crash that skips the worker's last save (of the machine, of PostgreSQL, a
+// `kill -9` of the worker) it may be up to that interval behind, and an etcd restored into
+// revisions of that last interval goes unnoticed by it, as by a worker that never saw them.
 
 pub(super) const STATE_FILE: &str = "pg_fencing_etcd.state";
 /// How long a higher revision may wait to be saved (see above).

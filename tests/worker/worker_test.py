@@ -1179,7 +1179,7 @@ def scenario_requests(etcd, pg):
     # Held by etcdctl: the request queues (Lock) and the lease is read after the wait.
     env = etcdctl_env()
     holder = subprocess.Popen(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "requests", "--",
-                               "sh", "-c", "echo $ETCD_LOCK_REV; sleep 1"], stdout=subprocess.PIPE, text=True, env=env)
+                               "sh", "-c", "echo $ETCD_LOCK_REV; sleep 3"], stdout=subprocess.PIPE, text=True, env=env)
     ext = int(holder.stdout.readline().strip())
     before = etcd_requests(etcd)
     cur.execute("SELECT fencing_acquire('requests', '10s')")

@@ -1,7 +1,8 @@
 //! Lock round trip with `etcd-client` directly, as a service would do it: grant a lease, lock
 //! under it, (the service would write here), unlock, revoke. Prints two latencies in
-//! microseconds per line: the acquisition (lease grant + lock: what `fencing_acquire` does) and
-//! the whole round trip. Usage: etcd-lock-bench ENDPOINT LOCK_NAME ITERATIONS
+//! microseconds per line: the acquisition (lease grant + etcd's Lock request, the request
+//! `fencing_acquire` replaces by the mutex's own transaction when the lock is free) and the whole
+//! round trip. Usage: etcd-lock-bench ENDPOINT LOCK_NAME ITERATIONS
 use etcd_client::{Client, LockOptions};
 use std::time::Instant;
 

@@ -261,15 +261,23 @@ fn save_blocking(sh: &'static Shared, dir: String) -> impl FnOnce() + Send + 'st
     }
 }
 
-/// Save what the state file misses every `STATE_SAVE_INTERVAL` (whoever raised it: lock
-/// answers, watches), off the lock requests' path.
+/// Save what the state file misses, off the lock requests' path, whoever raised it (lock
+/// answers, the watches): a new cluster id or a regression within 100 ms, a higher revision
+/// within `STATE_SAVE_INTERVAL`.
 async fn save_state_periodically(sh: &'static Shared, state_dir: String) {
     if state_dir.is_empty() {
         return;
     }
+    let mut last = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(STATE_SAVE_INTERVAL).await;
-        if sh.etcd_state_dirty.load(Ordering::Acquire) != CLEAN {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let due = match sh.etcd_state_dirty.load(Ordering::Acquire) {
+            CLEAN => false,
+            DIRTY_REVISION => last.elapsed() >= STATE_SAVE_INTERVAL,
+            _ => true,
+        };
+        if due {
+            last = tokio::time::Instant::now();
             let _ = tokio::task::spawn_blocking(save_blocking(sh, state_dir.clone())).await;
         }
     }
@@ -334,6 +342,9 @@ async fn acquire(
     };
     if let Err(why) = observe(sh, first.header(), floor, &state_dir) {
         slot.fail(ERR_OTHER, &why);
+        // Our key may own the lock: delete it, should the revoke in give_up not get through.
+        let _ =
+            tokio::time::timeout(Duration::from_secs(2), c.delete(my_key.as_bytes(), None)).await;
         return give_up(c, slot, generation, lease_id).await;
     }
     let (token, key, waited) = if let Some(token) = owned_at_once(&first) {

@@ -198,19 +198,15 @@ fn owned_at_once(resp: &TxnResponse) -> Option<i64> {
     }
 }
 
-enum Step<T> {
-    Answered(T),
-    TimedOut,
-    Cancelled,
-}
-
 /// One etcd request of an acquisition, until it is answered, the request's deadline passes, or
-/// the backend cancels the request (checked every 5 ms).
+/// the backend cancels the request (checked every 5 ms). `None`: no answer to go on with (the
+/// slot failed with the reason: an error, 55P03 past the deadline; or it was cancelled); the
+/// caller gives up.
 async fn step<T>(
-    request: impl std::future::Future<Output = T>,
+    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
     slot: &Slot,
     generation: u64,
-) -> Step<T> {
+) -> Option<T> {
     let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
     let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
     let cancelled = async {
@@ -223,10 +219,17 @@ async fn step<T>(
     };
     tokio::select! {
         r = tokio::time::timeout(remaining, request) => match r {
-            Ok(answer) => Step::Answered(answer),
-            Err(_) => Step::TimedOut,
+            Ok(Ok(answer)) => Some(answer),
+            Ok(Err(e)) => {
+                slot.fail(ERR_OTHER, &format!("etcd lock failed: {e}"));
+                None
+            }
+            Err(_) => {
+                slot.fail(ERR_TIMEOUT, "timed out");
+                None
+            }
         },
-        _ = cancelled => Step::Cancelled,
+        _ = cancelled => None,
     }
 }
 
@@ -328,17 +331,8 @@ async fn acquire(
     // than asking it (it needs this transaction too) and no lease read (below).
     let my_key = format!("{name}/{lease_id:x}");
     let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
-    let first = match step(c.txn(enqueue(&name, &my_key, lease_id)), slot, generation).await {
-        Step::Cancelled => return give_up(c, slot, generation, lease_id).await,
-        Step::TimedOut => {
-            slot.fail(ERR_TIMEOUT, "timed out");
-            return give_up(c, slot, generation, lease_id).await;
-        }
-        Step::Answered(Err(e)) => {
-            slot.fail(ERR_OTHER, &format!("etcd lock failed: {e}"));
-            return give_up(c, slot, generation, lease_id).await;
-        }
-        Step::Answered(Ok(r)) => r,
+    let Some(first) = step(c.txn(enqueue(&name, &my_key, lease_id)), slot, generation).await else {
+        return give_up(c, slot, generation, lease_id).await;
     };
     if let Err(why) = observe(sh, first.header(), floor, &state_dir) {
         slot.fail(ERR_OTHER, &why);
@@ -357,17 +351,8 @@ async fn acquire(
             name.as_bytes(),
             Some(LockOptions::new().with_lease(lease_id)),
         );
-        let resp = match step(lock, slot, generation).await {
-            Step::Cancelled => return give_up(c, slot, generation, lease_id).await,
-            Step::TimedOut => {
-                slot.fail(ERR_TIMEOUT, "timed out");
-                return give_up(c, slot, generation, lease_id).await;
-            }
-            Step::Answered(Err(e)) => {
-                slot.fail(ERR_OTHER, &format!("etcd lock failed: {e}"));
-                return give_up(c, slot, generation, lease_id).await;
-            }
-            Step::Answered(Ok(r)) => r,
+        let Some(resp) = step(lock, slot, generation).await else {
+            return give_up(c, slot, generation, lease_id).await;
         };
         if let Err(why) = observe(sh, resp.header(), floor, &state_dir) {
             slot.fail(ERR_OTHER, &why);

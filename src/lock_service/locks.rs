@@ -241,8 +241,7 @@ pub(super) fn lock_key_name(name: &str) -> String {
 // superuser runs `fencing_reset` (which forgets what the worker knew about etcd).
 //
 // When the file is saved: by the etcd thread, off the requests' path, a new cluster id or a
-// regression at once when a lock answer shows it and within 100 ms when a watch's does, a higher
-// revision within `STATE_SAVE_INTERVAL`; by the backend running `fencing_reset`, the reset; by
+// regression within 100 ms, a higher revision within `STATE_SAVE_INTERVAL`; by the backend running `fencing_reset`, the reset; by
 // the worker's main thread when the worker stops. Every acquisition raises the revision twice,
 // and a save is two fsyncs on the disk etcd fsyncs its own log to: saving each one doubled the
 // disk flushes of an acquisition (BENCHMARKS.md, "Lock services side by side"). The file only
@@ -258,7 +257,7 @@ pub(super) const STATE_SAVE_INTERVAL: Duration = Duration::from_secs(1);
 pub(super) const CLEAN: u32 = 0;
 /// Only the highest revision rose: saved within `STATE_SAVE_INTERVAL`.
 pub(super) const DIRTY_REVISION: u32 = 1;
-/// The cluster id was learnt or forgotten, or a regression found: saved at once.
+/// The cluster id was learnt or forgotten, or a regression found: saved within 100 ms.
 pub(super) const DIRTY_IDENTITY: u32 = 2;
 
 impl Shared {

@@ -103,10 +103,10 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                     f.insert((i, generation));
                 }
                 let serving = Serving(in_flight.clone(), (i, generation));
-                let (owners, state_dir) = (owners.clone(), cfg.state_dir.clone());
+                let owners = owners.clone();
                 tokio::spawn(async move {
                     let _serving = serving;
-                    acquire(c, sh, i, generation, ttl, owners, state_dir).await
+                    acquire(c, sh, i, generation, ttl, owners).await
                 });
             }
             Cmd::Release(i, generation) => {
@@ -238,29 +238,15 @@ fn current(slot: &Slot, generation: u64) -> bool {
 }
 
 /// Check a write's response header against what we know of etcd (see "Revision
-/// regression"); save the state file in the background at once if etcd's identity changed (a
-/// higher revision is left to `save_state_periodically`).
+/// regression"); what changed is saved by `save_state_periodically`.
 fn observe(
     sh: &'static Shared,
     header: Option<&etcd_client::ResponseHeader>,
     floor: i64,
-    state_dir: &str,
 ) -> Result<(), String> {
-    let result = match header {
+    match header {
         Some(h) => sh.observe_etcd(h.cluster_id(), h.revision(), floor),
         None => Ok(()),
-    };
-    if sh.etcd_state_dirty.load(Ordering::Acquire) >= DIRTY_IDENTITY && !state_dir.is_empty() {
-        tokio::task::spawn_blocking(save_blocking(sh, state_dir.to_string()));
-    }
-    result
-}
-
-fn save_blocking(sh: &'static Shared, dir: String) -> impl FnOnce() + Send + 'static {
-    move || {
-        if let Err(e) = save_state(sh, &dir, "etcd") {
-            eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
-        }
     }
 }
 
@@ -281,7 +267,13 @@ async fn save_state_periodically(sh: &'static Shared, state_dir: String) {
         };
         if due {
             last = tokio::time::Instant::now();
-            let _ = tokio::task::spawn_blocking(save_blocking(sh, state_dir.clone())).await;
+            let dir = state_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Err(e) = save_state(sh, &dir, "etcd") {
+                    eprintln!("pg_fencing: could not save {STATE_FILE}: {e}");
+                }
+            })
+            .await;
         }
     }
 }
@@ -293,7 +285,6 @@ async fn acquire(
     generation: u64,
     ttl: i64,
     owners: Owners,
-    state_dir: String,
 ) {
     let slot = &sh.slots[index];
     let name = slot.key();
@@ -307,7 +298,7 @@ async fn acquire(
         Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
     };
     let lease_id = lease.id();
-    if let Err(why) = observe(sh, lease.header(), floor, &state_dir) {
+    if let Err(why) = observe(sh, lease.header(), floor) {
         slot.fail(ERR_OTHER, &why);
         return give_up(c, slot, generation, lease_id).await;
     }
@@ -334,7 +325,7 @@ async fn acquire(
     let Some(first) = step(c.txn(enqueue(&name, &my_key, lease_id)), slot, generation).await else {
         return give_up(c, slot, generation, lease_id).await;
     };
-    if let Err(why) = observe(sh, first.header(), floor, &state_dir) {
+    if let Err(why) = observe(sh, first.header(), floor) {
         slot.fail(ERR_OTHER, &why);
         // Our key may own the lock: delete it, should the revoke in give_up not get through.
         let _ =
@@ -354,7 +345,7 @@ async fn acquire(
         let Some(resp) = step(lock, slot, generation).await else {
             return give_up(c, slot, generation, lease_id).await;
         };
-        if let Err(why) = observe(sh, resp.header(), floor, &state_dir) {
+        if let Err(why) = observe(sh, resp.header(), floor) {
             slot.fail(ERR_OTHER, &why);
             let _ = c.unlock(resp.key().to_vec()).await;
             return give_up(c, slot, generation, lease_id).await;

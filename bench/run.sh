@@ -11,6 +11,11 @@
 #                                      etcdctl), ZooKeeper (kazoo's recipe) and fencing_acquire,
 #                                      servers on loopback (BENCH_LOCK_N=500), written to
 #                                      bench/locks.md
+#   bench/run.sh --many-locks          1,000 locks held at once by 100 sessions: acquisition
+#                                      latency, etcd requests/s at steady state, the worker's RSS,
+#                                      shared memory, then 10,000 acquire/release cycles; its own
+#                                      etcd and cluster (bench/many_locks.py), written to
+#                                      bench/many_locks.md
 #   bench/run.sh --tombstones          tombstone storage per deleted key before and after
 #                                      fencing_prune_tombstones (BENCH_TOMBSTONES=1000000),
 #                                      written to bench/tombstones.md
@@ -49,6 +54,12 @@ if [[ " $* " == *" --instructions "* ]]; then
     exit 0
 fi
 PGPORT_TEST=${PGPORT_BENCH:-54379}
+if [[ " $* " == *" --many-locks "* ]]; then
+    # Starts its own etcd and cluster (with pg_fencing.max_locks and a 10 s lease TTL), checks
+    # what it measures and writes bench/many_locks.md itself.
+    PGBIN="$PGBIN" "$PY" bench/many_locks.py --pg-port "$PGPORT_TEST" --etcd-port "${ETCD_BENCH_PORT:-23990}"
+    exit 0
+fi
 if [[ " $* " == *" --tombstones "* ]]; then
     # With etcd and the worker: the third workload takes its tokens with fencing_acquire and
     # leaves pruning to the pruner worker (fencing_tombstone_retention).

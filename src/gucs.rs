@@ -28,6 +28,15 @@ static VERIFY_MAX_LAG: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static WATCH_SYNC_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static PRUNE_DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
+static MAX_LOCKS: GucSetting<i32> = GucSetting::<i32>::new(1024);
+static ETCD_CA_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static ETCD_CERT_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static ETCD_KEY_FILE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static ETCD_SERVER_NAME: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+static ETCD_USERNAME: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static ETCD_PASSWORD_FILE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
 
 /// `pg_fencing.tombstone_prune_database`: the database the tombstone pruner works in (empty: no
 /// pruner).
@@ -105,6 +114,30 @@ pub fn etcd_endpoints() -> String {
         .get()
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+fn text_setting(s: &GucSetting<Option<CString>>) -> String {
+    s.get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The worker's TLS and authentication settings (`pg_fencing.etcd_ca_file`, `etcd_cert_file`,
+/// `etcd_key_file`, `etcd_server_name`, `etcd_username`, `etcd_password_file`), as written.
+pub fn etcd_security() -> [String; 6] {
+    [
+        text_setting(&ETCD_CA_FILE),
+        text_setting(&ETCD_CERT_FILE),
+        text_setting(&ETCD_KEY_FILE),
+        text_setting(&ETCD_SERVER_NAME),
+        text_setting(&ETCD_USERNAME),
+        text_setting(&ETCD_PASSWORD_FILE),
+    ]
+}
+
+/// `pg_fencing.max_locks`: lock slots of the server (read when shared memory is sized).
+pub fn max_locks() -> usize {
+    MAX_LOCKS.get().max(1) as usize
 }
 
 /// `pg_fencing.lock_prefix`: etcd key prefix put in front of every lock name.
@@ -239,7 +272,7 @@ pub fn init() {
     GucRegistry::define_string_guc(
         c"pg_fencing.etcd_endpoints",
         c"Comma-separated etcd endpoints of the pg_fencing worker; empty = worker idle.",
-        c"For example 127.0.0.1:2379,127.0.0.1:22379. Only loopback or trusted networks: no TLS yet.",
+        c"For example 127.0.0.1:2379,127.0.0.1:22379, or https://etcd1:2379. With pg_fencing.etcd_ca_file set, host:port endpoints are reached over TLS.",
         &ETCD_ENDPOINTS,
         GucContext::Sighup,
         GucFlags::default(),
@@ -288,6 +321,57 @@ pub fn init() {
             GucContext::Postmaster,
             GucFlags::default(),
         );
+        GucRegistry::define_int_guc(
+            c"pg_fencing.max_locks",
+            c"Lock slots of the pg_fencing worker: how many fencing_acquire locks the server's sessions may hold or wait for at once.",
+            c"Each slot takes about 1 kB of shared memory. Beyond it fencing_acquire fails with 53400. Default 1024, at most 100000; takes effect at server start.",
+            &MAX_LOCKS,
+            1,
+            100_000,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
+    let secret = GucFlags::SUPERUSER_ONLY;
+    for (name, short, long, setting) in [
+        (
+            c"pg_fencing.etcd_ca_file",
+            c"PEM file of the CA certificates the worker trusts for etcd's server certificate; empty = no TLS.",
+            c"Set, the worker speaks TLS to host:port endpoints (https:// endpoints need it). A relative path is relative to the data directory.",
+            &ETCD_CA_FILE,
+        ),
+        (
+            c"pg_fencing.etcd_cert_file",
+            c"PEM file of the worker's client certificate for etcd (etcd --client-cert-auth); needs pg_fencing.etcd_key_file.",
+            c"A relative path is relative to the data directory.",
+            &ETCD_CERT_FILE,
+        ),
+        (
+            c"pg_fencing.etcd_key_file",
+            c"PEM file of the private key of pg_fencing.etcd_cert_file.",
+            c"A relative path is relative to the data directory.",
+            &ETCD_KEY_FILE,
+        ),
+        (
+            c"pg_fencing.etcd_server_name",
+            c"Name the worker checks etcd's server certificate against; empty = each endpoint's host.",
+            c"For endpoints given by address whose certificate names a host.",
+            &ETCD_SERVER_NAME,
+        ),
+        (
+            c"pg_fencing.etcd_username",
+            c"etcd user the worker authenticates as (etcd auth); empty = no authentication.",
+            c"The password is read from pg_fencing.etcd_password_file.",
+            &ETCD_USERNAME,
+        ),
+        (
+            c"pg_fencing.etcd_password_file",
+            c"File whose first line is the password of pg_fencing.etcd_username.",
+            c"Must be readable by the server's operating-system user and by nobody else (mode 0600 or 0400, like .pgpass). A relative path is relative to the data directory.",
+            &ETCD_PASSWORD_FILE,
+        ),
+    ] {
+        GucRegistry::define_string_guc(name, short, long, setting, GucContext::Sighup, secret);
     }
     GucRegistry::define_int_guc(
         c"pg_fencing.tombstone_prune_interval",

@@ -29,7 +29,6 @@ use std::sync::atomic::{
 };
 use std::time::Duration;
 
-pub const SLOTS: usize = 64;
 pub(super) const NAME_LEN: usize = 256;
 pub(super) const KEY_LEN: usize = 320;
 pub(super) const MSG_LEN: usize = 256;
@@ -85,7 +84,11 @@ pub struct Shared {
     /// What of the three above changed since the state file was last saved: `CLEAN`,
     /// `DIRTY_REVISION` or `DIRTY_IDENTITY` (only ever raised; cleared by whoever saves the file).
     pub(super) etcd_state_dirty: AtomicU32,
-    pub(super) slots: [Slot; SLOTS],
+    /// One past the highest slot index ever taken: scans stop there (`Shared::slots`).
+    pub(super) slots_used: AtomicUsize,
+    /// What is wrong with the worker's connection to etcd (empty: nothing), logged by the
+    /// worker's main thread once per change and shown by `fencing_locks`.
+    pub(super) etcd_problem: ShmemText<MSG_LEN>,
 }
 
 // SAFETY: every field is an atomic or a `ShmemText` (its own spinlock), with no pointers into
@@ -106,21 +109,62 @@ impl Default for Shared {
             etcd_regressed: AtomicU32::new(0),
             etcd_regression: ShmemText::default(),
             etcd_state_dirty: AtomicU32::new(0),
-            slots: std::array::from_fn(|_| Slot {
-                state: AtomicU32::new(FREE),
-                generation: AtomicU64::new(0),
-                owner_pid: AtomicI32::new(0),
-                token: AtomicI64::new(0),
-                lease: AtomicI64::new(0),
-                ttl: AtomicI64::new(0),
-                valid_until_ms: AtomicI64::new(0),
-                deadline_ms: AtomicI64::new(0),
-                error: AtomicU32::new(0),
-                name: ShmemText::default(),
-                key: ShmemText::default(),
-                message: ShmemText::default(),
-            }),
+            slots_used: AtomicUsize::new(0),
+            etcd_problem: ShmemText::default(),
         }
+    }
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            state: AtomicU32::new(FREE),
+            generation: AtomicU64::new(0),
+            owner_pid: AtomicI32::new(0),
+            token: AtomicI64::new(0),
+            lease: AtomicI64::new(0),
+            ttl: AtomicI64::new(0),
+            valid_until_ms: AtomicI64::new(0),
+            deadline_ms: AtomicI64::new(0),
+            error: AtomicU32::new(0),
+            name: ShmemText::default(),
+            key: ShmemText::default(),
+            message: ShmemText::default(),
+        }
+    }
+}
+
+// SAFETY: as for `Shared`: atomics and `ShmemText`s only, no pointers into process memory.
+unsafe impl PGRXSharedMemory for Slot {}
+// SAFETY: as above.
+unsafe impl Sync for Slot {}
+
+/// The lock slots: `pg_fencing.max_locks` of them, sized at server start.
+static SLOTS: crate::pg::shmem::ShmemArray<Slot> =
+    crate::pg::shmem::ShmemArray::new(c"pg_fencing lock slots", gucs::max_locks);
+
+impl Shared {
+    /// Every slot that has ever been taken (the rest are FREE and never were).
+    pub(super) fn slots(&self) -> &'static [Slot] {
+        let all = SLOTS.get();
+        &all[..self.slots_used.load(Ordering::Acquire).min(all.len())]
+    }
+
+    /// Take a FREE slot (FREE to RESERVED), the lowest one, so that `slots()` stays short.
+    pub(super) fn reserve_slot(&self) -> Result<(usize, &'static Slot), FenceError> {
+        let all = SLOTS.get();
+        let (i, s) = all
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.transition(FREE, RESERVED))
+            .ok_or(FenceError::TooManyLocks(all.len()))?;
+        self.slots_used.fetch_max(i + 1, Ordering::AcqRel);
+        Ok((i, s))
+    }
+
+    /// How many slots there are (`pg_fencing.max_locks`).
+    pub(super) fn slot_count(&self) -> usize {
+        SLOTS.get().len()
     }
 }
 
@@ -181,6 +225,7 @@ pub fn init_if_preloading() {
         return;
     }
     pg_shmem_init!(SHARED);
+    SLOTS.init();
     ENABLED.store(true, Ordering::Relaxed);
     BackgroundWorkerBuilder::new("pg_fencing etcd worker")
         .set_type("pg_fencing etcd worker")
@@ -323,7 +368,7 @@ impl Shared {
         self.etcd_regression.set(&msg);
         self.etcd_regressed.store(1, Ordering::Release);
         self.mark_dirty(DIRTY_IDENTITY);
-        for s in self.slots.iter() {
+        for s in self.slots().iter() {
             s.transition_saying(HELD, LOST, "etcd's revisions went backwards");
         }
         msg
@@ -442,6 +487,35 @@ pub(crate) fn observe_etcd_answer(
     SHARED.get().observe_etcd(cluster_id, revision, floor)
 }
 
+/// For the etcd thread: what is wrong with reaching etcd, by source (`"locks"`, a lease, a
+/// watch's resource), `None` when that source works again. The worker's main thread logs the
+/// combined text once per change (`worker.rs`); `fencing_acquire`'s FT005 says it too.
+pub(crate) fn report_problem(source: &str, problem: Option<String>) {
+    use std::collections::BTreeMap;
+    static PROBLEMS: std::sync::Mutex<BTreeMap<String, String>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    let Ok(mut all) = PROBLEMS.lock() else { return };
+    let changed = match problem {
+        Some(p) => all.insert(source.to_string(), p.clone()).as_ref() != Some(&p),
+        None => all.remove(source).is_some(),
+    };
+    if changed {
+        let mut text = String::new();
+        for p in all.values() {
+            if !text.contains(p.as_str()) {
+                if !text.is_empty() {
+                    text.push_str("; ");
+                }
+                text.push_str(p);
+            }
+        }
+        SHARED.get().etcd_problem.set(&text);
+    }
+}
+
 /// For the tombstone pruner (`pruner.rs`): the highest etcd revision the worker has seen, if
 /// there is a worker that trusts etcd (no revision regression, some answer seen). Every lock
 /// granted by that etcd after this moment gets a higher revision.
@@ -503,7 +577,7 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
     }
     wait_for_worker(sh)?;
     let me = crate::pg::process::my_pid();
-    for s in sh.slots.iter() {
+    for s in sh.slots().iter() {
         let st = s.state.load(Ordering::Acquire);
         if s.owner_pid.load(Ordering::Relaxed) == me
             && (st == HELD || st == LOST)
@@ -515,12 +589,7 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             )));
         }
     }
-    let (index, slot) = sh
-        .slots
-        .iter()
-        .enumerate()
-        .find(|(_, s)| s.transition(FREE, RESERVED))
-        .ok_or(FenceError::TooManyLocks(SLOTS))?;
+    let (index, slot) = sh.reserve_slot()?;
     let started = now_ms();
     let deadline = started + timeout.as_millis() as i64;
     let generation = slot
@@ -622,7 +691,7 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
     let me = crate::pg::process::my_pid();
     let mut found = false;
     let mut released = false;
-    for s in sh.slots.iter() {
+    for s in sh.slots().iter() {
         if s.owner_pid.load(Ordering::Relaxed) != me || s.name() != name {
             continue;
         }
@@ -656,7 +725,7 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
         let started = now_ms();
         let deadline = started + 3000;
         while now_ms() < deadline
-            && sh.slots.iter().any(|s| {
+            && sh.slots().iter().any(|s| {
                 s.owner_pid.load(Ordering::Relaxed) == me
                     && matches!(
                         s.state.load(Ordering::Acquire),
@@ -708,7 +777,7 @@ pub fn abort_pending(subxact: Option<pg_sys::SubTransactionId>) {
         let sh = SHARED.get();
         let me = crate::pg::process::my_pid();
         for (index, generation) in undone {
-            let s = &sh.slots[index];
+            let s = &sh.slots()[index];
             if s.generation.load(Ordering::Acquire) == generation
                 && s.owner_pid.load(Ordering::Relaxed) == me
             {
@@ -732,7 +801,7 @@ pub(super) fn release_all_of_mine(including_held: bool) {
     let sh = SHARED.get();
     let me = crate::pg::process::my_pid();
     let mut any = false;
-    for s in sh.slots.iter() {
+    for s in sh.slots().iter() {
         if s.owner_pid.load(Ordering::Relaxed) != me {
             continue;
         }
@@ -761,7 +830,7 @@ pub fn held_by_this_session(token: i64) -> bool {
         return false;
     }
     let me = crate::pg::process::my_pid();
-    SHARED.get().slots.iter().any(|s| {
+    SHARED.get().slots().iter().any(|s| {
         s.owner_pid.load(Ordering::Relaxed) == me
             && s.token.load(Ordering::Relaxed) == token
             && matches!(s.state.load(Ordering::Acquire), HELD | LOST)
@@ -775,7 +844,7 @@ pub fn check_token(token: i64) -> Result<(), FenceError> {
         return Ok(());
     }
     let sh = SHARED.get();
-    for s in sh.slots.iter() {
+    for s in sh.slots().iter() {
         // Any session's write carrying a lost lock's token fails, not only the holder's.
         if s.token.load(Ordering::Relaxed) != token {
             continue;
@@ -825,7 +894,7 @@ pub fn lock_rows() -> Vec<(
         ));
     }
     let now = now_ms();
-    for s in sh.slots.iter() {
+    for s in sh.slots().iter() {
         let st = s.state.load(Ordering::Acquire);
         let state = match st {
             FREE | RESERVED => continue,

@@ -8,7 +8,7 @@
 //! On SIGTERM or postmaster death every held lock is marked lost first (writes with its token
 //! fail at once, FT003), then the etcd thread gets a short chance to revoke the leases.
 
-use super::etcd::client::Config;
+use super::etcd::client::{Config, Security};
 use super::etcd::locks::Cmd;
 use super::locks::*;
 use super::{etcd, watch};
@@ -18,7 +18,7 @@ use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-fn read_config() -> Config {
+fn read_config(dir: &str) -> Config {
     Config {
         endpoints: gucs::etcd_endpoints()
             .split(',')
@@ -26,8 +26,91 @@ fn read_config() -> Config {
             .filter(|s| !s.is_empty())
             .collect(),
         ttl: gucs::lease_ttl() as i64,
-        state_dir: String::new(),
+        state_dir: dir.to_string(),
+        security: read_security(dir),
     }
+}
+
+/// The TLS and authentication settings, with their files read (paths relative to the data
+/// directory `dir`). What cannot be used is kept as the reason every connection fails with.
+fn read_security(dir: &str) -> Security {
+    let [ca, cert, key, server_name, user, password_file] = gucs::etcd_security();
+    let read = |setting: &str, path: &str| -> Result<Option<Vec<u8>>, String> {
+        if path.is_empty() {
+            return Ok(None);
+        }
+        let full = std::path::Path::new(dir).join(path);
+        std::fs::read(&full)
+            .map(Some)
+            .map_err(|e| format!("cannot read {setting} \"{}\": {e}", full.display()))
+    };
+    let mut sec = Security {
+        server_name: (!server_name.is_empty()).then_some(server_name),
+        ..Security::default()
+    };
+    let files = (|| -> Result<(), String> {
+        sec.ca_pem = read("pg_fencing.etcd_ca_file", &ca)?;
+        match (
+            read("pg_fencing.etcd_cert_file", &cert)?,
+            read("pg_fencing.etcd_key_file", &key)?,
+        ) {
+            (Some(c), Some(k)) => sec.client_pem = Some((c, k)),
+            (None, None) => {}
+            _ => {
+                return Err(
+                    "pg_fencing.etcd_cert_file and pg_fencing.etcd_key_file must be set together"
+                        .into(),
+                )
+            }
+        }
+        if sec.client_pem.is_some() && sec.ca_pem.is_none() {
+            return Err("pg_fencing.etcd_cert_file needs pg_fencing.etcd_ca_file (the client certificate is only sent over TLS)".into());
+        }
+        match (user.is_empty(), password_file.is_empty()) {
+            (true, true) => {}
+            (false, false) => {
+                let full = std::path::Path::new(dir).join(&password_file);
+                check_private(&full)?;
+                let text =
+                    read("pg_fencing.etcd_password_file", &password_file)?.unwrap_or_default();
+                let password = String::from_utf8_lossy(&text)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
+                sec.user = Some((user.clone(), password));
+            }
+            _ => return Err(
+                "pg_fencing.etcd_username and pg_fencing.etcd_password_file must be set together"
+                    .into(),
+            ),
+        }
+        Ok(())
+    })();
+    if let Err(why) = files {
+        sec.problem = Some(why);
+    }
+    sec
+}
+
+/// A password file must be readable by the server's user alone (like libpq's `.pgpass`): one
+/// that group or others may read is refused, with why.
+fn check_private(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        format!(
+            "cannot read pg_fencing.etcd_password_file \"{}\": {e}",
+            path.display()
+        )
+    })?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "pg_fencing.etcd_password_file \"{}\" has mode {mode:04o}: it must not be accessible to group or others (chmod 0600)",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Entry point of the background worker.
@@ -37,7 +120,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let sh = SHARED.get();
     // A previous incarnation of the worker died: its leases are no longer kept alive.
-    for s in sh.slots.iter() {
+    for s in sh.slots().iter() {
         let why = "the pg_fencing worker restarted";
         let _ = s.transition_saying(HELD, LOST, why);
         let _ = s.fail_from(&[ACQUIRING, REQUESTED], ERR_UNREACHABLE, why);
@@ -60,6 +143,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         }
     }
     let mut logged_regression = false;
+    let mut last_problem = String::new();
     sh.worker_pid
         .store(crate::pg::process::my_pid(), Ordering::Relaxed);
     sh.worker_latch
@@ -70,8 +154,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     );
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Cmd>();
-    let mut cfg = read_config();
-    cfg.state_dir = dir.clone();
+    let cfg = read_config(&dir);
     // The etcd thread must never run PostgreSQL's signal handlers: they belong to this thread. A
     // thread starts with its creator's signal mask, so block everything here before spawning
     // (blocking inside the new thread would leave a window) and restore this thread's mask
@@ -95,14 +178,23 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         )));
     }
 
-    let mut dispatched: [u64; SLOTS] = [0; SLOTS];
-    let mut acquiring: [u64; SLOTS] = [u64::MAX; SLOTS];
+    let mut dispatched: Vec<u64> = vec![0; sh.slot_count()];
+    let mut acquiring: Vec<u64> = vec![u64::MAX; sh.slot_count()];
     while BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
         if BackgroundWorker::sighup_received() {
             crate::pg::process::reload_config();
-            let mut c = read_config();
-            c.state_dir = dir.clone();
-            let _ = tx.send(Cmd::Config(c));
+            let _ = tx.send(Cmd::Config(read_config(&dir)));
+        }
+        // Problems of the connection to etcd, logged once per change (the etcd thread cannot
+        // log: it never calls PostgreSQL).
+        let problem = sh.etcd_problem.get();
+        if problem != last_problem {
+            if problem.is_empty() {
+                log!("pg_fencing: the worker reaches etcd again");
+            } else {
+                pgrx::warning!("pg_fencing: worker: {problem}");
+            }
+            last_problem = problem;
         }
         match sh.regression() {
             Some(why) if !logged_regression => {
@@ -114,7 +206,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
         }
         // The state file is saved by the etcd thread, off this loop: a save is two fsyncs, and
         // this loop forwards the requests (see "Revision regression" in locks.rs).
-        for (i, s) in sh.slots.iter().enumerate() {
+        for (i, s) in sh.slots().iter().enumerate() {
             // The generation is read after the state, never before: a slot freed and taken
             // again between the two reads would otherwise be sent to the etcd thread with its
             // previous request's generation, and that request's clean-up would never come (the
@@ -151,7 +243,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     // tokens fail at once (FT003): nobody keeps their leases alive from now on. Then revoke the
     // leases if etcd answers quickly, never waiting long.
     sh.worker_latch.store(0, Ordering::Release);
-    for s in sh.slots.iter() {
+    for s in sh.slots().iter() {
         let why = "the pg_fencing worker stopped";
         let _ = s.transition_saying(HELD, LOST, why);
         let _ = s.fail_from(&[ACQUIRING, REQUESTED], ERR_UNREACHABLE, why);

@@ -19,5 +19,6 @@ pub mod plan;
 pub mod process;
 pub mod report;
 pub mod session;
+pub mod shmem;
 pub mod spi;
 pub mod trigger_event;

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # The background worker against real etcd 3.4 (see worker_test.py for the scenarios): throwaway
 # clusters on 127.0.0.1:${PGPORT_WORKER:-54369}-54371 and etcd on ${ETCD_WORKER_PORT:-23900}
-# and that + 100 (a three-member cluster). Needs the release package or `cargo pgrx install`.
+# and that + 100 (a three-member cluster); then bench/many_locks.py --quick on
+# 127.0.0.1:${PGPORT_MANYLOCKS:-54390}, etcd ${ETCD_MANYLOCKS_PORT:-24300} and 24301. Needs the
+# release package or `cargo pgrx install`.
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 need_python
-PGBIN="$PGBIN" exec "$PY" tests/worker/worker_test.py "$@"
+PGBIN="$PGBIN" "$PY" tests/worker/worker_test.py "$@"
+# Many locks at once (200 locks of 20 sessions, 1,000 cycles; bench/many_locks.py checks what it
+# measures): not when only some scenarios were asked for (--only).
+if [[ " $* " != *" --only "* ]]; then
+    PGBIN="$PGBIN" "$PY" bench/many_locks.py --quick \
+        --pg-port "${PGPORT_MANYLOCKS:-54390}" --etcd-port "${ETCD_MANYLOCKS_PORT:-24300}"
+fi

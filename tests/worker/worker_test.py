@@ -7,6 +7,8 @@ Scenarios (issue "Background worker", docs/design.md, "Worker"):
   requests       a free lock costs a lease grant and one transaction (no Lock request, no lease
                  read), its token the creation revision of its key; a held one is queued with
                  etcd's Lock service and its lease read after the wait (etcd's request counters)
+  session_lease  the locks of a session share one lease: a deleted key loses its lock alone, the
+                 revoked lease all of them (not another session's); a lease unused for a TTL goes
   state_file     the etcd state file has a higher revision within a second, and at a stop
   interop        a PostgreSQL session holds `orders`; `etcdctl lock orders` waits until release and
                  then gets a higher token; and the reverse
@@ -1159,6 +1161,16 @@ def scenario_requests(etcd, pg):
     cur = c.cursor()
     cur.execute("SELECT fencing_acquire('requests')")   # warm: the worker is connected
     cur.execute("SELECT fencing_release('requests')")
+    c.close()
+    # A TTL of 30 s: no keepalive round (every TTL/3, with its lease read) during the count.
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("ALTER SYSTEM SET pg_fencing.lease_ttl = 30")
+    cur.execute("SELECT pg_reload_conf()")
+    # The leases of earlier sessions (renewed, with a lease read, every TTL/3 until they have
+    # been unused for a TTL) gone first.
+    ok(wait_for(lambda: not etcd_leases(etcd) or None, 3 * TTL + 5) is not None,
+       f"no lease left from earlier sessions ({etcd_leases(etcd)})")
     n = 5
     before = etcd_requests(etcd)
     tokens = []
@@ -1171,9 +1183,11 @@ def scenario_requests(etcd, pg):
            f"a free lock: the token is the creation revision of the only key of the lock ({tokens[-1]}, {created})")
         cur.execute("SELECT fencing_release('requests')")
     after = etcd_requests(etcd)
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("LeaseGrant", "Txn", "Lock", "LeaseTimeToLive", "LeaseRevoke")}
-    ok(delta == {"LeaseGrant": n, "Txn": n, "Lock": 0, "LeaseTimeToLive": 0, "LeaseRevoke": n},
-       f"{n} free locks: a lease grant and one transaction each, no Lock request, no lease read; one revoke to release ({delta})")
+    delta = {k: after.get(k, 0) - before.get(k, 0)
+             for k in ("LeaseGrant", "Txn", "Lock", "LeaseTimeToLive", "DeleteRange", "LeaseRevoke")}
+    ok(delta == {"LeaseGrant": 1, "Txn": n, "Lock": 0, "LeaseTimeToLive": 0, "DeleteRange": n, "LeaseRevoke": 0},
+       f"{n} free locks of one session: one lease grant (the session's), one transaction each, no Lock "
+       f"request, no lease read; one key deletion to release, the lease kept for the session ({delta})")
     ok(tokens == sorted(set(tokens)), f"their tokens grow ({tokens})")
 
     # Held by etcdctl: the request queues (Lock) and the lease is read after the wait.
@@ -1193,7 +1207,67 @@ def scenario_requests(etcd, pg):
     ok(len(keys) == 1 and keys[0].endswith(format(int(lock_lease(cur, "requests")), "x")),
        f"and the only key of the lock is ours, the one the transaction created ({keys})")
     cur.execute("SELECT fencing_release('requests')")
+    cur.execute("ALTER SYSTEM RESET pg_fencing.lease_ttl")
+    cur.execute("SELECT pg_reload_conf()")
     c.close()
+
+
+def etcd_leases(etcd):
+    # "found N leases", then one id (hex) per line.
+    lines = etcd.ctl("lease", "list").stdout.splitlines()[1:]
+    return {int(x.strip(), 16) for x in lines if x.strip()}
+
+
+def scenario_session_lease(etcd, pg):
+    print("== one lease per session: its locks share it, each is still lost on its own, the lease goes when unused")
+    c = pg.connect()
+    cur = c.cursor()
+    names = ["sl-a", "sl-b", "sl-c"]
+    for n in names:
+        cur.execute("SELECT fencing_acquire(%s)", (n,))
+    cur.execute("SELECT lock, lease_id, state FROM fencing_locks WHERE lock LIKE 'sl-%%' ORDER BY lock")
+    rows = cur.fetchall()
+    leases = {r[1] for r in rows}
+    ok(len(rows) == 3 and len(leases) == 1 and all(r[2] == "held" for r in rows),
+       f"three locks of one session share one lease ({rows})")
+    lease = int(next(iter(leases)))
+    ok(lease in etcd_leases(etcd), f"the lease exists in etcd ({lease:x})")
+    # Another session gets its own lease.
+    c2 = pg.connect()
+    cur2 = c2.cursor()
+    cur2.execute("SELECT fencing_acquire('sl-other')")
+    other = int(lock_lease(cur2, "sl-other"))
+    ok(other != lease, f"another session has a lease of its own ({other:x} vs {lease:x})")
+    # One lock's key deleted: that lock alone is lost.
+    etcd.ctl("del", f"sl-b/{lease:x}")
+    wait_for(lambda: (lock_state(cur, "sl-b") or ("",))[0] == "lost" or None, 5)
+    states = {n: (lock_state(cur, n) or ("none",))[0] for n in names}
+    ok(states == {"sl-a": "held", "sl-b": "lost", "sl-c": "held"},
+       f"a deleted key loses its lock only ({states})")
+    # The session's lease revoked: every lock under it is lost, the other session's is not.
+    etcd.ctl("lease", "revoke", format(lease, "x"))
+    wait_for(lambda: all((lock_state(cur, n) or ("",))[0] == "lost" for n in names) or None, 5)
+    states = {n: (lock_state(cur, n) or ("none",))[0] for n in names}
+    ok(all(v == "lost" for v in states.values()) and lock_state(cur2, "sl-other")[0] == "held",
+       f"the revoked lease loses all the session's locks, not another session's ({states})")
+    tok = lock_state(cur, "sl-a")[1]
+    protected_table(cur, "sl_t", "sl-res")
+    ok(sqlstate(cur, f"BEGIN; SET LOCAL pg_fencing.token = '{tok}'; UPDATE sl_t SET v = 1; COMMIT") == "FT003",
+       "a write with a lost lock's token: FT003")
+    cur.execute("ROLLBACK")
+    for n in names:
+        cur.execute("SELECT fencing_release(%s)", (n,))
+    # A new acquisition of the session takes a new lease.
+    cur.execute("SELECT fencing_acquire('sl-a')")
+    fresh = int(lock_lease(cur, "sl-a"))
+    ok(fresh != lease and lock_state(cur, "sl-a")[0] == "held", f"after the loss, a new lease ({fresh:x})")
+    cur.execute("SELECT fencing_release('sl-a')")
+    cur2.execute("SELECT fencing_release('sl-other')")
+    # Unused for one TTL: revoked (within TTL + TTL/3 + a bit).
+    gone = wait_for(lambda: (fresh not in etcd_leases(etcd) and other not in etcd_leases(etcd)) or None, TTL * 2 + 3)
+    ok(gone is not None, f"the leases of sessions without locks are revoked after a TTL ({etcd_leases(etcd)})")
+    c.close()
+    c2.close()
 
 
 def lock_lease(cur, name):
@@ -1374,6 +1448,7 @@ def main():
         else:
             scenarios_single(etcd, pg)
             scenario_requests(etcd, pg)
+            scenario_session_lease(etcd, pg)
             scenario_state_file(etcd, pg)
             scenario_watch(etcd, pg)
             scenario_worker_threads(pg)

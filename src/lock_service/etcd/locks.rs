@@ -4,7 +4,7 @@
 //! PostgreSQL, and only reads and writes the slots' atomics.
 #![forbid(unsafe_code)]
 
-use super::client::{connect, Config};
+use super::client::{connect, describe, Config};
 use crate::lock_service::locks::*;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -22,6 +22,33 @@ use etcd_client::{
     SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
+
+/// The lease a session's locks share (like Go's `concurrency.Session`): granted by the
+/// session's first `fencing_acquire`, kept alive by one task (`keep_session_alive`), revoked
+/// when the session has held no lock for one TTL (or at shutdown). Keyed by the backend's pid.
+type Sessions = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<i32, Arc<Session>>>>;
+
+struct Session {
+    pid: i32,
+    /// The current lease (`None`: none yet, or given up); held while a slot is attached to it,
+    /// so that the keepalive task never revokes a lease a new lock is being put under.
+    lease: tokio::sync::Mutex<Option<Lease>>,
+    /// Removed from `Sessions`: a new acquisition takes the map's entry instead.
+    retired: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Clone)]
+struct Lease {
+    id: i64,
+    ttl: i64,
+    client: Client,
+    /// CLOCK_MONOTONIC ms before which etcd cannot have expired the lease (last confirmation's
+    /// send time plus the remaining TTL etcd reported then).
+    valid_until: Arc<AtomicI64>,
+}
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
 
 /// The client each held lock was taken with: a release must reach the etcd cluster that
 /// holds the key, even after `pg_fencing.etcd_endpoints` changed.
@@ -45,6 +72,7 @@ impl Drop for Serving {
 
 pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'static Shared) {
     let owners: Owners = Default::default();
+    let sessions: Sessions = Default::default();
     let in_flight: InFlight = Default::default();
     let watch_cfg = std::sync::Arc::new(std::sync::Mutex::new(cfg.clone()));
     tokio::spawn(super::watch::supervise(watch_cfg.clone()));
@@ -55,8 +83,9 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
     while let Some(cmd) = rx.recv().await {
         match cmd {
             Cmd::Config(c) => {
-                if c.endpoints != cfg.endpoints {
+                if !c.same_connection(&cfg) {
                     client = None;
+                    next_try = tokio::time::Instant::now();
                 }
                 if let Ok(mut w) = watch_cfg.lock() {
                     *w = c.clone();
@@ -64,7 +93,7 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                 cfg = c;
             }
             Cmd::Acquire(i, generation) => {
-                let slot = &sh.slots[i];
+                let slot = &sh.slots()[i];
                 if client.is_none() {
                     if tokio::time::Instant::now() < next_try {
                         // Back off between reconnection attempts, but never fail a request
@@ -76,17 +105,17 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                             client = Some(c);
                             backoff = Duration::from_millis(100);
                             sh.etcd.store(1, Ordering::Relaxed);
+                            report_problem("locks", None);
                         }
                         Err(e) => {
                             sh.etcd.store(2, Ordering::Relaxed);
                             next_try = tokio::time::Instant::now() + backoff;
                             backoff = (backoff * 2).min(Duration::from_secs(5));
+                            let why =
+                                format!("etcd is unreachable at {}: {e}", cfg.endpoints.join(","));
+                            report_problem("locks", Some(why.clone()));
                             // No task will serve it: a request cancelled meanwhile is freed here.
-                            fail_or_free(
-                                slot,
-                                ERR_UNREACHABLE,
-                                &format!("etcd is unreachable at {}: {e}", cfg.endpoints.join(",")),
-                            );
+                            fail_or_free(slot, ERR_UNREACHABLE, &why);
                             continue;
                         }
                     }
@@ -104,24 +133,26 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                 }
                 let serving = Serving(in_flight.clone(), (i, generation));
                 let owners = owners.clone();
+                let sessions = sessions.clone();
                 tokio::spawn(async move {
                     let _serving = serving;
-                    acquire(c, sh, i, generation, ttl, owners).await
+                    acquire(c, sh, i, generation, ttl, owners, sessions).await
                 });
             }
             Cmd::Release(i, generation) => {
                 let own = owners.lock().map(|mut o| o.remove(&i)).ok().flatten();
                 if let Some(c) = own.or_else(|| client.clone()) {
-                    tokio::spawn(release(c, &sh.slots[i], generation));
+                    tokio::spawn(release(c, sh, i, generation, sessions.clone()));
                 } else {
-                    // Without a connection the lease cannot be revoked; it expires by itself.
-                    let _ = sh.slots[i].transition(RELEASING, FREE);
+                    // Without a connection the key cannot be deleted; it goes with the
+                    // session's lease, which nobody keeps alive without a connection.
+                    let _ = sh.slots()[i].transition(RELEASING, FREE);
                 }
             }
             Cmd::Cancel(i, generation) => {
                 // The acquire task sees CANCELLED and cleans up; if none serves the request
                 // (it ended without freeing the slot), free the slot here.
-                let slot = &sh.slots[i];
+                let slot = &sh.slots()[i];
                 let served = in_flight
                     .lock()
                     .map(|f| f.contains(&(i, generation)))
@@ -131,24 +162,19 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                 }
             }
             Cmd::Shutdown(done) => {
-                let held: Vec<(Client, i64)> = {
-                    let o = owners.lock().map(|o| o.clone()).unwrap_or_default();
-                    sh.slots
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, s)| {
-                            matches!(
-                                s.state.load(Ordering::Acquire),
-                                HELD | LOST | RELEASING | RELEASE_REQUESTED
-                            )
-                        })
-                        .filter_map(|(i, s)| {
-                            let lease = s.lease.load(Ordering::Relaxed);
-                            let c = o.get(&i).cloned().or_else(|| client.clone())?;
-                            (lease != 0).then_some((c, lease))
-                        })
-                        .collect()
-                };
+                // Every session's lease (deleting the keys of its locks).
+                let all: Vec<Arc<Session>> = sessions
+                    .lock()
+                    .map(|m| m.values().cloned().collect())
+                    .unwrap_or_default();
+                let mut held: Vec<(Client, i64)> = Vec::new();
+                for session in all {
+                    if let Ok(l) = session.lease.try_lock() {
+                        if let Some(l) = l.as_ref() {
+                            held.push((l.client.clone(), l.id));
+                        }
+                    }
+                }
                 let _ = tokio::time::timeout(Duration::from_millis(500), async {
                     for (mut c, l) in held {
                         let _ = c.lease_revoke(l).await;
@@ -207,6 +233,21 @@ async fn step<T>(
     slot: &Slot,
     generation: u64,
 ) -> Option<T> {
+    match step_result(request, slot, generation).await? {
+        Ok(answer) => Some(answer),
+        Err(e) => {
+            slot.fail(ERR_OTHER, &format!("etcd lock failed: {}", describe(&e)));
+            None
+        }
+    }
+}
+
+/// `step`, leaving an error to the caller.
+async fn step_result<T>(
+    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    slot: &Slot,
+    generation: u64,
+) -> Option<Result<T, etcd_client::Error>> {
     let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
     let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
     let cancelled = async {
@@ -219,11 +260,7 @@ async fn step<T>(
     };
     tokio::select! {
         r = tokio::time::timeout(remaining, request) => match r {
-            Ok(Ok(answer)) => Some(answer),
-            Ok(Err(e)) => {
-                slot.fail(ERR_OTHER, &format!("etcd lock failed: {e}"));
-                None
-            }
+            Ok(answer) => Some(answer),
             Err(_) => {
                 slot.fail(ERR_TIMEOUT, "timed out");
                 None
@@ -278,6 +315,94 @@ async fn save_state_periodically(sh: &'static Shared, state_dir: String) {
     }
 }
 
+/// The session's lease for a new lock in `slot` (granted if the session has none that is
+/// confirmed alive), attached to the slot (`lease`, `ttl`, `valid_until_ms`) before the session's
+/// lease lock is let go, so that the keepalive task counts the slot as a user. `None`: the slot
+/// failed (or was freed) with the reason.
+async fn session_lease(
+    c: &mut Client,
+    sh: &'static Shared,
+    slot: &'static Slot,
+    ttl: i64,
+    sessions: &Sessions,
+) -> Option<(Arc<Session>, Lease)> {
+    let pid = slot.owner_pid.load(Ordering::Relaxed);
+    loop {
+        let session = sessions
+            .lock()
+            .ok()?
+            .entry(pid)
+            .or_insert_with(|| {
+                Arc::new(Session {
+                    pid,
+                    lease: tokio::sync::Mutex::new(None),
+                    retired: std::sync::atomic::AtomicBool::new(false),
+                })
+            })
+            .clone();
+        let mut current = session.lease.lock().await;
+        if session.retired.load(Ordering::Acquire) {
+            continue; // removed from the map meanwhile: take the entry that replaced it
+        }
+        let usable = current
+            .as_ref()
+            .filter(|l| now_ms() < l.valid_until.load(Ordering::Acquire))
+            .cloned();
+        let lease = match usable {
+            Some(l) => l,
+            None => {
+                let sent = now_ms();
+                let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
+                let granted =
+                    match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None))
+                        .await
+                    {
+                        Ok(Ok(r)) => r,
+                        Ok(Err(e)) => {
+                            fail_or_free(
+                                slot,
+                                ERR_UNREACHABLE,
+                                &format!("lease grant failed: {}", describe(&e)),
+                            );
+                            return None;
+                        }
+                        Err(_) => {
+                            fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out");
+                            return None;
+                        }
+                    };
+                if let Err(why) = observe(sh, granted.header(), floor) {
+                    fail_or_free(slot, ERR_OTHER, &why);
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(granted.id()))
+                            .await;
+                    return None;
+                }
+                let l = Lease {
+                    id: granted.id(),
+                    ttl: granted.ttl(),
+                    client: c.clone(),
+                    valid_until: Arc::new(AtomicI64::new(sent + granted.ttl() * 1000)),
+                };
+                *current = Some(l.clone());
+                tokio::spawn(keep_session_alive(
+                    sh,
+                    session.clone(),
+                    l.clone(),
+                    sessions.clone(),
+                ));
+                l
+            }
+        };
+        slot.lease.store(lease.id, Ordering::Relaxed);
+        slot.ttl.store(lease.ttl, Ordering::Relaxed);
+        slot.valid_until_ms
+            .store(lease.valid_until.load(Ordering::Acquire), Ordering::Relaxed);
+        drop(current);
+        return Some((session, lease));
+    }
+}
+
 async fn acquire(
     mut c: Client,
     sh: &'static Shared,
@@ -285,55 +410,45 @@ async fn acquire(
     generation: u64,
     ttl: i64,
     owners: Owners,
+    sessions: Sessions,
 ) {
-    let slot = &sh.slots[index];
+    let slot = &sh.slots()[index];
     let name = slot.key();
-    let sent = now_ms();
-    let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
-    let lease = match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            return fail_or_free(slot, ERR_UNREACHABLE, &format!("lease grant failed: {e}"))
-        }
-        Err(_) => return fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out"),
-    };
-    let lease_id = lease.id();
-    if let Err(why) = observe(sh, lease.header(), floor) {
-        slot.fail(ERR_OTHER, &why);
-        return give_up(c, slot, generation, lease_id).await;
-    }
-    slot.lease.store(lease_id, Ordering::Relaxed);
-    slot.ttl.store(lease.ttl(), Ordering::Relaxed);
-    slot.valid_until_ms
-        .store(sent + lease.ttl() * 1000, Ordering::Relaxed);
-    tokio::spawn(keep_alive(
-        c.clone(),
-        slot,
-        generation,
-        lease_id,
-        lease.ttl(),
-    ));
-
     // First, in one request, what etcd's Lock service (`concurrency.Mutex.Lock` of etcd 3.4)
     // does first: put our key `<name>/<lease id in hex>` under the lease unless it exists, and
     // read the lock's owner (the key under `<name>/` created first) in the same transaction.
     // If the owner is our key, the lock is ours and the token is the transaction's revision (our
     // key's creation): the answer etcd's Lock service gives without waiting, one request less
     // than asking it (it needs this transaction too) and no lease read (below).
-    let my_key = format!("{name}/{lease_id:x}");
-    let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
-    let Some(first) = step(c.txn(enqueue(&name, &my_key, lease_id)), slot, generation).await else {
-        return give_up(c, slot, generation, lease_id).await;
+    let mut attempts = 0;
+    let (session, lease_id, my_key, first, floor) = loop {
+        let Some((session, lease)) = session_lease(&mut c, sh, slot, ttl, &sessions).await else {
+            return;
+        };
+        let my_key = format!("{name}/{:x}", lease.id);
+        let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
+        let txn = c.txn(enqueue(&name, &my_key, lease.id));
+        match step_result(txn, slot, generation).await {
+            None => return give_up(c, slot, generation, &session, lease.id, &my_key).await,
+            Some(Ok(r)) => break (session, lease.id, my_key, r, floor),
+            // The session's lease ended before its keepalive noticed (revoked from outside,
+            // say): give it up and try once more with a new one.
+            Some(Err(e)) if attempts == 0 && describe(&e).contains("requested lease not found") => {
+                attempts += 1;
+                retire_lease(&session, lease.id, "etcd no longer has it").await;
+            }
+            Some(Err(e)) => {
+                slot.fail(ERR_OTHER, &format!("etcd lock failed: {}", describe(&e)));
+                return give_up(c, slot, generation, &session, lease.id, &my_key).await;
+            }
+        }
     };
     if let Err(why) = observe(sh, first.header(), floor) {
         slot.fail(ERR_OTHER, &why);
-        // Our key may own the lock: delete it, should the revoke in give_up not get through.
-        let _ =
-            tokio::time::timeout(Duration::from_secs(2), c.delete(my_key.as_bytes(), None)).await;
-        return give_up(c, slot, generation, lease_id).await;
+        return give_up(c, slot, generation, &session, lease_id, &my_key).await;
     }
     let (token, key, waited) = if let Some(token) = owned_at_once(&first) {
-        (token, my_key.into_bytes(), false)
+        (token, my_key.clone().into_bytes(), false)
     } else {
         // Somebody holds the lock: queue behind them with etcd's Lock service, which finds our
         // key (the same name) and waits for every key of the lock created before it.
@@ -343,12 +458,11 @@ async fn acquire(
             Some(LockOptions::new().with_lease(lease_id)),
         );
         let Some(resp) = step(lock, slot, generation).await else {
-            return give_up(c, slot, generation, lease_id).await;
+            return give_up(c, slot, generation, &session, lease_id, &my_key).await;
         };
         if let Err(why) = observe(sh, resp.header(), floor) {
             slot.fail(ERR_OTHER, &why);
-            let _ = c.unlock(resp.key().to_vec()).await;
-            return give_up(c, slot, generation, lease_id).await;
+            return give_up(c, slot, generation, &session, lease_id, &my_key).await;
         }
         match resp.header().map(|h| h.revision()) {
             Some(rev) if rev > 0 => (rev, resp.key().to_vec(), true),
@@ -357,19 +471,19 @@ async fn acquire(
                     ERR_OTHER,
                     "etcd granted the lock without a revision in its response header",
                 );
-                let _ = c.unlock(resp.key().to_vec()).await;
-                return give_up(c, slot, generation, lease_id).await;
+                return give_up(c, slot, generation, &session, lease_id, &my_key).await;
             }
         }
     };
     // etcd 3.4 can grant the lock to a waiter whose lease expired or was revoked while it
     // waited (its key deleted before the revision it gets as token, so the watch below cannot
     // see it): after a wait, check that the lease is alive. Without a wait there is nothing to
-    // check: our key was created at the token's revision under the lease, which cannot have
-    // expired yet if etcd answered within half its TTL of the grant request (etcd counts the TTL
-    // from the grant on); a deletion after that revision is seen by the watch (mark_lost).
-    let young = now_ms() < sent + lease.ttl() * 500;
-    let alive = (!waited && young)
+    // check: our key was created at the token's revision under the lease (etcd refuses a put
+    // under a lease it no longer has), and the lease was confirmed alive until `valid_until`,
+    // so it had not expired then; a deletion after that revision is seen by the watch
+    // (mark_lost), and the lease's validity is kept by the session's keepalive.
+    let confirmed = now_ms() < slot.valid_until_ms.load(Ordering::Relaxed);
+    let alive = (!waited && confirmed)
         || match tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(lease_id, None))
             .await
         {
@@ -379,9 +493,9 @@ async fn acquire(
     if !alive {
         slot.fail(
             ERR_LEASE,
-            "etcd reports the request's lease expired or revoked when it granted the lock",
+            "etcd reports the session's lease expired or revoked when it granted the lock",
         );
-        return give_up(c, slot, generation, lease_id).await;
+        return give_up(c, slot, generation, &session, lease_id, &my_key).await;
     }
     slot.set_key(&key);
     slot.token.store(token, Ordering::Relaxed);
@@ -393,8 +507,7 @@ async fn acquire(
         if let Ok(mut o) = owners.lock() {
             o.remove(&index);
         }
-        let _ = c.unlock(key).await;
-        give_up(c, slot, generation, lease_id).await;
+        give_up(c, slot, generation, &session, lease_id, &my_key).await;
         return;
     }
     // Watch our key from the grant on: its deletion (lease revoked or expired, key deleted by
@@ -431,7 +544,7 @@ async fn watch_key(mut stream: etcd_client::WatchStream, slot: &'static Slot, ge
                     mark_lost(
                         slot,
                         generation,
-                        "its etcd key was deleted (lease revoked or expired)",
+                        "its etcd key was deleted (lease revoked or expired, or the key deleted)",
                     );
                     return;
                 }
@@ -449,26 +562,67 @@ fn fail_or_free(slot: &Slot, code: u32, msg: &str) {
     let _ = slot.transition(CANCELLED, FREE);
 }
 
-/// Revoke the lease (deleting any key under it) and free a cancelled slot.
-async fn give_up(mut c: Client, slot: &Slot, generation: u64, lease: i64) {
-    let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
+/// Delete our key `my_key` (a cancelled or failed acquisition may have created it; etcd's Lock
+/// service deletes it too when its request is cancelled) and free a cancelled slot. If the key
+/// cannot be deleted, the session's lease is given up, so that the key goes with it.
+async fn give_up(
+    mut c: Client,
+    slot: &Slot,
+    generation: u64,
+    session: &Arc<Session>,
+    lease: i64,
+    my_key: &str,
+) {
+    let deleted = matches!(
+        tokio::time::timeout(Duration::from_secs(2), c.delete(my_key.as_bytes(), None)).await,
+        Ok(Ok(_))
+    );
+    if !deleted {
+        retire_lease(
+            session,
+            lease,
+            &format!("the key {my_key} of a failed acquisition could not be deleted"),
+        )
+        .await;
+    }
     if current(slot, generation) {
         let _ = slot.transition(CANCELLED, FREE);
     }
 }
 
-async fn release(mut c: Client, slot: &'static Slot, generation: u64) {
+async fn release(
+    mut c: Client,
+    sh: &'static Shared,
+    index: usize,
+    generation: u64,
+    sessions: Sessions,
+) {
+    let slot = &sh.slots()[index];
     let key = slot.key();
     let lease = slot.lease.load(Ordering::Relaxed);
-    // Revoking the lease deletes our key with it (one request); without a lease, delete the
-    // key itself. Our key carries our lease id, so this never deletes another holder's key.
-    let revoked = lease != 0
-        && matches!(
-            tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await,
-            Ok(Ok(_))
-        );
-    if !revoked {
-        let _ = tokio::time::timeout(Duration::from_secs(2), c.unlock(key.as_bytes())).await;
+    let pid = slot.owner_pid.load(Ordering::Relaxed);
+    // Delete our key (the session's lease stays for its other locks). Our key carries our
+    // lease id, so this never deletes another holder's key.
+    let deleted = matches!(
+        tokio::time::timeout(Duration::from_secs(2), c.delete(key.as_bytes(), None)).await,
+        Ok(Ok(_))
+    );
+    if !deleted {
+        // The key would hold the lock as long as the session's lease lives: give the lease up.
+        let session = sessions.lock().ok().and_then(|m| m.get(&pid).cloned());
+        match session {
+            Some(s) => {
+                retire_lease(
+                    &s,
+                    lease,
+                    &format!("the key {key} of a released lock could not be deleted"),
+                )
+                .await
+            }
+            None => {
+                let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
+            }
+        }
     }
     if current(slot, generation) {
         slot.token.store(0, Ordering::Relaxed);
@@ -482,77 +636,180 @@ fn mark_lost(slot: &Slot, generation: u64, why: &str) {
     }
 }
 
-/// Keep one lease alive every TTL/3 until its slot moves on; mark the lock lost when etcd
-/// says the lease is gone or when it could not be confirmed within its TTL.
-async fn keep_alive(mut c: Client, slot: &'static Slot, generation: u64, lease: i64, ttl: i64) {
-    let period = Duration::from_millis((ttl.max(1) * 1000 / 3) as u64);
+/// The slots whose lock is under `lease` of the session `pid` (acquiring or held).
+fn users(sh: &'static Shared, pid: i32, lease: i64) -> impl Iterator<Item = &'static Slot> {
+    sh.slots().iter().filter(move |s| {
+        s.lease.load(Ordering::Relaxed) == lease
+            && s.owner_pid.load(Ordering::Relaxed) == pid
+            && !matches!(s.state.load(Ordering::Acquire), FREE | RESERVED | REQUESTED)
+    })
+}
+
+/// The lease is gone or given up: every lock under it is lost (a held one LOST with `why`, one
+/// being acquired no longer counts as confirmed, so its acquisition reads the lease).
+fn lose_all(sh: &'static Shared, pid: i32, lease: i64, why: &str) {
+    for s in users(sh, pid, lease) {
+        s.valid_until_ms.store(0, Ordering::Relaxed);
+        let _ = s.transition_saying(HELD, LOST, why);
+    }
+}
+
+/// Stop using `lease` for the session: no new lock is put under it, its keepalive stops (it
+/// expires within its TTL unless the revoke gets through first), and its locks are lost.
+async fn retire_lease(session: &Arc<Session>, lease: i64, why: &str) {
+    let client = {
+        let mut current = session.lease.lock().await;
+        match current.as_ref() {
+            Some(l) if l.id == lease => current.take().map(|l| l.client),
+            _ => None,
+        }
+    };
+    if let Some(sh) = shared_if_enabled() {
+        lose_all(
+            sh,
+            session.pid,
+            lease,
+            &format!("the session's lease was given up: {why}"),
+        );
+    }
+    if let Some(mut c) = client {
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
+    }
+}
+
+fn shared_if_enabled() -> Option<&'static Shared> {
+    shared().ok()
+}
+
+/// Keep a session's lease alive every TTL/3 while some lock of the session uses it; revoke it
+/// once none has for one TTL. Each round sends a keepalive on the lease's stream and then reads
+/// the lease's remaining TTL: its send time plus that TTL is when etcd can expire the lease at
+/// the earliest (`valid_until` of the lease and of its locks). The read, not the keepalive's
+/// answer, confirms the lease: through etcd's gRPC proxy a keepalive is answered by the
+/// proxy's own renewals, at its own pace, so an answer cannot be matched with a request. The
+/// locks are lost when etcd says the lease is gone, or when it could not be confirmed in time.
+async fn keep_session_alive(
+    sh: &'static Shared,
+    session: Arc<Session>,
+    lease: Lease,
+    sessions: Sessions,
+) {
+    let pid = session.pid;
+    let id = lease.id;
+    let mut c = lease.client.clone();
+    let period = Duration::from_millis((lease.ttl.max(1) * 1000 / 3) as u64);
+    let source = format!("lease {id:x}");
     let mut stream = None;
+    let mut idle_since: Option<i64> = None;
+    let stop = |why: Option<&str>| {
+        report_problem(&source, None);
+        if let Some(why) = why {
+            lose_all(sh, pid, id, why);
+        }
+    };
     loop {
         tokio::time::sleep(period).await;
-        if !current(slot, generation) {
-            return;
+        // Still the session's lease?
+        let mine = session
+            .lease
+            .lock()
+            .await
+            .as_ref()
+            .is_some_and(|l| l.id == id);
+        if !mine {
+            return stop(None);
         }
-        match slot.state.load(Ordering::Acquire) {
-            ACQUIRING | HELD => {}
-            _ => return,
+        if users(sh, pid, id).next().is_none() {
+            let since = *idle_since.get_or_insert(now_ms());
+            if now_ms() - since >= lease.ttl * 1000 {
+                let mut current = session.lease.lock().await;
+                if users(sh, pid, id).next().is_none() {
+                    if current.as_ref().is_some_and(|l| l.id == id) {
+                        *current = None;
+                    }
+                    session.retired.store(true, Ordering::Release);
+                    if let Ok(mut m) = sessions.lock() {
+                        if m.get(&pid).is_some_and(|s| Arc::ptr_eq(s, &session)) {
+                            m.remove(&pid);
+                        }
+                    }
+                    drop(current);
+                    let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(id)).await;
+                    return stop(None);
+                }
+            }
+            // Unused for less than a TTL: kept alive all the same, so that the session's next
+            // acquisition finds it confirmed.
+        } else {
+            idle_since = None;
         }
         if stream.is_none() {
-            stream = match tokio::time::timeout(Duration::from_secs(2), c.lease_keep_alive(lease))
-                .await
-            {
-                Ok(Ok(s)) => Some(s),
-                _ => None,
-            };
+            stream =
+                match tokio::time::timeout(Duration::from_secs(2), c.lease_keep_alive(id)).await {
+                    Ok(Ok(s)) => Some(s),
+                    _ => None,
+                };
+        }
+        // The keepalive; its answer is awaited briefly (etcd answers at once, a proxy maybe not).
+        let mut gone = false;
+        if let Some((keeper, responses)) = stream.as_mut() {
+            let answer = tokio::time::timeout(Duration::from_millis(300), async {
+                keeper.keep_alive().await.map_err(|e| describe(&e))?;
+                responses.message().await.map_err(|e| describe(&e))
+            })
+            .await;
+            match answer {
+                Ok(Ok(Some(r))) => gone = r.ttl() <= 0,
+                Ok(Err(_)) | Ok(Ok(None)) => stream = None, // reopened next round
+                Err(_) => {}                                // no answer yet: see the read
+            }
         }
         let sent = now_ms();
-        let answer = match stream.as_mut() {
-            Some((keeper, responses)) => tokio::time::timeout(period, async {
-                keeper.keep_alive().await.ok()?;
-                responses.message().await.ok().flatten()
-            })
-            .await
-            .ok()
-            .flatten(),
-            None => None,
+        let read = if gone {
+            None
+        } else {
+            Some(tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(id, None)).await)
         };
-        match answer {
-            Some(r) if r.ttl() > 0 => {
-                slot.valid_until_ms
-                    .store(sent + r.ttl() * 1000, Ordering::Relaxed);
-            }
-            Some(_) => {
-                mark_lost(
-                    slot,
-                    generation,
-                    "etcd reports the lease expired or was revoked",
-                );
-                return;
-            }
-            None => {
-                stream = None; // reconnect the keepalive stream on the next round
-                               // Is the lease gone (revoked), or is etcd just not answering?
-                if let Ok(Ok(r)) =
-                    tokio::time::timeout(Duration::from_secs(1), c.lease_time_to_live(lease, None))
-                        .await
-                {
-                    if r.ttl() <= 0 {
-                        mark_lost(
-                            slot,
-                            generation,
-                            "etcd reports the lease expired or was revoked",
-                        );
-                        return;
-                    }
+        match read {
+            Some(Ok(Ok(r))) if r.ttl() > 0 => {
+                let until = sent + r.ttl() * 1000;
+                lease.valid_until.store(until, Ordering::Release);
+                for s in users(sh, pid, id) {
+                    s.valid_until_ms.store(until, Ordering::Relaxed);
                 }
-                if now_ms() >= slot.valid_until_ms.load(Ordering::Relaxed) {
-                    mark_lost(
-                        slot,
-                        generation,
-                        "the lease could not be kept alive within its TTL",
-                    );
-                    return;
+                report_problem(&source, None);
+            }
+            None | Some(Ok(Ok(_))) => {
+                retire(&session, id).await;
+                return stop(Some(
+                    "etcd reports the session's lease expired or was revoked",
+                ));
+            }
+            Some(failed) => {
+                let why = match failed {
+                    Ok(Err(e)) => describe(&e),
+                    _ => "no answer within 2 s".to_string(),
+                };
+                report_problem(
+                    &source,
+                    Some(format!("lease keepalives are not confirmed by etcd: {why}")),
+                );
+                if now_ms() >= lease.valid_until.load(Ordering::Acquire) {
+                    retire(&session, id).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), c.lease_revoke(id)).await;
+                    return stop(Some(
+                        "the session's lease could not be kept alive within its TTL",
+                    ));
                 }
             }
         }
+    }
+}
+
+/// Forget `id` as the session's lease (a new acquisition grants another).
+async fn retire(session: &Arc<Session>, id: i64) {
+    let mut current = session.lease.lock().await;
+    if current.as_ref().is_some_and(|l| l.id == id) {
+        *current = None;
     }
 }

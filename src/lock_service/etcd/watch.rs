@@ -3,7 +3,7 @@
 
 use super::client::{connect, Config};
 use crate::lock_service::locks::{
-    etcd_highest_revision, lock_service_problem, now_ms, observe_etcd_answer,
+    etcd_highest_revision, lock_service_problem, now_ms, observe_etcd_answer, report_problem,
 };
 use crate::lock_service::watch::*;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
@@ -17,21 +17,18 @@ use std::time::Duration;
 /// when a hand-over raised a mark.
 pub(crate) async fn supervise(cfg: Arc<Mutex<Config>>) {
     let Some(sh) = shared() else { return };
-    // Per slot: the generation and endpoints its task was started with, and the task.
-    type Running = (u64, Vec<String>, tokio::task::JoinHandle<()>);
+    // Per slot: the generation and settings its task was started with, and the task.
+    type Running = (u64, Config, tokio::task::JoinHandle<()>);
     let mut running: Vec<Option<Running>> = (0..WATCH_SLOTS).map(|_| None).collect();
     loop {
         let current_cfg = cfg.lock().map(|c| c.clone()).ok();
-        let endpoints = current_cfg
-            .as_ref()
-            .map(|c| c.endpoints().to_vec())
-            .unwrap_or_default();
+        let settings = current_cfg.clone().unwrap_or_default();
         for (i, s) in sh.slots.iter().enumerate() {
             let state = s.state.load(Ordering::Acquire);
             let generation = s.generation.load(Ordering::Acquire);
             let same = running[i]
                 .as_ref()
-                .map(|(g, e, _)| *g == generation && *e == endpoints)
+                .map(|(g, c, _)| *g == generation && c.same_connection(&settings))
                 .unwrap_or(false);
             if state == ACTIVE && !same {
                 // A new registration, or new endpoints after a reload: start over.
@@ -42,7 +39,7 @@ pub(crate) async fn supervise(cfg: Arc<Mutex<Config>>) {
                 if let Some(c) = current_cfg.clone() {
                     running[i] = Some((
                         generation,
-                        endpoints.clone(),
+                        settings.clone(),
                         tokio::spawn(watch_slot(s, generation, c)),
                     ));
                 }
@@ -80,10 +77,18 @@ async fn watch_slot(slot: &'static WatchSlot, generation: u64, cfg: Config) {
         if slot.generation.load(Ordering::Acquire) != generation {
             return;
         }
+        let source = format!("watch {}", slot.prefix());
         match watch_once(slot, generation, &cfg).await {
-            Ok(()) => return,
+            Ok(()) => return report_problem(&source, None),
             Err(e) => {
                 // Start over from a fresh read of the lock's keys: nothing is missed.
+                report_problem(
+                    &source,
+                    Some(format!(
+                        "the watch of \"{}\" reconnects: {e}",
+                        slot.prefix()
+                    )),
+                );
                 slot.report(generation, &format!("reconnecting: {e}"));
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -248,11 +253,14 @@ async fn watch_once(slot: &'static WatchSlot, generation: u64, cfg: &Config) -> 
     )
     .await
     .map_err(|_| "starting the watch timed out".to_string())?
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| super::client::describe(&e))?;
     // Everything up to r0 is accounted for: the resource may admit writes.
     slot.confirm(r0, now_ms(), generation);
+    report_problem(&format!("watch {prefix}"), None);
     let _ = stream.request_progress().await;
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    // When the view was last confirmed (by an answer on the stream or by `still_held`).
+    let mut confirmed_at = now_ms();
     slot.report(generation, &status);
     loop {
         if slot.generation.load(Ordering::Acquire) != generation {
@@ -287,12 +295,56 @@ async fn watch_once(slot: &'static WatchSlot, generation: u64, cfg: &Config) -> 
                     // Events are delivered in order and the watch started right after r0:
                     // an answer (events or a progress report) confirms etcd's state up to its
                     // revision, as far as this lock's keys are concerned.
-                    slot.confirm(h.revision(), now_ms(), generation);
+                    confirmed_at = now_ms();
+                    slot.confirm(h.revision(), confirmed_at, generation);
                 }
             }
             _ = tick.tick() => {
                 stream.request_progress().await.map_err(|e| e.to_string())?;
+                // etcd's gRPC proxy answers no progress request: a view that no answer has
+                // confirmed for two ticks is confirmed by a read instead (`still_held`).
+                if now_ms() - confirmed_at >= 400 {
+                    let sent = now_ms();
+                    if let Some(rev) = still_held(&mut c, &prefix, &keys).await? {
+                        confirmed_at = sent;
+                        slot.confirm(rev, sent, generation);
+                    }
+                }
             }
         }
     }
+}
+
+/// A confirmation of the view without the watch stream: a linearizable read of the lock's keys
+/// at the current revision `R`. If the holder at `R` is the key the view has as holder (the same
+/// key, created at the same revision, so it existed and held the lock all along), nobody else
+/// held the lock in between and the view's hand-over mark is right up to `R`: `Some(R)`, sent
+/// at the time the caller took before the call. Otherwise (no holder, another one: the
+/// stream has events still to deliver) `None`, and the view waits for them. A free lock's view
+/// is never confirmed this way: a holder created and gone between two reads leaves no trace in
+/// either, and a free lock has no rightful writer to keep waiting.
+async fn still_held(
+    c: &mut Client,
+    prefix: &str,
+    keys: &BTreeMap<Vec<u8>, i64>,
+) -> Result<Option<i64>, String> {
+    let oldest = |k: &BTreeMap<Vec<u8>, i64>| -> Option<(Vec<u8>, i64)> {
+        let hc = holder(k)?;
+        let first: Vec<&Vec<u8>> = k
+            .iter()
+            .filter(|(_, r)| **r == hc)
+            .map(|(k, _)| k)
+            .collect();
+        // Two keys created by one transaction: no single holder to compare.
+        (first.len() == 1).then(|| (first[0].clone(), hc))
+    };
+    let Some(mine) = oldest(keys) else {
+        return Ok(None);
+    };
+    let floor = etcd_highest_revision();
+    let (now, header) = keys_at(c, prefix, 0).await.map_err(|(_, e)| e)?;
+    let Some(h) = header else { return Ok(None) };
+    observe_etcd_answer(h.cluster_id(), h.revision(), floor)
+        .map_err(|why| format!("not advancing marks: {why}"))?;
+    Ok((oldest(&now) == Some(mine)).then_some(h.revision()))
 }

@@ -285,6 +285,29 @@ class Pg:
         return "\n".join(lines[-n:])
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def build_kind():
+    """Which of this tree's builds the installed pg_fencing.so is: "release", "debug" (an
+    unoptimized build: latency, CPU and RSS are not those of the release package) or None."""
+    import filecmp
+    libdir = subprocess.run([f"{PGBIN}/pg_config", "--pkglibdir"], capture_output=True, text=True).stdout.strip()
+    inst = os.path.join(libdir, "pg_fencing.so")
+    for kind in ("release", "debug"):
+        built = os.path.join(ROOT, "target", kind, "libpg_fencing.so")
+        try:
+            if os.path.getsize(built) == os.path.getsize(inst) and filecmp.cmp(built, inst, shallow=False):
+                return kind
+        except OSError:
+            pass
+    return None
+
+
 def proc_mem(pid):
     """VmRSS, RssAnon, RssShmem and VmHWM of a process in MB."""
     out = {}
@@ -421,14 +444,20 @@ class Run:
         self.wpid, _ = wait_until(self.pg.worker_pid, 10)
         if not self.wpid:
             raise Failure("no process titled 'pg_fencing etcd worker' under the postmaster:\n" + self.pg.log_tail())
-        # One lock taken and released first: the worker is connected to etcd before we measure.
-        s = Session(self.pg, -1)
-        s.acquire(PREFIX + "warm")
-        s.release(PREFIX + "warm")
-        s.close()
         self.r["rss_idle"] = proc_mem(self.wpid)
         self.r["shm"] = self.shmem()
         self.sessions = [Session(self.pg, i) for i in range(a.sessions)]
+        # One lock taken and released first, by session 0 (so its lease is a session's lease, not
+        # one more): the worker is connected to etcd before we measure.
+        self.sessions[0].acquire(PREFIX + "warm")
+        self.sessions[0].release(PREFIX + "warm")
+
+    def cpu(self):
+        return cpu_seconds(self.wpid), cpu_seconds(self.etcd.proc.pid)
+
+    def cpu_delta(self, c0):
+        c1 = self.cpu()
+        return c1[0] - c0[0], c1[1] - c0[1]
 
     def shmem(self):
         self.mcur.execute("SELECT name, allocated_size FROM pg_shmem_allocations WHERE name LIKE 'pg_fencing%' ORDER BY name")
@@ -452,9 +481,10 @@ class Run:
                     lat.append(ms)
                     tokens[lock_name(s.i, i)] = tok
             return lat, tokens
-        t0 = time.monotonic()
+        c0, t0 = self.cpu(), time.monotonic()
         res = parallel(self.sessions, threads, work)
         took = time.monotonic() - t0
+        self.r[f"cpu_acquire_{threads}"] = self.cpu_delta(c0)
         lat = [x for l, _ in res for x in l]
         tokens = {k: v for _, t in res for k, v in t.items()}
         return lat, tokens, took
@@ -476,9 +506,10 @@ class Run:
     def steady(self, tokens):
         a = self.a
         self.say(f"== steady state: {self.n_locks} locks held, measuring for {a.steady_seconds:.0f} s")
-        m0, t0 = self.etcd.metrics(), time.monotonic()
+        m0, c0, t0 = self.etcd.metrics(), self.cpu(), time.monotonic()
         time.sleep(a.steady_seconds)
         m1, t1 = self.etcd.metrics(), time.monotonic()
+        self.r["cpu_steady"] = self.cpu_delta(c0)
         self.r["rss_steady"] = proc_mem(self.wpid)
         self.r["shm"] = self.shmem()
         dt = t1 - t0
@@ -555,10 +586,11 @@ class Run:
                     rel.append(s.release(name))
                     n += 1
             return acq, rel, n
-        m0 = self.etcd.metrics()
+        m0, c0 = self.etcd.metrics(), self.cpu()
         t0 = time.monotonic()
         res = parallel(self.sessions, a.threads, work)
         took = time.monotonic() - t0
+        self.r["cpu_cycles"] = self.cpu_delta(c0)
         m1 = self.etcd.metrics()
         self.last_release = time.monotonic()
         n = sum(r[2] for r in res)
@@ -574,24 +606,62 @@ class Run:
 
     # ---- 4. the end
     def end(self):
+        """Every session takes one more lock and reads its lease off the key (<name>/<lease hex>).
+        A quarter of the sessions end holding it, a quarter release it and end, the other half
+        release it and stay open: the leases of the first two quarters must go when their
+        sessions end (within 5 s), those of the idle open sessions within lease_ttl + 5 s of the
+        release. Then all end: nothing may be left."""
         a = self.a
-        self.say("== sessions end")
-        gone, opened = self.sessions[1::2], self.sessions[0::2]
-        for s in gone:
+        self.say("== sessions end: a quarter holding a lock, a quarter after releasing it, the other half stay open idle")
+        for s in self.sessions:
+            s.acquire(lock_name(s.i, "last"))
+        lease = {}
+        for lock, key, _, _, pid in self.view():
+            if lock.startswith(PREFIX) and lock.endswith("-last"):
+                lease[pid] = int(key.rsplit("/", 1)[1], 16)
+        self.check(len(lease) == len(self.sessions), "each session holds its last lock",
+                   f"({len(lease)} of {len(self.sessions)})")
+        holding, released, idle = self.sessions[0::4], self.sessions[2::4], self.sessions[1::2]
+        for s in released + idle:
+            s.release(lock_name(s.i, "last"))
+        t_release = time.monotonic()
+        for s in holding + released:
             s.close()
-        n, took = wait_until(lambda: len(self.etcd.leases()) <= len(opened) or None, 5)
-        self.r["revoke_at_end_s"] = took
-        self.check(n is not None, f"the leases of the {len(gone)} ended sessions are gone within 5 s",
-                   f"({len(self.etcd.leases())} leases left, {len(opened)} sessions open)")
-        if not self.legacy:
-            # The open sessions hold no lock since the cycles ended: their leases go after one TTL.
-            left, _ = wait_until(lambda: not self.etcd.leases(), max(0, self.last_release + TTL + 5 - time.monotonic()), 0.5)
-            idle = time.monotonic() - self.last_release
-            self.r["idle_revoke_s"] = idle if left else None
-            self.check(left, f"the leases of the {len(opened)} idle open sessions are gone within lease_ttl + 5 s "
-                             f"of their last release ({idle:.1f} s)",
-                       f"({len(self.etcd.leases())} left)")
-        for s in opened:
+        t_close = time.monotonic()
+
+        # Watch the three groups' leases together until each group's are gone (or long past
+        # its limit, to tell how late they went): seconds from the session's end / the release.
+        groups = {"holding": (holding, t_close, 5), "released": (released, t_close, 5),
+                  "idle": (idle, t_release, TTL + 5)}
+        groups = {k: v for k, v in groups.items() if v[0]}
+        gone_after, left = {}, {}
+        deadline = max(t0 + 2 * limit for _, t0, limit in groups.values())
+        while True:
+            current = {int(x, 16) for x in self.etcd.leases()}
+            now = time.monotonic()
+            for k, (group, t0, _) in groups.items():
+                if k not in gone_after:
+                    left[k] = sum(1 for x in group if lease.get(x.pid) in current)
+                    if not left[k]:
+                        gone_after[k] = now - t0
+            if len(gone_after) == len(groups) or now > deadline:
+                break
+            time.sleep(0.25)
+        for k, what in (("holding", "that ended holding a lock"), ("released", "that ended after releasing their locks"),
+                        ("idle", "that stay open without a lock")):
+            if k not in groups:
+                continue
+            group, _, limit = groups[k]
+            took = gone_after.get(k)
+            self.r[f"lease_gone_{k}_s"] = took
+            since = "of the session's end" if k != "idle" else "of their release"
+            self.check(took is not None and took <= limit,
+                       f"the leases of the {len(group)} sessions {what} are gone within {limit} s {since}",
+                       f"(gone after {took:.1f} s)" if took is not None
+                       else f"({left[k]} still listed by etcdctl lease list after {deadline - groups[k][1]:.0f} s)")
+        keys = self.etcd.kvs(PREFIX)
+        self.check(not keys, f"no etcd key under {PREFIX} once those sessions ended or released", f"({sorted(keys)[:5]})")
+        for s in idle:
             s.close()
         self.sessions = []
         rows, _ = wait_until(lambda: not [r for r in self.view() if r[0].startswith(PREFIX)], 10)
@@ -646,6 +716,9 @@ class Run:
             built = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.path.getmtime(os.path.join(libdir, "pg_fencing.so"))))
         except OSError:
             built = "?"
+        kind = build_kind()
+        kind = {"release": ", this tree's release build", None: ""}.get(
+            kind, ", this tree's DEBUG build: latency, CPU and RSS are not the release build's")
         with open("/etc/os-release") as f:
             osname = dict(l.rstrip("\n").split("=", 1) for l in f if "=" in l).get("PRETTY_NAME", "?").strip('"')
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -654,7 +727,7 @@ class Run:
         out = [
             f"Machine: {os.cpu_count()} cores, {mem_gb:.0f} GiB RAM, {osname}; PostgreSQL {r.get('pg_version', '?')}, "
             f"etcd {etcd_v} on loopback (its default fsync per write), pg_fencing as installed "
-            f"(pg_fencing.so of {built}; tree at {git}){' — the build before session leases' if self.legacy else ''}; "
+            f"(pg_fencing.so of {built}{kind}; tree at {git}){' — the build before session leases' if self.legacy else ''}; "
             f"date {time.strftime('%Y-%m-%d', time.gmtime())}.",
             f"Command: {cmd} ({n} sessions x {a.locks_per_session} locks = {nl} held at once, {a.threads} threads, "
             f"{a.cycles} cycles; pg_fencing.lease_ttl = {TTL}"
@@ -690,13 +763,22 @@ class Run:
                    f"{sum(x[1] for x in shm) / 2**20:.2f} |")
         for name, size in shm:
             out.append(f"| &nbsp;&nbsp;{name} MB | {size / 2**20:.3f} |")
+        cpu = lambda k, n: (f"{r[k][0] / n * 1e3:.2f} / {r[k][1] / n * 1e3:.2f}" if r.get(k) and n else "–")  # noqa: E731
+        out.append(f"| CPU ms per acquisition, worker / etcd ({nl} from {a.threads} threads) | {cpu(f'cpu_acquire_{a.threads}', nl)} |")
+        if r.get("cycles_n"):
+            out.append(f"| CPU ms per acquire/release cycle, worker / etcd | {cpu('cpu_cycles', r['cycles_n'])} |")
+        if r.get("cpu_steady"):
+            out.append(f"| CPU at steady state, worker / etcd, % of a core | {r['cpu_steady'][0] / r['steady_seconds'] * 100:.1f} / "
+                       f"{r['cpu_steady'][1] / r['steady_seconds'] * 100:.1f} |")
         if r.get("cycle_requests"):
             per = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["cycle_requests"].items(), key=lambda kv: -kv[1]))
             out.append(f"| etcd requests per acquire/release cycle | {per} |")
-        if "revoke_at_end_s" in r:
-            out.append(f"| leases of ended sessions gone after, s | {r['revoke_at_end_s']:.1f} |")
-        if r.get("idle_revoke_s") is not None:
-            out.append(f"| leases of idle open sessions gone after their last release, s | {r['idle_revoke_s']:.1f} |")
+        for k, what, limit in (("holding", "a session that ends holding a lock, after its end", 5),
+                               ("released", "a session that ends after releasing its lock, after its end", 5),
+                               ("idle", "an open session without locks, after its last release", TTL + 5)):
+            if f"lease_gone_{k}_s" in r:
+                v = r[f"lease_gone_{k}_s"]
+                out.append(f"| lease of {what}: gone after, s (limit {limit}) | {'not seen gone' if v is None else f'{v:.1f}'} |")
         out.append("")
         out.append("Checks: " + ("all passed." if not self.failed else "FAILED: " + "; ".join(self.failed) + "."))
         return "\n".join(out) + "\n"

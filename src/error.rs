@@ -313,7 +313,7 @@ impl FenceError {
                 "Another client holds the lock. Retry later or pass a longer timeout.".into(),
             ),
             FenceError::TooManyLocks(_) => Some(
-                "Release locks that are no longer needed (fencing_release, or end the sessions holding them); see fencing_locks.".into(),
+                "Release locks that are no longer needed (fencing_release, or end the sessions holding them; see fencing_locks), or raise pg_fencing.max_locks (server start).".into(),
             ),
             FenceError::WorkerUnavailable(_) => Some(
                 "Set shared_preload_libraries = 'pg_fencing' and pg_fencing.etcd_endpoints, then restart the server.".into(),

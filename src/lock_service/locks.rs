@@ -2,19 +2,19 @@
 //! backend side of a request, and what etcd has told the worker about itself (revision
 //! regression). The worker's main thread is `worker.rs`, the etcd side `etcd/locks.rs`.
 //!
-//! Lock protocol (docs/design.md, "Worker"): each acquisition gets its own lease (TTL
-//! `pg_fencing.lease_ttl`) kept alive every TTL/3, and takes the lock in the concurrency-mutex
-//! layout (`<prefix><name>/<lease id in hex>`, the oldest key owns the lock) exactly as
-//! `etcdctl lock` and Go's `concurrency.Mutex` do, so all three exclude each other: first with
-//! the mutex's own transaction (create our key, read the owner), which takes a free lock in one
-//! request; if the lock is held, by queueing with etcd's lock service. The token is the
-//! response-header revision of the grant (what `etcdctl lock` exports as `ETCD_LOCK_REV` and
-//! `Mutex.Header().Revision` returns). After a wait in the queue, the lease is checked to be
+//! Lock protocol (docs/design.md, "Worker"): the locks of one session share one lease (TTL
+//! `pg_fencing.lease_ttl`, like Go's `concurrency.Session`) kept alive every TTL/3; each lock
+//! takes the concurrency-mutex layout (`<prefix><name>/<lease id in hex>`, the oldest key owns the
+//! lock) exactly as `etcdctl lock` and Go's `concurrency.Mutex` do, so all three exclude each
+//! other: first with the mutex's own transaction (create our key, read the owner), which takes a
+//! free lock in one request; if the lock is held, by queueing with etcd's lock service. The token
+//! is the response-header revision of the grant (what `etcdctl lock` exports as `ETCD_LOCK_REV`
+//! and `Mutex.Header().Revision` returns). After a wait in the queue, the lease is checked to be
 //! alive before a token is returned (etcd 3.4 can grant the lock to a waiter whose lease expired
-//! or was revoked while it waited).
+//! or was revoked while it waited). Each lock's key is watched, so each lock is lost on its own.
 //!
 //! Lease loss: every slot carries `valid_until` (CLOCK_MONOTONIC ms): the send time of the last
-//! keepalive that etcd answered plus the TTL it granted. A write carrying the token of a slot
+//! read of the lease's remaining TTL plus that TTL. A write carrying the token of a slot
 //! that is past `valid_until` (or marked lost) fails with FT003 in the backend itself, even if
 //! the worker is frozen, so it fails before etcd can have given the lock to anyone else.
 

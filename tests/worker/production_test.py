@@ -235,13 +235,13 @@ def acquire_works(cur, name="probe", within=20):
     return last
 
 
-def acquire_fails(cur, name="probe", within=15):
+def acquire_fails(cur, name="probe", timeout="2s", within=15):
     """Waits until fencing_acquire fails (the worker took new, broken settings). Returns the last
     outcome."""
     last = None
     deadline = time.time() + within
     while time.time() < deadline:
-        last = try_acquire(cur, name)
+        last = try_acquire(cur, name, timeout)
         if last[0] != "ok":
             return last
         cur.execute("SELECT fencing_release(%s)", (name,))
@@ -266,11 +266,16 @@ def watch_status(cur, resource):
     return r[0] if r else ""
 
 
+def healthy(status):
+    """A watch's status while it runs: 'watching...' or, after a hand-over, 'lock changed hands...'."""
+    return status.startswith("watching") or status.startswith("lock changed hands")
+
+
 def watch_fresh(cur, resource, within=10):
     def fresh():
         cur.execute("SELECT status, view_age_ms FROM fencing_watches WHERE resource = %s", (resource,))
         r = cur.fetchone()
-        return r is not None and r[0].startswith("watching") and r[1] is not None and r[1] < 500
+        return r is not None and healthy(r[0]) and r[1] is not None and r[1] < 500
     return wait_for(fresh, within) is not None
 
 
@@ -289,28 +294,41 @@ def worker_log_lines(pg, offset):
             and 'parameter "pg_fencing.' not in l and "received SIGHUP" not in l]
 
 
-def failure_phase(pg, cur, what, words, resource, settle=8):
-    """After a reload with broken settings: fencing_acquire fails with FT005 whose message says
-    why (matches words), the watch of resource shows it, and the server log has the reason once,
-    not once per retry (counted after `settle` seconds of retries)."""
+def failure_phase(pg, cur, what, words, resource, settle=12):
+    """After a reload with broken settings: fencing_acquire (its default timeout, 10 s) fails
+    with FT005 whose message says why (matches words), the watch of resource shows it, and the
+    server log has the reason once, not once per retry (counted after `settle` seconds of
+    retries)."""
     off = log_offset(pg)
     t0 = time.time()
-    st, _, msg = acquire_fails(cur)
+    st, _, msg = acquire_fails(cur, timeout="10s", within=25)
+    took = time.time() - t0
     ok(st == "FT005" and re.search(words, msg, re.I) is not None,
-       f"{what}: fencing_acquire fails with FT005 saying why ({st}: {msg!r})")
+       f"{what}: fencing_acquire fails with FT005 saying why, after {took:.1f} s ({st}: {msg!r})")
     ok(wait_for(lambda: re.search(words, watch_status(cur, resource), re.I) is not None
-                and not watch_status(cur, resource).startswith("watching"), 10) is not None,
+                and not healthy(watch_status(cur, resource)), 10) is not None,
        f"{what}: fencing_watches.status says why ({watch_status(cur, resource)!r})")
     # The worker keeps retrying (and a few more acquisitions make it try): still one line.
-    while time.time() - t0 < settle:
-        try_acquire(cur, "probe", "1s")
+    while time.time() - t0 < took + settle:
+        if try_acquire(cur, "probe", "1s")[0] == "ok":
+            cur.execute("SELECT fencing_release('probe')")
         time.sleep(1.0)
     lines = worker_log_lines(pg, off)
     reason = [l for l in lines if re.search(words, l, re.I)]
     ok(1 <= len(reason) <= 2 and len(lines) <= 4,
-       f"{what}: the server log has the reason once in {settle} s of retries, not per retry "
-       f"({len(reason)} lines with it, {len(lines)} pg_fencing lines: {lines[:3]})")
-    return st, msg
+       f"{what}: the server log has the reason once in {took + settle:.0f} s of retries, not per retry "
+       f"({len(reason)} lines with it, {len(lines)} pg_fencing lines: {[l[:300] for l in lines[:3]]})")
+
+
+def recovery_phase(cur, what, resource, **settings):
+    """A reload with working settings again: the worker reconnects within a few seconds (it
+    reconnects when its settings change) and the watch of resource is fresh again."""
+    reload_with(cur, **settings)
+    t0 = time.time()
+    st = acquire_works(cur, within=25)
+    took = time.time() - t0
+    ok(st[0] == "ok" and took <= 5, f"{what}: fencing_acquire works again {took:.1f} s after the reload ({st})")
+    ok(watch_fresh(cur, resource), f"{what}: the watch is fresh again ({watch_status(cur, resource)!r})")
 
 
 def server(name, port, conf):
@@ -409,7 +427,7 @@ def scenario_tls():
         st = acquire_works(cur)
         ok(st[0] == "ok", f"etcd_server_name = 'localhost' (in the certificate) works ({st})")
         reload_with(cur, etcd_server_name="db.example.com")
-        st = acquire_fails(cur)
+        st = acquire_fails(cur, timeout="10s", within=25)
         ok(st[0] == "FT005" and re.search(CERT_WORDS + r"|name", st[2], re.I) is not None,
            f"etcd_server_name = 'db.example.com' (not in the certificate): FT005 saying why ({st[0]}: {st[2]!r})")
         reload_with(cur, etcd_server_name=None, etcd_endpoints=f"127.0.0.1:{etcd.client}")
@@ -419,12 +437,11 @@ def scenario_tls():
         print("== TLS: the wrong CA, then no client certificate")
         reload_with(cur, etcd_ca_file=certs["other-ca.crt"])
         failure_phase(pg, cur, "the unrelated CA", CERT_WORDS, "tjobs")
-        reload_with(cur, etcd_ca_file=certs["ca.crt"], etcd_cert_file="", etcd_key_file="")
-        failure_phase(pg, cur, "no client certificate", CERT_WORDS + r"|alert|required|bad", "tjobs")
-        reload_with(cur, etcd_cert_file=certs["client.crt"], etcd_key_file=certs["client.key"])
-        st = acquire_works(cur)
-        ok(st[0] == "ok", f"with the client certificate back, fencing_acquire works again ({st})")
-        ok(watch_fresh(cur, "tjobs"), f"and the watch is back ({watch_status(cur, 'tjobs')!r})")
+        recovery_phase(cur, "the right CA", "tjobs", etcd_ca_file=certs["ca.crt"])
+        reload_with(cur, etcd_cert_file="", etcd_key_file="")
+        failure_phase(pg, cur, "no client certificate", CERT_WORDS + r"|alert|required", "tjobs")
+        recovery_phase(cur, "the client certificate back", "tjobs",
+                       etcd_cert_file=certs["client.crt"], etcd_key_file=certs["client.key"])
         cur.execute("SELECT fencing_unwatch('tjobs')")
         c.close()
     finally:
@@ -510,13 +527,11 @@ def scenario_auth():
         print("== authentication: a wrong password, a password file readable by others")
         reload_with(cur, etcd_password_file=wrong)
         failure_phase(pg, cur, "a wrong password", r"auth|password|user|credential", "ajobs")
+        recovery_phase(cur, "the right password", "ajobs", etcd_password_file=good)
         reload_with(cur, etcd_password_file=loose)
         failure_phase(pg, cur, "a password file with mode 0644",
                       r"permission|mode|group|other|readable|0?644|0?600|u=rw", "ajobs")
-        reload_with(cur, etcd_password_file=good)
-        st = acquire_works(cur)
-        ok(st[0] == "ok", f"with the right password file again, fencing_acquire works ({st})")
-        ok(watch_fresh(cur, "ajobs"), f"and the watch is back ({watch_status(cur, 'ajobs')!r})")
+        recovery_phase(cur, "the password file with mode 0600", "ajobs", etcd_password_file=good)
         cur.execute("SELECT fencing_unwatch('ajobs')")
         c.close()
     finally:
@@ -592,7 +607,7 @@ def scenario_proxy():
                 cur.execute("SELECT view_age_ms, latest_revision FROM fencing_watches WHERE resource = 'pjobs'")
                 verify_bad.append((round(now - handover, 1), st, cur.fetchone()))
             s = watch_status(cur, "pjobs")
-            if not s.startswith("watching"):
+            if not healthy(s):
                 status_bad.append((round(now - handover, 1), s))
             time.sleep(0.25)
         ok(not held_bad and n_held >= 25,
@@ -602,7 +617,8 @@ def scenario_proxy():
         ok(not first10, f"the new holder's verified writes in the 10 s after the hand-over all pass "
                         f"(verify_max_lag 1000; refused: {first10[:3]})")
         ok(not verify_bad, f"and for 30 s ({n_verify} writes; refused: {verify_bad[:3]})")
-        ok(not status_bad, f"fencing_watches.status stays 'watching' for 30 s ({status_bad[:3]})")
+        ok(not status_bad, f"fencing_watches.status stays 'watching' (or 'lock changed hands') for 30 s "
+                           f"({status_bad[:3]})")
         lines = [l for l in worker_log_lines(pg, off)]
         ok(not lines, f"nothing about pg_fencing in the server log meanwhile (no reconnects): {lines[:3]}")
         conns1 = worker_conns(pg, pport)
@@ -642,6 +658,12 @@ def scenario_proxy():
         else:
             ok(state is not None and state[0] == "lost" and st == "FT003",
                f"the lock is reported lost and a write gets FT003 ({state}, {st})")
+        refused = [r[0] for r in results if r[1] != "ok"]
+        after = [r for r in results if refused and r[0] > refused[0] and r[1] == "ok"]
+        ok(all(r[1] in ("ok", "FT003") for r in results) and not after,
+           f"during the restart writes with the token are accepted, then (if at all) refused with FT003 for good "
+           f"({sum(1 for r in results if r[1] == 'ok')} accepted, {len(refused)} refused, "
+           f"{len(after)} accepted after a refusal; {sorted(set(r[1] for r in results))})")
         if not alive:
             # Writes accepted after etcd came back must be backed by a lease etcd still has.
             late = [r for r in results if r[1] == "ok" and r[0] > up + TTL]
@@ -652,7 +674,7 @@ def scenario_proxy():
         ok(sqlstate(cur, "UPDATE held_t SET v = v + 1") == "ok", "and writes with its token are accepted")
         if st == "ok":
             cur.execute("SELECT fencing_release('held')")
-        ok(wait_for(lambda: watch_status(cur, "pjobs").startswith("watching")
+        ok(wait_for(lambda: healthy(watch_status(cur, "pjobs"))
                     and write_with(cur, "pjobs_t", t2) == "ok", 15) is not None,
            f"the verify watch is back and the holder's writes pass ({watch_status(cur, 'pjobs')!r})")
         kill_group(h1)

@@ -22,6 +22,7 @@ Scenarios (issue "Background worker", docs/design.md, "Worker"):
   cluster        three-member etcd cluster: the leader stops while a lock is held; lease and
                  lock survive, writes with the token keep working
   shutdown       pg_ctl stop -m fast takes at most about a second, etcd reachable or not
+  max_locks      pg_fencing.max_locks = 3: a fourth lock gets 53400, a released slot is taken again
   no_preload     without shared_preload_libraries the worker functions fail with 55000
   threads        the worker's etcd threads block PostgreSQL's signals; its main thread does not
   watch_gap      a hand-over (Z to A, then A releases) while PostgreSQL is stopped: after the restart
@@ -1431,6 +1432,38 @@ def scenario_no_preload():
         pg.stop("immediate")
 
 
+def scenario_max_locks(etcd):
+    print("== pg_fencing.max_locks: the number of lock slots, set at server start")
+    pg = Pg("pg_maxlocks", PGPORT + 2, f"shared_preload_libraries = 'pg_fencing'\n"
+                                       f"pg_fencing.etcd_endpoints = '{etcd.endpoints()}'\npg_fencing.max_locks = 3")
+    pg.start()
+    try:
+        c = pg.connect()
+        cur = c.cursor()
+        cur.execute("CREATE EXTENSION pg_fencing")
+        cur.execute("SELECT setting, context FROM pg_settings WHERE name = 'pg_fencing.max_locks'")
+        row = cur.fetchone()
+        ok(row == ("3", "postmaster"), f"the setting is 3, changed only at server start ({row})")
+        cur.execute("SELECT allocated_size FROM pg_shmem_allocations WHERE name = 'pg_fencing lock slots'")
+        size = cur.fetchone()
+        ok(size is not None and 0 < size[0] < 16384, f"the slots take shared memory for 3 ({size})")
+        for i in range(3):
+            cur.execute("SELECT fencing_acquire(%s)", (f"ml{i}",))
+        try:
+            cur.execute("SELECT fencing_acquire('ml3')")
+            got = ("ok", "")
+        except psycopg2.Error as e:
+            got = (e.pgcode, e.pgerror)
+        ok(got[0] == "53400" and "all 3 lock slots" in got[1] and "max_locks" in got[1],
+           f"a fourth lock: 53400 naming the limit and the setting ({got})")
+        cur.execute("SELECT fencing_release('ml1')")
+        cur.execute("SELECT fencing_acquire('ml3') > 0")
+        ok(cur.fetchone()[0], "a released slot is taken again")
+        c.close()
+    finally:
+        pg.stop("immediate")
+
+
 def main():
     etcd = Etcd()
     etcd.start()
@@ -1465,6 +1498,7 @@ def main():
             scenario_kill9(etcd, pg)
             scenario_restore(etcd, pg)
             pg.stop("immediate")
+            scenario_max_locks(etcd)
             etcd.stop()
             scenario_cluster()
             scenario_no_preload()

@@ -681,8 +681,8 @@ fn shared_if_enabled() -> Option<&'static Shared> {
     shared().ok()
 }
 
-/// Keep a session's lease alive every TTL/3 while some lock of the session uses it; revoke it
-/// once none has for one TTL. Each round sends a keepalive on the lease's stream and then reads
+/// Keep a session's lease alive every TTL/3; revoke it once no lock of the session has used it
+/// for one TTL, or once the session has ended and none uses it. Each round sends a keepalive on the lease's stream and then reads
 /// the lease's remaining TTL: its send time plus that TTL is when etcd can expire the lease at
 /// the earliest (`valid_until` of the lease and of its locks). The read, not the keepalive's
 /// answer, confirms the lease: through etcd's gRPC proxy a keepalive is answered by the
@@ -721,7 +721,10 @@ async fn keep_session_alive(
         }
         if users(sh, pid, id).next().is_none() {
             let since = *idle_since.get_or_insert(now_ms());
-            if now_ms() - since >= lease.ttl * 1000 {
+            // Unused for one TTL, or its session has ended (the backend's process is gone; its
+            // locks were released when it exited).
+            let ended = !std::path::Path::new(&format!("/proc/{pid}")).exists();
+            if ended || now_ms() - since >= lease.ttl * 1000 {
                 let mut current = session.lease.lock().await;
                 if users(sh, pid, id).next().is_none() {
                     if current.as_ref().is_some_and(|l| l.id == id) {

@@ -183,7 +183,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     while BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
         if BackgroundWorker::sighup_received() {
             crate::pg::process::reload_config();
-            let _ = tx.send(Cmd::Config(read_config(&dir)));
+            let _ = tx.send(Cmd::Config(Box::new(read_config(&dir))));
         }
         // Problems of the connection to etcd, logged once per change (the etcd thread cannot
         // log: it never calls PostgreSQL).

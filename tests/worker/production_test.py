@@ -315,7 +315,7 @@ def failure_phase(pg, cur, what, words, resource, settle=12):
         time.sleep(1.0)
     lines = worker_log_lines(pg, off)
     reason = [l for l in lines if re.search(words, l, re.I)]
-    ok(1 <= len(reason) <= 2 and len(lines) <= 4,
+    ok(1 <= len(reason) <= 2 and len(lines) <= 3,
        f"{what}: the server log has the reason once in {took + settle:.0f} s of retries, not per retry "
        f"({len(reason)} lines with it, {len(lines)} pg_fencing lines: {[l[:300] for l in lines[:3]]})")
 
@@ -439,7 +439,8 @@ def scenario_tls():
         failure_phase(pg, cur, "the unrelated CA", CERT_WORDS, "tjobs")
         recovery_phase(cur, "the right CA", "tjobs", etcd_ca_file=certs["ca.crt"])
         reload_with(cur, etcd_cert_file="", etcd_key_file="")
-        failure_phase(pg, cur, "no client certificate", CERT_WORDS + r"|alert|required", "tjobs")
+        # (Longer: etcd's alert races with the first request, so the error's text may vary.)
+        failure_phase(pg, cur, "no client certificate", CERT_WORDS + r"|alert|required", "tjobs", settle=20)
         recovery_phase(cur, "the client certificate back", "tjobs",
                        etcd_cert_file=certs["client.crt"], etcd_key_file=certs["client.key"])
         cur.execute("SELECT fencing_unwatch('tjobs')")
@@ -619,7 +620,7 @@ def scenario_proxy():
         ok(not verify_bad, f"and for 30 s ({n_verify} writes; refused: {verify_bad[:3]})")
         ok(not status_bad, f"fencing_watches.status stays 'watching' (or 'lock changed hands') for 30 s "
                            f"({status_bad[:3]})")
-        lines = [l for l in worker_log_lines(pg, off)]
+        lines = worker_log_lines(pg, off)
         ok(not lines, f"nothing about pg_fencing in the server log meanwhile (no reconnects): {lines[:3]}")
         conns1 = worker_conns(pg, pport)
         ok(conns0 and conns0 == conns1,
@@ -634,7 +635,8 @@ def scenario_proxy():
         results = []
 
         def write_held():
-            results.append((time.time(), sqlstate(cur, "UPDATE held_t SET v = v + 1")))
+            results.append((time.time(), sqlstate(cur, "UPDATE held_t SET v = v + 1"),
+                            (wt.lock_state(cur, "held") or ("none",))[0]))
         etcd.stop()
         down = time.time()
         while time.time() - down < 1.0:
@@ -650,24 +652,29 @@ def scenario_proxy():
         keys = etcd.keys("held/")
         state = wt.lock_state(cur, "held")
         st = sqlstate(cur, "UPDATE held_t SET v = v + 1")
+        refused = [r[0] for r in results if r[1] != "ok"]
+        after = [r for r in results if refused and r[0] > refused[0] and r[1] == "ok"]
+        states = [r[2] for i, r in enumerate(results) if i == 0 or r[2] != results[i - 1][2]]
         print(f"  (etcd down {up - down:.1f} s; lease {'alive' if alive else 'gone'} in etcd, keys {keys}; "
-              f"fencing_locks: {state}; a write: {st})")
+              f"fencing_locks: {state}; a write: {st}; meanwhile {len(results)} writes: "
+              f"{sum(1 for r in results if r[1] == 'ok')} accepted, {len(refused)} refused "
+              f"({sorted(set(r[1] for r in results) - {'ok'})}), {len(after)} accepted after a refusal; "
+              f"the lock's states {states})")
+        ok(all(r[1] in ("ok", "FT003") for r in results), "during the restart a write is accepted or refused with FT003")
         if state and state[0] == "held":
             ok(st == "ok" and alive and any(k.endswith(format(lease, "x")) for k in keys),
                f"the lock survived: held, its lease and key are in etcd, a write is accepted ({st})")
         else:
             ok(state is not None and state[0] == "lost" and st == "FT003",
                f"the lock is reported lost and a write gets FT003 ({state}, {st})")
-        refused = [r[0] for r in results if r[1] != "ok"]
-        after = [r for r in results if refused and r[0] > refused[0] and r[1] == "ok"]
-        ok(all(r[1] in ("ok", "FT003") for r in results) and not after,
-           f"during the restart writes with the token are accepted, then (if at all) refused with FT003 for good "
-           f"({sum(1 for r in results if r[1] == 'ok')} accepted, {len(refused)} refused, "
-           f"{len(after)} accepted after a refusal; {sorted(set(r[1] for r in results))})")
         if not alive:
-            # Writes accepted after etcd came back must be backed by a lease etcd still has.
+            # The lease is gone: once refused, the token must stay refused, and no write may be
+            # accepted more than a TTL after etcd was back (then etcd had expired or revoked it).
             late = [r for r in results if r[1] == "ok" and r[0] > up + TTL]
-            ok(not late, f"no write accepted with the lease gone, more than a TTL after etcd was back ({len(late)})")
+            ok(not after and not late, f"with the lease gone, no write accepted after a refusal ({len(after)}) "
+                                       f"or more than a TTL after etcd was back ({len(late)})")
+        # (With the lease alive in etcd at the end, every accepted write had it: a lease does not
+        # come back once it ended, and while it lives nobody else's key can hold the lock.)
         cur.execute("SELECT fencing_release('held')")
         st, tok2, msg = try_acquire(cur, "held", "10s")
         ok(st == "ok" and tok2 > held, f"a new fencing_acquire of the same lock works after the restart ({st} {msg} {tok2})")

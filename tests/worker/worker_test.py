@@ -1432,7 +1432,7 @@ def scenario_no_preload():
         pg.stop("immediate")
 
 
-def scenario_max_locks(etcd):
+def scenario_max_locks(etcd, _pg=None):
     print("== pg_fencing.max_locks: the number of lock slots, set at server start")
     pg = Pg("pg_maxlocks", PGPORT + 2, f"shared_preload_libraries = 'pg_fencing'\n"
                                        f"pg_fencing.etcd_endpoints = '{etcd.endpoints()}'\npg_fencing.max_locks = 3")

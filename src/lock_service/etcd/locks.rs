@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// What the worker's main thread asks of the etcd thread.
 pub(crate) enum Cmd {
-    Config(Config),
+    Config(Box<Config>),
     Acquire(usize, u64),
     Release(usize, u64),
     Cancel(usize, u64),
@@ -88,9 +88,9 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                     next_try = tokio::time::Instant::now();
                 }
                 if let Ok(mut w) = watch_cfg.lock() {
-                    *w = c.clone();
+                    *w = (*c).clone();
                 }
-                cfg = c;
+                cfg = *c;
             }
             Cmd::Acquire(i, generation) => {
                 let slot = &sh.slots()[i];
@@ -328,18 +328,21 @@ async fn session_lease(
 ) -> Option<(Arc<Session>, Lease)> {
     let pid = slot.owner_pid.load(Ordering::Relaxed);
     loop {
-        let session = sessions
-            .lock()
-            .ok()?
-            .entry(pid)
-            .or_insert_with(|| {
-                Arc::new(Session {
-                    pid,
-                    lease: tokio::sync::Mutex::new(None),
-                    retired: std::sync::atomic::AtomicBool::new(false),
+        let entry = sessions.lock().ok().map(|mut map| {
+            map.entry(pid)
+                .or_insert_with(|| {
+                    Arc::new(Session {
+                        pid,
+                        lease: tokio::sync::Mutex::new(None),
+                        retired: std::sync::atomic::AtomicBool::new(false),
+                    })
                 })
-            })
-            .clone();
+                .clone()
+        });
+        let Some(session) = entry else {
+            fail_or_free(slot, ERR_OTHER, "the worker's session table is unusable");
+            return None;
+        };
         let mut current = session.lease.lock().await;
         if session.retired.load(Ordering::Acquire) {
             continue; // removed from the map meanwhile: take the entry that replaced it

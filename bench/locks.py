@@ -4,11 +4,13 @@ at a time, nothing else running.
 
   Redis      SET key value NX PX 10000, then DEL (redis-py; no token)
   etcd       etcd-client (Rust, bench/etcd-lock-bench): lease grant, lock, unlock, lease revoke;
+             the same with one lease for all samples (a Go concurrency.Session): lock, unlock;
              and `etcdctl lock NAME -- true` (a process per acquisition, as shell scripts use it)
   ZooKeeper  kazoo's Lock recipe (an ephemeral sequential znode, the children listed, deleted)
              on an open session
   pg_fencing SELECT fencing_acquire(NAME) and SELECT fencing_release(NAME) from an open
-             connection: the worker takes the etcd lock as etcd-client does, plus the IPC
+             connection: the worker takes the etcd lock under the session's lease (granted by
+             the warm-up), plus the IPC
 
 Environment: ETCD_ENDPOINT, ETCD_BENCH_BIN, ZK_HOSTS, REDIS_PORT, PGPORT (the cluster has the
 worker), BENCH_LOCK_N (samples per path, default 500, in 5 rounds in which the paths take turns; etcdctl:
@@ -60,11 +62,15 @@ def redis_path(n):
     return timed(n, acquire, lambda: r.delete("bench-lock"))
 
 
-def etcd_client_path(n):
-    r = subprocess.run([os.environ["ETCD_BENCH_BIN"], os.environ["ETCD_ENDPOINT"], "bench-direct", str(n)],
+def etcd_client_path(n, mode="lease-per-lock"):
+    r = subprocess.run([os.environ["ETCD_BENCH_BIN"], os.environ["ETCD_ENDPOINT"], "bench-direct", str(n), mode],
                        capture_output=True, text=True, check=True)
     pairs = [line.split() for line in r.stdout.splitlines() if line.strip()]
     return [float(a) / 1e3 for a, _ in pairs], [float(t) / 1e3 for _, t in pairs]
+
+
+def etcd_client_session_path(n):
+    return etcd_client_path(n, "session")
 
 
 def etcdctl_path(n):
@@ -123,6 +129,7 @@ def main():
     rows = [
         ("Redis: SET NX PX + DEL (redis-py)", "about 0.4", redis_path),
         ("etcd: etcd-client directly, lease + lock + unlock + revoke (Rust)", "about 2.8", etcd_client_path),
+        ("etcd: etcd-client directly, one session lease: lock + unlock (Rust)", "", etcd_client_session_path),
         ("etcd: `etcdctl lock NAME -- true` (a process each)", "", etcdctl_path),
         ("ZooKeeper: kazoo Lock acquire + release (recipe)", "about 3.5 (Curator mutex)", zookeeper_path),
         ("pg_fencing: fencing_acquire + fencing_release (SQL, worker → etcd)", "", fencing_path),
@@ -142,12 +149,16 @@ def main():
         a50, a99 = (f"{pct(acq, 50):.2f}", f"{pct(acq, 99):.2f}") if acq else ("", "")
         print(f"| {name} | {a50} | {a99} | {pct(total, 50):.2f} | {pct(total, 99):.2f} | {len(total)} | {quoted} |")
         sys.stdout.flush()
-    direct, ours = results[rows[1][0]], results[rows[4][0]]
+    direct, session, ours = results[rows[1][0]], results[rows[2][0]], results[rows[5][0]]
     print()
     print(f"fencing_acquire p50 minus etcd-client's direct acquisition (lease grant + lock) p50: "
           f"{pct(ours[0], 50) - pct(direct[0], 50):+.2f} ms")
     print(f"fencing_acquire + fencing_release p50 minus etcd-client's direct round trip p50: "
           f"{pct(ours[1], 50) - pct(direct[1], 50):+.2f} ms")
+    print(f"fencing_acquire p50 minus etcd-client's direct acquisition with a session lease (lock) p50: "
+          f"{pct(ours[0], 50) - pct(session[0], 50):+.2f} ms")
+    print(f"fencing_acquire + fencing_release p50 minus that client's round trip (lock + unlock) p50: "
+          f"{pct(ours[1], 50) - pct(session[1], 50):+.2f} ms")
 
 if __name__ == "__main__":
     main()

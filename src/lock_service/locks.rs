@@ -498,8 +498,17 @@ pub(crate) fn report_problem(source: &str, problem: Option<String>) {
         return;
     }
     let Ok(mut all) = PROBLEMS.lock() else { return };
+    // A change of state, not of wording: a source that keeps failing with varying texts (a TLS
+    // alert racing the first request) is logged once, with its first reason.
     let changed = match problem {
-        Some(p) => all.insert(source.to_string(), p.clone()).as_ref() != Some(&p),
+        Some(p) => {
+            if all.contains_key(source) {
+                false
+            } else {
+                all.insert(source.to_string(), p);
+                true
+            }
+        }
         None => all.remove(source).is_some(),
     };
     if changed {

@@ -73,19 +73,30 @@ pub(crate) async fn connect(cfg: &Config) -> Result<Client, String> {
             .with_user(user.clone(), password.clone())
             .with_auto_token_refresh(true);
     }
-    let mut c = tokio::time::timeout(
-        Duration::from_secs(2),
-        Client::connect(cfg.endpoints.clone(), Some(opts)),
-    )
-    .await
-    .map_err(|_| "connection timed out".to_string())?
-    .map_err(|e| describe(&e))?;
-    // A connection is only established lazily; make sure somebody answers.
-    tokio::time::timeout(Duration::from_secs(2), c.status())
+    let connected = async {
+        let mut c = tokio::time::timeout(
+            Duration::from_secs(2),
+            Client::connect(cfg.endpoints.clone(), Some(opts)),
+        )
         .await
-        .map_err(|_| "status request timed out".to_string())?
+        .map_err(|_| "connection timed out".to_string())?
         .map_err(|e| describe(&e))?;
-    Ok(c)
+        // A connection is only established lazily; make sure somebody answers.
+        tokio::time::timeout(Duration::from_secs(2), c.status())
+            .await
+            .map_err(|_| "status request timed out".to_string())?
+            .map_err(|e| describe(&e))?;
+        Ok::<Client, String>(c)
+    };
+    connected.await.map_err(|why| {
+        // etcd with --client-cert-auth closes a TLS connection that brought no certificate; what
+        // the client sees of that varies (an alert, a broken pipe, a cancelled request).
+        if sec.ca_pem.is_some() && sec.client_pem.is_none() && !why.contains("invalid peer certificate") {
+            format!("{why} (if etcd requires client certificates, set pg_fencing.etcd_cert_file and pg_fencing.etcd_key_file)")
+        } else {
+            why
+        }
+    })
 }
 
 /// An etcd-client error with its causes: a TLS failure ("invalid peer certificate: UnknownIssuer")

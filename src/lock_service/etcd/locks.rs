@@ -80,12 +80,16 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
     let mut client: Option<Client> = None;
     let mut backoff = Duration::from_millis(100);
     let mut next_try = tokio::time::Instant::now();
+    // Why the last connection attempt failed (requests during the backoff fail with it).
+    let mut last_failure = String::new();
     while let Some(cmd) = rx.recv().await {
         match cmd {
             Cmd::Config(c) => {
                 if !c.same_connection(&cfg) {
+                    // New settings: a new connection, tried at once.
                     client = None;
                     next_try = tokio::time::Instant::now();
+                    backoff = Duration::from_millis(100);
                 }
                 if let Ok(mut w) = watch_cfg.lock() {
                     *w = (*c).clone();
@@ -96,9 +100,11 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                 let slot = &sh.slots()[i];
                 if client.is_none() {
                     if tokio::time::Instant::now() < next_try {
-                        // Back off between reconnection attempts, but never fail a request
-                        // only because of the backoff: wait for the next attempt.
-                        tokio::time::sleep_until(next_try).await;
+                        // Between attempts (at most a second apart): fail with the last
+                        // attempt's reason rather than hold up this loop, which must take the
+                        // other commands (a reload with fixed settings among them) meanwhile.
+                        fail_or_free(slot, ERR_UNREACHABLE, &last_failure);
+                        continue;
                     }
                     match connect(&cfg).await {
                         Ok(c) => {
@@ -110,10 +116,11 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                         Err(e) => {
                             sh.etcd.store(2, Ordering::Relaxed);
                             next_try = tokio::time::Instant::now() + backoff;
-                            backoff = (backoff * 2).min(Duration::from_secs(5));
+                            backoff = (backoff * 2).min(Duration::from_secs(1));
                             let why =
                                 format!("etcd is unreachable at {}: {e}", cfg.endpoints.join(","));
                             report_problem("locks", Some(why.clone()));
+                            last_failure = why.clone();
                             // No task will serve it: a request cancelled meanwhile is freed here.
                             fail_or_free(slot, ERR_UNREACHABLE, &why);
                             continue;
@@ -387,7 +394,22 @@ async fn session_lease(
                     client: c.clone(),
                     valid_until: Arc::new(AtomicI64::new(sent + granted.ttl() * 1000)),
                 };
-                *current = Some(l.clone());
+                if let Some(old) = current.replace(l.clone()) {
+                    // Not confirmed within its TTL: its locks are lost (their tokens are refused
+                    // already), and it goes.
+                    lose_all(
+                        sh,
+                        pid,
+                        old.id,
+                        "the session's lease was not confirmed by etcd within its TTL",
+                    );
+                    let mut oc = old.client.clone();
+                    tokio::spawn(async move {
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(2), oc.lease_revoke(old.id))
+                                .await;
+                    });
+                }
                 tokio::spawn(keep_session_alive(
                     sh,
                     session.clone(),
@@ -777,6 +799,15 @@ async fn keep_session_alive(
             Some(tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(id, None)).await)
         };
         match read {
+            Some(Ok(Ok(r))) if r.ttl() > 0 && sent >= lease.valid_until.load(Ordering::Acquire) => {
+                // Alive after all, but writes with its locks' tokens have been refused (FT003,
+                // past `valid_until`): a lost lock stays lost, so the lease is given up.
+                retire(&session, id).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), c.lease_revoke(id)).await;
+                return stop(Some(
+                    "the session's lease was not confirmed by etcd within its TTL",
+                ));
+            }
             Some(Ok(Ok(r))) if r.ttl() > 0 => {
                 let until = sent + r.ttl() * 1000;
                 lease.valid_until.store(until, Ordering::Release);

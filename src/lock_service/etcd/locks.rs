@@ -35,6 +35,9 @@ struct Session {
     lease: tokio::sync::Mutex<Option<Lease>>,
     /// Removed from `Sessions`: a new acquisition takes the map's entry instead.
     retired: std::sync::atomic::AtomicBool,
+    /// When a lock of the session was last acquired or released (CLOCK_MONOTONIC ms): the lease
+    /// goes once the session has held no lock for one TTL since.
+    last_used: AtomicI64,
 }
 
 #[derive(Clone)]
@@ -342,6 +345,7 @@ async fn session_lease(
                         pid,
                         lease: tokio::sync::Mutex::new(None),
                         retired: std::sync::atomic::AtomicBool::new(false),
+                        last_used: AtomicI64::new(now_ms()),
                     })
                 })
                 .clone()
@@ -419,6 +423,7 @@ async fn session_lease(
                 l
             }
         };
+        session.last_used.store(now_ms(), Ordering::Release);
         slot.lease.store(lease.id, Ordering::Relaxed);
         slot.ttl.store(lease.ttl, Ordering::Relaxed);
         slot.valid_until_ms
@@ -632,6 +637,9 @@ async fn release(
         tokio::time::timeout(Duration::from_secs(2), c.delete(key.as_bytes(), None)).await,
         Ok(Ok(_))
     );
+    if let Some(s) = sessions.lock().ok().and_then(|m| m.get(&pid).cloned()) {
+        s.last_used.store(now_ms(), Ordering::Release);
+    }
     if !deleted {
         // The key would hold the lock as long as the session's lease lives: give the lease up.
         let session = sessions.lock().ok().and_then(|m| m.get(&pid).cloned());
@@ -725,7 +733,6 @@ async fn keep_session_alive(
     let period = Duration::from_millis((lease.ttl.max(1) * 1000 / 3) as u64);
     let source = format!("lease {id:x}");
     let mut stream = None;
-    let mut idle_since: Option<i64> = None;
     let stop = |why: Option<&str>| {
         report_problem(&source, None);
         if let Some(why) = why {
@@ -745,9 +752,9 @@ async fn keep_session_alive(
             return stop(None);
         }
         if users(sh, pid, id).next().is_none() {
-            let since = *idle_since.get_or_insert(now_ms());
             // Unused for one TTL, or its session has ended (the backend's process is gone; its
             // locks were released when it exited).
+            let since = session.last_used.load(Ordering::Acquire);
             let ended = !std::path::Path::new(&format!("/proc/{pid}")).exists();
             if ended || now_ms() - since >= lease.ttl * 1000 {
                 let mut current = session.lease.lock().await;
@@ -768,8 +775,6 @@ async fn keep_session_alive(
             }
             // Unused for less than a TTL: kept alive all the same, so that the session's next
             // acquisition finds it confirmed.
-        } else {
-            idle_since = None;
         }
         if stream.is_none() {
             stream =
@@ -799,9 +804,12 @@ async fn keep_session_alive(
             Some(tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(id, None)).await)
         };
         match read {
-            Some(Ok(Ok(r))) if r.ttl() > 0 && sent >= lease.valid_until.load(Ordering::Acquire) => {
-                // Alive after all, but writes with its locks' tokens have been refused (FT003,
-                // past `valid_until`): a lost lock stays lost, so the lease is given up.
+            Some(Ok(Ok(r)))
+                if r.ttl() > 0 && now_ms() >= lease.valid_until.load(Ordering::Acquire) =>
+            {
+                // Alive after all, but its validity lapsed before the answer came, so writes
+                // with its locks' tokens may have been refused (FT003): a lost lock stays lost,
+                // and the lease is given up.
                 retire(&session, id).await;
                 let _ = tokio::time::timeout(Duration::from_secs(1), c.lease_revoke(id)).await;
                 return stop(Some(

@@ -740,7 +740,12 @@ async fn keep_session_alive(
         }
     };
     loop {
-        tokio::time::sleep(period).await;
+        // Every TTL/3, and sooner while the lease is confirmed for less than two of those: the
+        // remaining TTL etcd reports is in whole seconds, and through a proxy the lease is
+        // renewed at the proxy's pace, so a confirmation may reach only a second ahead.
+        let ahead = lease.valid_until.load(Ordering::Acquire) - now_ms();
+        let pause = period.min(Duration::from_millis((ahead / 2).max(50) as u64));
+        tokio::time::sleep(pause).await;
         // Still the session's lease?
         let mine = session
             .lease
@@ -786,7 +791,7 @@ async fn keep_session_alive(
         // The keepalive; its answer is awaited briefly (etcd answers at once, a proxy maybe not).
         let mut gone = false;
         if let Some((keeper, responses)) = stream.as_mut() {
-            let answer = tokio::time::timeout(Duration::from_millis(300), async {
+            let answer = tokio::time::timeout(Duration::from_millis(100), async {
                 keeper.keep_alive().await.map_err(|e| describe(&e))?;
                 responses.message().await.map_err(|e| describe(&e))
             })

@@ -14,7 +14,8 @@
 #   --test     also what the test command and the benchmarks need:
 #              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv, valgrind (bench
 #                   --instructions), iproute2 (ss, ip netns), zookeeper, redis-server, redis-tools,
-#                   golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev (the Go example)
+#                   golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev (the Go example),
+#                   openssl (certificates for the worker's TLS test)
 #              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
 #                   /usr/bin/python3 from the pinned tests/requirements.txt; made again whenever
 #                   that file changes. Every script runs Python as .venv/bin/python, never the
@@ -67,8 +68,10 @@ pkgs=(postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo
 cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
 if [ "$PROFILE" = test ]; then
     pkgs+=(pgbouncer procps git python3-venv valgrind iproute2
-           zookeeper redis-server redis-tools golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev)
-    cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps java redis-server redis-cli go)
+           zookeeper redis-server redis-tools golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev
+           openssl)
+    cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps java redis-server redis-cli go
+           openssl)
 fi
 # The demo's other lock services (scripts/demo.sh --lock-service): ZooKeeper's holder is the
 # Python example examples/zookeeper/holder.py (kazoo, from the project's virtualenv).

@@ -237,7 +237,7 @@ stress_unfenced
 step "9/19 streaming standby and promotion (tests/replication)"
 tests/replication/standby.sh
 
-step "10/19 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster"
+step "10/19 background worker with real etcd: interop, timeouts, lease loss, etcd down, crash, 3-member cluster, TLS, auth, grpc-proxy, many locks"
 tests/worker/run.sh
 
 step "11/19 pooler safety: a token never reaches the next client of a transaction-mode pgbouncer (tests/pooler)"

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 pub(super) const NAME_LEN: usize = 256;
 pub(super) const KEY_LEN: usize = 320;
-pub(super) const MSG_LEN: usize = 256;
+pub(super) const MSG_LEN: usize = 512;
 
 // Slot states.
 pub(super) const FREE: u32 = 0;

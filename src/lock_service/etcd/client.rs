@@ -91,8 +91,23 @@ pub(crate) async fn connect(cfg: &Config) -> Result<Client, String> {
     connected.await.map_err(|why| {
         // etcd with --client-cert-auth closes a TLS connection that brought no certificate; what
         // the client sees of that varies (an alert, a broken pipe, a cancelled request).
-        if sec.ca_pem.is_some() && sec.client_pem.is_none() && !why.contains("invalid peer certificate") {
-            format!("{why} (if etcd requires client certificates, set pg_fencing.etcd_cert_file and pg_fencing.etcd_key_file)")
+        let closed = [
+            "Certificate",
+            "broken pipe",
+            "connection closed",
+            "canceled",
+        ]
+        .iter()
+        .any(|sign| why.contains(sign));
+        if sec.ca_pem.is_some()
+            && sec.client_pem.is_none()
+            && closed
+            && !why.contains("invalid peer certificate")
+        {
+            format!(
+                "etcd closed the connection; if it requires client certificates, set \
+                 pg_fencing.etcd_cert_file and pg_fencing.etcd_key_file ({why})"
+            )
         } else {
             why
         }

@@ -598,9 +598,23 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             )));
         }
     }
-    let (index, slot) = sh.reserve_slot()?;
     let started = now_ms();
     let deadline = started + timeout.as_millis() as i64;
+    // A request of this session for the same lock still being finished (a release whose key
+    // deletion is still under way, a cancelled acquisition being cleaned up): wait for it. Its
+    // key has the same name as ours would (the lock's name and the session's lease), so its
+    // deletion could otherwise delete the key of this acquisition.
+    while sh.slots().iter().any(|s| {
+        s.owner_pid.load(Ordering::Relaxed) == me
+            && !matches!(s.state.load(Ordering::Acquire), FREE | HELD | LOST)
+            && s.name() == name
+    }) {
+        if now_ms() >= deadline {
+            return Err(FenceError::LockTimeout(name.to_string()));
+        }
+        poll_pause(started);
+    }
+    let (index, slot) = sh.reserve_slot()?;
     let generation = slot
         .generation
         .fetch_add(1, Ordering::AcqRel)

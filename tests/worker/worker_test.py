@@ -1201,9 +1201,9 @@ def scenario_requests(etcd, pg):
     tok = cur.fetchone()[0]
     after = etcd_requests(etcd)
     holder.wait(timeout=10)
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("Txn", "Lock", "LeaseTimeToLive")}
-    ok(tok > ext and delta["Lock"] == 1 and delta["LeaseTimeToLive"] == 1,
-       f"a held lock: queued with one Lock request, the lease read after the wait, a higher token ({tok} > {ext}, {delta})")
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("Txn", "Lock", "Range", "LeaseTimeToLive")}
+    ok(tok > ext and delta["Lock"] == 1 and delta["Range"] == 1 and delta["LeaseTimeToLive"] == 0,
+       f"a held lock: queued with one Lock request, its key read after the wait, a higher token ({tok} > {ext}, {delta})")
     keys = etcd.keys("requests/")
     ok(len(keys) == 1 and keys[0].endswith(format(int(lock_lease(cur, "requests")), "x")),
        f"and the only key of the lock is ours, the one the transaction created ({keys})")
@@ -1239,6 +1239,13 @@ def scenario_session_lease(etcd, pg):
     cur2.execute("SELECT fencing_acquire('sl-other')")
     other = int(lock_lease(cur2, "sl-other"))
     ok(other != lease, f"another session has a lease of its own ({other:x} vs {lease:x})")
+    # A key under the session's lease that no lock of the session uses (as a transaction
+    # answered after its acquisition gave up would leave): deleted by the next keepalive round.
+    etcd.ctl("put", f"--lease={lease:x}", "sl-stray/x", "v")
+    gone = wait_for(lambda: not etcd.keys("sl-stray/") or None, TTL + 2)
+    mine = [k for n in names for k in etcd.keys(f"{n}/")]
+    ok(gone is not None and len(mine) == 3,
+       f"a stray key under the session's lease is deleted, the locks' keys stay ({etcd.keys('sl-stray/')}, {mine})")
     # One lock's key deleted: that lock alone is lost.
     etcd.ctl("del", f"sl-b/{lease:x}")
     wait_for(lambda: (lock_state(cur, "sl-b") or ("",))[0] == "lost" or None, 5)

@@ -18,8 +18,8 @@ pub(crate) enum Cmd {
     Shutdown(std::sync::mpsc::Sender<()>),
 }
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    Client, Compare, CompareOp, EventType, GetOptions, LeaseTimeToLiveOptions, LockOptions,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -48,6 +48,9 @@ struct Lease {
     /// CLOCK_MONOTONIC ms before which etcd cannot have expired the lease (last confirmation's
     /// send time plus the remaining TTL etcd reported then).
     valid_until: Arc<AtomicI64>,
+    /// Given up (`retire_lease`): no lock may become held under it, and no confirmation may
+    /// raise its locks' validity again.
+    retired: Arc<std::sync::atomic::AtomicBool>,
 }
 
 use std::sync::atomic::AtomicI64;
@@ -101,6 +104,9 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
             }
             Cmd::Acquire(i, generation) => {
                 let slot = &sh.slots()[i];
+                if RECONNECT.swap(false, Ordering::AcqRel) {
+                    client = None;
+                }
                 if client.is_none() {
                     if tokio::time::Instant::now() < next_try {
                         // Between attempts (at most a second apart): fail with the last
@@ -219,6 +225,16 @@ fn enqueue(name: &str, my_key: &str, lease_id: i64) -> Txn {
 /// The token if `enqueue` created our key and it is the owner: the transaction's revision, at
 /// which our key was created. `None` (queue with etcd's Lock service) otherwise, also if the
 /// answer is not what that transaction gives.
+fn key_created(resp: &TxnResponse) -> Option<i64> {
+    if resp.succeeded() {
+        return resp.header().map(|h| h.revision()).filter(|r| *r > 0);
+    }
+    match resp.op_responses().first() {
+        Some(TxnOpResponse::Get(mine)) => mine.kvs().first().map(|kv| kv.create_revision()),
+        _ => None,
+    }
+}
+
 fn owned_at_once(resp: &TxnResponse) -> Option<i64> {
     let revision = resp.header()?.revision();
     if !resp.succeeded() || revision <= 0 {
@@ -397,6 +413,7 @@ async fn session_lease(
                     ttl: granted.ttl(),
                     client: c.clone(),
                     valid_until: Arc::new(AtomicI64::new(sent + granted.ttl() * 1000)),
+                    retired: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 };
                 if let Some(old) = current.replace(l.clone()) {
                     // Not confirmed within its TTL: its locks are lost (their tokens are refused
@@ -451,7 +468,7 @@ async fn acquire(
     // key's creation): the answer etcd's Lock service gives without waiting, one request less
     // than asking it (it needs this transaction too) and no lease read (below).
     let mut attempts = 0;
-    let (session, lease_id, my_key, first, floor) = loop {
+    let (session, lease, my_key, first, floor) = loop {
         let Some((session, lease)) = session_lease(&mut c, sh, slot, ttl, &sessions).await else {
             return;
         };
@@ -460,7 +477,7 @@ async fn acquire(
         let txn = c.txn(enqueue(&name, &my_key, lease.id));
         match step_result(txn, slot, generation).await {
             None => return give_up(c, slot, generation, &session, lease.id, &my_key).await,
-            Some(Ok(r)) => break (session, lease.id, my_key, r, floor),
+            Some(Ok(r)) => break (session, lease, my_key, r, floor),
             // The session's lease ended before its keepalive noticed (revoked from outside,
             // say): give it up and try once more with a new one.
             Some(Err(e)) if attempts == 0 && describe(&e).contains("requested lease not found") => {
@@ -473,10 +490,13 @@ async fn acquire(
             }
         }
     };
+    let lease_id = lease.id;
     if let Err(why) = observe(sh, first.header(), floor) {
         slot.fail(ERR_OTHER, &why);
         return give_up(c, slot, generation, &session, lease_id, &my_key).await;
     }
+    // When our key was created: by this transaction, or before (it found the key in place).
+    let created = key_created(&first);
     let (token, key, waited) = if let Some(token) = owned_at_once(&first) {
         (token, my_key.clone().into_bytes(), false)
     } else {
@@ -505,25 +525,41 @@ async fn acquire(
             }
         }
     };
-    // etcd 3.4 can grant the lock to a waiter whose lease expired or was revoked while it
-    // waited (its key deleted before the revision it gets as token, so the watch below cannot
-    // see it): after a wait, check that the lease is alive. Without a wait there is nothing to
-    // check: our key was created at the token's revision under the lease (etcd refuses a put
-    // under a lease it no longer has), and the lease was confirmed alive until `valid_until`,
-    // so it had not expired then; a deletion after that revision is seen by the watch
-    // (mark_lost), and the lease's validity is kept by the session's keepalive.
-    let confirmed = now_ms() < slot.valid_until_ms.load(Ordering::Relaxed);
-    let alive = (!waited && confirmed)
-        || match tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(lease_id, None))
-            .await
-        {
-            Ok(Ok(r)) => r.ttl() > 0,
+    // etcd 3.4 can grant the lock to a waiter whose key was deleted while it waited (its lease
+    // expired or was revoked, or the key deleted), before the revision it gets as token, so the
+    // watch below cannot see it: after a wait, read our key. If it is still the key created at
+    // `created` under our lease, it has existed all along (a key deleted and made again has a
+    // newer creation), so it was the oldest at the token's revision and still holds the lock.
+    // Without a wait there is nothing to check: our key was created at the token's revision
+    // under the lease (etcd refuses a put under a lease it no longer has); a deletion after that
+    // revision is seen by the watch (mark_lost) and by the keepalive rounds.
+    if waited {
+        let read = tokio::time::timeout(Duration::from_secs(2), c.get(key.clone(), None)).await;
+        let still = match &read {
+            Ok(Ok(r)) => r.kvs().first().is_some_and(|kv| {
+                created.is_some_and(|cr| kv.create_revision() == cr) && kv.lease() == lease_id
+            }),
             _ => false,
         };
-    if !alive {
+        if !still {
+            let code = if matches!(read, Ok(Ok(_))) {
+                ERR_LEASE
+            } else {
+                ERR_OTHER
+            };
+            let why = match read {
+                Ok(Ok(_)) => "etcd granted the lock after the request's key was deleted (its lease expired or was revoked, or the key deleted)".to_string(),
+                Ok(Err(e)) => format!("the lock's key could not be read after the wait: {}", describe(&e)),
+                Err(_) => "the lock's key could not be read after the wait: no answer within 2 s".to_string(),
+            };
+            slot.fail(code, &why);
+            return give_up(c, slot, generation, &session, lease_id, &my_key).await;
+        }
+    }
+    if lease.retired.load(Ordering::Acquire) {
         slot.fail(
             ERR_LEASE,
-            "etcd reports the session's lease expired or revoked when it granted the lock",
+            "the session's lease was given up while the lock was being taken",
         );
         return give_up(c, slot, generation, &session, lease_id, &my_key).await;
     }
@@ -553,6 +589,8 @@ async fn acquire(
         ),
     )
     .await;
+    // Should the watch not start or end early, the keepalive rounds still find a deleted key
+    // (`keep_session_alive`), within TTL/3.
     if let Ok(Ok(stream)) = watch {
         watch_key(stream, slot, generation).await;
     }
@@ -669,13 +707,30 @@ fn mark_lost(slot: &Slot, generation: u64, why: &str) {
     }
 }
 
-/// The slots whose lock is under `lease` of the session `pid` (acquiring or held).
+/// The slots whose lock is under `lease` of the session `pid`: being acquired, held, being
+/// released or cleaned up. Not a lost one: its key has no use any more (the keepalive round
+/// deletes it) and it keeps no lease alive.
 fn users(sh: &'static Shared, pid: i32, lease: i64) -> impl Iterator<Item = &'static Slot> {
     sh.slots().iter().filter(move |s| {
         s.lease.load(Ordering::Relaxed) == lease
             && s.owner_pid.load(Ordering::Relaxed) == pid
-            && !matches!(s.state.load(Ordering::Acquire), FREE | RESERVED | REQUESTED)
+            && !matches!(
+                s.state.load(Ordering::Acquire),
+                FREE | RESERVED | REQUESTED | LOST
+            )
     })
+}
+
+/// The etcd key a user of `lease` has or may have created: the full key once it is held (set
+/// then), else `<name>/<lease id in hex>`.
+fn expected_key(s: &Slot, lease: i64) -> String {
+    let key = s.key();
+    let suffix = format!("/{lease:x}");
+    if key.ends_with(&suffix) {
+        key
+    } else {
+        key + &suffix
+    }
 }
 
 /// The lease is gone or given up: every lock under it is lost (a held one LOST with `why`, one
@@ -693,7 +748,10 @@ async fn retire_lease(session: &Arc<Session>, lease: i64, why: &str) {
     let client = {
         let mut current = session.lease.lock().await;
         match current.as_ref() {
-            Some(l) if l.id == lease => current.take().map(|l| l.client),
+            Some(l) if l.id == lease => current.take().map(|l| {
+                l.retired.store(true, Ordering::Release);
+                l.client
+            }),
             _ => None,
         }
     };
@@ -806,9 +864,26 @@ async fn keep_session_alive(
         let read = if gone {
             None
         } else {
-            Some(tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(id, None)).await)
+            let opts = LeaseTimeToLiveOptions::new().with_keys();
+            Some(
+                tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(id, Some(opts)))
+                    .await,
+            )
         };
         match read {
+            // etcd says the lease is gone (-1), or the keepalive's answer did.
+            None => {
+                retire(&session, id).await;
+                return stop(Some(
+                    "etcd reports the session's lease expired or was revoked",
+                ));
+            }
+            Some(Ok(Ok(r))) if r.ttl() < 0 => {
+                retire(&session, id).await;
+                return stop(Some(
+                    "etcd reports the session's lease expired or was revoked",
+                ));
+            }
             Some(Ok(Ok(r)))
                 if r.ttl() > 0 && now_ms() >= lease.valid_until.load(Ordering::Acquire) =>
             {
@@ -822,24 +897,66 @@ async fn keep_session_alive(
                 ));
             }
             Some(Ok(Ok(r))) if r.ttl() > 0 => {
-                let until = sent + r.ttl() * 1000;
+                // Never beyond the TTL the lease was granted with: an etcd leader that has just
+                // taken over may report a remaining TTL of "forever" for a while.
+                let remaining = r.ttl().min(r.granted_ttl()).min(lease.ttl);
+                let until = sent + remaining * 1000;
                 lease.valid_until.store(until, Ordering::Release);
+                let read_revision = r.header().map(|h| h.revision()).unwrap_or(0);
+                let attached: std::collections::HashSet<&[u8]> =
+                    r.keys().iter().map(|k| k.as_slice()).collect();
+                let mut expected = std::collections::HashSet::new();
                 for s in users(sh, pid, id) {
                     s.valid_until_ms.store(until, Ordering::Relaxed);
+                    let key = expected_key(s, id);
+                    // A held lock whose key is gone (deleted from outside while the watch on it
+                    // was not running): lost. Only for a key etcd had created by the read.
+                    let token = s.token.load(Ordering::Relaxed);
+                    if s.state.load(Ordering::Acquire) == HELD
+                        && token > 0
+                        && token <= read_revision
+                        && !attached.contains(key.as_bytes())
+                    {
+                        let _ = s.transition_saying(
+                            HELD,
+                            LOST,
+                            "its etcd key is gone (deleted, or never kept by etcd)",
+                        );
+                        continue;
+                    }
+                    expected.insert(key);
+                }
+                // A retirement meanwhile (`retire_lease`) must not see its zero overwritten.
+                if lease.retired.load(Ordering::Acquire) {
+                    lose_all(sh, pid, id, "the session's lease was given up");
+                }
+                // Keys under the lease that no lock of the session uses (a transaction answered
+                // after its acquisition gave up, a lost lock's key): deleted, unless created
+                // after the read (a new acquisition's).
+                for orphan in attached
+                    .iter()
+                    .filter(|k| !expected.contains(&*String::from_utf8_lossy(k)))
+                {
+                    let delete = Txn::new()
+                        .when([Compare::create_revision(
+                            orphan.to_vec(),
+                            CompareOp::Less,
+                            read_revision + 1,
+                        )])
+                        .and_then([TxnOp::delete(orphan.to_vec(), None)]);
+                    let _ = tokio::time::timeout(Duration::from_secs(2), c.txn(delete)).await;
                 }
                 report_problem(&source, None);
-            }
-            None | Some(Ok(Ok(_))) => {
-                retire(&session, id).await;
-                return stop(Some(
-                    "etcd reports the session's lease expired or was revoked",
-                ));
             }
             Some(failed) => {
                 let why = match failed {
                     Ok(Err(e)) => describe(&e),
-                    _ => "no answer within 2 s".to_string(),
+                    Ok(Ok(_)) => "etcd reported less than a second left".to_string(),
+                    Err(_) => "no answer within 2 s".to_string(),
                 };
+                if matches!(failed_kind(&why), Failure::Connection) {
+                    RECONNECT.store(true, Ordering::Release);
+                }
                 report_problem(
                     &source,
                     Some(format!("lease keepalives are not confirmed by etcd: {why}")),
@@ -856,10 +973,28 @@ async fn keep_session_alive(
     }
 }
 
+/// Set when etcd did not answer a lease's keepalive round in time: the lock loop makes a new
+/// connection for the next acquisition (the old one may be half-open: HTTP/2 pings are rare).
+static RECONNECT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+enum Failure {
+    Connection,
+    Answer,
+}
+
+fn failed_kind(why: &str) -> Failure {
+    if why.starts_with("no answer") || why.contains("transport") || why.contains("connection") {
+        Failure::Connection
+    } else {
+        Failure::Answer
+    }
+}
+
 /// Forget `id` as the session's lease (a new acquisition grants another).
 async fn retire(session: &Arc<Session>, id: i64) {
     let mut current = session.lease.lock().await;
-    if current.as_ref().is_some_and(|l| l.id == id) {
+    if let Some(l) = current.as_ref().filter(|l| l.id == id) {
+        l.retired.store(true, Ordering::Release);
         *current = None;
     }
 }

@@ -9,9 +9,10 @@
 //! other: first with the mutex's own transaction (create our key, read the owner), which takes a
 //! free lock in one request; if the lock is held, by queueing with etcd's lock service. The token
 //! is the response-header revision of the grant (what `etcdctl lock` exports as `ETCD_LOCK_REV`
-//! and `Mutex.Header().Revision` returns). After a wait in the queue, the lease is checked to be
-//! alive before a token is returned (etcd 3.4 can grant the lock to a waiter whose lease expired
-//! or was revoked while it waited). Each lock's key is watched, so each lock is lost on its own.
+//! and `Mutex.Header().Revision` returns). After a wait in the queue, our key is read back before
+//! a token is returned (etcd 3.4 can grant the lock to a waiter whose key was deleted while it
+//! waited). Each lock's key is watched, and checked at each keepalive round, so each lock is
+//! lost on its own.
 //!
 //! Lease loss: every slot carries `valid_until` (CLOCK_MONOTONIC ms): the send time of the last
 //! read of the lease's remaining TTL plus that TTL. A write carrying the token of a slot

@@ -900,7 +900,9 @@ async fn keep_session_alive(
                 // Never beyond the TTL the lease was granted with: an etcd leader that has just
                 // taken over may report a remaining TTL of "forever" for a while.
                 let remaining = r.ttl().min(r.granted_ttl()).min(lease.ttl);
-                let until = sent + remaining * 1000;
+                // Less 1 % of the TTL: etcd's leader times the lease with its own clock, whose
+                // rate may differ a little from this machine's.
+                let until = sent + remaining * 1000 - lease.ttl * 10;
                 lease.valid_until.store(until, Ordering::Release);
                 let read_revision = r.header().map(|h| h.revision()).unwrap_or(0);
                 let attached: std::collections::HashSet<&[u8]> =

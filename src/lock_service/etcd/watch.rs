@@ -47,6 +47,8 @@ pub(crate) async fn supervise(cfg: Arc<Mutex<Config>>) {
                 if let Some((_, _, h)) = running[i].take() {
                     h.abort();
                     let _ = h.await;
+                    // An unregistered watch has no problem to report any more.
+                    report_problem(&format!("watch {}", s.prefix()), None);
                 }
                 // The task is gone: the slot may be reused.
                 let _ =
@@ -126,7 +128,7 @@ async fn keys_at(
         .await
         .map_err(|_| (false, "reading the lock's keys timed out".to_string()))?
         .map_err(|e| {
-            let text = e.to_string();
+            let text = super::client::describe(&e);
             (text.contains("compacted"), text)
         })?;
     let keys = resp
@@ -147,12 +149,12 @@ async fn compacted_up_to(c: &mut Client, prefix: &str, from: i64) -> Result<i64,
             Some(WatchOptions::new().with_prefix().with_start_revision(from)),
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| super::client::describe(&e))?;
     loop {
         let resp = tokio::time::timeout(Duration::from_secs(2), stream.message())
             .await
             .map_err(|_| "asking etcd for its compaction revision timed out".to_string())?
-            .map_err(|e| e.to_string())?
+            .map_err(|e| super::client::describe(&e))?
             .ok_or("the watch stream ended")?;
         if resp.canceled() && resp.compact_revision() > 0 {
             return Ok(resp.compact_revision());
@@ -268,7 +270,7 @@ async fn watch_once(slot: &'static WatchSlot, generation: u64, cfg: &Config) -> 
         }
         tokio::select! {
             msg = stream.message() => {
-                let resp = msg.map_err(|e| e.to_string())?.ok_or("the watch stream ended")?;
+                let resp = msg.map_err(|e| super::client::describe(&e))?.ok_or("the watch stream ended")?;
                 if resp.created() && !resp.canceled() {
                     continue;
                 }
@@ -300,7 +302,7 @@ async fn watch_once(slot: &'static WatchSlot, generation: u64, cfg: &Config) -> 
                 }
             }
             _ = tick.tick() => {
-                stream.request_progress().await.map_err(|e| e.to_string())?;
+                stream.request_progress().await.map_err(|e| super::client::describe(&e))?;
                 // etcd's gRPC proxy answers no progress request: a view that no answer has
                 // confirmed for two ticks is confirmed by a read instead (`still_held`).
                 if now_ms() - confirmed_at >= 400 {

@@ -250,30 +250,34 @@ fn owned_at_once(resp: &TxnResponse) -> Option<i64> {
     }
 }
 
+/// Why an acquisition gives up: the slot's failure code and reason (set by `give_up` after it
+/// has deleted our key, so that the backend, which frees a failed slot at once and may ask for
+/// the same lock again, never races that deletion); `None` when the backend cancelled.
+type Failure = Option<(u32, String)>;
+
 /// One etcd request of an acquisition, until it is answered, the request's deadline passes, or
-/// the backend cancels the request (checked every 5 ms). `None`: no answer to go on with (the
-/// slot failed with the reason: an error, 55P03 past the deadline; or it was cancelled); the
-/// caller gives up.
+/// the backend cancels the request (checked every 5 ms). `Err`: no answer to go on with (an
+/// error, 55P03 past the deadline, or cancelled); the caller gives up with it.
 async fn step<T>(
     request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
     slot: &Slot,
     generation: u64,
-) -> Option<T> {
+) -> Result<T, Failure> {
     match step_result(request, slot, generation).await? {
-        Ok(answer) => Some(answer),
-        Err(e) => {
-            slot.fail(ERR_OTHER, &format!("etcd lock failed: {}", describe(&e)));
-            None
-        }
+        Ok(answer) => Ok(answer),
+        Err(e) => Err(Some((
+            ERR_OTHER,
+            format!("etcd lock failed: {}", describe(&e)),
+        ))),
     }
 }
 
-/// `step`, leaving an error to the caller.
+/// `step`, leaving an etcd error to the caller.
 async fn step_result<T>(
     request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
     slot: &Slot,
     generation: u64,
-) -> Option<Result<T, etcd_client::Error>> {
+) -> Result<Result<T, etcd_client::Error>, Failure> {
     let deadline_ms = slot.deadline_ms.load(Ordering::Relaxed);
     let remaining = Duration::from_millis((deadline_ms - now_ms()).max(0) as u64);
     let cancelled = async {
@@ -286,13 +290,10 @@ async fn step_result<T>(
     };
     tokio::select! {
         r = tokio::time::timeout(remaining, request) => match r {
-            Ok(answer) => Some(answer),
-            Err(_) => {
-                slot.fail(ERR_TIMEOUT, "timed out");
-                None
-            }
+            Ok(answer) => Ok(answer),
+            Err(_) => Err(Some((ERR_TIMEOUT, "timed out".to_string()))),
         },
-        _ = cancelled => None,
+        _ = cancelled => Err(None),
     }
 }
 
@@ -412,10 +413,13 @@ async fn session_lease(
                     id: granted.id(),
                     ttl: granted.ttl(),
                     client: c.clone(),
-                    valid_until: Arc::new(AtomicI64::new(sent + granted.ttl() * 1000)),
+                    valid_until: Arc::new(AtomicI64::new(
+                        sent + granted.ttl() * 1000 - clock_margin(granted.ttl(), granted.ttl()),
+                    )),
                     retired: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 };
                 if let Some(old) = current.replace(l.clone()) {
+                    old.retired.store(true, Ordering::Release);
                     // Not confirmed within its TTL: its locks are lost (their tokens are refused
                     // already), and it goes.
                     lose_all(
@@ -476,24 +480,43 @@ async fn acquire(
         let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
         let txn = c.txn(enqueue(&name, &my_key, lease.id));
         match step_result(txn, slot, generation).await {
-            None => return give_up(c, slot, generation, &session, lease.id, &my_key).await,
-            Some(Ok(r)) => break (session, lease, my_key, r, floor),
+            Err(why) => {
+                return give_up(c, slot, generation, &session, lease.id, &my_key, why).await
+            }
+            Ok(Ok(r)) => break (session, lease, my_key, r, floor),
             // The session's lease ended before its keepalive noticed (revoked from outside,
             // say): give it up and try once more with a new one.
-            Some(Err(e)) if attempts == 0 && describe(&e).contains("requested lease not found") => {
+            Ok(Err(e)) if attempts == 0 && describe(&e).contains("requested lease not found") => {
                 attempts += 1;
                 retire_lease(&session, lease.id, "etcd no longer has it").await;
             }
-            Some(Err(e)) => {
-                slot.fail(ERR_OTHER, &format!("etcd lock failed: {}", describe(&e)));
-                return give_up(c, slot, generation, &session, lease.id, &my_key).await;
+            Ok(Err(e)) => {
+                let why = format!("etcd lock failed: {}", describe(&e));
+                return give_up(
+                    c,
+                    slot,
+                    generation,
+                    &session,
+                    lease.id,
+                    &my_key,
+                    Some((ERR_OTHER, why)),
+                )
+                .await;
             }
         }
     };
     let lease_id = lease.id;
     if let Err(why) = observe(sh, first.header(), floor) {
-        slot.fail(ERR_OTHER, &why);
-        return give_up(c, slot, generation, &session, lease_id, &my_key).await;
+        return give_up(
+            c,
+            slot,
+            generation,
+            &session,
+            lease_id,
+            &my_key,
+            Some((ERR_OTHER, why)),
+        )
+        .await;
     }
     // When our key was created: by this transaction, or before (it found the key in place).
     let created = key_created(&first);
@@ -507,21 +530,38 @@ async fn acquire(
             name.as_bytes(),
             Some(LockOptions::new().with_lease(lease_id)),
         );
-        let Some(resp) = step(lock, slot, generation).await else {
-            return give_up(c, slot, generation, &session, lease_id, &my_key).await;
+        let resp = match step(lock, slot, generation).await {
+            Ok(resp) => resp,
+            Err(why) => {
+                return give_up(c, slot, generation, &session, lease_id, &my_key, why).await
+            }
         };
         if let Err(why) = observe(sh, resp.header(), floor) {
-            slot.fail(ERR_OTHER, &why);
-            return give_up(c, slot, generation, &session, lease_id, &my_key).await;
+            return give_up(
+                c,
+                slot,
+                generation,
+                &session,
+                lease_id,
+                &my_key,
+                Some((ERR_OTHER, why)),
+            )
+            .await;
         }
         match resp.header().map(|h| h.revision()) {
             Some(rev) if rev > 0 => (rev, resp.key().to_vec(), true),
             _ => {
-                slot.fail(
-                    ERR_OTHER,
-                    "etcd granted the lock without a revision in its response header",
-                );
-                return give_up(c, slot, generation, &session, lease_id, &my_key).await;
+                let why = "etcd granted the lock without a revision in its response header";
+                return give_up(
+                    c,
+                    slot,
+                    generation,
+                    &session,
+                    lease_id,
+                    &my_key,
+                    Some((ERR_OTHER, why.to_string())),
+                )
+                .await;
             }
         }
     };
@@ -552,16 +592,30 @@ async fn acquire(
                 Ok(Err(e)) => format!("the lock's key could not be read after the wait: {}", describe(&e)),
                 Err(_) => "the lock's key could not be read after the wait: no answer within 2 s".to_string(),
             };
-            slot.fail(code, &why);
-            return give_up(c, slot, generation, &session, lease_id, &my_key).await;
+            return give_up(
+                c,
+                slot,
+                generation,
+                &session,
+                lease_id,
+                &my_key,
+                Some((code, why)),
+            )
+            .await;
         }
     }
     if lease.retired.load(Ordering::Acquire) {
-        slot.fail(
-            ERR_LEASE,
-            "the session's lease was given up while the lock was being taken",
-        );
-        return give_up(c, slot, generation, &session, lease_id, &my_key).await;
+        let why = "the session's lease was given up while the lock was being taken";
+        return give_up(
+            c,
+            slot,
+            generation,
+            &session,
+            lease_id,
+            &my_key,
+            Some((ERR_LEASE, why.to_string())),
+        )
+        .await;
     }
     slot.set_key(&key);
     slot.token.store(token, Ordering::Relaxed);
@@ -573,7 +627,7 @@ async fn acquire(
         if let Ok(mut o) = owners.lock() {
             o.remove(&index);
         }
-        give_up(c, slot, generation, &session, lease_id, &my_key).await;
+        give_up(c, slot, generation, &session, lease_id, &my_key, None).await;
         return;
     }
     // Watch our key from the grant on: its deletion (lease revoked or expired, key deleted by
@@ -640,6 +694,7 @@ async fn give_up(
     session: &Arc<Session>,
     lease: i64,
     my_key: &str,
+    failure: Failure,
 ) {
     let deleted = matches!(
         tokio::time::timeout(Duration::from_secs(2), c.delete(my_key.as_bytes(), None)).await,
@@ -652,6 +707,10 @@ async fn give_up(
             &format!("the key {my_key} of a failed acquisition could not be deleted"),
         )
         .await;
+    }
+    // Only now may the backend see the failure (and ask again for the same lock).
+    if let Some((code, why)) = failure {
+        slot.fail(code, &why);
     }
     if current(slot, generation) {
         let _ = slot.transition(CANCELLED, FREE);
@@ -719,18 +778,6 @@ fn users(sh: &'static Shared, pid: i32, lease: i64) -> impl Iterator<Item = &'st
                 FREE | RESERVED | REQUESTED | LOST
             )
     })
-}
-
-/// The etcd key a user of `lease` has or may have created: the full key once it is held (set
-/// then), else `<name>/<lease id in hex>`.
-fn expected_key(s: &Slot, lease: i64) -> String {
-    let key = s.key();
-    let suffix = format!("/{lease:x}");
-    if key.ends_with(&suffix) {
-        key
-    } else {
-        key + &suffix
-    }
 }
 
 /// The lease is gone or given up: every lock under it is lost (a held one LOST with `why`, one
@@ -860,6 +907,17 @@ async fn keep_session_alive(
                 Err(_) => {}                                // no answer yet: see the read
             }
         }
+        // The locks held before the read is sent: only their keys must be in its answer (etcd
+        // may list a lease's keys before it stamps the answer's revision).
+        let held_before: std::collections::HashSet<(usize, u64)> = users(sh, pid, id)
+            .filter(|s| s.state.load(Ordering::Acquire) == HELD)
+            .map(|s| {
+                (
+                    s as *const Slot as usize,
+                    s.generation.load(Ordering::Acquire),
+                )
+            })
+            .collect();
         let sent = now_ms();
         let read = if gone {
             None
@@ -900,9 +958,7 @@ async fn keep_session_alive(
                 // Never beyond the TTL the lease was granted with: an etcd leader that has just
                 // taken over may report a remaining TTL of "forever" for a while.
                 let remaining = r.ttl().min(r.granted_ttl()).min(lease.ttl);
-                // Less 1 % of the TTL: etcd's leader times the lease with its own clock, whose
-                // rate may differ a little from this machine's.
-                let until = sent + remaining * 1000 - lease.ttl * 10;
+                let until = sent + remaining * 1000 - clock_margin(lease.ttl, remaining);
                 lease.valid_until.store(until, Ordering::Release);
                 let read_revision = r.header().map(|h| h.revision()).unwrap_or(0);
                 let attached: std::collections::HashSet<&[u8]> =
@@ -910,11 +966,16 @@ async fn keep_session_alive(
                 let mut expected = std::collections::HashSet::new();
                 for s in users(sh, pid, id) {
                     s.valid_until_ms.store(until, Ordering::Relaxed);
-                    let key = expected_key(s, id);
+                    let key = s.key();
                     // A held lock whose key is gone (deleted from outside while the watch on it
                     // was not running): lost. Only for a key etcd had created by the read.
                     let token = s.token.load(Ordering::Relaxed);
-                    if s.state.load(Ordering::Acquire) == HELD
+                    let was_held = held_before.contains(&(
+                        s as *const Slot as usize,
+                        s.generation.load(Ordering::Acquire),
+                    ));
+                    if was_held
+                        && s.state.load(Ordering::Acquire) == HELD
                         && token > 0
                         && token <= read_revision
                         && !attached.contains(key.as_bytes())
@@ -926,6 +987,9 @@ async fn keep_session_alive(
                         );
                         continue;
                     }
+                    // Held or being released: the full key; being acquired or cleaned up: the key
+                    // it has or may have made (a cancelled one may have the full key already).
+                    expected.insert(format!("{key}/{id:x}"));
                     expected.insert(key);
                 }
                 // A retirement meanwhile (`retire_lease`) must not see its zero overwritten.
@@ -956,7 +1020,7 @@ async fn keep_session_alive(
                     Ok(Ok(_)) => "etcd reported less than a second left".to_string(),
                     Err(_) => "no answer within 2 s".to_string(),
                 };
-                if matches!(failed_kind(&why), Failure::Connection) {
+                if matches!(failed_kind(&why), RoundFailure::Connection) {
                     RECONNECT.store(true, Ordering::Release);
                 }
                 report_problem(
@@ -975,20 +1039,27 @@ async fn keep_session_alive(
     }
 }
 
+/// What is taken off a lease's validity (ms): 1 % of its TTL, as etcd's leader times the lease
+/// with its own clock, whose rate may differ a little from this machine's; never more than half
+/// of what is left (`remaining`, seconds).
+fn clock_margin(ttl: i64, remaining: i64) -> i64 {
+    (ttl * 10).min(remaining * 500)
+}
+
 /// Set when etcd did not answer a lease's keepalive round in time: the lock loop makes a new
 /// connection for the next acquisition (the old one may be half-open: HTTP/2 pings are rare).
 static RECONNECT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-enum Failure {
+enum RoundFailure {
     Connection,
     Answer,
 }
 
-fn failed_kind(why: &str) -> Failure {
+fn failed_kind(why: &str) -> RoundFailure {
     if why.starts_with("no answer") || why.contains("transport") || why.contains("connection") {
-        Failure::Connection
+        RoundFailure::Connection
     } else {
-        Failure::Answer
+        RoundFailure::Answer
     }
 }
 

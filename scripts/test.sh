@@ -50,6 +50,13 @@ step() { printf '\n\033[1m== [%5ss] %s\033[0m\n' "$SECONDS" "$*"; }
 
 CHILD_PIDS=""
 fresh_workdir
+# The suites listen on fixed ports (docs/testing.md) inside Linux's ephemeral range, where an
+# outgoing connection of another suite can hold one (a standby failed "Address already in use" on
+# 54420 once). As root, keep those ranges out of the ephemeral ports (best effort: a container
+# may not allow it).
+if [ "$(id -u)" -eq 0 ] && [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
+    echo 23700-24400,54300-54500 >/proc/sys/net/ipv4/ip_local_reserved_ports 2>/dev/null || true
+fi
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
 

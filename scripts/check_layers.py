@@ -4,7 +4,11 @@ Each file's dependencies are the `crate::` paths it names (in `use` lines and in
 `use super::...`, its parent module. The check fails (exit status 1) when
   * two files depend on each other, directly or through others (an import cycle), or
   * a file depends on a layer above its own (the order is LAYERS below), or
-  * a file under src/lock_service/etcd/ names pgrx or `pg_sys`, or does not forbid unsafe code.
+  * a file under src/lock_service/etcd/ names pgrx or `pg_sys`, or does not forbid unsafe code, or
+  * a write path (src/guard/, src/api/) asks for a write's token or its lock's state itself
+    instead of through the rule layer's one entry point (`rule::write_token`,
+    `rule::write_token_if_any`, `rule::admit_token`): it may not name `session_token::current_token`,
+    `lock_service::locks::check_token` or `lock_service::watch::check`.
 
 Usage: check_layers.py [SRC_DIR]   (default: src)
 """
@@ -72,6 +76,11 @@ def main():
             target = resolve(base + m.group(1).split("::"))
             if target and target != rel:
                 deps[rel].add(target)
+        if rel.startswith(("guard/", "api/")):
+            for bypass in ("current_token", "locks::check_token", "watch::check"):
+                if re.search(r"\b" + re.escape(bypass) + r"\b", code):
+                    problems.append(f"{rel}: a write path names {bypass}; admit writes through "
+                                    "rule::write_token / write_token_if_any / admit_token")
         if rel.startswith("lock_service/etcd/"):
             if re.search(r"\bpgrx\b|\bpg_sys\b", code):
                 problems.append(f"{rel}: the etcd thread's code names pgrx or pg_sys")

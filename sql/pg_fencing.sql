@@ -210,7 +210,7 @@ BEGIN
     END IF;
     IF resource IS NULL AND _pg_fencing.rekey_form(relation) = 'column'
        AND _pg_fencing.other_before_update_triggers(relation) THEN
-        RETURN format('another BEFORE UPDATE row trigger of %s may change the primary key, but zz_pg_fencing_rekey only fires for UPDATEs that set a key column (UPDATEs are refused; fencing_protect installs the form that checks every key change)', relation);
+        RETURN format('another BEFORE UPDATE row trigger of %s may change the primary key, but zz_pg_fencing_rekey only fires for UPDATEs that set a key column (writes are refused; fencing_protect installs the form that checks every key change)', relation);
     END IF;
     IF resource IS NULL AND NOT _pg_fencing.rekey_matches_key(relation) THEN
         RETURN format('zz_pg_fencing_rekey of %s watches other columns than the primary key (changed after fencing_protect); run fencing_protect again', relation);
@@ -254,6 +254,29 @@ BEGIN
         END IF;
     END IF;
     RETURN NULL;
+END
+$fn$;
+
+-- Every trigger of a protection in the mode it needs on one member of the partition tree: the
+-- REPLICA trigger zz_pg_fencing_replica fires in replica mode only, all others in ordinary
+-- sessions. ALTER TABLE ... ENABLE TRIGGER ALL (pg_restore --disable-triggers ends with it) turns
+-- the REPLICA trigger into an ordinary one, DISABLE TRIGGER disables any; fencing_protect repairs
+-- them (inactive_reason reports them, and writes are refused until then).
+CREATE FUNCTION _pg_fencing.repair_firing_modes(part regclass) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN SELECT tg.tgname, tg.tgenabled FROM pg_catalog.pg_trigger tg
+             WHERE tg.tgrelid = part AND tg.tgname IN ('zz_pg_fencing_guard', 'zz_pg_fencing_after',
+                   'zz_pg_fencing_rekey', 'zz_pg_fencing_truncate', 'zz_pg_fencing_stmt', 'zz_pg_fencing_replica')
+    LOOP
+        IF t.tgname = 'zz_pg_fencing_replica' AND t.tgenabled <> 'R' THEN
+            EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', part, t.tgname);
+        ELSIF t.tgname <> 'zz_pg_fencing_replica' AND t.tgenabled <> 'O' THEN
+            EXECUTE format('ALTER TABLE %s ENABLE TRIGGER %I', part, t.tgname);
+        END IF;
+    END LOOP;
 END
 $fn$;
 
@@ -476,7 +499,14 @@ BEGIN
     -- Statement triggers are not cloned: every member of the partition tree gets its own.
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         PERFORM _pg_fencing.add_statement_triggers(part, pid, resource, token_column);
+        PERFORM _pg_fencing.repair_firing_modes(part);
     END LOOP;
+    -- Publications of this table carry pg_fencing's own tables along (publish_feeds).
+    PERFORM _pg_fencing.publish_feeds(pr.prpubid) FROM pg_catalog.pg_publication_rel pr
+    WHERE pr.prrelid IN (SELECT t.relid FROM _pg_fencing.tree(relation) t);
+    PERFORM _pg_fencing.publish_feeds(pn.pnpubid) FROM pg_catalog.pg_publication_namespace pn
+    WHERE pn.pnnspid IN (SELECT c.relnamespace FROM pg_catalog.pg_class c
+                         WHERE c.oid IN (SELECT t.relid FROM _pg_fencing.tree(relation) t));
 END
 $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_protect(regclass, text, name) IS
@@ -937,3 +967,50 @@ CREATE VIEW @extschema@.fencing_locks AS SELECT * FROM @extschema@.fencing_lock_
 COMMENT ON VIEW @extschema@.fencing_locks IS
 'Locks of the background worker: lock, etcd key, token, lease id, ttl_left (seconds), state (acquiring, held, lost, releasing, failed) and the holding backend pid. While etcd''s revisions went backwards, one more row has state etcd_regressed, an empty lock and the reason as key.';
 GRANT SELECT ON @extschema@.fencing_locks TO PUBLIC;
+
+-- A publication of a protected table carries pg_fencing's own tables along: the publisher's marks
+-- and tombstones that no row carries (fencing_advance, the token of a DELETE or TRUNCATE) reach a
+-- subscriber only through them, and without them the subscriber's protection is inactive and
+-- refuses local writes (FT004). CREATE/ALTER PUBLICATION and fencing_protect add them, so the
+-- natural setup (CREATE PUBLICATION p FOR TABLE t) needs no internal table named; dropping them
+-- from a publication that still publishes a protected table adds them back.
+CREATE FUNCTION _pg_fencing.publish_feeds(publication oid) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    pubname name;
+    missing text;
+BEGIN
+    SELECT p.pubname INTO pubname FROM pg_publication p WHERE p.oid = publication AND NOT p.puballtables;
+    IF NOT FOUND OR NOT EXISTS (
+        SELECT 1 FROM pg_publication_tables pt
+        JOIN _pg_fencing.protected_table p
+          ON pg_catalog.format('%I.%I', pt.schemaname, pt.tablename)::regclass IN (SELECT t.relid FROM _pg_fencing.tree(p.relid) t)
+        WHERE pt.pubname = publish_feeds.pubname AND p.protected) THEN
+        RETURN;
+    END IF;
+    SELECT string_agg(format('_pg_fencing.%I', t), ', ') INTO missing
+    FROM unnest(ARRAY['resource_high_water', 'tombstone_feed']) t
+    WHERE NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
+                      WHERE pt.pubname = publish_feeds.pubname AND pt.schemaname = '_pg_fencing' AND pt.tablename = t);
+    IF missing IS NOT NULL THEN
+        EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', pubname, missing);
+        RAISE NOTICE 'pg_fencing: publication % now also publishes %', pubname, missing
+            USING DETAIL = 'A subscriber needs them to keep the publisher''s marks and tombstones (docs/guarantees.md, "Lifecycle paths": logical replication).';
+    END IF;
+END
+$fn$;
+
+CREATE FUNCTION _pg_fencing.on_publication_ddl() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT DISTINCT d.objid FROM pg_event_trigger_ddl_commands() d
+             WHERE d.classid = 'pg_catalog.pg_publication'::regclass LOOP
+        PERFORM _pg_fencing.publish_feeds(c.objid);
+    END LOOP;
+END
+$fn$;
+CREATE EVENT TRIGGER pg_fencing_publication ON ddl_command_end
+    WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
+    EXECUTE FUNCTION _pg_fencing.on_publication_ddl();

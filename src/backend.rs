@@ -21,6 +21,13 @@ pub fn init() {
         pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
         pg_sys::CacheRegisterRelcacheCallback(Some(relcache_callback), pg_sys::Datum::from(0usize));
+        // A subscription that starts or stops writing a table changes whether its protection
+        // is active (`_pg_fencing.inactive_reason`).
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::SUBSCRIPTIONRELMAP as std::ffi::c_int,
+            Some(subscription_rel_callback),
+            pg_sys::Datum::from(0usize),
+        );
     }
 }
 
@@ -87,6 +94,7 @@ unsafe extern "C-unwind" fn xact_callback(
         watch::undo_applied();
         watch::forget_pending();
         trigger::forget_verified();
+        rule::forget_activity();
         tombstones::forget_floors();
         locks::abort_pending(None);
     }
@@ -114,7 +122,22 @@ unsafe extern "C-unwind" fn subxact_callback(
         tombstones::forget_floors();
         crate::guard::fast_path::forget_checked();
         rule::session_token::forget_fenced(Some(my));
+        rule::forget_activity();
     }
+}
+
+/// A row of `pg_subscription_rel` changed: which protections are active may have changed.
+///
+/// # Safety
+/// Only for PostgreSQL's invalidation machinery to call (registered in `init`), on the main
+/// thread.
+#[pg_guard]
+unsafe extern "C-unwind" fn subscription_rel_callback(
+    _arg: pg_sys::Datum,
+    _cacheid: std::ffi::c_int,
+    _hash: u32,
+) {
+    rule::forget_activity();
 }
 
 /// A relation changed (or every relation, `relid` invalid): cached trigger arguments, table
@@ -130,6 +153,7 @@ unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys
     marks::forget();
     tombstones::forget_floors();
     rule::forget_seen_marks();
+    rule::forget_activity();
     trigger::forget_relation((relid != pg_sys::Oid::INVALID).then_some(relid));
     crate::guard::fast_path::forget_functions();
     crate::guard::fast_path::forget_checked();

@@ -85,11 +85,14 @@ pub enum FenceError {
         high_water: Token,
     },
 
-    /// FT002: a write to a protected table (or an advance) without a token. `set_earlier`: the
-    /// session has a token, but not set in this transaction (an earlier `SET`, or the role's or
-    /// database's configuration), which `pg_fencing.token_scope = transaction` does not count.
+    /// FT002: a write to a protected table (or an advance) without a token. `ignored`: the
+    /// session's `pg_fencing.token` holds a token whose source does not count here, and why
+    /// (`rule/session_token.rs`, "TokenSource").
     #[error("no fencing token for {target}")]
-    NoToken { target: String, set_earlier: bool },
+    NoToken {
+        target: String,
+        ignored: Option<&'static str>,
+    },
 
     /// 22P02: the token text is not an integer.
     #[error("invalid fencing token \"{0}\": not an integer")]
@@ -269,9 +272,7 @@ impl FenceError {
             FenceError::StaleToken { domain, token, high_water } => Some(format!(
                 "The write carries fencing token {token}, but the high-water mark of {domain} is {high_water}."
             )),
-            FenceError::NoToken { set_earlier: true, .. } => Some(
-                "pg_fencing.token is set, but not in this transaction (by SET in an earlier one, or in the role's or database's configuration); with pg_fencing.token_scope = transaction (the default) a token counts only in the transaction that sets it, so that it never reaches the next client of a pooled connection.".into(),
-            ),
+            FenceError::NoToken { ignored: Some(why), .. } => Some((*why).into()),
             FenceError::NoToken { .. } => Some(
                 "Writes to a table protected by pg_fencing must carry the lock holder's fencing token.".into(),
             ),

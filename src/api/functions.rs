@@ -247,7 +247,7 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                 None => {
                     return Err(FenceError::NoToken {
                         target: format!("fencing_advance of resource \"{resource}\""),
-                        set_earlier: false,
+                        ignored: None,
                     })
                 }
             };
@@ -258,7 +258,7 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                     hint: Some("Protect a table with this resource (fencing_protect) and grant write privileges on it, or call fencing_advance as a superuser.".into()),
                 }));
             }
-            crate::lock_service::locks::check_token(tok)?;
+            let tok = rule::admit_token(tok)?;
             let hw = rule::admit_resource(&resource, tok, true)?;
             make_mark_durable();
             Ok(pg_sys::Datum::from(hw))

@@ -38,7 +38,6 @@ use crate::guard::trigger::{self, Args};
 use crate::pg::plan::{self, StampArg, StampCall, UpdateExecution, UpdateQuery};
 use crate::pg::trigger_event::relation_name;
 use crate::rule;
-use crate::rule::session_token::{current_token, token_out_of_scope};
 use pgrx::pg_sys;
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
@@ -200,10 +199,11 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
     // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
     // before the executor locks any row. Without a token the stamping expression raises FT002.
     let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
-    if let (Some(resource), Some(token)) = (&args.resource, current_token()) {
-        trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
-        crate::lock_service::locks::check_token(token)?;
-        rule::admit_resource(resource, token, false)?;
+    if let Some(resource) = &args.resource {
+        if let Some(token) = rule::write_token_if_any()? {
+            trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
+            rule::admit_resource(resource, token, false)?;
+        }
     }
     Ok(())
 }
@@ -309,12 +309,7 @@ fn check_site_once(
 }
 
 fn session_token(relid: pg_sys::Oid) -> Result<Token, FenceError> {
-    let token = current_token().ok_or_else(|| FenceError::NoToken {
-        target: format!("a write to protected table {}", relation_name(relid)),
-        set_earlier: token_out_of_scope(),
-    })?;
-    crate::lock_service::locks::check_token(token)?;
-    Ok(token)
+    rule::write_token(&|| format!("a write to protected table {}", relation_name(relid)))
 }
 
 /// `_pg_fencing.stamp_row(old_token, table, protection, token_column, key…)`: the per-row
@@ -329,6 +324,7 @@ pub fn stamp_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     check_site_once(call, || {
         check_site(call, relid, protection, None, call.text(3))
     })?;
+    rule::require_active(protection, &|| relation_name(relid))?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     rule::admit_row(
@@ -361,6 +357,7 @@ pub fn stamp_resource(call: &StampCall) -> Result<Option<Token>, FenceError> {
     check_site_once(call, || {
         check_site(call, relid, protection, Some(resource), call.text(4))
     })?;
+    rule::require_active(protection, &|| relation_name(relid))?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     rule::admit_resource(resource, token, true)?;

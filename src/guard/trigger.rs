@@ -21,7 +21,6 @@ use crate::pg::key_identity::{KeyColumn, KeyIdentity};
 use crate::pg::spi;
 use crate::pg::trigger_event::{ColumnProblem, Relation, Row, TriggerEvent, TriggerOp};
 use crate::rule;
-use crate::rule::session_token::current_token;
 use pgrx::pg_sys;
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
@@ -412,23 +411,22 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
         // REPLICA trigger zz_pg_fencing_replica fires; it records, never refuses.
         return record_replicated(&event, &args, table);
     }
+    // A protection that cannot hold refuses every write (FT004), whatever the token.
+    rule::require_active(args.protection, table)?;
     if !row_level && op != TriggerOp::Truncate {
         // BEFORE INSERT/UPDATE/DELETE FOR EACH STATEMENT (resource mode): take the resource's
         // lock before the executor locks any row, so that every transaction takes resource
         // lock, then row locks, in that order (a row trigger runs after its row is locked;
         // taking the resource lock there first could deadlock against a holder of the
         // resource lock that waits for that row). Without a token the row triggers raise FT002.
-        if let (Some(resource), Some(token)) = (&args.resource, current_token()) {
-            crate::lock_service::locks::check_token(token)?;
-            rule::admit_resource(resource, token, false)?;
+        if let Some(resource) = &args.resource {
+            if let Some(token) = rule::write_token_if_any()? {
+                rule::admit_resource(resource, token, false)?;
+            }
         }
         return Ok(pg_sys::Datum::from(0usize));
     }
-    let token = current_token().ok_or_else(|| FenceError::NoToken {
-        target: format!("a write to protected table {}", table()),
-        set_earlier: crate::rule::session_token::token_out_of_scope(),
-    })?;
-    crate::lock_service::locks::check_token(token)?;
+    let token = rule::write_token(&|| format!("a write to protected table {}", table()))?;
 
     let Some(row) = event.row() else {
         // TRUNCATE (statement level).

@@ -8,26 +8,55 @@ use pgrx::pg_sys;
 use std::ffi::{CStr, CString};
 use std::sync::atomic::Ordering;
 
-/// Where the current value of `pg_fencing.token` came from: `set_in_transaction` (SET LOCAL, SET,
-/// a function's SET clause or `fenced_*` in the current transaction: the GUC machinery keeps an
-/// undo entry until the transaction ends) and its source (`PGC_S_CLIENT` for the startup
-/// packet, `PGC_S_SESSION` for SET, lower for the configuration). `None` if the definition
-/// cannot be found (the caller then counts the token).
+/// Where the current value of `pg_fencing.token` came from, as guc.c records it: the value's
+/// `source` (`PGC_S_CLIENT` for the startup packet, `PGC_S_SESSION` for SET, `set_config` and a
+/// function's SET clause, lower for the configuration) and the state of the innermost undo entry
+/// (`None`: no entry, the value was not set in the current transaction). Which of these count is
+/// decided in `rule/session_token.rs`; this only reads them.
 pub struct TokenOrigin {
-    pub set_in_transaction: bool,
     pub source: pg_sys::GucSource::Type,
+    pub undo: Option<UndoEntry>,
 }
 
-/// See [`TokenOrigin`].
+/// The innermost undo entry of `pg_fencing.token` (guc.c's `GucStackState`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UndoEntry {
+    /// `GUC_SAVE`: a function's SET clause (`CREATE FUNCTION … SET pg_fencing.token …`) saved
+    /// the caller's value and installed its own; a `SET LOCAL` at the same nesting level (in the
+    /// same function body) leaves this state unchanged.
+    FunctionSetClause,
+    /// `GUC_SET`, `GUC_LOCAL`, `GUC_SET_LOCAL`: `SET`, `SET LOCAL`, `RESET`, `set_config` or
+    /// `fencing_acquire` in the current transaction.
+    Statement,
+}
+
+/// See [`TokenOrigin`]; `None` if the definition cannot be found (the caller then refuses the
+/// token: fail closed).
 pub fn token_origin() -> Option<TokenOrigin> {
     let record = token_record()?;
     // SAFETY: the record is our own GUC definition (found after `gucs::init` defined it, so not a
     // placeholder that define_custom_variable would free), alive for the life of the backend;
-    // read on the main thread only, where nothing modifies it concurrently.
-    let (stack, source) = unsafe { ((*record).stack, (*record).source) };
+    // read on the main thread only, where nothing modifies it concurrently. `stack` is NULL or
+    // guc.c's innermost undo entry of this variable, alive until the transaction or function
+    // nesting level that pushed it ends, which cannot happen during this read.
+    let (state, source) = unsafe {
+        let stack = (*record).stack;
+        let state = if stack.is_null() {
+            None
+        } else {
+            Some((*stack).state)
+        };
+        (state, (*record).source)
+    };
     Some(TokenOrigin {
-        set_in_transaction: !stack.is_null(),
         source,
+        undo: state.map(|s| {
+            if s == pg_sys::GucStackState::GUC_SAVE {
+                UndoEntry::FunctionSetClause
+            } else {
+                UndoEntry::Statement
+            }
+        }),
     })
 }
 

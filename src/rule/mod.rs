@@ -204,6 +204,79 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
     result
 }
 
+thread_local! {
+    /// Per protection id: why it is not active (`None`: active), as last read. Dropped on every
+    /// relcache invalidation (a trigger of a partition disabled, a column dropped, a child
+    /// inherited), every change of `pg_subscription_rel` and every subtransaction abort.
+    static ACTIVITY: RefCell<FxHashMap<i64, Option<std::rc::Rc<str>>>> = RefCell::new(FxHashMap::default());
+}
+
+/// Forget what is known about the protections' activity (see `ACTIVITY`; called by `backend.rs`).
+pub fn forget_activity() {
+    ACTIVITY.with(|a| a.borrow_mut().clear());
+}
+
+/// `FT004` unless protection `protection` is active (`fencing_protected_tables.active`): a
+/// protection that cannot hold refuses every write, with the reason in DETAIL and the fix in
+/// HINT, before anything else is checked. Every write path of an ordinary session calls it (the
+/// guard trigger, the UPDATE fast path, and `fenced_*` through both); the recording path of
+/// replica mode does not (logical replication's apply worker must not stop).
+pub fn require_active(protection: i64, table: &dyn Fn() -> String) -> Result<(), FenceError> {
+    let cached = ACTIVITY.with(|a| a.borrow().get(&protection).cloned());
+    let reason = match cached {
+        Some(r) => r,
+        None => {
+            let r = crate::state::protections::inactive_reason(protection).map(std::rc::Rc::from);
+            ACTIVITY.with(|a| {
+                crate::cache::cache_insert(&mut a.borrow_mut(), protection, r.clone(), 10_000)
+            });
+            r
+        }
+    };
+    match reason {
+        None => Ok(()),
+        Some(why) => Err(FenceError::NotProtected(crate::error::Text {
+            message: format!("protection of table {} is not active", table()),
+            detail: Some(format!("{why}.")),
+            hint: Some(
+                "Writes are refused until the protection can hold: fix what the detail names \
+                 (fencing_protect on the table re-creates missing triggers and repairs their \
+                 firing modes; docs/guarantees.md, \"When a protection is not active\")."
+                    .into(),
+            ),
+        })),
+    }
+}
+
+/// The token a write carries, admitted as a token: step one of every write's admission, the one
+/// entry point that the guard trigger, the UPDATE fast path and (through the guard) `fenced_*`
+/// call before the domain checks below (`admit_resource`, `admit_row`, `admit_row_insert`).
+/// * does the session carry a token that counts here (`session_token`: by its source, never
+///   by its value)? `FT002` otherwise, saying why a token that is set does not count;
+/// * is it the token of a lock taken through the worker that is lost? `FT003`.
+///
+/// `target` names what is written, for the message of `FT002`.
+pub fn write_token(target: &dyn Fn() -> String) -> Result<Token, FenceError> {
+    let token = session_token::current_token().ok_or_else(|| FenceError::NoToken {
+        target: target(),
+        ignored: session_token::ignored_token(),
+    })?;
+    admit_token(token)
+}
+
+/// As [`write_token`], but `None` instead of `FT002` when the session carries no token that
+/// counts (the statement-level checks of resource mode, which take the resource's lock early;
+/// the row-level checks then raise `FT002`).
+pub fn write_token_if_any() -> Result<Option<Token>, FenceError> {
+    session_token::current_token().map(admit_token).transpose()
+}
+
+/// A token given as an argument (`fencing_advance`): `FT003` if it is the token of a lost lock.
+pub fn admit_token(token: Token) -> Result<Token, FenceError> {
+    crate::lock_service::locks::check_token(token)?;
+    Ok(token)
+}
+
 /// Take the exclusive lock of `resource` and return its current mark (for `fencing_reset`).
 pub fn lock_resource_exclusive(resource: &str) -> Option<Token> {
     lock_resource(resource, LockMode::Exclusive);

@@ -1,14 +1,23 @@
-//! Which token the current write carries (`pg_fencing.token_scope`): the value of
-//! `pg_fencing.token` counts in the transaction that set it, from the connection's startup
-//! packet, and (set by `fencing_acquire`) while this session holds its lock; with
-//! `token_scope = session` a plain `SET` lasts for the session. A token from postgresql.conf or
-//! `ALTER ROLE/DATABASE ... SET` never counts: a fixed token in the configuration would defeat
-//! fencing.
+//! Which token the current write carries, and whether it counts. The value of
+//! `pg_fencing.token` counts or not by its *source*, never by its value; the table is in
+//! docs/security.md, "Token sources", and [`TokenSource::counts`] is its only implementation:
+//!
+//! | source | counts |
+//! |---|---|
+//! | `SET`, `SET LOCAL`, `set_config` in the current transaction | yes |
+//! | the connection's startup packet (`options=-c pg_fencing.token=…`), also when `RESET`, `RESET ALL` or `DISCARD ALL` bring it back | yes |
+//! | `fencing_acquire` (session level, bound to the lock) | while this session holds that lock |
+//! | `SET` in an earlier transaction | only with `pg_fencing.token_scope = session` |
+//! | postgresql.conf, `ALTER SYSTEM`, `ALTER DATABASE/ROLE … SET`, the command line, also when `RESET`, `SET … TO DEFAULT`, `set_config(…, NULL, …)`, `RESET ALL` or `DISCARD ALL` bring it back | never, whatever `token_scope` says |
+//! | a function's `SET` clause (`CREATE FUNCTION … SET pg_fencing.token …`) | never |
+//! | anything else guc.c may record, or a record that cannot be read | never (fail closed) |
+//!
+//! A running `fenced_*` call's token argument counts for the writes of its statement.
 #![forbid(unsafe_code)]
 
 use crate::error::Token;
 use crate::gucs;
-use crate::pg::guc::{token_origin, TokenOrigin};
+use crate::pg::guc::{token_origin, TokenOrigin, UndoEntry};
 use pgrx::pg_sys;
 
 thread_local! {
@@ -65,9 +74,79 @@ pub fn forget_fenced(subxact: Option<pg_sys::SubTransactionId>) {
     });
 }
 
+/// Where the session's `pg_fencing.token` came from (the module table; docs/security.md, "Token
+/// sources").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `SET`, `SET LOCAL`, `set_config` (or `fencing_acquire`) in the current transaction.
+    SetInThisTransaction,
+    /// The connection's startup packet, also when `RESET` brings it back.
+    ConnectionOption,
+    /// `SET` (or `fencing_acquire`) in an earlier transaction of this session.
+    SetEarlier,
+    /// The server's, database's or role's configuration, also when `RESET` brings it back.
+    Configuration,
+    /// The `SET` clause of a function being executed.
+    FunctionSetClause,
+    /// A source guc.c may record that none of the above is (`PGC_S_OVERRIDE`, …), or the record
+    /// could not be read.
+    Unknown,
+}
+
+impl TokenSource {
+    /// Does a token from this source count for a write? `token`: the value, for the one source
+    /// that depends on it (a `fencing_acquire` token counts while its lock is this session's).
+    fn counts(self, token: Token) -> bool {
+        match self {
+            TokenSource::SetInThisTransaction | TokenSource::ConnectionOption => true,
+            TokenSource::SetEarlier => {
+                gucs::token_scope_is_session()
+                    || crate::lock_service::locks::held_by_this_session(token)
+            }
+            TokenSource::Configuration | TokenSource::FunctionSetClause | TokenSource::Unknown => {
+                false
+            }
+        }
+    }
+
+    /// Why a token from this source does not count (the DETAIL of `FT002`).
+    fn why_ignored(self) -> &'static str {
+        match self {
+            TokenSource::SetEarlier => "pg_fencing.token is set, but not in this transaction (by SET in an earlier one); with pg_fencing.token_scope = transaction (the default) a token counts only in the transaction that sets it, so that it never reaches the next client of a pooled connection.",
+            TokenSource::Configuration => "pg_fencing.token holds a configured value (postgresql.conf, ALTER SYSTEM, ALTER DATABASE or ALTER ROLE ... SET), possibly brought back by RESET, SET ... TO DEFAULT or set_config with NULL; a configured token never counts: a fixed token would defeat fencing.",
+            TokenSource::FunctionSetClause => "pg_fencing.token was set by the SET clause of a function being executed; a token frozen into a function's definition never counts, since it would count for every caller.",
+            TokenSource::Unknown => "pg_fencing.token was set in a way pg_fencing does not recognise, so it does not count.",
+            TokenSource::SetInThisTransaction | TokenSource::ConnectionOption => "",
+        }
+    }
+}
+
+/// The source of the current value of `pg_fencing.token` (see [`TokenSource`]).
+pub fn token_source() -> TokenSource {
+    use pg_sys::GucSource as S;
+    let Some(TokenOrigin { source, undo }) = token_origin() else {
+        return TokenSource::Unknown;
+    };
+    if undo == Some(UndoEntry::FunctionSetClause) {
+        return TokenSource::FunctionSetClause;
+    }
+    if source == S::PGC_S_CLIENT {
+        return TokenSource::ConnectionOption;
+    }
+    if source < S::PGC_S_CLIENT {
+        return TokenSource::Configuration;
+    }
+    if source != S::PGC_S_SESSION {
+        return TokenSource::Unknown;
+    }
+    match undo {
+        Some(_) => TokenSource::SetInThisTransaction,
+        None => TokenSource::SetEarlier,
+    }
+}
+
 /// The token the current write carries: the running `fenced_*` call's token argument, else this
-/// session's `pg_fencing.token`, `None` when unset, empty, or (with
-/// `pg_fencing.token_scope = transaction`) set by `SET` in an earlier transaction.
+/// session's `pg_fencing.token` if it is set and its source counts ([`TokenSource::counts`]).
 #[inline]
 pub fn current_token() -> Option<Token> {
     if let Some(e) = FENCED.with(|f| f.borrow().last().copied()) {
@@ -77,49 +156,22 @@ pub fn current_token() -> Option<Token> {
     }
     match gucs::token_value() {
         0 => None,
-        t if in_scope(t) => Some(t),
+        t if token_source().counts(t) => Some(t),
         _ => None,
     }
 }
 
-/// True when `pg_fencing.token` holds a token that does not count here because it was set with
-/// `SET` in an earlier transaction (for the message of FT002).
-pub fn token_out_of_scope() -> bool {
+/// Why `pg_fencing.token` holds a token that does not count here (the DETAIL of `FT002`),
+/// `None` when it holds none or it counts.
+pub fn ignored_token() -> Option<&'static str> {
     if FENCED.with(|f| f.borrow().last().is_some_and(|e| e.counts())) {
-        return false;
+        return None;
     }
     match gucs::token_value() {
-        0 => false,
-        t => !in_scope(t),
+        0 => None,
+        t => {
+            let source = token_source();
+            (!source.counts(t)).then(|| source.why_ignored())
+        }
     }
-}
-
-/// Does the current value of `pg_fencing.token` count in this transaction?
-fn in_scope(token: Token) -> bool {
-    if gucs::token_scope_is_session() {
-        return true;
-    }
-    let Some(TokenOrigin {
-        set_in_transaction,
-        source,
-    }) = token_origin()
-    else {
-        return true;
-    };
-    // Set (SET LOCAL, SET, a function's SET clause, fenced_*) in the current transaction.
-    if set_in_transaction {
-        return true;
-    }
-    // From this connection's startup packet (PGOPTIONS): not something one client of a pooled
-    // connection leaves for the next. A token from postgresql.conf or ALTER ROLE/DATABASE ... SET
-    // does not count: a fixed token in the configuration would defeat fencing.
-    if source == pg_sys::GucSource::PGC_S_CLIENT {
-        return true;
-    }
-    if source < pg_sys::GucSource::PGC_S_SESSION {
-        return false;
-    }
-    // A plain SET in an earlier transaction counts only for the token of a lock this session
-    // holds through fencing_acquire (the lock itself is session-scoped).
-    crate::lock_service::locks::held_by_this_session(token)
 }

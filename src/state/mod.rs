@@ -6,5 +6,6 @@
 pub mod mark_versions;
 pub mod marks;
 pub mod privileges;
+pub mod protections;
 pub mod stats;
 pub mod tombstones;

@@ -11,8 +11,12 @@
 #      fencing_advance and a DELETE on the publisher raise the subscriber's mark too. Per-row
 #      mode: a key deleted on the publisher with 25 (its row carried 20) cannot be re-inserted on
 #      the subscriber with 21. The subscriber's own protections and marks are not disturbed.
-#   2. FOR TABLE jobs only (without pg_fencing's tables): the replicated rows' tokens still raise
-#      the mark, and fencing_protected_tables says the protection is incomplete.
+#   2. FOR TABLE jobs, items (issue 30, case 1): pg_fencing's tables are added to the publication
+#      by themselves, so a key the publisher inserted with 30 and deleted with 40 cannot be
+#      re-created on the subscriber with 35.
+#   3. a publication without pg_fencing's tables (made with the event trigger off, as by a
+#      publisher without the extension): fencing_protected_tables says so, and local writes on
+#      the subscriber are refused with FT004 (they were accepted before issue 30).
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
@@ -111,20 +115,51 @@ expect "no replication worker failed (apply or table sync errors)" 0 \
     "$(grep -c 'logical replication .*worker.* exited with exit code' "$WORK/sub.log" || true)"
 sub -c "DROP SUBSCRIPTION everything"
 
-echo "== 2. publication FOR TABLE jobs only (pg_fencing's tables not published)"
-pub -c "CREATE PUBLICATION jobs_only FOR TABLE jobs"
+echo "== 2. publication FOR TABLE jobs, items: pg_fencing's tables come along by themselves (issue 30, case 1)"
+pub -c "CREATE PUBLICATION named FOR TABLE jobs, items"
+expect "the publication carries pg_fencing's tables" "resource_high_water,tombstone_feed" \
+    "$(pub -Atc "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables WHERE pubname = 'named' AND schemaname = '_pg_fencing'")"
+pub -q -c "ALTER PUBLICATION named DROP TABLE _pg_fencing.tombstone_feed" 2>/dev/null
+expect "dropping one of them while protected tables are published: added back" 2 \
+    "$(pub -Atc "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'named' AND schemaname = '_pg_fencing'")"
 sub -c "CREATE DATABASE partial"
 "${PSQL[@]}" -p "$SUB" -d partial -o /dev/null -c "$SCHEMA"
-"${PSQL[@]}" -p "$SUB" -d partial -c "CREATE SUBSCRIPTION jobs_only CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION jobs_only"
+"${PSQL[@]}" -p "$SUB" -d partial -c "CREATE SUBSCRIPTION named CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION named"
 wait_for "initial sync done" 0 "$SUB" partial "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
+expect "fencing_protected_tables.active on the subscriber" "true|true" \
+    "$("${PSQL[@]}" -p "$SUB" -d partial -Atc "SELECT string_agg(active::text, '|' ORDER BY relation::text) FROM fencing_protected_tables")"
+expect "publisher insert of key 2 with 30" ok "$(write "$PUB" postgres 30 "INSERT INTO items VALUES (2, 30)")"
+expect "publisher delete of key 2 with 40" ok "$(write "$PUB" postgres 40 "DELETE FROM items WHERE id = 2")"
+wait_for "tombstone of key 2 on the subscriber" 40 "$SUB" partial \
+    "SELECT t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND t.key = '(2)'"
+expect "subscriber insert of key 2 with 35" FT001 "$(write "$SUB" partial 35 "INSERT INTO items VALUES (2, 35)")"
 expect "publisher write with 60" ok "$(write "$PUB" postgres 60 "INSERT INTO jobs VALUES (3, 60)")"
 wait_for "the row arrived" 60 "$SUB" partial "SELECT fence_token FROM jobs WHERE id = 3"
-expect "subscriber mark follows the replicated row" 60 "$("${PSQL[@]}" -p "$SUB" -d partial -Atc "SELECT fencing_high_water('jobs')")"
 expect "subscriber write with 59" FT001 "$(write "$SUB" partial 59 "UPDATE jobs SET v = 59 WHERE id = 3")"
-reason=$("${PSQL[@]}" -p "$SUB" -d partial -Atc "SELECT active || ' ' || coalesce(inactive_reason, '') FROM fencing_protected_tables WHERE relation = 'jobs'::regclass")
+"${PSQL[@]}" -p "$SUB" -d partial -c "DROP SUBSCRIPTION named"
+
+echo "== 3. a publication without pg_fencing's tables (a publisher without the extension's event trigger): the subscriber refuses local writes (FT004)"
+pub -q -c "ALTER EVENT TRIGGER pg_fencing_publication DISABLE" -c "CREATE PUBLICATION bare FOR TABLE jobs, items" \
+    -c "ALTER EVENT TRIGGER pg_fencing_publication ENABLE"
+sub -c "CREATE DATABASE bare"
+"${PSQL[@]}" -p "$SUB" -d bare -o /dev/null -c "$SCHEMA"
+"${PSQL[@]}" -p "$SUB" -d bare -c "CREATE SUBSCRIPTION bare CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION bare"
+wait_for "initial sync done" 0 "$SUB" bare "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
+wait_for "the rows arrived" 60 "$SUB" bare "SELECT max(fence_token) FROM jobs"
+expect "publisher insert of key 7 with 70" ok "$(write "$PUB" postgres 70 "INSERT INTO items VALUES (7, 70)")"
+expect "publisher delete of key 7 with 80" ok "$(write "$PUB" postgres 80 "DELETE FROM items WHERE id = 7")"
+wait_for "the delete arrived" 0 "$SUB" bare "SELECT count(*) FROM items WHERE id = 7"
+reason=$("${PSQL[@]}" -p "$SUB" -d bare -Atc "SELECT string_agg(active || ' ' || coalesce(inactive_reason, ''), ' / ' ORDER BY relation::text) FROM fencing_protected_tables")
 case "$reason" in
-    "false "*resource_high_water*) echo "  ok: the view says the protection is incomplete: $reason" ;;
-    *) echo "  FAIL: fencing_protected_tables should say that _pg_fencing.resource_high_water is not subscribed: $reason"; fail=1 ;;
+    "false "*tombstone_feed*" / false "*resource_high_water*) echo "  ok: the view says both protections are incomplete: $reason" ;;
+    *) echo "  FAIL: fencing_protected_tables should say that pg_fencing's tables are not subscribed: $reason"; fail=1 ;;
 esac
-"${PSQL[@]}" -p "$SUB" -d partial -c "DROP SUBSCRIPTION jobs_only"
+# Before issue 30 the view said so, yet these writes were accepted (key 7's tombstone is at 70
+# there, the publisher deleted it with 80).
+expect "subscriber insert of key 7 with 75" FT004 "$(write "$SUB" bare 75 "INSERT INTO items VALUES (7, 75)")"
+expect "subscriber write to jobs with 61" FT004 "$(write "$SUB" bare 61 "UPDATE jobs SET v = 61 WHERE id = 3")"
+expect "subscriber fenced_insert" FT004 "$(sqlstate_of "${PSQL[@]}" -p "$SUB" -d bare -c "SELECT fenced_insert('items', '{\"id\": 8, \"v\": 1}', 90)")"
+expect "no replication worker failed (apply or table sync errors)" 0 \
+    "$(grep -c 'logical replication .*worker.* exited with exit code' "$WORK/sub.log" || true)"
+"${PSQL[@]}" -p "$SUB" -d bare -c "DROP SUBSCRIPTION bare"
 exit $fail

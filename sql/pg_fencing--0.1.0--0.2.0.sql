@@ -798,24 +798,24 @@ COMMENT ON FUNCTION _pg_fencing.stamp_resource(bigint, oid, bigint, text, text) 
 CREATE FUNCTION _pg_fencing.publish_feeds(publication oid) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    pubname name;
+    pub_name name;
     missing text;
 BEGIN
-    SELECT p.pubname INTO pubname FROM pg_publication p WHERE p.oid = publication AND NOT p.puballtables;
+    SELECT p.pubname INTO pub_name FROM pg_publication p WHERE p.oid = publication AND NOT p.puballtables;
     IF NOT FOUND OR NOT EXISTS (
         SELECT 1 FROM pg_publication_tables pt
         JOIN _pg_fencing.protected_table p
           ON pg_catalog.format('%I.%I', pt.schemaname, pt.tablename)::regclass IN (SELECT t.relid FROM _pg_fencing.tree(p.relid) t)
-        WHERE pt.pubname = publish_feeds.pubname AND p.protected) THEN
+        WHERE pt.pubname = pub_name AND p.protected) THEN
         RETURN;
     END IF;
     SELECT string_agg(format('_pg_fencing.%I', t), ', ') INTO missing
     FROM unnest(ARRAY['resource_high_water', 'tombstone_feed']) t
     WHERE NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
-                      WHERE pt.pubname = publish_feeds.pubname AND pt.schemaname = '_pg_fencing' AND pt.tablename = t);
+                      WHERE pt.pubname = pub_name AND pt.schemaname = '_pg_fencing' AND pt.tablename = t);
     IF missing IS NOT NULL THEN
-        EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', pubname, missing);
-        RAISE NOTICE 'pg_fencing: publication % now also publishes %', pubname, missing
+        EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', pub_name, missing);
+        RAISE NOTICE 'pg_fencing: publication % now also publishes %', pub_name, missing
             USING DETAIL = 'A subscriber needs them to keep the publisher''s marks and tombstones (docs/guarantees.md, "Lifecycle paths": logical replication).';
     END IF;
 END
@@ -824,11 +824,12 @@ $fn$;
 CREATE FUNCTION _pg_fencing.on_publication_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    c record;
+    p oid;
 BEGIN
-    FOR c IN SELECT DISTINCT d.objid FROM pg_event_trigger_ddl_commands() d
-             WHERE d.classid = 'pg_catalog.pg_publication'::regclass LOOP
-        PERFORM _pg_fencing.publish_feeds(c.objid);
+    -- ALTER PUBLICATION ... DROP TABLE collects no command to look at: check every publication
+    -- (they are few, and publish_feeds returns at once for those without a protected table).
+    FOR p IN SELECT pb.oid FROM pg_publication pb WHERE NOT pb.puballtables LOOP
+        PERFORM _pg_fencing.publish_feeds(p);
     END LOOP;
 END
 $fn$;

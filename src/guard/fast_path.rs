@@ -202,6 +202,7 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
     if let Some(resource) = &args.resource {
         if let Some(token) = rule::write_token_if_any()? {
             trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
+            rule::require_active(args.protection, &|| relation_name(relid))?;
             rule::admit_resource(resource, token, false)?;
         }
     }

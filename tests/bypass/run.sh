@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The bypass hunter (tests/bypass/hunt.py) against a throwaway cluster: random sequences of
+# writes through every token source and write path, on tables in every protection state, each
+# outcome compared with a model of the documented contract.
+#
+#   tests/bypass/run.sh [--seed S] [--sequences N] [--steps N]     (defaults: seed 1, 30, 40)
+set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
+cd "$(dirname "$0")/../.."
+source scripts/lib.sh
+need_python
+
+ARGS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --seed|--sequences|--steps) ARGS+=("$1" "$2"); shift 2 ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+done
+
+CHILD_PIDS=""
+fresh_workdir
+trap 'cleanup_all' EXIT
+trap 'exit 130' INT TERM
+PGPORT_TEST=${PGPORT_BYPASS:-54449}
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+wal_level = logical" pg_start
+psql -X -q -c "CREATE DATABASE hunt" -c "CREATE DATABASE hunt_pub"
+psql -X -q -d hunt -c "CREATE EXTENSION pg_fencing"
+$PY tests/bypass/hunt.py --dsn "host=127.0.0.1 port=$PGPORT_TEST dbname=hunt" \
+    --pub-dsn "host=127.0.0.1 port=$PGPORT_TEST dbname=hunt_pub" "${ARGS[@]}"

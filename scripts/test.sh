@@ -5,7 +5,7 @@
 # on PATH so that a script using any Python but the project's virtualenv fails on every machine,
 # and scripts/check-scripts.sh reads the scripts for the same rules. Then
 #   1. unit tests and #[pg_test] tests   (cargo pgrx test pg15, in pgrx's own test cluster)
-#   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster)
+#   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster), bypass hunter (tests/bypass)
 #   3. isolation specs                    (tests/isolation, concurrent interleavings)
 #   4. PostgreSQL 18                      (cargo pgrx test pg18; the release tarball for 18 installed;
 #                                          pg_regress and isolation on 18.6)
@@ -150,6 +150,9 @@ if ! "$REGRESS" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=pos
     exit 1
 fi
 
+echo "-- the bypass hunter (tests/bypass): token sources x write paths x protection states against a model of the contract"
+tests/bypass/run.sh --seed 1 --sequences 60 --steps 60
+
 step "3/19 isolation specs (tests/isolation, PostgreSQL's pg_isolation_regress)"
 ISOLATION="$($PGBIN/pg_config --pkglibdir)/pgxs/src/test/isolation/pg_isolation_regress"
 mkdir -p "$WORK/isolation"
@@ -291,6 +294,8 @@ step "16/19 lifecycle paths: a watch registered under 0.1.0 survives ALTER EXTEN
 tests/lifecycle/watch_upgrade.sh
 step "16/19 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
 tests/lifecycle/logical.sh
+step "16/19 lifecycle paths: backup and restore, every documented procedure (tests/lifecycle/restore.sh)"
+tests/lifecycle/restore.sh
 
 step "17/19 network partitions between PostgreSQL and a three-member etcd cluster, 150 s, independent checker (tests/partition)"
 tests/partition/run.sh --seconds 150 --seed 14
@@ -315,8 +320,8 @@ step "18/19 on PostgreSQL 18: upgrade from every released version (tests/upgrade
 tests/upgrade/run.sh
 step "18/19 on PostgreSQL 18: observability (tests/observability)"
 tests/observability/run.sh
-step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, logical replication)"
-for t in async_commit watch_carried watch_upgrade logical; do tests/lifecycle/$t.sh; done
+step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, logical replication, backup and restore)"
+for t in async_commit watch_carried watch_upgrade logical restore; do tests/lifecycle/$t.sh; done
 unset PGF_PG_MAJOR
 step "18/19 from 15 to 18: marks, tombstones and a watch carried across majors (tests/lifecycle/major_upgrade.sh)"
 tests/lifecycle/major_upgrade.sh

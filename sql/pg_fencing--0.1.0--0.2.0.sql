@@ -136,8 +136,38 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     p record;
     part regclass;
+    trg record;
     restoring boolean := current_setting('check_function_bodies') = 'off';
 BEGIN
+    -- Firing modes (docs/guarantees.md, "When a protection is not active"). The REPLICA triggers
+    -- of pg_fencing (zz_pg_fencing_replica on protected tables, zz_pg_fencing_replicated on its
+    -- own tables) fire in replica mode only; ALTER TABLE ... ENABLE TRIGGER ALL (pg_dump
+    -- --disable-triggers ends each table's load with it) makes them ordinary: put back at once.
+    -- A protection's other triggers disabled or made replica-only would leave the statements only
+    -- they guard (TRUNCATE; per-row UPDATE and DELETE) unfenced: refused, except in a restore
+    -- (check_function_bodies = off), which disables them around its load and enables them after.
+    FOR trg IN SELECT tg.tgrelid::regclass AS rel, tg.tgname, tg.tgenabled, c.relnamespace = '_pg_fencing'::regnamespace AS own
+             FROM pg_trigger tg JOIN pg_class c ON c.oid = tg.tgrelid
+             WHERE (tg.tgname IN ('zz_pg_fencing_replica', 'zz_pg_fencing_replicated') AND tg.tgenabled IN ('O', 'A'))
+                OR (tg.tgname IN ('zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
+                                  'zz_pg_fencing_truncate', 'zz_pg_fencing_stmt', 'zz_pg_fencing_replica')
+                    AND tg.tgenabled IN ('D', 'R') AND NOT (tg.tgname = 'zz_pg_fencing_replica' AND tg.tgenabled = 'R'))
+    LOOP
+        IF trg.tgenabled IN ('O', 'A') THEN
+            EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', trg.rel, trg.tgname);
+        ELSIF NOT restoring AND NOT trg.own AND trg.rel IN (
+                  SELECT pt.relid FROM pg_event_trigger_ddl_commands() d,
+                         LATERAL _pg_fencing.tree(d.objid::regclass) pt
+                  WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0) THEN
+            -- (only the tables this command changed: one a restore left so must not block
+            -- every later DDL)
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = format('trigger %s of protected table %s cannot be %s', trg.tgname, trg.rel,
+                                 CASE trg.tgenabled WHEN 'D' THEN 'disabled' ELSE 'made to fire in replica mode only' END),
+                DETAIL = 'Writes that only this trigger fences would no longer be fenced.',
+                HINT = format('To stop fencing the table, run SELECT fencing_unprotect(%L).', trg.rel);
+        END IF;
+    END LOOP;
     -- Per-row mode: tombstone key hashes follow the key's types and collations (also in a
     -- restore, whose primary keys are created after the data).
     FOR p IN SELECT pt.id, pt.relid FROM _pg_fencing.protected_table pt
@@ -561,18 +591,20 @@ $fn$;
 CREATE FUNCTION _pg_fencing.repair_firing_modes(part regclass) RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
-    t record;
+    fixes text;
 BEGIN
-    FOR t IN SELECT tg.tgname, tg.tgenabled FROM pg_catalog.pg_trigger tg
-             WHERE tg.tgrelid = part AND tg.tgname IN ('zz_pg_fencing_guard', 'zz_pg_fencing_after',
-                   'zz_pg_fencing_rekey', 'zz_pg_fencing_truncate', 'zz_pg_fencing_stmt', 'zz_pg_fencing_replica')
-    LOOP
-        IF t.tgname = 'zz_pg_fencing_replica' AND t.tgenabled <> 'R' THEN
-            EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', part, t.tgname);
-        ELSIF t.tgname <> 'zz_pg_fencing_replica' AND t.tgenabled <> 'O' THEN
-            EXECUTE format('ALTER TABLE %s ENABLE TRIGGER %I', part, t.tgname);
-        END IF;
-    END LOOP;
+    -- One ALTER TABLE for all of them: the DDL event trigger, which refuses a protection's
+    -- trigger left disabled, runs once, after every mode is right.
+    SELECT string_agg(CASE WHEN tg.tgname = 'zz_pg_fencing_replica' THEN 'ENABLE REPLICA TRIGGER '
+                           ELSE 'ENABLE TRIGGER ' END || pg_catalog.quote_ident(tg.tgname), ', ')
+    INTO fixes
+    FROM pg_catalog.pg_trigger tg
+    WHERE tg.tgrelid = part AND tg.tgname IN ('zz_pg_fencing_guard', 'zz_pg_fencing_after',
+          'zz_pg_fencing_rekey', 'zz_pg_fencing_truncate', 'zz_pg_fencing_stmt', 'zz_pg_fencing_replica')
+      AND tg.tgenabled <> CASE WHEN tg.tgname = 'zz_pg_fencing_replica' THEN 'R' ELSE 'O' END;
+    IF fixes IS NOT NULL THEN
+        EXECUTE format('ALTER TABLE %s %s', part, fixes);
+    END IF;
 END
 $fn$;
 
@@ -665,6 +697,13 @@ BEGIN
     END IF;
 
     pid := _pg_fencing.register(relation, resource, token_column::text);
+    -- Firing modes first (partitions before their parents), so that no ALTER TABLE below meets
+    -- a trigger of this protection that a restore left disabled.
+    FOR part IN SELECT x.relid FROM (SELECT relation AS relid, 0 AS level
+                                     UNION SELECT pt.relid, pt.level FROM pg_catalog.pg_partition_tree(relation) pt) x
+                ORDER BY x.level DESC LOOP
+        PERFORM _pg_fencing.repair_firing_modes(part);
+    END LOOP;
     args := format('%L, %L, %L', pid, coalesce(resource, ''), token_column);
 
     -- Row triggers on a partitioned table are cloned to its partitions, present and future.

@@ -92,6 +92,9 @@ pub enum FenceError {
     NoToken {
         target: String,
         ignored: Option<&'static str>,
+        /// The session looks like a restore (`check_function_bodies = off`, as pg_dump's
+        /// scripts set it): the hint names the restore procedure.
+        restoring: bool,
     },
 
     /// 22P02: the token text is not an integer.
@@ -294,6 +297,10 @@ impl FenceError {
             FenceError::StaleToken { .. } => Some(
                 "A newer lock holder has written; this client's lock is no longer valid. Stop and \
                  re-acquire the lock instead of retrying with the same token."
+                    .into(),
+            ),
+            FenceError::NoToken { restoring: true, .. } => Some(
+                "This looks like a restore (check_function_bodies = off). Rows of a data-only dump are loaded with session_replication_role = replica, as a superuser: PGOPTIONS='-c session_replication_role=replica' psql -f data.sql (docs/operations.md, \"Backup and restore\"). Otherwise run SET LOCAL pg_fencing.token = <token> in the transaction."
                     .into(),
             ),
             FenceError::NoToken { .. } => Some(

@@ -248,6 +248,7 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                     return Err(FenceError::NoToken {
                         target: format!("fencing_advance of resource \"{resource}\""),
                         ignored: None,
+                        restoring: false,
                     })
                 }
             };

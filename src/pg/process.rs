@@ -158,6 +158,13 @@ pub fn replica_mode() -> bool {
     unsafe { pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 }
 }
 
+/// `check_function_bodies = off`, as pg_dump's scripts set it: a restore is (probably) running.
+/// Only for messages: it is no proof of anything, since any session may set it.
+pub fn restoring() -> bool {
+    // SAFETY: a read of a GUC variable of this process.
+    unsafe { !pg_sys::check_function_bodies }
+}
+
 /// The current user (`GetUserId()`).
 pub fn current_user() -> pg_sys::Oid {
     // Declared here, not taken from pgrx's bindings, to skip their error guard: GetUserId only

@@ -260,6 +260,7 @@ pub fn write_token(target: &dyn Fn() -> String) -> Result<Token, FenceError> {
     let token = session_token::current_token().ok_or_else(|| FenceError::NoToken {
         target: target(),
         ignored: session_token::ignored_token(),
+        restoring: crate::pg::process::restoring(),
     })?;
     admit_token(token)
 }

@@ -4,7 +4,7 @@ with a small model of the documented contract (docs/security.md, "Token sources"
 docs/guarantees.md, "The rule" and "When a protection is not active"). The model is written
 from the documents, not from the implementation (it does not use fencing-core).
 
-    hunt.py --dsn DSN [--seed S] [--sequences N] [--steps N]
+    hunt.py --dsn DSN --pub-dsn DSN [--seed S] [--sequences N] [--steps N] [--tables r,p,...] [--no-states]
 
 Seeded and reproducible. On a disagreement it shrinks the sequence (drops steps while the
 disagreement stays) and prints the shortest failing sequence and its seed, then exits 1.
@@ -43,12 +43,14 @@ PATHS = ["insert", "upsert", "update", "update_key", "delete", "merge", "copy", 
 # Sources that run the write inside a function body: only SQL statements can go there.
 IN_FUNCTION = {"function_set_clause", "definer_set_clause"}
 SQL_ONLY = {"insert", "upsert", "update", "update_key", "delete", "merge", "truncate", "view_update"}
-# Table states reached by DDL (Server.set_state). Not generated: a trigger disabled that is the
-# only one of the protection a statement fires (zz_pg_fencing_truncate for TRUNCATE, the guard
-# for a per-row UPDATE or DELETE): no code of pg_fencing runs then, so the write is not refused;
-# refusing such a DISABLE is open work (docs/guarantees.md, "When a protection is not active").
-# The hunter found it with "truncate_disabled" (seed 1).
-STATES = ["active", "after_disabled", "replica_trigger_ordinary"]
+# Table states reached by DDL (Server.set_state), and "disable_attempt": an owner's DISABLE
+# TRIGGER of a protection's trigger outside a restore, which the contract refuses (55000) and
+# which leaves the table active. Not generated: a trigger disabled in a restore that is the only
+# one of the protection a statement fires (zz_pg_fencing_truncate for TRUNCATE, the guard for a
+# per-row UPDATE or DELETE): no code of pg_fencing runs then, so nothing can refuse the write
+# (docs/guarantees.md, "When a protection is not active"). The hunter found that with a
+# "truncate_disabled" state (seed 1) before such a DISABLE was refused outside restores.
+STATES = ["active", "after_disabled", "replica_trigger_ordinary", "disable_attempt"]
 
 
 class Model:
@@ -227,15 +229,28 @@ class Server:
         return cur.fetchone()[0] > 0
 
     def set_state(self, name, state):
+        """Bring table `name` into `state`; the SQLSTATE of the state's own DDL, or 'ok'."""
         cur = self.admin.cursor()
         cur.execute("SELECT fencing_protect(%s, (SELECT resource FROM _pg_fencing.protected_table WHERE relid = %s::regclass))",
                     (name, name))
+        # Disabling is refused outside a restore (check_function_bodies = off), and ENABLE
+        # TRIGGER ALL is repaired by the DDL event trigger unless that is off: the states a
+        # restore stopped half-way, or a superuser, can leave.
         if state == "after_disabled":
+            cur.execute("SET check_function_bodies = off")
             cur.execute(f"ALTER TABLE {name} DISABLE TRIGGER zz_pg_fencing_after")
+            cur.execute("RESET check_function_bodies")
         elif state == "replica_trigger_ordinary":
+            cur.execute("ALTER EVENT TRIGGER pg_fencing_ddl_end DISABLE")
             cur.execute(f"ALTER TABLE {name} ENABLE TRIGGER ALL")
-        elif state == "truncate_disabled":
-            cur.execute(f"ALTER TABLE {name} DISABLE TRIGGER zz_pg_fencing_truncate")
+            cur.execute("ALTER EVENT TRIGGER pg_fencing_ddl_end ENABLE")
+        elif state == "disable_attempt":
+            trigger = random.Random(name).choice(["zz_pg_fencing_guard", "zz_pg_fencing_truncate", "zz_pg_fencing_after"])
+            try:
+                cur.execute(f"ALTER TABLE {name} DISABLE TRIGGER {trigger}")
+            except psycopg2.Error as e:
+                return e.pgcode
+        return "ok"
 
 
 def q(s):
@@ -279,11 +294,11 @@ def setup_once(dsn, pub_dsn):
     p.close()
 
 
-def gen_sequence(rng, steps):
+def gen_sequence(rng, steps, tables, states):
     seq = []
     for _ in range(steps):
-        table = rng.choice(["r", "p", "r_sub", "p_sub"])
-        if rng.random() < 0.12 and table in ("r", "p"):
+        table = rng.choice(tables)
+        if states and rng.random() < 0.12 and table in ("r", "p"):
             seq.append(("state", table, rng.choice(STATES)))
             continue
         source = rng.choice(list(SOURCES))
@@ -304,8 +319,17 @@ def run(dsn, seq, replay_id, verbose=False):
     for i, step in enumerate(seq):
         if step[0] == "state":
             name = name_of[step[1]]
-            srv.set_state(name, step[2])
-            model.t[name]["state"] = step[2]
+            got = srv.set_state(name, step[2])
+            want = "55000" if step[2] == "disable_attempt" else "ok"
+            if got != want:
+                srv.admin.close()
+                return i, f"step {i}: state {step[2]} of {name}: the contract says {want}, the server answered {got}"
+            # Its DDL runs the DDL event trigger, which puts every REPLICA trigger made ordinary
+            # back (docs/guarantees.md): other tables left in that state are active again.
+            for other, t in model.t.items():
+                if other != name and t["state"] == "replica_trigger_ordinary":
+                    t["state"] = "active"
+            model.t[name]["state"] = "active" if step[2] == "disable_attempt" else step[2]
             continue
         _, table, path, source, key, new_key, delta = step
         name = name_of[table]
@@ -345,13 +369,16 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sequences", type=int, default=30)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--tables", default="r,p,r_sub,p_sub",
+                    help="which tables to write: r, p (resource and per-row mode), r_sub, p_sub (subscribed)")
+    ap.add_argument("--no-states", action="store_true", help="no DDL: the tables stay as protected")
     args = ap.parse_args()
     setup_once(args.dsn, args.pub_dsn)
     rng = random.Random(args.seed)
     replay = 0
     writes = 0
     for n in range(args.sequences):
-        seq = gen_sequence(rng, args.steps)
+        seq = gen_sequence(rng, args.steps, args.tables.split(","), not args.no_states)
         replay += 1
         bad, why = run(args.dsn, seq, replay)
         writes += sum(1 for s in seq if s[0] == "write")

@@ -3,7 +3,8 @@
 # writes through every token source and write path, on tables in every protection state, each
 # outcome compared with a model of the documented contract.
 #
-#   tests/bypass/run.sh [--seed S] [--sequences N] [--steps N]     (defaults: seed 1, 30, 40)
+#   tests/bypass/run.sh [--seed S] [--sequences N] [--steps N] [--tables r,p,r_sub,p_sub] [--no-states]
+#   (defaults: seed 1, 30 sequences of 40 steps, every table, DDL between writes)
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
@@ -13,7 +14,8 @@ need_python
 ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --seed|--sequences|--steps) ARGS+=("$1" "$2"); shift 2 ;;
+        --seed|--sequences|--steps|--tables) ARGS+=("$1" "$2"); shift 2 ;;
+        --no-states) ARGS+=("$1"); shift ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -22,7 +24,7 @@ CHILD_PIDS=""
 fresh_workdir
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
-PGPORT_TEST=${PGPORT_BYPASS:-54449}
+PGPORT_TEST=${PGPORT_BYPASS:-54459}
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
 wal_level = logical" pg_start
 psql -X -q -c "CREATE DATABASE hunt" -c "CREATE DATABASE hunt_pub"

@@ -116,7 +116,9 @@ SELECT * FROM fp_other;
 SELECT * FROM fp_gen;
 COMMIT;
 -- A disabled guard trigger: the protection is off, the triggers decide (as before).
+SET check_function_bodies = off;  -- as in a restore, the only time a protection's trigger may be disabled
 ALTER TABLE fp_row DISABLE TRIGGER zz_pg_fencing_guard;
+RESET check_function_bodies;
 SELECT fp_plan('UPDATE fp_row SET v = v + 1 WHERE id = 1');
 ALTER TABLE fp_row ENABLE TRIGGER zz_pg_fencing_guard;
 
@@ -170,7 +172,9 @@ SELECT fp_reset();
 UPDATE fp_part SET v = 2;
 SELECT * FROM fp_calls();
 ROLLBACK;
+SET check_function_bodies = off;  -- as in a restore, the only time a protection's trigger may be disabled
 ALTER TABLE fp_part2 DISABLE TRIGGER zz_pg_fencing_guard;
+RESET check_function_bodies;
 BEGIN; SET LOCAL pg_fencing.token = '20';
 UPDATE fp_part SET v = 2 WHERE k = 2;
 \echo :LAST_ERROR_SQLSTATE

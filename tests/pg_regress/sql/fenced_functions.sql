@@ -83,7 +83,9 @@ SELECT fenced_insert('plain', '{"id": 2}', 1);
 \echo :LAST_ERROR_SQLSTATE
 
 -- protection switched off: fenced writes refuse with FT004
+SET check_function_bodies = off;  -- as in a restore, the only time a protection's trigger may be disabled
 ALTER TABLE item DISABLE TRIGGER zz_pg_fencing_guard;
+RESET check_function_bodies;
 SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 7}', 101);
 \echo :LAST_ERROR_SQLSTATE
 ALTER TABLE item ENABLE TRIGGER zz_pg_fencing_guard;
@@ -106,7 +108,9 @@ SELECT fenced_delete('"Task List"', '{"Task Id": 2, "Owner": "x"}', 6);
 
 -- statements are prepared once per backend: DDL after a call is seen by the next call
 SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 8}', 101) ->> 'qty' AS qty;
+SET check_function_bodies = off;  -- as in a restore, the only time a protection's trigger may be disabled
 ALTER TABLE item DISABLE TRIGGER zz_pg_fencing_guard;
+RESET check_function_bodies;
 SELECT fenced_update('item', '{"sku": "A-1"}', '{"qty": 9}', 101);
 \echo :LAST_ERROR_SQLSTATE
 ALTER TABLE item ENABLE TRIGGER zz_pg_fencing_guard;

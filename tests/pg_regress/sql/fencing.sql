@@ -190,8 +190,12 @@ SHOW pg_fencing.token;
 RESET pg_fencing.token;
 SHOW pg_fencing.token;
 
--- ===== switching protection off is visible =====
+-- ===== switching protection off is refused, and visible where a restore left it =====
 ALTER TABLE acct DISABLE TRIGGER zz_pg_fencing_guard;
+ALTER TABLE acct ENABLE REPLICA TRIGGER zz_pg_fencing_guard;
+SET check_function_bodies = off;  -- as in a restore, the only time a protection's trigger may be disabled
+ALTER TABLE acct DISABLE TRIGGER zz_pg_fencing_guard;
+RESET check_function_bodies;
 SELECT relation, active, inactive_reason FROM fencing_protected_tables WHERE relation = 'acct'::regclass;
 ALTER TABLE acct ENABLE TRIGGER zz_pg_fencing_guard;
 SET session_replication_role = replica;

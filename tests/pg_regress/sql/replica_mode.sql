@@ -46,7 +46,8 @@ BEGIN; SET LOCAL pg_fencing.token = '29'; INSERT INTO rm_items VALUES (6, 1); CO
 BEGIN; SET LOCAL pg_fencing.token = '40'; UPDATE rm_parts SET v = 2 WHERE id = 150; COMMIT;
 \echo :LAST_ERROR_SQLSTATE
 
--- a REPLICA trigger switched to ordinary firing is reported: replicated changes would not be recorded
+-- a REPLICA trigger switched to ordinary firing is put back at once (the DDL event trigger):
+-- otherwise replicated changes would not be recorded
 ALTER TABLE rm_jobs ENABLE TRIGGER zz_pg_fencing_replica;
 SELECT active, inactive_reason FROM fencing_protected_tables WHERE relation = 'rm_jobs'::regclass;
 SELECT fencing_protect('rm_jobs', 'rm');

@@ -637,6 +637,7 @@ DECLARE
     p record;
     part regclass;
     trg record;
+    chk record;
     restoring boolean := current_setting('check_function_bodies') = 'off';
 BEGIN
     -- Firing modes (docs/guarantees.md, "When a protection is not active"). The REPLICA triggers
@@ -668,6 +669,42 @@ BEGIN
                 HINT = format('To stop fencing the table, run SELECT fencing_unprotect(%L).', trg.rel);
         END IF;
     END LOOP;
+    -- Schema changes that would lower the fence are refused (outside a restore, which builds the
+    -- tables its own way): the token column dropped, renamed, retyped or made generated (its values
+    -- are the per-row marks); a per-row table made UNLOGGED (a crash empties it, and its row
+    -- tokens with it); inheritance children of a protected plain table (writes through the
+    -- parent's name to a child's rows run no trigger of the parent's).
+    IF NOT restoring THEN
+        FOR chk IN SELECT pt.relid, pt.resource, pt.token_column, c.relpersistence, c.relkind
+                   FROM _pg_fencing.protected_table pt JOIN pg_class c ON c.oid = pt.relid
+                   WHERE pt.protected AND (
+                         pt.relid IN (SELECT tr.relid FROM pg_event_trigger_ddl_commands() d,
+                                             LATERAL _pg_fencing.tree(d.objid::regclass) tr
+                                      WHERE d.classid = 'pg_catalog.pg_class'::regclass)
+                      OR pt.relid IN (SELECT i.inhparent FROM pg_inherits i JOIN pg_event_trigger_ddl_commands() d
+                                        ON d.classid = 'pg_catalog.pg_class'::regclass AND i.inhrelid = d.objid))
+        LOOP
+            IF NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = chk.relid AND a.attname = chk.token_column
+                           AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid = 'int8'::regtype AND a.attgenerated = '') THEN
+                RAISE EXCEPTION USING ERRCODE = '55000',
+                    MESSAGE = format('the token column %I of protected table %s cannot be dropped, renamed, retyped or made generated', chk.token_column, chk.relid),
+                    DETAIL = 'Its values are the fencing tokens of the rows'' last writes: the per-row high-water marks.',
+                    HINT = format('To stop fencing the table, run SELECT fencing_unprotect(%L) first.', chk.relid);
+            END IF;
+            IF chk.resource IS NULL AND chk.relpersistence = 'u' THEN
+                RAISE EXCEPTION USING ERRCODE = '55000',
+                    MESSAGE = format('per-row protected table %s cannot be UNLOGGED', chk.relid),
+                    DETAIL = 'A crash empties an unlogged table, and with it the row tokens that fence its keys.',
+                    HINT = 'Keep it logged, or protect it in resource mode (its mark is a logged row).';
+            END IF;
+            IF chk.relkind = 'r' AND EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = chk.relid) THEN
+                RAISE EXCEPTION USING ERRCODE = '55000',
+                    MESSAGE = format('protected table %s cannot have inheritance children', chk.relid),
+                    DETAIL = 'Writes through the parent to rows of its children would not be fenced.',
+                    HINT = 'Use declarative partitioning, or protect each table on its own.';
+            END IF;
+        END LOOP;
+    END IF;
     -- Per-row mode: tombstone key hashes follow the key's types and collations (also in a
     -- restore, whose primary keys are created after the data).
     FOR p IN SELECT pt.id, pt.relid FROM _pg_fencing.protected_table pt
@@ -1054,3 +1091,29 @@ $fn$;
 CREATE EVENT TRIGGER pg_fencing_publication ON ddl_command_end
     WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
     EXECUTE FUNCTION _pg_fencing.on_publication_ddl();
+
+-- DROP EXTENSION pg_fencing (also CASCADE) would delete every mark and tombstone: refused while
+-- any table is protected. fencing_unprotect each table first (its marks and tombstones are then
+-- given up on purpose).
+CREATE FUNCTION _pg_fencing.on_ddl_start() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    protected text;
+BEGIN
+    IF tg_tag <> 'DROP EXTENSION' OR current_query() !~* 'drop\s+extension\s+(if\s+exists\s+)?([^;]*[\s,"])?pg_fencing([\s,";]|$)' THEN
+        RETURN;
+    END IF;
+    SELECT string_agg(pt.relid::text, ', ' ORDER BY pt.relid::text) INTO protected
+    FROM _pg_fencing.protected_table pt
+    WHERE pt.protected AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = pt.relid);
+    IF protected IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '2BP01',
+            MESSAGE = 'cannot drop extension pg_fencing while tables are protected',
+            DETAIL = format('Protected: %s. Dropping the extension would delete their high-water marks and tombstones.', protected),
+            HINT = 'Run SELECT fencing_unprotect(...) for each table first.';
+    END IF;
+END
+$fn$;
+CREATE EVENT TRIGGER pg_fencing_ddl_start ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION')
+    EXECUTE FUNCTION _pg_fencing.on_ddl_start();

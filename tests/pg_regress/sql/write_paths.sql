@@ -181,14 +181,14 @@ SELECT fencing_protect('inh_parent');
 \echo :LAST_ERROR_SQLSTATE
 CREATE TABLE inh2 (id int PRIMARY KEY, v text);
 SELECT fencing_protect('inh2', 'inh2-res');
-CREATE TABLE inh2_child () INHERITS (inh2);
+CREATE TABLE inh2_child () INHERITS (inh2);  -- refused (55000)
 SELECT relation, active, inactive_reason FROM fencing_protected_tables WHERE relation = 'inh2'::regclass;
 CREATE TABLE gtok (id int PRIMARY KEY, fence_token bigint GENERATED ALWAYS AS (1) STORED);
 SELECT fencing_protect('gtok');
 \echo :LAST_ERROR_SQLSTATE
 CREATE TABLE ren (id int PRIMARY KEY);
 SELECT fencing_protect('ren');
-ALTER TABLE ren RENAME COLUMN fence_token TO old_token;
+ALTER TABLE ren RENAME COLUMN fence_token TO old_token;  -- refused (55000)
 SELECT relation, active, inactive_reason FROM fencing_protected_tables WHERE relation = 'ren'::regclass;
 
 -- a foreign partition cannot carry a TRUNCATE trigger: shown inactive, and other DDL still works

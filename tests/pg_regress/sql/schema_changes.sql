@@ -1,0 +1,55 @@
+-- Schema changes keep the fence or are refused (issue 30, case 6): no DDL lowers an effective
+-- mark or forgets a tombstone.
+\set VERBOSITY terse
+\set SHOW_CONTEXT never
+CREATE TABLE sc_res (id int PRIMARY KEY, v int);
+SELECT fencing_protect('sc_res', 'sc-res');
+CREATE TABLE sc_rows (id int PRIMARY KEY, v int);
+SELECT fencing_protect('sc_rows');
+BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_res VALUES (1, 0); INSERT INTO sc_rows VALUES (1, 0), (2, 0); DELETE FROM sc_rows WHERE id = 2; COMMIT;
+-- (a) DROP EXTENSION would delete every mark and tombstone: refused while tables are protected,
+-- also with CASCADE and IF EXISTS.
+DROP EXTENSION pg_fencing;
+\echo :LAST_ERROR_SQLSTATE
+DROP EXTENSION IF EXISTS pg_fencing CASCADE;
+\echo :LAST_ERROR_SQLSTATE
+SELECT fencing_high_water('sc-res');
+-- (b) The token column (the per-row marks) cannot be dropped, renamed, retyped or made generated.
+ALTER TABLE sc_rows DROP COLUMN fence_token;
+\echo :LAST_ERROR_SQLSTATE
+ALTER TABLE sc_rows RENAME COLUMN fence_token TO ft;
+\echo :LAST_ERROR_SQLSTATE
+ALTER TABLE sc_rows ALTER COLUMN fence_token TYPE numeric;
+\echo :LAST_ERROR_SQLSTATE
+ALTER TABLE sc_res DROP COLUMN fence_token;
+\echo :LAST_ERROR_SQLSTATE
+SELECT id, fence_token FROM sc_rows ORDER BY id;
+-- Other columns change as usual.
+ALTER TABLE sc_rows ADD COLUMN note text;
+ALTER TABLE sc_rows RENAME COLUMN note TO remark;
+ALTER TABLE sc_rows DROP COLUMN remark;
+-- (d) A per-row table cannot be UNLOGGED (a crash would empty it with its row tokens); a
+-- resource-mode one can (its mark is a logged row of pg_fencing's own).
+ALTER TABLE sc_rows SET UNLOGGED;
+\echo :LAST_ERROR_SQLSTATE
+ALTER TABLE sc_res SET UNLOGGED;
+ALTER TABLE sc_res SET LOGGED;
+-- (e) Inheritance children of a protected table are refused, both ways.
+CREATE TABLE sc_child () INHERITS (sc_rows);
+\echo :LAST_ERROR_SQLSTATE
+CREATE TABLE sc_child2 (id int NOT NULL, v int, fence_token bigint);
+ALTER TABLE sc_child2 INHERIT sc_res;
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS children FROM pg_inherits WHERE inhparent IN ('sc_rows'::regclass, 'sc_res'::regclass);
+-- The fence is intact, and the protections active.
+BEGIN; SET LOCAL pg_fencing.token = '50'; INSERT INTO sc_rows VALUES (2, 1);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '50'; UPDATE sc_res SET v = 1;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SELECT relation, active FROM fencing_protected_tables WHERE relation::text LIKE 'sc_%' ORDER BY 1;
+-- After fencing_unprotect, the table is the owner's to change.
+SELECT fencing_unprotect('sc_rows');
+ALTER TABLE sc_rows DROP COLUMN fence_token;
+DROP TABLE sc_res, sc_rows, sc_child2;

@@ -393,6 +393,9 @@ DECLARE
     pid bigint;
     part regclass;
     args text;
+    prev record;
+    carried bigint;
+    prev_max bigint;
 BEGIN
     IF relation IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
@@ -470,6 +473,35 @@ BEGIN
             MESSAGE = format('token column %I of %s has type %s, not bigint', token_column, relation, col_type::pg_catalog.regtype);
     END IF;
 
+    -- Switching a protection to another resource, the other mode or another token column carries
+    -- the fence: everything the old protection fenced with (its resource's mark, the rows' tokens
+    -- in its token column, its tombstones and tombstone floor) becomes the lowest token the new
+    -- one accepts (the new resource's mark, or in per-row mode the tombstone floor, which keys
+    -- without a tombstone must meet). Without this, 90 was accepted on rows stamped 100.
+    SELECT pt.id, pt.resource, pt.token_column, pt.tombstone_floor INTO prev
+    FROM _pg_fencing.protected_table pt WHERE pt.relid = relation;
+    IF FOUND AND (prev.resource IS DISTINCT FROM resource OR prev.token_column <> token_column) THEN
+        IF resource IS NULL AND prev.resource IS NULL AND prev.token_column <> token_column
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = relation AND a.attname = prev.token_column
+                       AND a.attnum > 0 AND NOT a.attisdropped) THEN
+            -- The rows' marks are the old column's values; a new column would start empty.
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = format('per-row protected table %s keeps its token column %I', relation, prev.token_column),
+                DETAIL = 'Its values are the rows'' high-water marks; another token column would start without them.',
+                HINT = 'Keep the token column, or fencing_unprotect the table first (its rows'' marks are then given up).';
+        END IF;
+        carried := prev.tombstone_floor;
+        IF prev.resource IS NOT NULL THEN
+            carried := greatest(carried, @extschema@.fencing_high_water(prev.resource));
+        END IF;
+        carried := greatest(carried, (SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt
+                                      WHERE rt.protection_id = prev.id));
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = relation AND a.attname = prev.token_column
+                   AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype) THEN
+            EXECUTE format('SELECT max(%I) FROM %s', prev.token_column, relation) INTO prev_max;
+            carried := greatest(carried, prev_max);
+        END IF;
+    END IF;
     pid := _pg_fencing.register(relation, resource, token_column::text);
     -- Firing modes first (partitions before their parents), so that no ALTER TABLE below meets
     -- a trigger of this protection that a restore left disabled.
@@ -510,6 +542,17 @@ BEGIN
         PERFORM _pg_fencing.add_statement_triggers(part, pid, resource, token_column);
         PERFORM _pg_fencing.repair_firing_modes(part);
     END LOOP;
+    IF carried IS NOT NULL THEN
+        IF resource IS NOT NULL THEN
+            IF coalesce(@extschema@.fencing_high_water(resource), 0) < carried THEN
+                PERFORM @extschema@.fencing_advance(resource, carried);
+            END IF;
+        ELSE
+            PERFORM @extschema@.fencing_prune_tombstones(relation, carried, 0);
+        END IF;
+        RAISE NOTICE 'pg_fencing: the protection of % carries the old one''s fence: % accepts tokens from % on', relation,
+            CASE WHEN resource IS NULL THEN 'every key without a newer tombstone' ELSE format('resource %L', resource) END, carried;
+    END IF;
     -- Publications of this table carry pg_fencing's own tables along (publish_feeds).
     PERFORM _pg_fencing.publish_feeds(pr.prpubid) FROM pg_catalog.pg_publication_rel pr
     WHERE pr.prrelid IN (SELECT t.relid FROM _pg_fencing.tree(relation) t);

@@ -285,7 +285,8 @@ pub fn lock_resource_exclusive(resource: &str) -> Option<Token> {
     read_resource_mark(resource)
 }
 
-/// Per-row mode, UPDATE/DELETE of an existing row: its own token column is its high-water mark.
+/// Per-row mode, UPDATE/DELETE of an existing row: its own token column is its high-water mark
+/// (the table's tombstone floor for a row never stamped).
 /// The executor holds the row lock and hands us the latest row version, so no lock is needed.
 /// `count`: count an accepted write in the statistics (false for early checks that are repeated).
 /// `key` prints the row's key; it is only called for the error message.
@@ -297,6 +298,10 @@ pub fn admit_row(
     row_token: Option<Token>,
     count: bool,
 ) -> Result<(), FenceError> {
+    // A row never stamped (written before the table was protected, or before a switch from
+    // resource mode) has no mark of its own: the table's tombstone floor is its mark, which is
+    // where `fencing_protect` carries a previous protection's fence.
+    let row_token = row_token.or_else(|| tombstone_floor(protection));
     match rule(token, row_token) {
         Verdict::Reject => {
             let high_water = row_token.unwrap_or_default();

@@ -49,6 +49,48 @@ BEGIN; SET LOCAL pg_fencing.token = '50'; UPDATE sc_res SET v = 1;
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 SELECT relation, active FROM fencing_protected_tables WHERE relation::text LIKE 'sc_%' ORDER BY 1;
+-- (c) fencing_protect switching a table to another resource, the other mode or another token
+-- column carries the fence: the new domain starts at the old one's highest mark, row token and
+-- tombstone (before, 90 was accepted on rows stamped 100).
+CREATE TABLE sc_sw (id int PRIMARY KEY, v int);
+SELECT fencing_protect('sc_sw', 'sc-a');
+BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_sw VALUES (1, 0), (2, 0); COMMIT;
+SELECT fencing_protect('sc_sw', 'sc-b');
+SELECT fencing_high_water('sc-b');
+BEGIN; SET LOCAL pg_fencing.token = '90'; UPDATE sc_sw SET v = 1 WHERE id = 1;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- to per-row mode: every row keeps its token, a new key and a row never stamped need the old
+-- mark (the tombstone floor)
+BEGIN; SET LOCAL session_replication_role = replica; INSERT INTO sc_sw (id, v) VALUES (4, 0); COMMIT;
+SELECT fencing_protect('sc_sw');
+BEGIN; SET LOCAL pg_fencing.token = '90'; UPDATE sc_sw SET v = 1 WHERE id = 4;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- a per-row table keeps its token column (its values are the rows' marks)
+SELECT fencing_protect('sc_sw', NULL, 'other_token');
+\echo :LAST_ERROR_SQLSTATE
+BEGIN; SET LOCAL pg_fencing.token = '90'; INSERT INTO sc_sw VALUES (3, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '90'; DELETE FROM sc_sw WHERE id = 2;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '120'; DELETE FROM sc_sw WHERE id = 2; DELETE FROM sc_sw WHERE id = 4; COMMIT;
+-- back to resource mode: the tombstone at 120 is the new resource's floor
+SELECT fencing_protect('sc_sw', 'sc-c');
+SELECT fencing_high_water('sc-c');
+BEGIN; SET LOCAL pg_fencing.token = '110'; INSERT INTO sc_sw VALUES (2, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- resource mode, another token column: the old column's tokens carry over too
+SELECT fencing_protect('sc_sw', 'sc-c', 'other_token');
+BEGIN; SET LOCAL pg_fencing.token = '120'; INSERT INTO sc_sw VALUES (2, 0); COMMIT;
+SELECT id, other_token FROM sc_sw ORDER BY id;
+-- re-protecting the same way carries nothing (idempotent) and says nothing
+SELECT fencing_protect('sc_sw', 'sc-c', 'other_token');
+DROP TABLE sc_sw;
+
 -- After fencing_unprotect, the table is the owner's to change.
 SELECT fencing_unprotect('sc_rows');
 ALTER TABLE sc_rows DROP COLUMN fence_token;

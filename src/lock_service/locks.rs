@@ -357,6 +357,33 @@ impl Shared {
         Ok(())
     }
 
+    /// Record a revision etcd showed without answering one of our requests (a watch's events and
+    /// response headers: committed revisions, but from the member serving the watch, which may
+    /// lag another member that answered us): it raises the highest revision the worker has
+    /// seen, so that the next linearizable answer below it is a regression (`observe_etcd`), but
+    /// is not itself compared with it. `Err` (with why) for an answer from another cluster (a
+    /// regression found now).
+    pub(super) fn observe_seen(&self, cluster_id: u64, revision: i64) -> Result<(), String> {
+        if self.regression().is_some() {
+            // Already stopped; what stops the watch's marks is decided where it was before.
+            return Ok(());
+        }
+        let known = self.etcd_cluster_id.load(Ordering::Acquire);
+        if known != 0 && cluster_id != 0 && cluster_id != known {
+            return Err(self.regress(format!(
+                "etcd answered from cluster {cluster_id:x}, not from cluster {known:x} as before"
+            )));
+        }
+        if self
+            .etcd_highest_revision
+            .fetch_max(revision, Ordering::AcqRel)
+            < revision
+        {
+            self.mark_dirty(DIRTY_REVISION);
+        }
+        Ok(())
+    }
+
     /// Raise what the state file misses to at least `level` (never lowers it).
     pub(super) fn mark_dirty(&self, level: u32) {
         self.etcd_state_dirty.fetch_max(level, Ordering::AcqRel);
@@ -486,6 +513,14 @@ pub(crate) fn observe_etcd_answer(
         return Ok(());
     }
     SHARED.get().observe_etcd(cluster_id, revision, floor)
+}
+
+/// For the watches (etcd thread): a revision a watch saw (see `Shared::observe_seen`).
+pub(crate) fn observe_etcd_seen(cluster_id: u64, revision: i64) -> Result<(), String> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    SHARED.get().observe_seen(cluster_id, revision)
 }
 
 /// For the etcd thread: what is wrong with reaching etcd, by source (`"locks"`, a lease, a

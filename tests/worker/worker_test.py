@@ -1386,6 +1386,53 @@ def scenario_restore(etcd, pg):
     c.close()
 
 
+def scenario_restore_watched(etcd, pg):
+    """Issue 30, case 3: an etcd restore is noticed from what a watch saw, also when the worker
+    itself wrote nothing since the snapshot (before, only the answers to its own requests were
+    compared: tokens below the mark were handed out and the watch reported a hand-over at the
+    restored revision)."""
+    print("== etcd restored below what a watch saw, with no request of the worker's since the snapshot")
+    c = pg.connect()
+    cur = c.cursor()
+    cur.execute("SELECT fencing_watch('settle-w')")
+    status = lambda: (cur.execute("SELECT status FROM fencing_watches WHERE resource = 'settle-w'"), cur.fetchone()[0])[1]
+    ok(wait_for(lambda: not status().startswith(("starting", "reconnecting")), 10) is not None,
+       f"the watch of 'settle-w' runs ({status()})")
+    snap = os.path.join(WORK, "etcd-snapshot-watched.db")
+    etcd.ctl("snapshot", "save", snap)
+    env = etcdctl_env()
+    for _ in range(4):
+        # Outside lock holders only: each hand-over is seen by the watch alone.
+        subprocess.run(["etcdctl", "--endpoints", etcd.endpoints(), "lock", "settle-w", "--", "true"],
+                       check=True, capture_output=True, env=env, timeout=20)
+    seen = etcd_revision(etcd)
+    cur.execute("SELECT fencing_high_water('settle-w')")
+    mark = cur.fetchone()[0]
+    ok(mark is not None and mark > 0, f"the watch raised the mark at the hand-overs ({mark}, etcd at {seen})")
+    m = etcd.members[0]
+    etcd.stop()
+    restored = etcd.dirs[m] + "-restored-watched"
+    subprocess.run(["etcdctl", "snapshot", "restore", snap, "--data-dir", restored, "--name", m,
+                    "--initial-cluster", etcd.cluster,
+                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd.peer[m]}"],
+                   check=True, capture_output=True, env=env)
+    etcd.dirs[m] = restored
+    etcd.start()
+    rev = etcd_revision(etcd)
+    ok(rev < mark, f"the restored etcd is at revision {rev}, below the mark {mark} the watch raised")
+    problem = lambda: (cur.execute("SELECT string_agg(DISTINCT lock_service_problem, '; ') FROM fencing_resources"),
+                       cur.fetchone()[0])[1]
+    ok(wait_for(lambda: "went back" in (problem() or ""), 15) is not None,
+       f"fencing_resources says etcd went back ({problem()})")
+    st = sqlstate(cur, "SELECT fencing_acquire('settle-w', '5s')")
+    ok(st == "FT005", f"fencing_acquire hands out no token below the mark ({st})")
+    cur.execute("SELECT fencing_high_water('settle-w')")
+    ok(cur.fetchone()[0] == mark, "the mark stayed where it was")
+    cur.execute("SELECT fencing_reset('settle-w', %s)", (mark,))
+    cur.execute("SELECT fencing_unwatch('settle-w')")
+    c.close()
+
+
 def scenario_cluster():
     print("== three-member etcd cluster: the leader stops while a lock is held")
     etcd3 = Etcd(members=3, base=ETCD_BASE + 100, tag="m")
@@ -1504,6 +1551,7 @@ def main():
             scenario_etcd_down(etcd, pg)
             scenario_kill9(etcd, pg)
             scenario_restore(etcd, pg)
+            scenario_restore_watched(etcd, pg)
             pg.stop("immediate")
             scenario_max_locks(etcd)
             etcd.stop()

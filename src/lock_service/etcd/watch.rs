@@ -3,7 +3,8 @@
 
 use super::client::{connect, Config};
 use crate::lock_service::locks::{
-    etcd_highest_revision, lock_service_problem, now_ms, observe_etcd_answer, report_problem,
+    etcd_highest_revision, lock_service_problem, now_ms, observe_etcd_answer, observe_etcd_seen,
+    report_problem,
 };
 use crate::lock_service::watch::*;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
@@ -293,6 +294,12 @@ async fn watch_once(slot: &'static WatchSlot, generation: u64, cfg: &Config) -> 
                         slot.report(generation, &format!("lock changed hands at revision {granted}"));
                     }
                 }
+                // Every revision a watch sees counts for noticing a restored etcd: an answer below
+                // it later is a regression, also when the worker wrote nothing since (issue 30).
+                let seen = resp.events().iter().filter_map(|e| e.kv()).map(|kv| kv.mod_revision()).max().unwrap_or(0);
+                let cluster = resp.header().map(|h| h.cluster_id()).unwrap_or(0);
+                let header_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+                observe_etcd_seen(cluster, seen.max(header_rev))?;
                 if let Some(h) = resp.header() {
                     // Events are delivered in order and the watch started right after r0:
                     // an answer (events or a progress report) confirms etcd's state up to its

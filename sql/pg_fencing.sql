@@ -407,13 +407,24 @@ BEGIN
     IF token_column IS NULL OR token_column = '' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'token_column must be a column name';
     END IF;
-    SELECT c.relkind, c.relowner INTO rel FROM pg_catalog.pg_class c WHERE c.oid = relation;
+    SELECT c.relkind, c.relowner, c.relpersistence INTO rel FROM pg_catalog.pg_class c WHERE c.oid = relation;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '42P01', MESSAGE = format('relation with OID %s does not exist', relation::oid);
     END IF;
     IF rel.relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', relation),
             HINT = 'fencing_protect accepts plain and partitioned tables.';
+    END IF;
+    IF rel.relpersistence = 't' THEN
+        -- A temporary table is dropped at session end without the DDL event triggers, which
+        -- would leave its protection behind for a later table with the same OID.
+        RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is a temporary table', relation),
+            HINT = 'Protect a permanent table; a temporary one lives for one session only.';
+    END IF;
+    IF resource IS NULL AND rel.relpersistence = 'u' THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format('per-row protected table %s cannot be UNLOGGED', relation),
+            DETAIL = 'A crash empties an unlogged table, and with it the row tokens that fence its keys.',
+            HINT = 'Make it logged (ALTER TABLE ... SET LOGGED), or protect it in resource mode.';
     END IF;
     IF pg_catalog.pg_partition_root(relation) <> relation THEN
         RAISE EXCEPTION USING ERRCODE = '42809',
@@ -562,7 +573,7 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_protect(regclass, text, name) IS
-'Puts a plain or partitioned table under fencing. resource NULL: per-row mode (each row is its own fencing domain, deleted keys keep a tombstone); resource given: resource mode (one high-water mark fences every row). Adds token_column (bigint) if missing. Idempotent. Errors: 42501 not the owner; 42809 not a table; 42P16 no primary key in per-row mode; 42804 token column not bigint; 22023 empty resource.';
+'Puts a plain or partitioned table under fencing. resource NULL: per-row mode (each row is its own fencing domain, deleted keys keep a tombstone); resource given: resource mode (one high-water mark fences every row). Adds token_column (bigint) if missing. Idempotent. Switching a protected table to another resource, the other mode or (resource mode) another token column carries the fence: the new resource''s mark, or in per-row mode the tombstone floor, starts at the old protection''s highest mark, row token and tombstone. Repairs the firing modes of the protection''s triggers. A publication of the table gets pg_fencing''s own tables added. Errors: 42501 not the owner; 42809 not a table, a partition or a temporary table; 42P16 no primary key in per-row mode; 42804 token column not bigint; 22023 empty resource; 55000 another token column for a per-row table, or a per-row table that is UNLOGGED.';
 
 CREATE FUNCTION @extschema@.fencing_unprotect(relation regclass) RETURNS void
 LANGUAGE plpgsql AS $fn$

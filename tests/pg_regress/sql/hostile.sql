@@ -154,7 +154,7 @@ SELECT * FROM s;
 CREATE ROLE h_gus LOGIN;
 GRANT CREATE ON SCHEMA public TO h_gus;
 SET ROLE h_gus;
-CREATE TEMP TABLE mine (id int PRIMARY KEY);
+CREATE TABLE mine (id int PRIMARY KEY);
 SELECT fencing_protect('mine', 'h-res');
 \echo :LAST_ERROR_SQLSTATE
 SELECT fencing_protect('mine', 'no-table-res');

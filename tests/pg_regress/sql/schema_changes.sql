@@ -91,6 +91,17 @@ SELECT id, other_token FROM sc_sw ORDER BY id;
 SELECT fencing_protect('sc_sw', 'sc-c', 'other_token');
 DROP TABLE sc_sw;
 
+-- A temporary table cannot be protected (dropped at session end without the event triggers, it
+-- would leave its protection behind); nor an unlogged one in per-row mode.
+CREATE TEMPORARY TABLE sc_temp (id int PRIMARY KEY);
+SELECT fencing_protect('sc_temp');
+\echo :LAST_ERROR_SQLSTATE
+CREATE UNLOGGED TABLE sc_unlogged (id int PRIMARY KEY);
+SELECT fencing_protect('sc_unlogged');
+\echo :LAST_ERROR_SQLSTATE
+SELECT fencing_protect('sc_unlogged', 'sc-unlogged');
+DROP TABLE sc_temp, sc_unlogged;
+
 -- After fencing_unprotect, the table is the owner's to change.
 SELECT fencing_unprotect('sc_rows');
 ALTER TABLE sc_rows DROP COLUMN fence_token;

@@ -692,6 +692,8 @@ DECLARE
     part regclass;
     trg record;
     chk record;
+    det record;
+    carried bigint;
     restoring boolean := current_setting('check_function_bodies') = 'off';
 BEGIN
     -- Firing modes (docs/guarantees.md, "When a protection is not active"). The REPLICA triggers
@@ -788,6 +790,37 @@ BEGIN
             END;
         END LOOP;
     END LOOP;
+    -- A partition detached from a protected table (ALTER TABLE ... DETACH PARTITION) loses the
+    -- row triggers it had as a clone of its parent's, but keeps its own statement triggers: it
+    -- stays protected on its own, with the same resource (resource mode) or in per-row mode with
+    -- a tombstone floor at the parent protection's highest tombstone, floor and row token, so that
+    -- no DDL lowers the fence of its rows (fencing_unprotect it to stop fencing it).
+    IF NOT restoring THEN
+        FOR det IN SELECT DISTINCT tg.tgrelid::regclass AS rel, pt.id, pt.relid AS root, pt.resource, pt.token_column,
+                          pt.tombstone_floor
+                   FROM pg_trigger tg
+                   JOIN _pg_fencing.protected_table pt
+                     ON pt.id::text = split_part(encode(tg.tgargs, 'escape'), '\000', 1)
+                   WHERE tg.tgname IN ('zz_pg_fencing_truncate', 'zz_pg_fencing_stmt') AND pt.protected
+                     AND tg.tgrelid <> pt.relid
+                     AND tg.tgrelid NOT IN (SELECT tr.relid FROM _pg_fencing.tree(pt.relid) tr)
+                     AND NOT EXISTS (SELECT 1 FROM _pg_fencing.protected_table o WHERE o.relid = tg.tgrelid)
+        LOOP
+            -- (fencing_protect replaces its statement triggers, whose arguments name the parent's
+            -- protection, with its own)
+            PERFORM @extschema@.fencing_protect(det.rel, det.resource, det.token_column);
+            IF det.resource IS NULL THEN
+                EXECUTE format('SELECT max(%I) FROM %s', det.token_column, det.rel) INTO carried;
+                carried := greatest(carried, det.tombstone_floor,
+                                    (SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = det.id));
+                IF carried IS NOT NULL THEN
+                    PERFORM @extschema@.fencing_prune_tombstones(det.rel, carried, 0);
+                END IF;
+            END IF;
+            RAISE NOTICE 'pg_fencing: % was detached from protected table %; it stays protected on its own', det.rel, det.root
+                USING HINT = format('To stop fencing it, run SELECT fencing_unprotect(%L).', det.rel);
+        END LOOP;
+    END IF;
     -- Per-row mode: the form of zz_pg_fencing_rekey follows the other BEFORE UPDATE row triggers
     -- of the tree, and its columns the primary key (see set_rekey_trigger). A restore brings the
     -- triggers it dumped.

@@ -91,6 +91,34 @@ SELECT id, other_token FROM sc_sw ORDER BY id;
 SELECT fencing_protect('sc_sw', 'sc-c', 'other_token');
 DROP TABLE sc_sw;
 
+-- DETACH PARTITION: the detached partition stays protected on its own (same resource, or per-row
+-- mode with the parent protection's highest tombstone and row token as its floor).
+CREATE TABLE sc_pr (k int, id int, v int, PRIMARY KEY (k, id)) PARTITION BY LIST (k);
+CREATE TABLE sc_pr1 PARTITION OF sc_pr FOR VALUES IN (1);
+CREATE TABLE sc_pr2 PARTITION OF sc_pr FOR VALUES IN (2);
+SELECT fencing_protect('sc_pr');
+BEGIN; SET LOCAL pg_fencing.token = '70'; INSERT INTO sc_pr VALUES (1, 1, 0), (2, 1, 0), (2, 2, 0); DELETE FROM sc_pr WHERE k = 2 AND id = 2; COMMIT;
+ALTER TABLE sc_pr DETACH PARTITION sc_pr2;
+SELECT relation, mode, active, tombstone_floor FROM fencing_protected_tables WHERE relation::text LIKE 'sc_pr%' ORDER BY 1;
+BEGIN; SET LOCAL pg_fencing.token = '60'; INSERT INTO sc_pr2 VALUES (2, 2, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '60'; UPDATE sc_pr2 SET v = 1;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '70'; UPDATE sc_pr2 SET v = 1; COMMIT;
+CREATE TABLE sc_rr (k int, id int, v int, PRIMARY KEY (k, id)) PARTITION BY LIST (k);
+CREATE TABLE sc_rr1 PARTITION OF sc_rr FOR VALUES IN (1);
+CREATE TABLE sc_rr2 PARTITION OF sc_rr FOR VALUES IN (2);
+SELECT fencing_protect('sc_rr', 'sc-rr');
+BEGIN; SET LOCAL pg_fencing.token = '80'; INSERT INTO sc_rr VALUES (2, 1, 0); COMMIT;
+ALTER TABLE sc_rr DETACH PARTITION sc_rr2;
+BEGIN; SET LOCAL pg_fencing.token = '75'; UPDATE sc_rr2 SET v = 1;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SELECT relation, mode, resource, active FROM fencing_protected_tables WHERE relation::text LIKE 'sc_rr%' ORDER BY 1;
+DROP TABLE sc_pr, sc_pr2, sc_rr, sc_rr2;
+
 -- A temporary table cannot be protected (dropped at session end without the event triggers, it
 -- would leave its protection behind); nor an unlogged one in per-row mode.
 CREATE TEMPORARY TABLE sc_temp (id int PRIMARY KEY);

@@ -140,6 +140,7 @@ DECLARE
     chk record;
     det record;
     carried bigint;
+    below boolean;
     restoring boolean := current_setting('check_function_bodies') = 'off';
 BEGIN
     -- Firing modes (docs/guarantees.md, "When a protection is not active"). The REPLICA triggers
@@ -193,9 +194,10 @@ BEGIN
                     DETAIL = 'Its values are the fencing tokens of the rows'' last writes: the per-row high-water marks.',
                     HINT = format('To stop fencing the table, run SELECT fencing_unprotect(%L) first.', chk.relid);
             END IF;
-            IF chk.resource IS NULL AND chk.relpersistence = 'u' THEN
+            IF chk.resource IS NULL AND EXISTS (SELECT 1 FROM _pg_fencing.tree(chk.relid) tr
+                                                JOIN pg_class pc ON pc.oid = tr.relid WHERE pc.relpersistence = 'u') THEN
                 RAISE EXCEPTION USING ERRCODE = '55000',
-                    MESSAGE = format('per-row protected table %s cannot be UNLOGGED', chk.relid),
+                    MESSAGE = format('per-row protected table %s (or a partition of it) cannot be UNLOGGED', chk.relid),
                     DETAIL = 'A crash empties an unlogged table, and with it the row tokens that fence its keys.',
                     HINT = 'Keep it logged, or protect it in resource mode (its mark is a logged row).';
             END IF;
@@ -226,6 +228,23 @@ BEGIN
                     USING HINT = format('If this is not a restore, run SELECT fencing_protect(%L, %L, %L) again.',
                                         p.relid, p.resource, p.token_column);
                 CONTINUE;
+            END IF;
+            -- A partition attached to a per-row protected table brings rows that no insert check
+            -- saw: every one must carry a token at least the protection's highest tombstone and
+            -- tombstone floor, or a deleted key would come back below its tombstone.
+            IF p.resource IS NULL THEN
+                carried := greatest((SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = p.id),
+                                    (SELECT pt.tombstone_floor FROM _pg_fencing.protected_table pt WHERE pt.id = p.id));
+                IF carried IS NOT NULL THEN
+                    EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s WHERE coalesce(%I, 0) < $1)', part, p.token_column)
+                        INTO below USING carried;
+                    IF below THEN
+                        RAISE EXCEPTION USING ERRCODE = '55000',
+                            MESSAGE = format('partition %s has rows with tokens below %s, the highest tombstone of protected table %s', part, carried, p.relid),
+                            DETAIL = 'Attached, they would bring back deleted keys below their tombstones.',
+                            HINT = 'Attach it empty and insert its rows with a current token, or set their token column to at least that value before attaching.';
+                    END IF;
+                END IF;
             END IF;
             -- Never let this block the user's DDL: a partition we cannot guard shows up as
             -- inactive in fencing_protected_tables instead.
@@ -568,6 +587,15 @@ BEGIN
                 RETURN format('trigger %s on %s fires only in replica mode', trig, part);
             END IF;
         END LOOP;
+    END LOOP;
+    FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
+        SELECT tg.tgname INTO trig FROM pg_trigger tg
+        WHERE tg.tgrelid = part AND tg.tgtype::int & 67 = 3 AND tg.tgtype::int & 20 <> 0 AND tg.tgenabled IN ('O', 'A')
+          AND (tg.tgname COLLATE "C") > 'zz_pg_fencing_guard' AND tg.tgname NOT LIKE 'zz\_pg\_fencing\_%'
+        ORDER BY tg.tgname LIMIT 1;
+        IF FOUND THEN
+            RETURN format('BEFORE row trigger %s on %s fires after zz_pg_fencing_guard and could change a row after its check', trig, part);
+        END IF;
     END LOOP;
     -- A subscriber: rows of this table arrive by logical replication. Their tokens raise the
     -- marks (zz_pg_fencing_replica), but the publisher's marks and tombstones that no row carries
@@ -1001,30 +1029,61 @@ CREATE EVENT TRIGGER pg_fencing_publication ON ddl_command_end
     EXECUTE FUNCTION _pg_fencing.on_publication_ddl();
 
 -- DROP EXTENSION pg_fencing (also CASCADE) would delete every mark and tombstone: refused while
--- any table is protected. fencing_unprotect each table first (its marks and tombstones are then
+-- any table is protected (2BP01), read from the command's parse tree (src/api/functions.rs,
+-- pg_fencing_ddl_start). fencing_unprotect each table first (its marks and tombstones are then
 -- given up on purpose).
 CREATE FUNCTION _pg_fencing.on_ddl_start() RETURNS event_trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    protected text;
-BEGIN
-    IF tg_tag <> 'DROP EXTENSION' OR current_query() !~* 'drop\s+extension\s+(if\s+exists\s+)?([^;]*[\s,"])?pg_fencing([\s,";]|$)' THEN
-        RETURN;
-    END IF;
-    SELECT string_agg(pt.relid::text, ', ' ORDER BY pt.relid::text) INTO protected
-    FROM _pg_fencing.protected_table pt
-    WHERE pt.protected AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = pt.relid);
-    IF protected IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '2BP01',
-            MESSAGE = 'cannot drop extension pg_fencing while tables are protected',
-            DETAIL = format('Protected: %s. Dropping the extension would delete their high-water marks and tombstones.', protected),
-            HINT = 'Run SELECT fencing_unprotect(...) for each table first.';
-    END IF;
-END
-$fn$;
+LANGUAGE c AS 'MODULE_PATHNAME', 'pg_fencing_ddl_start';
 CREATE EVENT TRIGGER pg_fencing_ddl_start ON ddl_command_start
     WHEN TAG IN ('DROP EXTENSION')
     EXECUTE FUNCTION _pg_fencing.on_ddl_start();
 
 COMMENT ON FUNCTION @extschema@.fencing_protect(regclass, text, name) IS
 'Puts a plain or partitioned table under fencing. resource NULL: per-row mode (each row is its own fencing domain, deleted keys keep a tombstone); resource given: resource mode (one high-water mark fences every row). Adds token_column (bigint) if missing. Idempotent. Switching a protected table to another resource, the other mode or (resource mode) another token column carries the fence: the new resource''s mark, or in per-row mode the tombstone floor, starts at the old protection''s highest mark, row token and tombstone. Repairs the firing modes of the protection''s triggers. A publication of the table gets pg_fencing''s own tables added. Errors: 42501 not the owner; 42809 not a table, a partition or a temporary table; 42P16 no primary key in per-row mode; 42804 token column not bigint; 22023 empty resource; 55000 another token column for a per-row table, or a per-row table that is UNLOGGED.';
+
+-- Triggers created or replaced on a protected table (also by a role with the TRIGGER privilege
+-- only): one named as a trigger of the protection must be the protection's (fencing_guard, with
+-- the events and no column list or WHEN clause fencing_protect gives it; zz_pg_fencing_rekey's
+-- columns are checked where it is used); another BEFORE row trigger for INSERT or UPDATE must sort
+-- before zz_pg_fencing_guard, so that none can change a row after its check (the token it
+-- stamped, or the key). Refused (55000), the latter except in a restore (check_function_bodies =
+-- off) by the table's owner. Not SECURITY DEFINER: current_user is the role that made the trigger.
+CREATE FUNCTION _pg_fencing.on_trigger_ddl() RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    trg record;
+    restoring boolean := current_setting('check_function_bodies') = 'off';
+BEGIN
+    FOR trg IN SELECT tg.tgrelid::regclass AS rel, tg.tgname, tg.tgfoid, tg.tgtype::int AS tgtype,
+                      cardinality(tg.tgattr::int2[]) AS ncols, tg.tgqual IS NOT NULL AS has_when,
+                      pg_has_role(current_user, c.relowner, 'USAGE') AS owner
+               FROM pg_event_trigger_ddl_commands() d
+               JOIN pg_trigger tg ON d.classid = 'pg_catalog.pg_trigger'::regclass AND tg.oid = d.objid
+               JOIN pg_class c ON c.oid = tg.tgrelid
+               WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt
+                             WHERE pt.protected AND tg.tgrelid IN (SELECT tr.relid FROM _pg_fencing.tree(pt.relid) tr))
+    LOOP
+        IF trg.tgname LIKE 'zz\_pg\_fencing\_%' THEN
+            IF trg.tgfoid <> '@extschema@.fencing_guard()'::regprocedure
+               OR trg.tgtype <> (CASE trg.tgname WHEN 'zz_pg_fencing_guard' THEN 31 WHEN 'zz_pg_fencing_replica' THEN 31
+                                                 WHEN 'zz_pg_fencing_after' THEN 5 WHEN 'zz_pg_fencing_truncate' THEN 34
+                                                 WHEN 'zz_pg_fencing_stmt' THEN 30 WHEN 'zz_pg_fencing_rekey' THEN 17 ELSE -1 END)
+               OR (trg.tgname <> 'zz_pg_fencing_rekey' AND (trg.ncols > 0 OR trg.has_when)) THEN
+                RAISE EXCEPTION USING ERRCODE = '55000',
+                    MESSAGE = format('trigger %s of protected table %s can only be made by fencing_protect', trg.tgname, trg.rel),
+                    DETAIL = 'Another function, other events, a column list or a WHEN clause would leave writes unfenced.',
+                    HINT = format('Run SELECT fencing_protect(%L) to re-create it; name your own triggers otherwise.', pg_partition_root(trg.rel));
+            END IF;
+        ELSIF trg.tgtype & 67 = 3 AND trg.tgtype & 20 <> 0 AND (trg.tgname COLLATE "C") > 'zz_pg_fencing_guard'
+              AND NOT (restoring AND trg.owner) THEN
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = format('BEFORE row trigger %s of protected table %s would fire after zz_pg_fencing_guard', trg.tgname, trg.rel),
+                DETAIL = 'It could change a row (its token or key) after pg_fencing checked and stamped it.',
+                HINT = 'Give it a name that sorts before zz_pg_fencing_guard (BEFORE triggers fire in name order).';
+        END IF;
+    END LOOP;
+END
+$fn$;
+CREATE EVENT TRIGGER pg_fencing_trigger_ddl ON ddl_command_end
+    WHEN TAG IN ('CREATE TRIGGER')
+    EXECUTE FUNCTION _pg_fencing.on_trigger_ddl();

@@ -143,6 +143,11 @@ pub enum FenceError {
     #[error("{0}")]
     NotProtected(Text),
 
+    /// 2BP01: `DROP EXTENSION pg_fencing` while tables are protected (it would delete their
+    /// marks and tombstones).
+    #[error("{0}")]
+    DependentObjects(Text),
+
     /// 42P16: the table's definition does not allow the protection (e.g. a deferrable primary
     /// key in per-row mode).
     #[error("{0}")]
@@ -234,6 +239,7 @@ impl FenceError {
             FenceError::NoSuchRow(_) => sqlstate!("P0002"),
             FenceError::NoTokenArgument(_) => sqlstate!("FT002"),
             FenceError::NotProtected(_) => sqlstate!("FT004"),
+            FenceError::DependentObjects(_) => sqlstate!("2BP01"),
             FenceError::NotSupported(_) => sqlstate!("0A000"),
             FenceError::ExtensionNotUpdated(_) => sqlstate!("55000"),
             FenceError::WatchSlotsFull(_) => sqlstate!("53400"),
@@ -258,6 +264,7 @@ impl FenceError {
             | FenceError::NoSuchRow(t)
             | FenceError::NoTokenArgument(t)
             | FenceError::NotProtected(t)
+            | FenceError::DependentObjects(t)
             | FenceError::InvalidTableDefinition(t)
             | FenceError::NotAllowed(t)
             | FenceError::NotSupported(t)

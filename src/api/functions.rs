@@ -48,6 +48,38 @@ macro_rules! v1_finfo {
     };
 }
 
+v1_finfo!(pg_finfo_pg_fencing_ddl_start);
+/// `_pg_fencing.on_ddl_start() RETURNS event_trigger` (`ddl_command_start`, `DROP EXTENSION`):
+/// refuses to drop pg_fencing (also with `CASCADE`) while tables are protected (`2BP01`): it would
+/// delete every high-water mark and tombstone. The command is read from its parse tree.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_ddl_start(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's for this call, as `drops_extension` requires.
+    // This frame holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || {
+            if crate::pg::event_trigger::drops_extension(fcinfo, "pg_fencing") != Some(true) {
+                return Ok(pg_sys::Datum::from(0usize));
+            }
+            match crate::state::protections::protected_tables() {
+                None => Ok(pg_sys::Datum::from(0usize)),
+                Some(tables) => Err(FenceError::DependentObjects(crate::error::Text {
+                    message: "cannot drop extension pg_fencing while tables are protected".into(),
+                    detail: Some(format!(
+                        "Protected: {tables}. Dropping the extension would delete their high-water marks and tombstones."
+                    )),
+                    hint: Some("Run SELECT fencing_unprotect(...) for each table first.".into()),
+                })),
+            }
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_fencing_guard);
 /// `fencing_guard() RETURNS trigger`: the guard trigger of protected tables (see `guard/trigger.rs`).
 ///

@@ -11,6 +11,7 @@
 
 pub mod catalog;
 pub mod compat;
+pub mod event_trigger;
 pub mod guc;
 pub mod index;
 pub mod key_identity;

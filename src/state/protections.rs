@@ -21,3 +21,17 @@ pub fn inactive_reason(protection: i64) -> Option<String> {
     )
     .filter(|r| !r.is_empty())
 }
+
+/// The protected tables that still exist, as a list for a message (`None`: none).
+pub fn protected_tables() -> Option<String> {
+    exec_internal(
+        "SELECT pg_catalog.string_agg(p.relid::pg_catalog.text, ', ' ORDER BY p.relid::pg_catalog.text) \
+         FROM _pg_fencing.protected_table p WHERE p.protected \
+         AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) p.relid::pg_catalog.oid)",
+        false,
+        &[],
+        &mut [],
+        true,
+        text_of,
+    )
+}

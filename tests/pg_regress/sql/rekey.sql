@@ -1,8 +1,8 @@
 -- Per-row mode, an UPDATE that gives a row a new key: the new key is checked against its
 -- tombstone once the row is in the unique index, by trigger zz_pg_fencing_rekey. Its cheap form
 -- (AFTER UPDATE OF the key columns) fires only for UPDATEs that set a key column; while another
--- BEFORE UPDATE row trigger could change the key without setting it, the general form (WHEN the
--- key changed) is installed instead, and the DDL event trigger keeps the form right as triggers
+-- BEFORE UPDATE row trigger (one sorting before the guard: one after it is refused) could change
+-- the key without setting it, the general form (WHEN the key changed) is installed instead, and the DDL event trigger keeps the form right as triggers
 -- come and go (sql/pg_fencing.sql, set_rekey_trigger). Should the cheap form meet such a
 -- trigger anyway, UPDATEs are refused (FT004).
 \set SHOW_CONTEXT never
@@ -22,43 +22,48 @@ BEGIN; SET LOCAL pg_fencing.token = '15'; UPDATE rk SET id = id, v = 1 WHERE id 
 BEGIN; SET LOCAL pg_fencing.token = '20'; UPDATE rk SET id = 50 WHERE id = 1; COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '19'; INSERT INTO rk VALUES (1, 9); ROLLBACK;
 
--- A BEFORE UPDATE trigger of the user's that moves keys without the UPDATE setting them, one that
--- fires before the guard and one after it (triggers fire in name order): the general form.
+-- A BEFORE UPDATE trigger of the user's that moves keys without the UPDATE setting them: the
+-- general form. It must fire before the guard (triggers fire in name order): one that would fire
+-- after it could change the row's token or key after the check, and is refused (55000).
 CREATE FUNCTION rk_move() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.v = 100 THEN NEW.id := NEW.id + 100; END IF;
     RETURN NEW;
 END $$;
+CREATE TRIGGER zzz_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
 CREATE TRIGGER aa_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
 SELECT _pg_fencing.rekey_form('rk');
 -- key 102 keeps a tombstone at 30
 BEGIN; SET LOCAL pg_fencing.token = '30'; INSERT INTO rk VALUES (102, 0); DELETE FROM rk WHERE id = 102; COMMIT;
-BEGIN; SET LOCAL pg_fencing.token = '25'; UPDATE rk SET v = 100 WHERE id = 2; ROLLBACK;
-DROP TRIGGER aa_move ON rk;
-SELECT _pg_fencing.rekey_form('rk');
-CREATE TRIGGER zzz_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
-SELECT _pg_fencing.rekey_form('rk');
 BEGIN; SET LOCAL pg_fencing.token = '25'; UPDATE rk SET v = 100 WHERE id = 2; ROLLBACK;
 -- with the tombstone's token the move is accepted, and the old key 2 keeps a tombstone
 BEGIN; SET LOCAL pg_fencing.token = '30'; UPDATE rk SET v = 100 WHERE id = 2; COMMIT;
 SELECT id, v, fence_token FROM rk ORDER BY id;
 BEGIN; SET LOCAL pg_fencing.token = '29'; INSERT INTO rk VALUES (2, 0); ROLLBACK;
 SELECT fencing_protected_tables.inactive_reason FROM fencing_protected_tables WHERE relation = 'rk'::regclass;
+DROP TRIGGER aa_move ON rk;
+SELECT _pg_fencing.rekey_form('rk');
 
 -- Without the event trigger (disabled by a superuser), the cheap form meets such a trigger:
 -- UPDATEs are refused, and the view says why, until fencing_protect installs the general form.
-DROP TRIGGER zzz_move ON rk;
-SELECT _pg_fencing.rekey_form('rk');
 ALTER EVENT TRIGGER pg_fencing_ddl_end DISABLE;
-CREATE TRIGGER zzz_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
+CREATE TRIGGER ab_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
 SELECT _pg_fencing.rekey_form('rk');
 BEGIN; SET LOCAL pg_fencing.token = '40'; UPDATE rk SET v = 7 WHERE id = 3; ROLLBACK;
 SELECT fencing_protected_tables.inactive_reason FROM fencing_protected_tables WHERE relation = 'rk'::regclass;
 SELECT fencing_protect('rk');
 SELECT _pg_fencing.rekey_form('rk');
 BEGIN; SET LOCAL pg_fencing.token = '40'; UPDATE rk SET v = 7 WHERE id = 3; COMMIT;
-ALTER EVENT TRIGGER pg_fencing_ddl_end ENABLE;
+-- A trigger that fires after the guard, created while the event triggers are off: the protection
+-- is inactive and every write refused (FT004) while it exists.
+ALTER EVENT TRIGGER pg_fencing_trigger_ddl DISABLE;
+CREATE TRIGGER zzz_move BEFORE UPDATE ON rk FOR EACH ROW EXECUTE FUNCTION rk_move();
+ALTER EVENT TRIGGER pg_fencing_trigger_ddl ENABLE;
+BEGIN; SET LOCAL pg_fencing.token = '40'; UPDATE rk SET v = 8 WHERE id = 3; ROLLBACK;
+SELECT fencing_protected_tables.inactive_reason FROM fencing_protected_tables WHERE relation = 'rk'::regclass;
 DROP TRIGGER zzz_move ON rk;
+ALTER EVENT TRIGGER pg_fencing_ddl_end ENABLE;
+DROP TRIGGER ab_move ON rk;
 SELECT _pg_fencing.rekey_form('rk');
 
 -- Partitions: a partition's own BEFORE UPDATE trigger also calls for the general form, which the
@@ -95,12 +100,12 @@ BEGIN
     IF NEW.v = 100 THEN NEW.k2 := 50; END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER zzz_move BEFORE UPDATE ON rkc FOR EACH ROW EXECUTE FUNCTION rkc_move();
+CREATE TRIGGER aa_move BEFORE UPDATE ON rkc FOR EACH ROW EXECUTE FUNCTION rkc_move();
 ALTER TABLE rkc DROP CONSTRAINT rkc_pkey, ADD PRIMARY KEY (id);
 ALTER TABLE rkc DROP CONSTRAINT rkc_pkey, ADD PRIMARY KEY (k2);
 SELECT _pg_fencing.rekey_form('rkc'), _pg_fencing.rekey_matches_key('rkc');
 BEGIN; SET LOCAL pg_fencing.token = '15'; UPDATE rkc SET v = 100 WHERE k2 = 1; ROLLBACK;
-DROP TRIGGER zzz_move ON rkc;
+DROP TRIGGER aa_move ON rkc;
 ALTER EVENT TRIGGER pg_fencing_ddl_end DISABLE;
 ALTER TABLE rkc DROP CONSTRAINT rkc_pkey, ADD PRIMARY KEY (id);
 SELECT _pg_fencing.rekey_form('rkc'), _pg_fencing.rekey_matches_key('rkc');

@@ -14,6 +14,13 @@ DROP EXTENSION pg_fencing;
 DROP EXTENSION IF EXISTS pg_fencing CASCADE;
 \echo :LAST_ERROR_SQLSTATE
 SELECT fencing_high_water('sc-res');
+-- ... and not by another spelling of the command either (read from its parse tree).
+DROP/**/EXTENSION pg_fencing CASCADE;
+\echo :LAST_ERROR_SQLSTATE
+DO $$BEGIN EXECUTE 'DROP EXTENSION pg_' || 'fencing CASCADE'; END$$;
+\echo :LAST_ERROR_SQLSTATE
+DROP EXTENSION IF EXISTS plpgsql, pg_fencing;
+\echo :LAST_ERROR_SQLSTATE
 -- (b) The token column (the per-row marks) cannot be dropped, renamed, retyped or made generated.
 ALTER TABLE sc_rows DROP COLUMN fence_token;
 \echo :LAST_ERROR_SQLSTATE
@@ -49,6 +56,63 @@ BEGIN; SET LOCAL pg_fencing.token = '50'; UPDATE sc_res SET v = 1;
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 SELECT relation, active FROM fencing_protected_tables WHERE relation::text LIKE 'sc_%' ORDER BY 1;
+-- The protection's triggers can only be made by fencing_protect, also for a role that has the
+-- TRIGGER privilege: another function, other events, a column list or a WHEN clause under one of
+-- their names is refused; and no BEFORE row trigger may fire after the guard (it could change the
+-- row's token or key after the check).
+CREATE ROLE sc_w;
+GRANT SELECT, INSERT, UPDATE, DELETE, TRIGGER ON sc_res, sc_rows TO sc_w;
+GRANT CREATE ON SCHEMA public TO sc_w;
+SET ROLE sc_w;
+CREATE FUNCTION sc_noop() RETURNS trigger LANGUAGE plpgsql AS
+    $$BEGIN IF TG_OP = 'DELETE' THEN RETURN OLD; END IF; RETURN NEW; END$$;
+CREATE FUNCTION sc_lower() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN NEW.fence_token := 1; RETURN NEW; END$$;
+CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON sc_res FOR EACH ROW EXECUTE FUNCTION sc_noop();
+\echo :LAST_ERROR_SQLSTATE
+CREATE OR REPLACE TRIGGER zz_pg_fencing_stmt BEFORE INSERT OR UPDATE OR DELETE ON sc_res FOR EACH STATEMENT EXECUTE FUNCTION sc_noop();
+\echo :LAST_ERROR_SQLSTATE
+SELECT format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE DELETE ON sc_rows FOR EACH ROW EXECUTE FUNCTION fencing_guard(%L, %L, %L)',
+              (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'sc_rows'::regclass), '', 'fence_token') \gexec
+\echo :LAST_ERROR_SQLSTATE
+SELECT format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON sc_rows FOR EACH ROW WHEN (false) EXECUTE FUNCTION fencing_guard(%L, %L, %L)',
+              (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'sc_rows'::regclass), '', 'fence_token') \gexec
+\echo :LAST_ERROR_SQLSTATE
+CREATE TRIGGER zzz_lower BEFORE UPDATE ON sc_rows FOR EACH ROW EXECUTE FUNCTION sc_lower();
+\echo :LAST_ERROR_SQLSTATE
+SET check_function_bodies = off;  -- the restore exception is the owner's only
+CREATE TRIGGER zzz_lower BEFORE UPDATE ON sc_rows FOR EACH ROW EXECUTE FUNCTION sc_lower();
+\echo :LAST_ERROR_SQLSTATE
+RESET check_function_bodies;
+-- a trigger that fires before the guard is the grantee's to make
+CREATE TRIGGER aa_audit BEFORE UPDATE ON sc_rows FOR EACH ROW EXECUTE FUNCTION sc_noop();
+RESET ROLE;
+DROP TRIGGER aa_audit ON sc_rows;
+SELECT tgname, tgfoid::regprocedure FROM pg_trigger WHERE tgrelid IN ('sc_res'::regclass, 'sc_rows'::regclass) AND tgname = 'zz_pg_fencing_guard' ORDER BY tgrelid::regclass::text;
+DROP FUNCTION sc_noop(), sc_lower();
+REVOKE ALL ON sc_res, sc_rows FROM sc_w;
+REVOKE CREATE ON SCHEMA public FROM sc_w;
+DROP ROLE sc_w;
+-- A partition of a per-row table cannot be made UNLOGGED either.
+CREATE TABLE sc_ul (id int PRIMARY KEY, v text) PARTITION BY LIST (id);
+CREATE TABLE sc_ul1 PARTITION OF sc_ul FOR VALUES IN (1, 2, 3);
+SELECT fencing_protect('sc_ul');
+ALTER TABLE sc_ul1 SET UNLOGGED;
+\echo :LAST_ERROR_SQLSTATE
+-- ATTACH PARTITION of a per-row table: rows below the protection's highest tombstone would
+-- bring deleted keys back below their tombstones; refused. An empty table attaches.
+BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_ul VALUES (2, 'a'); DELETE FROM sc_ul WHERE id = 2; COMMIT;
+CREATE TABLE sc_ul3 (id int PRIMARY KEY, v text, fence_token bigint);
+INSERT INTO sc_ul3 VALUES (5, 'x', 1);
+ALTER TABLE sc_ul ATTACH PARTITION sc_ul3 FOR VALUES IN (5, 6);
+\echo :LAST_ERROR_SQLSTATE
+DELETE FROM sc_ul3;
+ALTER TABLE sc_ul ATTACH PARTITION sc_ul3 FOR VALUES IN (5, 6);
+BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_ul VALUES (5, 'new'); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '50'; INSERT INTO sc_ul VALUES (2, 'zombie');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP TABLE sc_ul;
+
 -- (c) fencing_protect switching a table to another resource, the other mode or another token
 -- column carries the fence: the new domain starts at the old one's highest mark, row token and
 -- tombstone (before, 90 was accepted on rows stamped 100).

@@ -71,11 +71,13 @@ CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE 
 \echo :LAST_ERROR_SQLSTATE
 CREATE OR REPLACE TRIGGER zz_pg_fencing_stmt BEFORE INSERT OR UPDATE OR DELETE ON sc_res FOR EACH STATEMENT EXECUTE FUNCTION sc_noop();
 \echo :LAST_ERROR_SQLSTATE
-SELECT format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE DELETE ON sc_rows FOR EACH ROW EXECUTE FUNCTION fencing_guard(%L, %L, %L)',
-              (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'sc_rows'::regclass), '', 'fence_token') \gexec
+-- fencing_guard with the protection's own arguments, but for DELETE only
+DO $$BEGIN EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE DELETE ON sc_rows FOR EACH ROW EXECUTE FUNCTION fencing_guard(%L, %L, %L)',
+              (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'sc_rows'::regclass), '', 'fence_token'); END$$;
 \echo :LAST_ERROR_SQLSTATE
-SELECT format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON sc_rows FOR EACH ROW WHEN (false) EXECUTE FUNCTION fencing_guard(%L, %L, %L)',
-              (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'sc_rows'::regclass), '', 'fence_token') \gexec
+-- ... or WHEN (false)
+DO $$BEGIN EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON sc_rows FOR EACH ROW WHEN (false) EXECUTE FUNCTION fencing_guard(%L, %L, %L)',
+              (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'sc_rows'::regclass), '', 'fence_token'); END$$;
 \echo :LAST_ERROR_SQLSTATE
 CREATE TRIGGER zzz_lower BEFORE UPDATE ON sc_rows FOR EACH ROW EXECUTE FUNCTION sc_lower();
 \echo :LAST_ERROR_SQLSTATE

@@ -442,6 +442,10 @@ BEGIN
     IF NOT pg_catalog.pg_has_role(current_user, rel.relowner, 'USAGE') THEN
         RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('must be owner of table %s', relation);
     END IF;
+    -- The table's lock first (its partitions with it), before the protection's row: a
+    -- fencing_prune_tombstones waiting for the table's writers then runs first, and this waits
+    -- for it, instead of holding the row it updates (which ended in a deadlock, 40P01).
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', relation);
 
     SELECT array_agg(a.attname ORDER BY k.ord) INTO pk
     FROM pg_catalog.pg_index i

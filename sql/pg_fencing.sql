@@ -244,7 +244,8 @@ BEGIN
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         SELECT tg.tgname INTO trig FROM pg_trigger tg
         WHERE tg.tgrelid = part AND tg.tgtype::int & 67 = 3 AND tg.tgtype::int & 20 <> 0 AND tg.tgenabled IN ('O', 'A')
-          AND (tg.tgname COLLATE "C") > 'zz_pg_fencing_guard' AND tg.tgname NOT LIKE 'zz\_pg\_fencing\_%'
+          AND (tg.tgname COLLATE "C") > 'zz_pg_fencing_guard'
+          AND NOT (tg.tgname LIKE 'zz\_pg\_fencing\_%' AND tg.tgfoid = '@extschema@.fencing_guard()'::regprocedure)
         ORDER BY tg.tgname LIMIT 1;
         IF FOUND THEN
             RETURN format('BEFORE row trigger %s on %s fires after zz_pg_fencing_guard and could change a row after its check', trig, part);

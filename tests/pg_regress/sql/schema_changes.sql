@@ -196,6 +196,19 @@ SELECT fencing_protect('sc_unlogged');
 SELECT fencing_protect('sc_unlogged', 'sc-unlogged');
 DROP TABLE sc_temp, sc_unlogged;
 
+-- A trigger of the user's renamed into pg_fencing's names (ALTER TRIGGER is not checked at DDL
+-- time) to fire after the guard: the protection is inactive, writes are refused.
+CREATE TABLE sc_rn (id int PRIMARY KEY, v text);
+SELECT fencing_protect('sc_rn');
+CREATE FUNCTION sc_rn_low() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN NEW.fence_token := 1; RETURN NEW; END$$;
+CREATE TRIGGER a_low BEFORE INSERT OR UPDATE ON sc_rn FOR EACH ROW EXECUTE FUNCTION sc_rn_low();
+ALTER TRIGGER a_low ON sc_rn RENAME TO zz_pg_fencing_zzz;
+BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_rn VALUES (1, 'x');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP TABLE sc_rn;
+DROP FUNCTION sc_rn_low();
+
 -- After fencing_unprotect, the table is the owner's to change.
 SELECT fencing_unprotect('sc_rows');
 ALTER TABLE sc_rows DROP COLUMN fence_token;

@@ -327,12 +327,7 @@ impl Shared {
         if let Some(why) = self.regression() {
             return Err(why);
         }
-        let known = self.etcd_cluster_id.load(Ordering::Acquire);
-        if known != 0 && cluster_id != 0 && cluster_id != known {
-            return Err(self.regress(format!(
-                "etcd answered from cluster {cluster_id:x}, not from cluster {known:x} as before"
-            )));
-        }
+        let known = self.same_cluster(cluster_id)?;
         if revision > 0 && revision < floor {
             return Err(self.regress(format!(
                 "etcd's revision went back from {floor} to {revision}"
@@ -347,13 +342,7 @@ impl Shared {
         {
             self.mark_dirty(DIRTY_IDENTITY);
         }
-        if self
-            .etcd_highest_revision
-            .fetch_max(revision, Ordering::AcqRel)
-            < revision
-        {
-            self.mark_dirty(DIRTY_REVISION);
-        }
+        self.raise_highest(revision);
         Ok(())
     }
 
@@ -368,12 +357,25 @@ impl Shared {
             // Already stopped; what stops the watch's marks is decided where it was before.
             return Ok(());
         }
+        self.same_cluster(cluster_id)?;
+        self.raise_highest(revision);
+        Ok(())
+    }
+
+    /// The cluster id known so far (0: none yet); `Err` (a regression found now) if `cluster_id`
+    /// is another cluster's.
+    fn same_cluster(&self, cluster_id: u64) -> Result<u64, String> {
         let known = self.etcd_cluster_id.load(Ordering::Acquire);
         if known != 0 && cluster_id != 0 && cluster_id != known {
             return Err(self.regress(format!(
                 "etcd answered from cluster {cluster_id:x}, not from cluster {known:x} as before"
             )));
         }
+        Ok(known)
+    }
+
+    /// Raise the highest revision seen to at least `revision` (for the state file).
+    fn raise_highest(&self, revision: i64) {
         if self
             .etcd_highest_revision
             .fetch_max(revision, Ordering::AcqRel)
@@ -381,7 +383,6 @@ impl Shared {
         {
             self.mark_dirty(DIRTY_REVISION);
         }
-        Ok(())
     }
 
     /// Raise what the state file misses to at least `level` (never lowers it).

@@ -99,18 +99,21 @@ CREATE TABLE _pg_fencing.watch (
     watched_at       timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 
--- Logical replication: the tombstones a publisher writes, by table name, for its subscribers
--- (protection ids differ between servers). Written only with wal_level = logical, and deleted
--- again in the same transaction, so it is always empty; what travels is its inserts. A
--- subscriber that subscribes to it turns each into a tombstone of its own protection of that
--- table (_pg_fencing.on_replicated_change).
+-- Logical replication: the tombstones of per-row protected tables, by table name, for
+-- subscribers (protection ids differ between servers). While the feed is in a publication it
+-- holds every tombstone (filled by _pg_fencing.fill_feed when it joins one, then written with each
+-- tombstone, src/state/tombstones.rs), so that a subscription's initial copy brings those that
+-- existed before it, and its changes the later ones. Key '' is the table's tombstone floor.
+-- Rows are only inserted and deleted, never updated: a higher mark for a key is a new row, and
+-- the lower one is deleted (a subscriber applies each as it comes, whatever it has). A subscriber
+-- turns each row into a tombstone (or floor) of its own protection of that table, and keeps the
+-- row (_pg_fencing.on_replicated_change); fencing_protect there takes those already received.
 CREATE TABLE _pg_fencing.tombstone_feed (
     relation    text   NOT NULL,
     key         text   NOT NULL,
-    high_water  bigint NOT NULL CHECK (high_water > 0)
+    high_water  bigint NOT NULL CHECK (high_water > 0),
+    PRIMARY KEY (relation, key, high_water)
 );
--- Its deletes are published too: the whole row identifies them (it has no key of its own).
-ALTER TABLE _pg_fencing.tombstone_feed REPLICA IDENTITY FULL;
 
 -- The etcd revision the background worker had seen, sampled by the tombstone pruner
 -- (pg_fencing.tombstone_prune_database) every pg_fencing.tombstone_prune_interval: the floor of
@@ -844,6 +847,12 @@ BEGIN
             PERFORM @extschema@.fencing_protect(det.rel, det.resource, det.token_column);
             IF det.resource IS NULL THEN
                 EXECUTE format('SELECT max(%I) FROM %s', det.token_column, det.rel) INTO carried;
+                -- The parent no longer has these keys: its floor rises to their highest token, or
+                -- a later partition for them would admit them again below their marks (as when a
+                -- partition is dropped, _pg_fencing.before_drop).
+                IF carried IS NOT NULL THEN
+                    PERFORM @extschema@.fencing_prune_tombstones(det.root, carried, 0);
+                END IF;
                 carried := greatest(carried, det.tombstone_floor,
                                     (SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = det.id));
                 IF carried IS NOT NULL THEN
@@ -897,10 +906,80 @@ LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_replicated_row';
 COMMENT ON FUNCTION _pg_fencing.replicated_row() IS
 'True in a logical replication worker, except while pg_fencing''s own internal statements run there: the row being written was applied by a subscription.';
 
-CREATE FUNCTION _pg_fencing.on_replicated_change() RETURNS trigger
+-- A tombstone_feed row (relation by name, key '' for the floor) taken by this server's per-row
+-- protection of that table, if any: a tombstone that only goes up, or a floor raised
+-- (fencing_prune_tombstones, which also tells the other backends).
+CREATE FUNCTION _pg_fencing.take_feed(relation text, key text, high_water bigint) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     pid bigint;
+    rel regclass;
+BEGIN
+    SELECT p.id, p.relid INTO pid, rel FROM _pg_fencing.protected_table p
+    WHERE p.relid = to_regclass(take_feed.relation) AND p.resource IS NULL AND p.protected;
+    IF NOT FOUND THEN
+        RETURN;
+    ELSIF take_feed.key = '' THEN
+        PERFORM @extschema@.fencing_prune_tombstones(rel, take_feed.high_water, 0);
+    ELSE
+        INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water, key_hash)
+        VALUES (pid, take_feed.key, take_feed.high_water, _pg_fencing.tombstone_key_hash(pid, take_feed.key))
+        ON CONFLICT (protection_id, key) DO UPDATE
+        SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash
+        WHERE h.high_water < excluded.high_water OR h.key_hash IS DISTINCT FROM excluded.key_hash;
+    END IF;
+END
+$fn$;
+REVOKE ALL ON FUNCTION _pg_fencing.take_feed(text, text, bigint) FROM PUBLIC;
+
+-- While tombstone_feed is in a publication, it holds every tombstone and floor of the per-row
+-- protected tables (relation: only that one's; NULL: all): called when a publication changes and
+-- by fencing_protect. Each table is locked in SHARE mode first, so that its in-flight deletes
+-- commit before (their tombstones are read here) or wait until this transaction has added the
+-- feed to the publication (they then write the feed themselves): no tombstone falls between.
+CREATE FUNCTION _pg_fencing.fill_feed(relation regclass DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    p record;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
+                   WHERE pt.schemaname = '_pg_fencing' AND pt.tablename = 'tombstone_feed') THEN
+        RETURN;
+    END IF;
+    FOR p IN SELECT pt.id, pt.relid, format('%I.%I', n.nspname, c.relname) AS name
+             FROM _pg_fencing.protected_table pt JOIN pg_class c ON c.oid = pt.relid
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE pt.protected AND pt.resource IS NULL AND (fill_feed.relation IS NULL OR pt.relid = fill_feed.relation)
+             ORDER BY pt.relid LOOP
+        EXECUTE format('LOCK TABLE %s IN SHARE MODE', p.relid);
+        INSERT INTO _pg_fencing.tombstone_feed AS f (relation, key, high_water)
+        SELECT p.name, rt.key, rt.high_water FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = p.id
+        UNION ALL
+        SELECT p.name, '', pt.tombstone_floor FROM _pg_fencing.protected_table pt
+        WHERE pt.id = p.id AND pt.tombstone_floor IS NOT NULL
+        ON CONFLICT DO NOTHING;
+    END LOOP;
+END
+$fn$;
+REVOKE ALL ON FUNCTION _pg_fencing.fill_feed(regclass) FROM PUBLIC;
+
+-- fencing_protect in per-row mode (src/api/functions.rs, pg_fencing_register): the table's
+-- tombstones and floor that a subscription brought in tombstone_feed are taken by the
+-- protection, and where the feed is published, the protection's own are put in it.
+CREATE FUNCTION _pg_fencing.feed_protection(relation regclass) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM _pg_fencing.take_feed(f.relation, f.key, f.high_water)
+    FROM _pg_fencing.tombstone_feed f
+    WHERE f.relation = (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+                        JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = feed_protection.relation);
+    PERFORM _pg_fencing.fill_feed(relation);
+END
+$fn$;
+REVOKE ALL ON FUNCTION _pg_fencing.feed_protection(regclass) FROM PUBLIC;
+
+CREATE FUNCTION _pg_fencing.on_replicated_change() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
     -- This function's own statements below, pg_fencing's bookkeeping, and sessions in replica
     -- mode that are not a subscription's workers pass through.
@@ -919,24 +998,28 @@ BEGIN
             RETURN NEW;
         END IF;
         RETURN NULL;
-    ELSIF TG_TABLE_NAME = 'tombstone_feed' AND TG_OP = 'INSERT' THEN
-        SELECT p.id INTO pid FROM _pg_fencing.protected_table p
-        WHERE p.relid = to_regclass(NEW.relation) AND p.resource IS NULL AND p.protected;
-        IF FOUND THEN
-            INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water, key_hash)
-            VALUES (pid, NEW.key, NEW.high_water, _pg_fencing.tombstone_key_hash(pid, NEW.key))
-            ON CONFLICT (protection_id, key) DO UPDATE
-            SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash
-            WHERE h.high_water < excluded.high_water OR h.key_hash IS DISTINCT FROM excluded.key_hash;
+    ELSIF TG_TABLE_NAME = 'tombstone_feed' THEN
+        -- Kept as the publisher has it (also what the initial copy brings), and taken as a
+        -- tombstone or floor of this server's protection of the table, if there is one.
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        ELSIF TG_OP <> 'INSERT' THEN
+            RETURN NULL;
         END IF;
+        PERFORM _pg_fencing.take_feed(NEW.relation, NEW.key, NEW.high_water);
+        IF EXISTS (SELECT 1 FROM _pg_fencing.tombstone_feed f
+                   WHERE f.relation = NEW.relation AND f.key = NEW.key AND f.high_water = NEW.high_water) THEN
+            RETURN NULL;
+        END IF;
+        RETURN NEW;
     END IF;
     -- protected_table, row_tombstone (keyed by the publisher's ids), reset_log, watch: each
-    -- server keeps its own. tombstone_feed stores nothing here either.
+    -- server keeps its own.
     RETURN NULL;
 END
 $fn$;
 COMMENT ON FUNCTION _pg_fencing.on_replicated_change() IS
-'REPLICA row trigger of pg_fencing''s own tables: merges what a subscription applies (marks only go up; tombstone_feed rows become tombstones of the subscriber''s own protections) and keeps the subscriber''s protections, tombstones by id, reset log and watches its own.';
+'REPLICA row trigger of pg_fencing''s own tables: merges what a subscription applies (marks only go up; tombstone_feed rows are kept and become tombstones or floors of the subscriber''s own protections) and keeps the subscriber''s protections, tombstones by id, reset log and watches its own.';
 
 DO $do$
 DECLARE
@@ -1212,15 +1295,83 @@ CREATE EVENT TRIGGER pg_fencing_publication ON ddl_command_end
     WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
     EXECUTE FUNCTION _pg_fencing.on_publication_ddl();
 
--- DROP EXTENSION pg_fencing (also CASCADE) would delete every mark and tombstone: refused while
--- any table is protected (2BP01), read from the command's parse tree (src/api/functions.rs,
--- pg_fencing_ddl_start). fencing_unprotect each table first (its marks and tombstones are then
--- given up on purpose).
+-- Commands read before they run (ddl_command_start), from their parse trees (src/api/functions.rs,
+-- pg_fencing_ddl_start; names resolved as the command resolves them):
+--   * DROP EXTENSION pg_fencing (also CASCADE), DROP SCHEMA of its schema with CASCADE and DROP
+--     OWNED BY its owner would delete every mark and tombstone: refused while any table is
+--     protected (2BP01). fencing_unprotect each table first (its marks and tombstones are then
+--     given up on purpose).
+--   * DROP TABLE, DROP SCHEMA and DROP OWNED BY that drop partitions of a per-row protected table
+--     raise its tombstone floor first (_pg_fencing.before_drop).
+--   * ALTER TABLE ... ALTER COLUMN ... TYPE of a protection's token column is refused
+--     (_pg_fencing.before_retype), also to the same type, whose USING clause rewrites the marks.
 CREATE FUNCTION _pg_fencing.on_ddl_start() RETURNS event_trigger
 LANGUAGE c AS 'MODULE_PATHNAME', 'pg_fencing_ddl_start';
 CREATE EVENT TRIGGER pg_fencing_ddl_start ON ddl_command_start
-    WHEN TAG IN ('DROP EXTENSION')
+    WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA', 'DROP TABLE', 'DROP OWNED', 'ALTER TABLE')
     EXECUTE FUNCTION _pg_fencing.on_ddl_start();
+
+-- A partition of a per-row protected table that is dropped takes its rows, and the tokens that
+-- are their keys' marks, with it; a later partition for the same keys would admit them again
+-- below those marks. Before such a DROP (kind 'table': these tables; 'schema': the tables in these
+-- schemas; 'owner': the tables of these roles; a partition goes with each ancestor), the
+-- protection's tombstone floor is raised to the highest token of the partitions' rows
+-- (fencing_prune_tombstones, which waits for the tree's in-flight writes): one scan of their token
+-- column. Protections whose table is dropped itself are left alone (they go with it).
+CREATE FUNCTION _pg_fencing.before_drop(kind text, objects oid[]) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    p record;
+    leaf regclass;
+    carried bigint;
+    part_max bigint;
+BEGIN
+    FOR p IN SELECT pt.relid, pt.token_column FROM _pg_fencing.protected_table pt
+             JOIN pg_class c ON c.oid = pt.relid
+             WHERE pt.protected AND pt.resource IS NULL AND c.relkind = 'p'
+               AND NOT CASE kind WHEN 'table' THEN c.oid = ANY (objects)
+                                 WHEN 'schema' THEN c.relnamespace = ANY (objects)
+                                 ELSE c.relowner = ANY (objects) END LOOP
+        carried := NULL;
+        FOR leaf IN SELECT t.relid FROM pg_partition_tree(p.relid) t JOIN pg_class c ON c.oid = t.relid
+                    WHERE t.isleaf AND c.relkind = 'r'
+                      AND EXISTS (SELECT 1 FROM pg_partition_ancestors(t.relid) a
+                                  JOIN pg_class ac ON ac.oid = a.relid
+                                  WHERE a.relid <> p.relid
+                                    AND CASE kind WHEN 'table' THEN ac.oid = ANY (objects)
+                                                  WHEN 'schema' THEN ac.relnamespace = ANY (objects)
+                                                  ELSE ac.relowner = ANY (objects) END) LOOP
+            EXECUTE format('SELECT max(%I) FROM ONLY %s', p.token_column, leaf) INTO part_max;
+            carried := greatest(carried, part_max);
+        END LOOP;
+        IF carried IS NOT NULL THEN
+            PERFORM @extschema@.fencing_prune_tombstones(p.relid, carried, 0);
+            RAISE NOTICE 'pg_fencing: the tombstone floor of % is now at least %, the highest token of the partitions being dropped', p.relid, carried
+                USING DETAIL = 'Their keys stay fenced at that floor when they come back in another partition.';
+        END IF;
+    END LOOP;
+END
+$fn$;
+REVOKE ALL ON FUNCTION _pg_fencing.before_drop(text, oid[]) FROM PUBLIC;
+
+-- ALTER COLUMN ... TYPE of a protection's token column (relation: the table altered, or one of its
+-- partitions): refused (55000) as on_ddl_end refuses the other changes of that column.
+CREATE FUNCTION _pg_fencing.before_retype(relation oid, col text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    p record;
+BEGIN
+    FOR p IN SELECT pt.relid, pt.token_column FROM _pg_fencing.protected_table pt
+             WHERE pt.protected AND pt.token_column = col
+               AND relation IN (SELECT t.relid FROM _pg_fencing.tree(pt.relid) t) LOOP
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('the token column %I of protected table %s cannot be dropped, renamed, retyped or made generated', p.token_column, p.relid),
+            DETAIL = 'Its values are the fencing tokens of the rows'' last writes: the per-row high-water marks. ALTER COLUMN ... TYPE rewrites them, also to the same type.',
+            HINT = format('To stop fencing the table, run SELECT fencing_unprotect(%L) first.', p.relid);
+    END LOOP;
+END
+$fn$;
+REVOKE ALL ON FUNCTION _pg_fencing.before_retype(oid, text) FROM PUBLIC;
 
 -- Triggers created or replaced on a protected table (also by a role with the TRIGGER privilege
 -- only): one named as a trigger of the protection must be the protection's (fencing_guard, with

@@ -49,9 +49,11 @@ macro_rules! v1_finfo {
 }
 
 v1_finfo!(pg_finfo_pg_fencing_ddl_start);
-/// `_pg_fencing.on_ddl_start() RETURNS event_trigger` (`ddl_command_start`, `DROP EXTENSION`):
-/// refuses to drop pg_fencing (also with `CASCADE`) while tables are protected (`2BP01`): it would
-/// delete every high-water mark and tombstone. The command is read from its parse tree.
+/// `_pg_fencing.on_ddl_start() RETURNS event_trigger` (`ddl_command_start`): before the commands
+/// `pg/event_trigger.rs` reads (see `sql/pg_fencing.sql`), refuses to drop pg_fencing, also with
+/// its schema or its owner's objects, while tables are protected (`2BP01`: it would delete every
+/// high-water mark and tombstone); raises the tombstone floor of per-row protections whose
+/// partitions are dropped; refuses retyping a token column (`55000`).
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -59,23 +61,52 @@ v1_finfo!(pg_finfo_pg_fencing_ddl_start);
 /// `sql/pg_fencing.sql` (only a superuser can declare a C function).
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn pg_fencing_ddl_start(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
-    // SAFETY: `fcinfo` is the function manager's for this call, as `drops_extension` requires.
+    use crate::pg::event_trigger::DdlStart;
+    use crate::state::protections::{self, Dropping};
+    // SAFETY: `fcinfo` is the function manager's for this call, as `ddl_start` requires.
     // This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
-            if crate::pg::event_trigger::drops_extension(fcinfo, "pg_fencing") != Some(true) {
-                return Ok(pg_sys::Datum::from(0usize));
-            }
-            match crate::state::protections::protected_tables() {
-                None => Ok(pg_sys::Datum::from(0usize)),
-                Some(tables) => Err(FenceError::DependentObjects(crate::error::Text {
-                    message: "cannot drop extension pg_fencing while tables are protected".into(),
+            let none = pg_sys::Datum::from(0usize);
+            let Some(command) = crate::pg::event_trigger::ddl_start(fcinfo) else {
+                return Ok(none);
+            };
+            let home = || protections::extension_home();
+            let drops_extension = match &command {
+                DdlStart::DropExtensions(names) => names.iter().any(|n| n == "pg_fencing"),
+                DdlStart::DropSchemas(schemas) => home().is_some_and(|(nsp, _)| schemas.contains(&nsp)),
+                DdlStart::DropOwned(roles) => home().is_some_and(|(_, owner)| roles.contains(&owner)),
+                _ => false,
+            };
+            if drops_extension {
+                let Some(tables) = protections::protected_tables() else {
+                    return Ok(none);
+                };
+                let how = match command {
+                    DdlStart::DropSchemas(_) => " (with its schema)",
+                    DdlStart::DropOwned(_) => " (with the objects of its owner)",
+                    _ => "",
+                };
+                return Err(FenceError::DependentObjects(crate::error::Text {
+                    message: format!("cannot drop extension pg_fencing{how} while tables are protected"),
                     detail: Some(format!(
                         "Protected: {tables}. Dropping the extension would delete their high-water marks and tombstones."
                     )),
                     hint: Some("Run SELECT fencing_unprotect(...) for each table first.".into()),
-                })),
+                }));
             }
+            match command {
+                DdlStart::DropExtensions(_) => {}
+                DdlStart::DropTables(tables) => protections::before_drop(Dropping::Tables, &tables),
+                DdlStart::DropSchemas(schemas) => protections::before_drop(Dropping::Schemas, &schemas),
+                DdlStart::DropOwned(roles) => protections::before_drop(Dropping::OwnedBy, &roles),
+                DdlStart::AlterColumnTypes(relation, columns) => {
+                    for column in &columns {
+                        protections::before_retype(relation, column);
+                    }
+                }
+            }
+            Ok(none)
         })
     }
 }
@@ -437,6 +468,9 @@ pub unsafe extern "C-unwind" fn pg_fencing_register(fcinfo: FunctionCallInfo) ->
                 false,
                 |d| d.value() as i64,
             );
+            if nulls_resource && id.is_some() {
+                crate::state::protections::feed_protection(relid);
+            }
             id.map(pg_sys::Datum::from).ok_or_else(|| {
                 FenceError::InvalidArgument("could not record the protection".into())
             })

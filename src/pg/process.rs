@@ -179,12 +179,6 @@ pub fn current_user() -> pg_sys::Oid {
     unsafe { get_user_id() }
 }
 
-/// Is WAL written for logical decoding (`wal_level = logical`, as publishers need)?
-pub fn logical_wal() -> bool {
-    // SAFETY: a plain read of the `wal_level` GUC variable (fixed at server start).
-    unsafe { pg_sys::wal_level >= pg_sys::WalLevel::WAL_LEVEL_LOGICAL as i32 }
-}
-
 /// Does schema `_pg_fencing` exist (in this transaction's view: `DROP EXTENSION` earlier in
 /// the same transaction removes it)?
 pub fn extension_schema_exists() -> bool {

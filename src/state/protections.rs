@@ -35,3 +35,78 @@ pub fn protected_tables() -> Option<String> {
         text_of,
     )
 }
+
+/// The schema and the owner of extension pg_fencing (`None`: not created in this database).
+pub fn extension_home() -> Option<(pg_sys::Oid, pg_sys::Oid)> {
+    let home = exec_internal(
+        "SELECT e.extnamespace::pg_catalog.text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) e.extowner::pg_catalog.text \
+         FROM pg_catalog.pg_extension e WHERE e.extname OPERATOR(pg_catalog.=) 'pg_fencing'",
+        false,
+        &[],
+        &mut [],
+        true,
+        text_of,
+    )?;
+    let mut parts = home.split(' ').map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(nsp), Some(owner)) => Some((pg_sys::Oid::from(nsp), pg_sys::Oid::from(owner))),
+        _ => None,
+    }
+}
+
+/// What a DROP drops (`kind`: `table`, `schema` or `owner`, and their oids).
+#[derive(Clone, Copy)]
+pub enum Dropping {
+    Tables,
+    Schemas,
+    OwnedBy,
+}
+
+/// Before a DROP: raise the tombstone floor of each per-row protected table whose partitions it
+/// drops (`_pg_fencing.before_drop`, `sql/pg_fencing.sql`).
+pub fn before_drop(kind: Dropping, objects: &[pg_sys::Oid]) {
+    if objects.is_empty() {
+        return;
+    }
+    let kind = match kind {
+        Dropping::Tables => "table",
+        Dropping::Schemas => "schema",
+        Dropping::OwnedBy => "owner",
+    };
+    let list = objects.iter().map(|o| o.to_u32().to_string()).collect::<Vec<_>>().join(",");
+    exec_internal(
+        "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.before_drop($1, pg_catalog.string_to_array($2, ',')::pg_catalog.oid[])) d",
+        false,
+        &[pg_sys::TEXTOID, pg_sys::TEXTOID],
+        &mut [crate::pg::spi::text_datum(kind), crate::pg::spi::text_datum(&list)],
+        false,
+        text_of,
+    );
+}
+
+/// Before `ALTER COLUMN column TYPE` of `relation`: refused (`55000`) for a protection's token
+/// column (`_pg_fencing.before_retype`, `sql/pg_fencing.sql`).
+pub fn before_retype(relation: pg_sys::Oid, column: &str) {
+    exec_internal(
+        "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.before_retype($1, $2)) d",
+        false,
+        &[pg_sys::OIDOID, pg_sys::TEXTOID],
+        &mut [pg_sys::Datum::from(relation), crate::pg::spi::text_datum(column)],
+        true,
+        text_of,
+    );
+}
+
+/// A per-row protection just recorded: takes the tombstones and floor a subscription brought for
+/// its table, and puts its own in the feed where that is published
+/// (`_pg_fencing.feed_protection`, `sql/pg_fencing.sql`).
+pub fn feed_protection(relation: pg_sys::Oid) {
+    exec_internal(
+        "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.feed_protection($1)) d",
+        false,
+        &[pg_sys::REGCLASSOID],
+        &mut [pg_sys::Datum::from(relation)],
+        false,
+        text_of,
+    );
+}

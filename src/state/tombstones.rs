@@ -28,18 +28,49 @@ const SQL_STORE_TOMBS_0_1: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (p
      WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
      ON CONFLICT (protection_id, key) DO UPDATE \
      SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
-/// Logical replication (`wal_level = logical`): every tombstone written is also inserted into
-/// `_pg_fencing.tombstone_feed` under its table's qualified name and deleted again in the same
-/// transaction, so the table stays empty while its inserts reach subscribers that subscribe to
-/// it (there a REPLICA trigger turns each into a tombstone of the subscriber's own protection of
-/// that table; protection ids differ between servers, names do not).
-const SQL_FEED_TOMBS: &str = "INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
+/// Logical replication: while `_pg_fencing.tombstone_feed` is in a publication
+/// (`feed_published`), every tombstone written is also put in it under its table's qualified name
+/// (protection ids differ between servers, names do not), as a new row; the key's lower rows are
+/// deleted. The feed holds every tombstone at rest, so a subscription's initial copy brings those
+/// written before it (`sql/pg_fencing.sql`, `_pg_fencing.tombstone_feed`).
+const SQL_FEED_TOMBS: &str = "WITH n AS (INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
      SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname), u.k, u.t \
      FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
      JOIN _pg_fencing.protected_table pt ON pt.id OPERATOR(pg_catalog.=) u.p \
      JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt.relid::pg_catalog.oid \
-     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace";
-const SQL_FEED_CLEAR: &str = "DELETE FROM _pg_fencing.tombstone_feed";
+     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+     ON CONFLICT DO NOTHING RETURNING relation, key, high_water) \
+     DELETE FROM _pg_fencing.tombstone_feed f USING n \
+     WHERE f.relation OPERATOR(pg_catalog.=) n.relation AND f.key OPERATOR(pg_catalog.=) n.key \
+       AND f.high_water OPERATOR(pg_catalog.<) n.high_water";
+
+thread_local! {
+    /// Is `_pg_fencing.tombstone_feed` in a publication (`None`: not known since the last relcache
+    /// invalidation)? Adding a table to a publication or dropping it from one invalidates that
+    /// table's relcache entry; a publication of all tables or of a schema invalidates every entry
+    /// or the schema's. `_pg_fencing.fill_feed` locks the protected tables when the feed joins a
+    /// publication, so a writer cannot act on a stale `false` (`forget_floors` clears it).
+    static FEED_PUBLISHED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Is the tombstone feed published (see `FEED_PUBLISHED`)?
+fn feed_published() -> bool {
+    if let Some(known) = FEED_PUBLISHED.with(|f| f.get()) {
+        return known;
+    }
+    let published = exec_internal(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables pt \
+             WHERE pt.schemaname OPERATOR(pg_catalog.=) '_pg_fencing' \
+               AND pt.tablename OPERATOR(pg_catalog.=) 'tombstone_feed') THEN 1 ELSE 0 END::pg_catalog.int8",
+        true,
+        &[],
+        &mut [],
+        true,
+        as_token,
+    ) == Some(1);
+    FEED_PUBLISHED.with(|f| f.set(Some(published)));
+    published
+}
 
 const SQL_READ_TOMB: &str = "SELECT high_water FROM _pg_fencing.row_tombstone \
      WHERE protection_id OPERATOR(pg_catalog.=) $1 AND key OPERATOR(pg_catalog.=) $2";
@@ -98,8 +129,10 @@ pub fn tombstone_floor(protection: i64) -> Option<Token> {
     floor
 }
 
-/// Relcache invalidation (`backend.rs`): floors, and tables' keys, may have changed.
+/// Relcache invalidation (`backend.rs`): floors, tables' keys, and whether the tombstone feed is
+/// published may have changed.
 pub fn forget_floors() {
+    FEED_PUBLISHED.with(|f| f.set(None));
     FLOORS.with(|m| m.borrow_mut().clear());
     IDENTITIES.with(|m| m.borrow_mut().clear());
 }
@@ -222,6 +255,27 @@ pub fn prune(
     )
     .unwrap_or(floor);
     forget_floors();
+    if feed_published() {
+        // The floor goes to subscribers as the table's row with key '', replacing the lower
+        // ones, and the table's pruned tombstones leave the feed.
+        exec_internal(
+            "WITH t AS (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) AS relation \
+                 FROM _pg_fencing.protected_table pt \
+                 JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt.relid::pg_catalog.oid \
+                 JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+                 WHERE pt.id OPERATOR(pg_catalog.=) $1), \
+             i AS (INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
+                 SELECT t.relation, '', $2 FROM t ON CONFLICT DO NOTHING) \
+             DELETE FROM _pg_fencing.tombstone_feed f USING t \
+             WHERE f.relation OPERATOR(pg_catalog.=) t.relation AND f.high_water OPERATOR(pg_catalog.<=) $2 \
+               AND NOT (f.key OPERATOR(pg_catalog.=) '' AND f.high_water OPERATOR(pg_catalog.=) $2)",
+            false,
+            &[pg_sys::INT8OID, pg_sys::INT8OID],
+            &mut [pg_sys::Datum::from(protection), pg_sys::Datum::from(floor)],
+            false,
+            as_token,
+        );
+    }
     let deleted = exec_internal(
         "WITH d AS (DELETE FROM _pg_fencing.row_tombstone t WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY( \
              SELECT s.ctid FROM _pg_fencing.row_tombstone s \
@@ -462,8 +516,8 @@ pub fn flush_tombstones() {
     // The deletes were allowed, so their tombstones must be written even if the transaction was
     // switched to read-only since (SET transaction_read_only = on after the DELETE).
     let lifted = crate::pg::process::ReadOnlyLifted::new();
-    // With logical WAL, the same batch also goes to subscribers by table name (`SQL_FEED_TOMBS`).
-    let feed: &[&str] = if crate::pg::process::logical_wal() {
+    // Where the feed is published, the same batch also goes into it by table name (`SQL_FEED_TOMBS`).
+    let feed: &[&str] = if feed_published() {
         &[SQL_FEED_TOMBS]
     } else {
         &[]
@@ -509,9 +563,6 @@ pub fn flush_tombstones() {
     }
     for sql in feed {
         exec_internal(sql, true, &THREE, &mut [p, k, t], false, as_token);
-    }
-    if !feed.is_empty() {
-        exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);
     }
     drop(lifted);
     // Written in the deleting subtransaction itself (the usual case): they stand or fall with
@@ -624,17 +675,21 @@ pub fn truncate_rows(
         false,
         as_token,
     );
-    if crate::pg::process::logical_wal() {
+    if feed_published() {
         // For subscribers, as in `flush_tombstones` (see `SQL_FEED_TOMBS`).
         // Under the protected (root) table's name, as the subscriber's protection knows it.
         let feed = format!(
-            "INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
+            "WITH n AS (INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water) \
              SELECT (SELECT pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname) \
                      FROM _pg_fencing.protected_table pt \
                      JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt.relid::pg_catalog.oid \
                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
                      WHERE pt.id OPERATOR(pg_catalog.=) $1), \
-                    {row_key}, $2 FROM {from}"
+                    {row_key}, $2 FROM {from} \
+             ON CONFLICT DO NOTHING RETURNING relation, key, high_water) \
+             DELETE FROM _pg_fencing.tombstone_feed f USING n \
+             WHERE f.relation OPERATOR(pg_catalog.=) n.relation AND f.key OPERATOR(pg_catalog.=) n.key \
+               AND f.high_water OPERATOR(pg_catalog.<) n.high_water"
         );
         exec_internal(
             &feed,
@@ -644,7 +699,6 @@ pub fn truncate_rows(
             false,
             as_token,
         );
-        exec_internal(SQL_FEED_CLEAR, true, &[], &mut [], false, as_token);
     }
     Ok(())
 }

@@ -21,12 +21,24 @@ DO $$BEGIN EXECUTE 'DROP EXTENSION pg_' || 'fencing CASCADE'; END$$;
 \echo :LAST_ERROR_SQLSTATE
 DROP EXTENSION IF EXISTS plpgsql, pg_fencing;
 \echo :LAST_ERROR_SQLSTATE
+-- ... nor with its schema, nor with the objects of its owner.
+SELECT extnamespace::regnamespace AS ext_schema FROM pg_extension WHERE extname = 'pg_fencing' \gset
+DROP SCHEMA :ext_schema CASCADE;
+\echo :LAST_ERROR_SQLSTATE
+DROP OWNED BY CURRENT_USER CASCADE;
+\echo :LAST_ERROR_SQLSTATE
+SELECT fencing_high_water('sc-res');
 -- (b) The token column (the per-row marks) cannot be dropped, renamed, retyped or made generated.
 ALTER TABLE sc_rows DROP COLUMN fence_token;
 \echo :LAST_ERROR_SQLSTATE
 ALTER TABLE sc_rows RENAME COLUMN fence_token TO ft;
 \echo :LAST_ERROR_SQLSTATE
 ALTER TABLE sc_rows ALTER COLUMN fence_token TYPE numeric;
+\echo :LAST_ERROR_SQLSTATE
+-- Also to the same type, whose USING clause would rewrite every mark.
+ALTER TABLE sc_rows ALTER COLUMN fence_token TYPE bigint USING 0;
+\echo :LAST_ERROR_SQLSTATE
+ALTER TABLE sc_rows ALTER COLUMN v TYPE bigint, ALTER COLUMN fence_token TYPE bigint USING fence_token - 99;
 \echo :LAST_ERROR_SQLSTATE
 ALTER TABLE sc_res DROP COLUMN fence_token;
 \echo :LAST_ERROR_SQLSTATE
@@ -208,6 +220,40 @@ BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_rn VALUES (1, 'x');
 ROLLBACK;
 DROP TABLE sc_rn;
 DROP FUNCTION sc_rn_low();
+
+-- (f) A partition of a per-row protected table dropped or detached takes its keys' marks (their
+-- rows' tokens) out of the table: the protection's tombstone floor rises to the highest of them,
+-- so that a later partition for the same keys does not admit them again below those marks.
+CREATE TABLE sc_pt (id int PRIMARY KEY, v int) PARTITION BY RANGE (id);
+CREATE TABLE sc_pt1 PARTITION OF sc_pt FOR VALUES FROM (1) TO (100);
+CREATE TABLE sc_pt2 PARTITION OF sc_pt FOR VALUES FROM (100) TO (200);
+CREATE SCHEMA sc_other;
+CREATE TABLE sc_other.sc_pt3 PARTITION OF sc_pt FOR VALUES FROM (200) TO (300);
+SELECT fencing_protect('sc_pt');
+BEGIN; SET LOCAL pg_fencing.token = '50'; INSERT INTO sc_pt VALUES (5, 0); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO sc_pt VALUES (6, 0), (150, 0); COMMIT;
+DROP TABLE sc_pt1;
+SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'sc_pt'::regclass;
+CREATE TABLE sc_pt1 PARTITION OF sc_pt FOR VALUES FROM (1) TO (100);
+BEGIN; SET LOCAL pg_fencing.token = '40'; INSERT INTO sc_pt VALUES (5, 1);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '50'; INSERT INTO sc_pt VALUES (5, 1); COMMIT;
+-- Detached: the same (the detached table stays protected on its own).
+BEGIN; SET LOCAL pg_fencing.token = '70'; UPDATE sc_pt SET v = 2 WHERE id = 150; COMMIT;
+ALTER TABLE sc_pt DETACH PARTITION sc_pt2;
+SELECT relation, tombstone_floor FROM fencing_protected_tables WHERE relation IN ('sc_pt'::regclass, 'sc_pt2'::regclass) ORDER BY 1;
+CREATE TABLE sc_pt2b PARTITION OF sc_pt FOR VALUES FROM (100) TO (200);
+BEGIN; SET LOCAL pg_fencing.token = '65'; INSERT INTO sc_pt VALUES (150, 1);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- Dropped with its schema.
+BEGIN; SET LOCAL pg_fencing.token = '90'; INSERT INTO sc_pt VALUES (250, 0); COMMIT;
+DROP SCHEMA sc_other CASCADE;
+SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'sc_pt'::regclass;
+-- Dropping the protected table itself drops its protection (nothing to carry).
+DROP TABLE sc_pt, sc_pt2;
+SELECT count(*) FROM _pg_fencing.protected_table WHERE relid::text LIKE 'sc_pt%';
 
 -- After fencing_unprotect, the table is the owner's to change.
 SELECT fencing_unprotect('sc_rows');

@@ -489,21 +489,21 @@ COMMENT ON FUNCTION _pg_fencing.replicated_row() IS
 -- A tombstone_feed row (relation by name, key '' for the floor) taken by this server's per-row
 -- protection of that table, if any: a tombstone that only goes up, or a floor raised
 -- (fencing_prune_tombstones, which also tells the other backends).
-CREATE FUNCTION _pg_fencing.take_feed(relation text, key text, high_water bigint) RETURNS void
+CREATE FUNCTION _pg_fencing.take_feed(feed_relation text, feed_key text, feed_high_water bigint) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     pid bigint;
     rel regclass;
 BEGIN
     SELECT p.id, p.relid INTO pid, rel FROM _pg_fencing.protected_table p
-    WHERE p.relid = to_regclass(take_feed.relation) AND p.resource IS NULL AND p.protected;
+    WHERE p.relid = to_regclass(feed_relation) AND p.resource IS NULL AND p.protected;
     IF NOT FOUND THEN
         RETURN;
-    ELSIF take_feed.key = '' THEN
-        PERFORM @extschema@.fencing_prune_tombstones(rel, take_feed.high_water, 0);
+    ELSIF feed_key = '' THEN
+        PERFORM @extschema@.fencing_prune_tombstones(rel, feed_high_water, 0);
     ELSE
         INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water, key_hash)
-        VALUES (pid, take_feed.key, take_feed.high_water, _pg_fencing.tombstone_key_hash(pid, take_feed.key))
+        VALUES (pid, feed_key, feed_high_water, _pg_fencing.tombstone_key_hash(pid, feed_key))
         ON CONFLICT (protection_id, key) DO UPDATE
         SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash
         WHERE h.high_water < excluded.high_water OR h.key_hash IS DISTINCT FROM excluded.key_hash;
@@ -1110,6 +1110,9 @@ BEGIN
     FOR p IN SELECT pb.oid FROM pg_publication pb WHERE NOT pb.puballtables LOOP
         PERFORM _pg_fencing.publish_feeds(p);
     END LOOP;
+    -- The feed, if now published, gets the tombstones and floors written while it was not
+    -- (a subscription's initial copy brings them).
+    PERFORM _pg_fencing.fill_feed();
 END
 $fn$;
 CREATE EVENT TRIGGER pg_fencing_publication ON ddl_command_end

@@ -11,9 +11,12 @@
 #      fencing_advance and a DELETE on the publisher raise the subscriber's mark too. Per-row
 #      mode: a key deleted on the publisher with 25 (its row carried 20) cannot be re-inserted on
 #      the subscriber with 21. The subscriber's own protections and marks are not disturbed.
+#      A tombstone written before any publication reaches the subscriber with the initial copy.
 #   2. FOR TABLE jobs, items (issue 30, case 1): pg_fencing's tables are added to the publication
 #      by themselves, so a key the publisher inserted with 30 and deleted with 40 cannot be
-#      re-created on the subscriber with 35.
+#      re-created on the subscriber with 35. Tombstones and the tombstone floor from before the
+#      subscription arrive with its initial copy, also on a subscriber that protects the table
+#      only afterwards.
 #   3. a publication without pg_fencing's tables (made with the event trigger off, as by a
 #      publisher without the extension): fencing_protected_tables says so, and local writes on
 #      the subscriber are refused with FT004 (they were accepted before issue 30).
@@ -76,9 +79,19 @@ sub -o /dev/null -c "BEGIN; SET LOCAL pg_fencing.token = '7'; INSERT INTO items 
 local_ids=$(sub -Atc "SELECT string_agg(relid::text || '=' || id, ',' ORDER BY id) FROM _pg_fencing.protected_table")
 
 echo "== 1. publication FOR ALL TABLES"
+# A tombstone written before any publication (the feed was not published then): CREATE
+# PUBLICATION puts it in the feed, and the initial copy brings it.
+expect "publisher insert and delete of key 4 with 16, before any publication" ok \
+    "$(write "$PUB" postgres 16 "INSERT INTO items VALUES (4, 15); DELETE FROM items WHERE id = 4")"
+expect "the unpublished feed holds nothing" 0 "$(pub -Atc "SELECT count(*) FROM _pg_fencing.tombstone_feed")"
 pub -c "CREATE PUBLICATION everything FOR ALL TABLES"
+expect "CREATE PUBLICATION filled the feed" "public.items (4) 16" \
+    "$(pub -Atc "SELECT string_agg(relation || ' ' || key || ' ' || high_water, ',') FROM _pg_fencing.tombstone_feed")"
 sub -c "CREATE SUBSCRIPTION everything CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION everything"
 wait_for "initial sync done" 0 "$SUB" postgres "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
+wait_for "the tombstone of key 4 from before the subscription" 16 "$SUB" postgres \
+    "SELECT t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND t.key = '(4)'"
+expect "subscriber re-insert of key 4 with 15" FT001 "$(write "$SUB" postgres 15 "INSERT INTO items VALUES (4, 15)")"
 
 echo "-- resource mode: a replicated write raises the subscriber's mark"
 expect "publisher write with 12" ok "$(write "$PUB" postgres 12 "INSERT INTO jobs VALUES (1, 12)")"
@@ -104,7 +117,8 @@ wait_for "tombstone of key 5 on the subscriber" 25 "$SUB" postgres \
     "SELECT t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND t.key = '(5)'"
 expect "subscriber re-insert of key 5 with 21" FT001 "$(write "$SUB" postgres 21 "INSERT INTO items VALUES (5, 21)")"
 expect "subscriber re-insert of key 5 with 25" ok "$(write "$SUB" postgres 25 "INSERT INTO items VALUES (5, 25)")"
-expect "publisher: its tombstone feed stays empty" 0 "$(pub -Atc "SELECT count(*) FROM _pg_fencing.tombstone_feed")"
+expect "publisher: its feed holds its tombstones" "(4) 16,(5) 25" \
+    "$(pub -Atc "SELECT string_agg(key || ' ' || high_water, ',' ORDER BY key) FROM _pg_fencing.tombstone_feed")"
 
 echo "-- the subscriber's own state is untouched"
 expect "subscriber protections (ids)" "$local_ids" \
@@ -116,6 +130,11 @@ expect "no replication worker failed (apply or table sync errors)" 0 \
 sub -c "DROP SUBSCRIPTION everything"
 
 echo "== 2. publication FOR TABLE jobs, items: pg_fencing's tables come along by themselves (issue 30, case 1)"
+# Before this subscription: a tombstone (key 11 at 55) and a tombstone floor (26, pruning none)
+# on the publisher. The new subscriber gets both with its initial copy (issue 30: "including what
+# existed before the subscription's initial copy").
+expect "publisher insert and delete of key 11 with 55" ok "$(write "$PUB" postgres 55 "INSERT INTO items VALUES (11, 50); DELETE FROM items WHERE id = 11")"
+pub -Atc "SELECT fencing_prune_tombstones('items', 26, 0)" >/dev/null
 pub -c "CREATE PUBLICATION named FOR TABLE jobs, items"
 expect "the publication carries pg_fencing's tables" "resource_high_water,tombstone_feed" \
     "$(pub -Atc "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables WHERE pubname = 'named' AND schemaname = '_pg_fencing'")"
@@ -128,6 +147,12 @@ sub -c "CREATE DATABASE partial"
 wait_for "initial sync done" 0 "$SUB" partial "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
 expect "fencing_protected_tables.active on the subscriber" "true|true" \
     "$("${PSQL[@]}" -p "$SUB" -d partial -Atc "SELECT string_agg(active::text, '|' ORDER BY relation::text) FROM fencing_protected_tables")"
+wait_for "the tombstones from before the subscription" "(11) 55,(4) 16,(5) 25" "$SUB" partial \
+    "SELECT string_agg(t.key || ' ' || t.high_water, ',' ORDER BY t.key) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass"
+wait_for "the tombstone floor from before the subscription" 26 "$SUB" partial \
+    "SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'items'::regclass"
+expect "subscriber insert of key 11 with 54" FT001 "$(write "$SUB" partial 54 "INSERT INTO items VALUES (11, 54)")"
+expect "subscriber insert of a new key with 25 (below the floor)" FT001 "$(write "$SUB" partial 25 "INSERT INTO items VALUES (12, 25)")"
 expect "publisher insert of key 2 with 30" ok "$(write "$PUB" postgres 30 "INSERT INTO items VALUES (2, 30)")"
 expect "publisher delete of key 2 with 40" ok "$(write "$PUB" postgres 40 "DELETE FROM items WHERE id = 2")"
 wait_for "tombstone of key 2 on the subscriber" 40 "$SUB" partial \
@@ -137,6 +162,18 @@ expect "publisher write with 60" ok "$(write "$PUB" postgres 60 "INSERT INTO job
 wait_for "the row arrived" 60 "$SUB" partial "SELECT fence_token FROM jobs WHERE id = 3"
 expect "subscriber write with 59" FT001 "$(write "$SUB" partial 59 "UPDATE jobs SET v = 59 WHERE id = 3")"
 "${PSQL[@]}" -p "$SUB" -d partial -c "DROP SUBSCRIPTION named"
+# A subscriber that protects the table only after its initial copy takes what the copy brought.
+sub -c "CREATE DATABASE late"
+"${PSQL[@]}" -p "$SUB" -d late -o /dev/null -c "CREATE EXTENSION pg_fencing" \
+    -c "CREATE TABLE jobs (id int PRIMARY KEY, v bigint, fence_token bigint)" \
+    -c "CREATE TABLE items (id int PRIMARY KEY, v bigint, fence_token bigint)"
+"${PSQL[@]}" -p "$SUB" -d late -c "CREATE SUBSCRIPTION late CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION named"
+wait_for "initial sync done" 0 "$SUB" late "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
+"${PSQL[@]}" -p "$SUB" -d late -c "ALTER SUBSCRIPTION late DISABLE"
+"${PSQL[@]}" -p "$SUB" -d late -o /dev/null -c "SELECT fencing_protect('items')"
+expect "fencing_protect after the copy takes its tombstones and floor" "(11) 55,(2) 40,(4) 16,(5) 25 floor 26" \
+    "$("${PSQL[@]}" -p "$SUB" -d late -Atc "SELECT string_agg(t.key || ' ' || t.high_water, ',' ORDER BY t.key) || ' floor ' || min(p.tombstone_floor) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass")"
+"${PSQL[@]}" -p "$SUB" -d late -c "DROP SUBSCRIPTION late"
 
 echo "== 3. a publication without pg_fencing's tables (a publisher without the extension's event trigger): the subscriber refuses local writes (FT004)"
 log_start=$(wc -l <"$WORK/sub.log")  # the subscriptions dropped above ended their workers

@@ -74,8 +74,12 @@ pub unsafe extern "C-unwind" fn pg_fencing_ddl_start(fcinfo: FunctionCallInfo) -
             let home = || protections::extension_home();
             let drops_extension = match &command {
                 DdlStart::DropExtensions(names) => names.iter().any(|n| n == "pg_fencing"),
-                DdlStart::DropSchemas(schemas) => home().is_some_and(|(nsp, _)| schemas.contains(&nsp)),
-                DdlStart::DropOwned(roles) => home().is_some_and(|(_, owner)| roles.contains(&owner)),
+                DdlStart::DropSchemas(schemas) => {
+                    home().is_some_and(|(nsp, _)| schemas.contains(&nsp))
+                }
+                DdlStart::DropOwned(roles) => {
+                    home().is_some_and(|(_, owner)| roles.contains(&owner))
+                }
                 _ => false,
             };
             if drops_extension {
@@ -98,7 +102,9 @@ pub unsafe extern "C-unwind" fn pg_fencing_ddl_start(fcinfo: FunctionCallInfo) -
             match command {
                 DdlStart::DropExtensions(_) => {}
                 DdlStart::DropTables(tables) => protections::before_drop(Dropping::Tables, &tables),
-                DdlStart::DropSchemas(schemas) => protections::before_drop(Dropping::Schemas, &schemas),
+                DdlStart::DropSchemas(schemas) => {
+                    protections::before_drop(Dropping::Schemas, &schemas)
+                }
                 DdlStart::DropOwned(roles) => protections::before_drop(Dropping::OwnedBy, &roles),
                 DdlStart::AlterColumnTypes(relation, columns) => {
                     for column in &columns {

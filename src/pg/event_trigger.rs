@@ -107,7 +107,9 @@ pub unsafe fn ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Option<DdlStart> {
                         objects
                             .into_iter()
                             .filter(|&n| !n.is_null() && (*n).type_ == pg_sys::NodeTag::T_String)
-                            .map(|n| pg_sys::get_namespace_oid((*(n as *mut pg_sys::String)).sval, true))
+                            .map(|n| {
+                                pg_sys::get_namespace_oid((*(n as *mut pg_sys::String)).sval, true)
+                            })
                             .filter(|&o| o != pg_sys::InvalidOid)
                             .collect(),
                     )),
@@ -115,7 +117,11 @@ pub unsafe fn ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Option<DdlStart> {
                         objects
                             .into_iter()
                             .filter(|&n| !n.is_null() && (*n).type_ == pg_sys::NodeTag::T_List)
-                            .filter_map(|n| relation_of(pg_sys::makeRangeVarFromNameList(n as *mut pg_sys::List)))
+                            .filter_map(|n| {
+                                relation_of(pg_sys::makeRangeVarFromNameList(
+                                    n as *mut pg_sys::List,
+                                ))
+                            })
                             .collect(),
                     )),
                     _ => None,
@@ -138,7 +144,10 @@ pub unsafe fn ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Option<DdlStart> {
                     .into_iter()
                     .filter(|&n| !n.is_null() && (*n).type_ == pg_sys::NodeTag::T_AlterTableCmd)
                     .map(|n| n as *mut pg_sys::AlterTableCmd)
-                    .filter(|&c| (*c).subtype == pg_sys::AlterTableType::AT_AlterColumnType && !(*c).name.is_null())
+                    .filter(|&c| {
+                        (*c).subtype == pg_sys::AlterTableType::AT_AlterColumnType
+                            && !(*c).name.is_null()
+                    })
                     .map(|c| CStr::from_ptr((*c).name).to_string_lossy().into_owned())
                     .collect();
                 if columns.is_empty() {

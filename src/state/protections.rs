@@ -73,7 +73,11 @@ pub fn before_drop(kind: Dropping, objects: &[pg_sys::Oid]) {
         Dropping::Schemas => "schema",
         Dropping::OwnedBy => "owner",
     };
-    let list = objects.iter().map(|o| o.to_u32().to_string()).collect::<Vec<_>>().join(",");
+    let list = objects
+        .iter()
+        .map(|o| o.to_u32().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     exec_internal(
         "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.before_drop($1, pg_catalog.string_to_array($2, ',')::pg_catalog.oid[])) d",
         false,
@@ -91,7 +95,10 @@ pub fn before_retype(relation: pg_sys::Oid, column: &str) {
         "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.before_retype($1, $2)) d",
         false,
         &[pg_sys::OIDOID, pg_sys::TEXTOID],
-        &mut [pg_sys::Datum::from(relation), crate::pg::spi::text_datum(column)],
+        &mut [
+            pg_sys::Datum::from(relation),
+            crate::pg::spi::text_datum(column),
+        ],
         true,
         text_of,
     );

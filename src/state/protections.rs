@@ -106,8 +106,20 @@ pub fn before_retype(relation: pg_sys::Oid, column: &str) {
 
 /// A per-row protection just recorded: takes the tombstones and floor a subscription brought for
 /// its table, and puts its own in the feed where that is published
-/// (`_pg_fencing.feed_protection`, `sql/pg_fencing.sql`).
+/// (`_pg_fencing.feed_protection`, `sql/pg_fencing.sql`). Nothing under the schema of 0.1.0 (no
+/// tombstone feed), which the library serves until `ALTER EXTENSION pg_fencing UPDATE`.
 pub fn feed_protection(relation: pg_sys::Oid) {
+    let present = exec_internal(
+        "SELECT pg_catalog.to_regprocedure('_pg_fencing.feed_protection(regclass)')::pg_catalog.text",
+        false,
+        &[],
+        &mut [],
+        true,
+        text_of,
+    );
+    if present.is_none() {
+        return;
+    }
     exec_internal(
         "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.feed_protection($1)) d",
         false,

@@ -4,7 +4,7 @@ with a small model of the documented contract (docs/security.md, "Token sources"
 docs/guarantees.md, "The rule" and "When a protection is not active"). The model is written
 from the documents, not from the implementation (it does not use fencing-core).
 
-    hunt.py --dsn DSN --pub-dsn DSN [--seed S] [--sequences N] [--steps N] [--tables r,p,...] [--no-states]
+    hunt.py --dsn DSN --pub-dsn DSN [--seed S] [--sequences N] [--steps N] [--tables r,p,pp,...] [--no-states]
 
 Seeded and reproducible. On a disagreement it shrinks the sequence (drops steps while the
 disagreement stays) and prints the shortest failing sequence and its seed, then exits 1.
@@ -51,6 +51,15 @@ SQL_ONLY = {"insert", "upsert", "update", "update_key", "delete", "merge", "trun
 # (docs/guarantees.md, "When a protection is not active"). The hunter found that with a
 # "truncate_disabled" state (seed 1) before such a DISABLE was refused outside restores.
 STATES = ["active", "after_disabled", "replica_trigger_ordinary", "disable_attempt"]
+# Schema changes the contract keeps the fence through (docs/guarantees.md, "When a protection is
+# not active", the schema-change paragraph): retyping the token column, also to its own type with
+# a USING clause that would rewrite every mark, is refused (55000); dropping or detaching (then
+# dropping) the partition of keys below 5 of the partitioned per-row table "pp", and creating it
+# again empty, raises the protection's tombstone floor to the highest token of the rows that
+# left, so those keys cannot come back below their marks.
+SCHEMA_CHANGES = ["retype_attempt"]
+PARTITION_CHANGES = ["drop_partition", "detach_partition"]
+SPLIT = 5  # pp's partitions: keys below SPLIT in pp_a, the others in pp_b
 
 
 class Model:
@@ -60,7 +69,14 @@ class Model:
 
     def __init__(self, tables):
         self.t = {name: {"resource": res, "subscribed": sub, "state": "active", "mark": 0,
-                         "rows": {}, "tomb": {}} for name, res, sub in tables}
+                         "rows": {}, "tomb": {}, "floor": 0} for name, res, sub in tables}
+
+    def partition_gone(self, name):
+        """pp's first partition dropped or detached: its rows leave, the floor takes their tokens."""
+        t = self.t[name]
+        gone = {k: v for k, v in t["rows"].items() if k < SPLIT}
+        t["floor"] = max([t["floor"], *gone.values()])
+        t["rows"] = {k: v for k, v in t["rows"].items() if k >= SPLIT}
 
     def active(self, name):
         t = self.t[name]
@@ -75,6 +91,7 @@ class Model:
             return "FT002", None
         rows, tomb = dict(t["rows"]), dict(t["tomb"])
         mark = t["mark"]
+        floor = t["floor"]  # a key without a newer tombstone has the floor as its mark
         op = {"upsert": "update" if key in rows else "insert",
               "merge": "update" if key in rows else "insert",
               "copy": "insert", "view_update": "update", "plpgsql": "update", "prepared": "update",
@@ -94,7 +111,7 @@ class Model:
                 rows = {}
         else:
             if op == "insert":
-                if token < tomb.get(key, 0):
+                if token < max(tomb.get(key, 0), floor):
                     return "FT001", None
                 rows[key] = token
             elif op == "update":
@@ -102,7 +119,7 @@ class Model:
                     return "FT001", None
                 rows[key] = token
             elif op == "update_key":
-                if token < rows[key] or token < tomb.get(new_key, 0):
+                if token < rows[key] or token < max(tomb.get(new_key, 0), floor):
                     return "FT001", None
                 del rows[key]
                 tomb[key] = max(tomb.get(key, 0), token)
@@ -137,7 +154,12 @@ class Server:
             if name.endswith("_sub"):
                 continue  # made once by setup_once
             cur.execute(f"DROP TABLE IF EXISTS {name} CASCADE")
-            cur.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int)")
+            if name.startswith("pp"):
+                cur.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int) PARTITION BY RANGE (id)")
+                cur.execute(f"CREATE TABLE {name}_a PARTITION OF {name} FOR VALUES FROM (MINVALUE) TO ({SPLIT})")
+                cur.execute(f"CREATE TABLE {name}_b PARTITION OF {name} FOR VALUES FROM ({SPLIT}) TO (MAXVALUE)")
+            else:
+                cur.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int)")
             cur.execute("SELECT fencing_protect(%s, %s)", (name, res))
             cur.execute(f"CREATE VIEW {name}_v AS SELECT * FROM {name}")
             cur.execute(f"GRANT ALL ON {name}, {name}_v TO hunt_app, hunt_sess")
@@ -244,6 +266,18 @@ class Server:
             cur.execute("ALTER EVENT TRIGGER pg_fencing_ddl_end DISABLE")
             cur.execute(f"ALTER TABLE {name} ENABLE TRIGGER ALL")
             cur.execute("ALTER EVENT TRIGGER pg_fencing_ddl_end ENABLE")
+        elif state == "retype_attempt":
+            try:
+                cur.execute(f"ALTER TABLE {name} ALTER COLUMN fence_token TYPE bigint USING 0")
+            except psycopg2.Error as e:
+                return e.pgcode
+        elif state in PARTITION_CHANGES:
+            if state == "drop_partition":
+                cur.execute(f"DROP TABLE {name}_a")
+            else:
+                cur.execute(f"ALTER TABLE {name} DETACH PARTITION {name}_a")
+                cur.execute(f"DROP TABLE {name}_a")
+            cur.execute(f"CREATE TABLE {name}_a PARTITION OF {name} FOR VALUES FROM (MINVALUE) TO ({SPLIT})")
         elif state == "disable_attempt":
             trigger = random.Random(name).choice(["zz_pg_fencing_guard", "zz_pg_fencing_truncate", "zz_pg_fencing_after"])
             try:
@@ -298,8 +332,9 @@ def gen_sequence(rng, steps, tables, states):
     seq = []
     for _ in range(steps):
         table = rng.choice(tables)
-        if states and rng.random() < 0.12 and table in ("r", "p"):
-            seq.append(("state", table, rng.choice(STATES)))
+        if states and rng.random() < 0.12 and table in ("r", "p", "pp"):
+            seq.append(("state", table, rng.choice(STATES + SCHEMA_CHANGES
+                                                   + (PARTITION_CHANGES if table == "pp" else []))))
             continue
         source = rng.choice(list(SOURCES))
         path = rng.choice(sorted(SQL_ONLY) if source in IN_FUNCTION else PATHS)
@@ -310,9 +345,9 @@ def gen_sequence(rng, steps, tables, states):
 def run(dsn, seq, replay_id, verbose=False):
     """Replay `seq` on fresh tables; the index of the first disagreement and its description."""
     sfx = f"_{replay_id}"
-    tables = [("r" + sfx, f"hunt-res{sfx}", False), ("p" + sfx, None, False),
+    tables = [("r" + sfx, f"hunt-res{sfx}", False), ("p" + sfx, None, False), ("pp" + sfx, None, False),
               ("r_sub", "r_sub-res", True), ("p_sub", None, True)]
-    name_of = {"r": "r" + sfx, "p": "p" + sfx, "r_sub": "r_sub", "p_sub": "p_sub"}
+    name_of = {"r": "r" + sfx, "p": "p" + sfx, "pp": "pp" + sfx, "r_sub": "r_sub", "p_sub": "p_sub"}
     srv = Server(dsn, sfx)
     srv.setup(tables)
     model = Model(tables)
@@ -320,7 +355,8 @@ def run(dsn, seq, replay_id, verbose=False):
         if step[0] == "state":
             name = name_of[step[1]]
             got = srv.set_state(name, step[2])
-            want = "55000" if step[2] == "disable_attempt" else "ok"
+            refused = step[2] in ("disable_attempt", "retype_attempt")
+            want = "55000" if refused else "ok"
             if got != want:
                 srv.admin.close()
                 return i, f"step {i}: state {step[2]} of {name}: the contract says {want}, the server answered {got}"
@@ -329,7 +365,9 @@ def run(dsn, seq, replay_id, verbose=False):
             for other, t in model.t.items():
                 if other != name and t["state"] == "replica_trigger_ordinary":
                     t["state"] = "active"
-            model.t[name]["state"] = "active" if step[2] == "disable_attempt" else step[2]
+            if step[2] in PARTITION_CHANGES:
+                model.partition_gone(name)
+            model.t[name]["state"] = "active" if refused or step[2] in PARTITION_CHANGES else step[2]
             continue
         _, table, path, source, key, new_key, delta = step
         name = name_of[table]
@@ -344,7 +382,7 @@ def run(dsn, seq, replay_id, verbose=False):
                 continue
         elif path in ("insert", "copy") and key in rows:
             continue
-        high = max([t["mark"], *rows.values(), *t["tomb"].values(), 1])
+        high = max([t["mark"], t["floor"], *rows.values(), *t["tomb"].values(), 1])
         token = max(1, high + delta)
         counts = SOURCES[source] or path == "fenced"
         want, new_state = model.outcome(name, path, key, new_key, token if counts else None)
@@ -369,8 +407,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--sequences", type=int, default=30)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--tables", default="r,p,r_sub,p_sub",
-                    help="which tables to write: r, p (resource and per-row mode), r_sub, p_sub (subscribed)")
+    ap.add_argument("--tables", default="r,p,pp,r_sub,p_sub",
+                    help="which tables to write: r, p (resource and per-row mode), pp (per-row, partitioned), "
+                         "r_sub, p_sub (subscribed)")
     ap.add_argument("--no-states", action="store_true", help="no DDL: the tables stay as protected")
     args = ap.parse_args()
     setup_once(args.dsn, args.pub_dsn)

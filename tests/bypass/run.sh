@@ -3,7 +3,7 @@
 # writes through every token source and write path, on tables in every protection state, each
 # outcome compared with a model of the documented contract.
 #
-#   tests/bypass/run.sh [--seed S] [--sequences N] [--steps N] [--tables r,p,r_sub,p_sub] [--no-states]
+#   tests/bypass/run.sh [--seed S] [--sequences N] [--steps N] [--tables r,p,pp,r_sub,p_sub] [--no-states]
 #   (defaults: seed 1, 30 sequences of 40 steps, every table, DDL between writes)
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"

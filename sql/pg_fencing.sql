@@ -841,6 +841,8 @@ BEGIN
                      AND tg.tgrelid <> pt.relid
                      AND tg.tgrelid NOT IN (SELECT tr.relid FROM _pg_fencing.tree(pt.relid) tr)
                      AND NOT EXISTS (SELECT 1 FROM _pg_fencing.protected_table o WHERE o.relid = tg.tgrelid)
+                     -- (the top of a detached subtree; its partitions go with its protection)
+                     AND NOT (SELECT c.relispartition FROM pg_class c WHERE c.oid = tg.tgrelid)
         LOOP
             -- (fencing_protect replaces its statement triggers, whose arguments name the parent's
             -- protection, with its own)
@@ -951,6 +953,14 @@ BEGIN
              JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE pt.protected AND pt.resource IS NULL AND (fill_feed.relation IS NULL OR pt.relid = fill_feed.relation)
              ORDER BY pt.relid LOOP
+        -- (the tombstones of deletes that committed while this waited for the lock must be read:
+        -- a snapshot older than the lock would miss them)
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = 'pg_fencing''s tombstone feed can only be filled in a READ COMMITTED transaction',
+                DETAIL = format('This command publishes _pg_fencing.tombstone_feed (or changes a table it carries, %s); the tombstones written meanwhile must be read with a snapshot taken after the table''s lock.', p.relid),
+                HINT = 'Run the command in a READ COMMITTED transaction.';
+        END IF;
         EXECUTE format('LOCK TABLE %s IN SHARE MODE', p.relid);
         INSERT INTO _pg_fencing.tombstone_feed AS f (relation, key, high_water)
         SELECT p.name, rt.key, rt.high_water FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = p.id
@@ -1308,10 +1318,16 @@ CREATE EVENT TRIGGER pg_fencing_publication ON ddl_command_end
 --     raise its tombstone floor first (_pg_fencing.before_drop).
 --   * ALTER TABLE ... ALTER COLUMN ... TYPE of a protection's token column is refused
 --     (_pg_fencing.before_retype), also to the same type, whose USING clause rewrites the marks.
+--   * ALTER TABLE ... RENAME TO / SET SCHEMA and ALTER SCHEMA ... RENAME TO move a per-row
+--     protected table's rows of tombstone_feed to its new name (_pg_fencing.rename_in_feed).
+--   * Any other command that would drop the extension's tables, or a partition of a per-row
+--     protected table (a cascade from another object: DROP EXTENSION plpgsql CASCADE, DROP ACCESS
+--     METHOD ... CASCADE), is refused by the library's object access hook (2BP01, 55000).
 CREATE FUNCTION _pg_fencing.on_ddl_start() RETURNS event_trigger
 LANGUAGE c AS 'MODULE_PATHNAME', 'pg_fencing_ddl_start';
+-- It fires for every DDL command: calling it loads the library, whose object access hook then
+-- sees every relation the command drops, also by a cascade from another object (src/api/hooks.rs).
 CREATE EVENT TRIGGER pg_fencing_ddl_start ON ddl_command_start
-    WHEN TAG IN ('DROP EXTENSION', 'DROP SCHEMA', 'DROP TABLE', 'DROP OWNED', 'ALTER TABLE')
     EXECUTE FUNCTION _pg_fencing.on_ddl_start();
 
 -- A partition of a per-row protected table that is dropped takes its rows, and the tokens that
@@ -1319,23 +1335,33 @@ CREATE EVENT TRIGGER pg_fencing_ddl_start ON ddl_command_start
 -- below those marks. Before such a DROP (kind 'table': these tables; 'schema': the tables in these
 -- schemas; 'owner': the tables of these roles; a partition goes with each ancestor), the
 -- protection's tombstone floor is raised to the highest token of the partitions' rows
--- (fencing_prune_tombstones, which waits for the tree's in-flight writes): one scan of their token
--- column. Protections whose table is dropped itself are left alone (they go with it).
-CREATE FUNCTION _pg_fencing.before_drop(kind text, objects oid[]) RETURNS void
+-- (fencing_prune_tombstones), read after the tree's writes in flight have committed: one scan of
+-- their token column. Protections whose table is dropped itself are left alone (they go with
+-- it). Returns the partitions it accounted for (comma-separated OIDs): a partition that any other
+-- command drops is refused (src/api/hooks.rs, object_access).
+CREATE FUNCTION _pg_fencing.before_drop(kind text, objects oid[]) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     p record;
     leaf regclass;
     carried bigint;
     part_max bigint;
+    accounted oid[] := '{}';
 BEGIN
-    FOR p IN SELECT pt.relid, pt.token_column FROM _pg_fencing.protected_table pt
+    FOR p IN SELECT pt.relid, pt.token_column,
+                    CASE kind WHEN 'table' THEN c.oid = ANY (objects)
+                              WHEN 'schema' THEN c.relnamespace = ANY (objects)
+                              ELSE c.relowner = ANY (objects) END AS whole
+             FROM _pg_fencing.protected_table pt
              JOIN pg_class c ON c.oid = pt.relid
-             WHERE pt.protected AND pt.resource IS NULL AND c.relkind = 'p'
-               AND NOT CASE kind WHEN 'table' THEN c.oid = ANY (objects)
-                                 WHEN 'schema' THEN c.relnamespace = ANY (objects)
-                                 ELSE c.relowner = ANY (objects) END LOOP
+             WHERE pt.protected AND pt.resource IS NULL AND c.relkind = 'p' LOOP
+        IF p.whole THEN
+            accounted := accounted || ARRAY(SELECT t.relid::oid FROM pg_partition_tree(p.relid) t);
+            CONTINUE;
+        END IF;
         carried := NULL;
+        -- The tree's writes in flight commit first, so that the scan sees their tokens.
+        EXECUTE format('LOCK TABLE %s IN SHARE MODE', p.relid);
         FOR leaf IN SELECT t.relid FROM pg_partition_tree(p.relid) t JOIN pg_class c ON c.oid = t.relid
                     WHERE t.isleaf AND c.relkind = 'r'
                       AND EXISTS (SELECT 1 FROM pg_partition_ancestors(t.relid) a
@@ -1346,6 +1372,7 @@ BEGIN
                                                   ELSE ac.relowner = ANY (objects) END) LOOP
             EXECUTE format('SELECT max(%I) FROM ONLY %s', p.token_column, leaf) INTO part_max;
             carried := greatest(carried, part_max);
+            accounted := accounted || leaf::oid;
         END LOOP;
         IF carried IS NOT NULL THEN
             PERFORM @extschema@.fencing_prune_tombstones(p.relid, carried, 0);
@@ -1353,9 +1380,49 @@ BEGIN
                 USING DETAIL = 'Their keys stay fenced at that floor when they come back in another partition.';
         END IF;
     END LOOP;
+    RETURN array_to_string(accounted, ',');
 END
 $fn$;
 REVOKE ALL ON FUNCTION _pg_fencing.before_drop(text, oid[]) FROM PUBLIC;
+
+-- A per-row protected table renamed or moved to another schema (new_schema, new_name: NULL for
+-- what does not change): its rows of tombstone_feed move to the new name, by which subscribers
+-- know the table (ddl_command_start, before the rename: the rename and the move commit together).
+CREATE FUNCTION _pg_fencing.rename_in_feed(relation oid, new_schema text, new_name text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    old_name text;
+    moved_to text;
+BEGIN
+    SELECT format('%I.%I', n.nspname, c.relname), format('%I.%I', coalesce(new_schema, n.nspname), coalesce(new_name, c.relname))
+    INTO old_name, moved_to
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = rename_in_feed.relation
+      AND EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.relid = c.oid AND pt.resource IS NULL);
+    IF NOT FOUND OR old_name = moved_to THEN
+        RETURN;
+    END IF;
+    WITH moved AS (DELETE FROM _pg_fencing.tombstone_feed f WHERE f.relation = old_name RETURNING f.key, f.high_water)
+    INSERT INTO _pg_fencing.tombstone_feed AS f (relation, key, high_water)
+    SELECT moved_to, m.key, m.high_water FROM moved m
+    ON CONFLICT DO NOTHING;
+END
+$fn$;
+REVOKE ALL ON FUNCTION _pg_fencing.rename_in_feed(oid, text, text) FROM PUBLIC;
+
+-- ALTER SCHEMA ... RENAME: the same for each per-row protected table in the schema.
+CREATE FUNCTION _pg_fencing.rename_schema_in_feed(schema oid, new_name text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    rel oid;
+BEGIN
+    FOR rel IN SELECT pt.relid FROM _pg_fencing.protected_table pt JOIN pg_class c ON c.oid = pt.relid
+               WHERE c.relnamespace = rename_schema_in_feed.schema AND pt.resource IS NULL LOOP
+        PERFORM _pg_fencing.rename_in_feed(rel, new_name, NULL);
+    END LOOP;
+END
+$fn$;
+REVOKE ALL ON FUNCTION _pg_fencing.rename_schema_in_feed(oid, text) FROM PUBLIC;
 
 -- ALTER COLUMN ... TYPE of a protection's token column (relation: the table altered, or one of its
 -- partitions): refused (55000) as on_ddl_end refuses the other changes of that column.

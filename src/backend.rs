@@ -79,6 +79,7 @@ unsafe extern "C-unwind" fn xact_callback(
         crate::guard::fast_path::forget_authorized();
         tombstones::forget_tombstones();
         mark_versions::forget_changes();
+        crate::state::protections::forget_dropping();
     }
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
         || event == pg_sys::XactEvent::XACT_EVENT_PREPARE

@@ -148,6 +148,11 @@ pub enum FenceError {
     #[error("{0}")]
     DependentObjects(Text),
 
+    /// 55000: a schema change that would lower the fence (a partition of a per-row table dropped
+    /// by a command that cannot carry its marks first).
+    #[error("{0}")]
+    SchemaChangeRefused(Text),
+
     /// 42P16: the table's definition does not allow the protection (e.g. a deferrable primary
     /// key in per-row mode).
     #[error("{0}")]
@@ -240,6 +245,7 @@ impl FenceError {
             FenceError::NoTokenArgument(_) => sqlstate!("FT002"),
             FenceError::NotProtected(_) => sqlstate!("FT004"),
             FenceError::DependentObjects(_) => sqlstate!("2BP01"),
+            FenceError::SchemaChangeRefused(_) => sqlstate!("55000"),
             FenceError::NotSupported(_) => sqlstate!("0A000"),
             FenceError::ExtensionNotUpdated(_) => sqlstate!("55000"),
             FenceError::WatchSlotsFull(_) => sqlstate!("53400"),
@@ -265,6 +271,7 @@ impl FenceError {
             | FenceError::NoTokenArgument(t)
             | FenceError::NotProtected(t)
             | FenceError::DependentObjects(t)
+            | FenceError::SchemaChangeRefused(t)
             | FenceError::InvalidTableDefinition(t)
             | FenceError::NotAllowed(t)
             | FenceError::NotSupported(t)

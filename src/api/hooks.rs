@@ -1,7 +1,9 @@
 //! The planner and ExecutorStart hooks of the UPDATE fast path (`guard/fast_path.rs` decides;
-//! `pg/plan.rs` reads and writes the planner's and executor's structures). Installed whenever
-//! the library is loaded; they pass every statement on to the previous hook (or PostgreSQL's
-//! own planner and executor) unchanged unless it is an UPDATE of a protected table.
+//! `pg/plan.rs` reads and writes the planner's and executor's structures), and the object access
+//! hook that sees every relation dropped (`state/protections.rs`, `before_relation_drop`,
+//! decides). Installed whenever the library is loaded (also by the `ddl_command_start` event
+//! trigger, which every DDL command fires); they pass everything on to the previous hook (or
+//! PostgreSQL's own planner and executor) unchanged unless it concerns a protected table.
 
 use crate::guard::fast_path;
 use crate::pg::plan::{self, UpdateExecution, UpdateQuery};
@@ -13,6 +15,7 @@ use std::sync::OnceLock;
 static PREV_PLANNER: OnceLock<pg_sys::planner_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::new();
+static PREV_OBJECT_ACCESS: OnceLock<pg_sys::object_access_hook_type> = OnceLock::new();
 
 /// `fencing_guard`'s own C symbol, which identifies the guard trigger's function.
 fn guard_address() -> usize {
@@ -33,6 +36,9 @@ pub fn init() {
         }
         if PREV_EXECUTOR_END.set(pg_sys::ExecutorEnd_hook).is_ok() {
             pg_sys::ExecutorEnd_hook = Some(executor_end);
+        }
+        if PREV_OBJECT_ACCESS.set(pg_sys::object_access_hook).is_ok() {
+            pg_sys::object_access_hook = Some(object_access);
         }
     }
 }
@@ -102,5 +108,39 @@ unsafe extern "C-unwind" fn executor_end(query_desc: *mut pg_sys::QueryDesc) {
         fast_path::end_update(statement);
         let prev = PREV_EXECUTOR_END.get().copied().flatten();
         plan::executor_end_next(prev, query_desc);
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's object access machinery to call (installed by `init`), on the main
+/// thread, inside a transaction.
+unsafe extern "C-unwind" fn object_access(
+    access: pg_sys::ObjectAccessType::Type,
+    class_id: pg_sys::Oid,
+    object_id: pg_sys::Oid,
+    sub_id: std::ffi::c_int,
+    arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: the previous hook gets PostgreSQL's own arguments unchanged. A relation about to
+    // be dropped (OAT_DROP of a pg_class object, not a column) is judged inside pgrx's guard (an
+    // ERROR of a catalog lookup or statement is re-raised from there); the refusal is raised in
+    // this hook's frame, which holds only plain values (as `raise` requires). Raising an ERROR
+    // from OAT_DROP aborts the command before the object is deleted.
+    unsafe {
+        if let Some(prev) = PREV_OBJECT_ACCESS.get().copied().flatten() {
+            prev(access, class_id, object_id, sub_id, arg);
+        }
+        if access != pg_sys::ObjectAccessType::OAT_DROP
+            || class_id != pg_sys::RelationRelationId
+            || sub_id != 0
+        {
+            return;
+        }
+        let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+            crate::state::protections::before_relation_drop(object_id)
+        });
+        if let Err(e) = outcome {
+            raise(e);
+        }
     }
 }

@@ -16,3 +16,35 @@ pub fn database_exists(oid: u32) -> bool {
         )
     }
 }
+
+/// Is relation `relid` a partition that holds rows (a plain table attached to a partitioned one)?
+pub fn is_leaf_partition(relid: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache lookup by value on the main thread inside a transaction; the tuple is
+    // checked for NULL, read as the pg_class row a RELOID entry is, and released before return.
+    unsafe {
+        let tup = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(relid),
+        );
+        if tup.is_null() {
+            return false;
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tup);
+        let leaf = (*form).relispartition && (*form).relkind as u8 == pg_sys::RELKIND_RELATION;
+        pg_sys::ReleaseSysCache(tup);
+        leaf
+    }
+}
+
+/// The OID of pg_fencing's own table `name` (in schema `_pg_fencing`; invalid if there is none).
+pub fn internal_table(name: &std::ffi::CStr) -> pg_sys::Oid {
+    // SAFETY: catalog lookups of NUL-terminated names inside a transaction; missing_ok, and
+    // get_relname_relid returns InvalidOid for a missing relation.
+    unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"_pg_fencing".as_ptr(), true);
+        if nsp == pg_sys::InvalidOid {
+            return pg_sys::InvalidOid;
+        }
+        pg_sys::get_relname_relid(name.as_ptr(), nsp)
+    }
+}

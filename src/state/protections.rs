@@ -1,9 +1,12 @@
 //! Whether a protection can hold right now, as `fencing_protected_tables.active` says it:
 //! `_pg_fencing.inactive_reason` (`sql/pg_fencing.sql`) is the one list of reasons, read here for
 //! the rule layer, which refuses every write of an inactive protection with `FT004`
-//! (docs/guarantees.md, "When a protection is not active").
+//! (docs/guarantees.md, "When a protection is not active"); and what schema changes must do first
+//! so that no DDL lowers a mark or forgets a tombstone: the commands `ddl_command_start` reads
+//! (`pg/event_trigger.rs`), and every relation dropped by any command (`before_relation_drop`).
 #![forbid(unsafe_code)]
 
+use crate::error::FenceError;
 use crate::pg::spi::{exec_internal, text_of};
 use pgrx::pg_sys;
 
@@ -62,8 +65,21 @@ pub enum Dropping {
     OwnedBy,
 }
 
+thread_local! {
+    /// The partitions of per-row protected tables that `before_drop` accounted for in this
+    /// transaction (their rows' tokens are in the floor, or their protection goes with them):
+    /// the only ones `before_relation_drop` lets go. Cleared at transaction end (`backend.rs`).
+    static DROPPING: std::cell::RefCell<rustc_hash::FxHashSet<u32>> =
+        std::cell::RefCell::new(rustc_hash::FxHashSet::default());
+}
+
+/// Transaction end: nothing is being dropped any more.
+pub fn forget_dropping() {
+    DROPPING.with(|d| d.borrow_mut().clear());
+}
+
 /// Before a DROP: raise the tombstone floor of each per-row protected table whose partitions it
-/// drops (`_pg_fencing.before_drop`, `sql/pg_fencing.sql`).
+/// drops (`_pg_fencing.before_drop`, `sql/pg_fencing.sql`), and remember those partitions.
 pub fn before_drop(kind: Dropping, objects: &[pg_sys::Oid]) {
     if objects.is_empty() {
         return;
@@ -73,19 +89,73 @@ pub fn before_drop(kind: Dropping, objects: &[pg_sys::Oid]) {
         Dropping::Schemas => "schema",
         Dropping::OwnedBy => "owner",
     };
-    let list = objects
-        .iter()
-        .map(|o| o.to_u32().to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    exec_internal(
-        "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.before_drop($1, pg_catalog.string_to_array($2, ',')::pg_catalog.oid[])) d",
+    let list = objects.iter().map(|o| o.to_u32().to_string()).collect::<Vec<_>>().join(",");
+    let accounted = exec_internal(
+        "SELECT _pg_fencing.before_drop($1, pg_catalog.string_to_array($2, ',')::pg_catalog.oid[])",
         false,
         &[pg_sys::TEXTOID, pg_sys::TEXTOID],
         &mut [crate::pg::spi::text_datum(kind), crate::pg::spi::text_datum(&list)],
         false,
         text_of,
+    )
+    .unwrap_or_default();
+    DROPPING.with(|d| {
+        d.borrow_mut()
+            .extend(accounted.split(',').filter_map(|o| o.parse::<u32>().ok()))
+    });
+}
+
+/// A relation is about to be dropped, by whatever command (PostgreSQL's object access hook,
+/// `api/hooks.rs`): the last line for what `ddl_command_start` cannot see, such as a cascade
+/// from another object (`DROP EXTENSION plpgsql CASCADE`, `DROP ACCESS METHOD … CASCADE`).
+/// * pg_fencing's own `protected_table` (the extension is being dropped): refused (`2BP01`)
+///   while tables are protected, as `DROP EXTENSION pg_fencing` is.
+/// * A partition of a per-row protected table that `before_drop` did not account for: refused
+///   (`55000`); `DROP TABLE` of the partition raises the floor first and may go ahead.
+pub fn before_relation_drop(relid: pg_sys::Oid) -> Result<(), FenceError> {
+    let registry = crate::pg::catalog::internal_table(c"protected_table");
+    if registry == pg_sys::InvalidOid {
+        return Ok(());
+    }
+    if relid == registry {
+        return match protected_tables() {
+            None => Ok(()),
+            Some(tables) => Err(FenceError::DependentObjects(crate::error::Text {
+                message: "cannot drop extension pg_fencing while tables are protected".into(),
+                detail: Some(format!(
+                    "Protected: {tables}. This command would drop the extension with other objects; that would delete their high-water marks and tombstones."
+                )),
+                hint: Some("Run SELECT fencing_unprotect(...) for each table first.".into()),
+            })),
+        };
+    }
+    if !crate::pg::catalog::is_leaf_partition(relid)
+        || DROPPING.with(|d| d.borrow().contains(&relid.to_u32()))
+    {
+        return Ok(());
+    }
+    let root = exec_internal(
+        "SELECT pt.relid::pg_catalog.text FROM _pg_fencing.protected_table pt \
+         WHERE pt.protected AND pt.resource IS NULL AND pt.relid::pg_catalog.oid IN \
+           (SELECT a.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1) a \
+            WHERE a.relid::pg_catalog.oid OPERATOR(pg_catalog.<>) $1) LIMIT 1",
+        false,
+        &[pg_sys::OIDOID],
+        &mut [pg_sys::Datum::from(relid)],
+        true,
+        text_of,
     );
+    match root {
+        None => Ok(()),
+        Some(root) => Err(FenceError::SchemaChangeRefused(crate::error::Text {
+            message: format!(
+                "partition {} of per-row protected table {root} cannot be dropped by this command",
+                crate::pg::trigger_event::relation_name(relid)
+            ),
+            detail: Some("Its rows' tokens are the marks of their keys: the table's tombstone floor must take them first, which only DROP TABLE, DROP SCHEMA, DROP OWNED and DETACH PARTITION do.".into()),
+            hint: Some("Drop the partition with DROP TABLE (or detach it) first.".into()),
+        })),
+    }
 }
 
 /// Before `ALTER COLUMN column TYPE` of `relation`: refused (`55000`) for a protection's token
@@ -125,6 +195,38 @@ pub fn feed_protection(relation: pg_sys::Oid) {
         false,
         &[pg_sys::REGCLASSOID],
         &mut [pg_sys::Datum::from(relation)],
+        false,
+        text_of,
+    );
+}
+
+/// Before `ALTER TABLE relation RENAME TO name` or `SET SCHEMA schema`: a per-row protected
+/// table's rows of the tombstone feed move to its new name, the name subscribers know it by
+/// (`_pg_fencing.rename_in_feed`, `sql/pg_fencing.sql`).
+pub fn rename_in_feed(relation: pg_sys::Oid, schema: Option<&str>, name: Option<&str>) {
+    // ('' for what does not change: no schema or table is named so)
+    exec_internal(
+        "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.rename_in_feed($1, \
+         NULLIF($2, ''), NULLIF($3, ''))) d",
+        false,
+        &[pg_sys::OIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
+        &mut [
+            pg_sys::Datum::from(relation),
+            crate::pg::spi::text_datum(schema.unwrap_or("")),
+            crate::pg::spi::text_datum(name.unwrap_or("")),
+        ],
+        false,
+        text_of,
+    );
+}
+
+/// Before `ALTER SCHEMA ... RENAME TO name`: the same for every per-row protected table in it.
+pub fn rename_schema_in_feed(schema: pg_sys::Oid, name: &str) {
+    exec_internal(
+        "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.rename_schema_in_feed($1, $2)) d",
+        false,
+        &[pg_sys::OIDOID, pg_sys::TEXTOID],
+        &mut [pg_sys::Datum::from(schema), crate::pg::spi::text_datum(name)],
         false,
         text_of,
     );

@@ -27,6 +27,11 @@ DROP SCHEMA :ext_schema CASCADE;
 \echo :LAST_ERROR_SQLSTATE
 DROP OWNED BY CURRENT_USER CASCADE;
 \echo :LAST_ERROR_SQLSTATE
+-- ... nor by a cascade from another object (the library's object access hook sees its tables go).
+SET client_min_messages = warning;  -- (the NOTICE counts every object the cascade reaches)
+DROP EXTENSION plpgsql CASCADE;
+\echo :LAST_ERROR_SQLSTATE
+RESET client_min_messages;
 SELECT fencing_high_water('sc-res');
 -- (b) The token column (the per-row marks) cannot be dropped, renamed, retyped or made generated.
 ALTER TABLE sc_rows DROP COLUMN fence_token;
@@ -254,6 +259,58 @@ SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'sc_pt'::r
 -- Dropping the protected table itself drops its protection (nothing to carry).
 DROP TABLE sc_pt, sc_pt2;
 SELECT count(*) FROM _pg_fencing.protected_table WHERE relid::text LIKE 'sc_pt%';
+
+-- A partition dropped by a cascade from another object (here its table access method) is refused:
+-- only DROP TABLE, DROP SCHEMA, DROP OWNED and DETACH PARTITION carry its marks into the floor.
+CREATE ACCESS METHOD sc_heap2 TYPE TABLE HANDLER heap_tableam_handler;
+CREATE TABLE sc_am (id int PRIMARY KEY, v int) PARTITION BY LIST (id);
+CREATE TABLE sc_am1 PARTITION OF sc_am FOR VALUES IN (1) USING sc_heap2;
+SELECT fencing_protect('sc_am');
+BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_am VALUES (1, 0); COMMIT;
+DROP ACCESS METHOD sc_heap2 CASCADE;
+\echo :LAST_ERROR_SQLSTATE
+DROP TABLE sc_am1;
+DROP ACCESS METHOD sc_heap2;
+SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'sc_am'::regclass;
+DROP TABLE sc_am;
+-- A sub-partitioned partition detached: it stays protected on its own, its partitions with it.
+CREATE TABLE sc_sp (id int PRIMARY KEY, v int) PARTITION BY RANGE (id);
+CREATE TABLE sc_sp_mid PARTITION OF sc_sp FOR VALUES FROM (1) TO (100) PARTITION BY RANGE (id);
+CREATE TABLE sc_sp_leaf PARTITION OF sc_sp_mid FOR VALUES FROM (1) TO (50);
+CREATE TABLE sc_sp_leafb PARTITION OF sc_sp_mid FOR VALUES FROM (50) TO (100);
+SELECT fencing_protect('sc_sp');
+BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_sp VALUES (1, 0), (60, 0); COMMIT;
+ALTER TABLE sc_sp DETACH PARTITION sc_sp_mid;
+SELECT relation, tombstone_floor, active FROM fencing_protected_tables WHERE relation::text LIKE 'sc_sp%' ORDER BY 1;
+BEGIN; SET LOCAL pg_fencing.token = '50'; UPDATE sc_sp_mid SET v = 1 WHERE id = 60;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP TABLE sc_sp, sc_sp_mid;
+
+-- The tombstone feed of logical replication, once published, holds every tombstone by table
+-- name, and a renamed table's (or schema's) rows move to the new name.
+CREATE TABLE sc_fd (id int PRIMARY KEY, v int);
+SELECT fencing_protect('sc_fd');
+BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO sc_fd VALUES (1, 0), (2, 0); DELETE FROM sc_fd WHERE id = 1; COMMIT;
+SELECT count(*) FROM _pg_fencing.tombstone_feed;
+SET client_min_messages = error;  -- (the cluster's wal_level is below logical)
+CREATE PUBLICATION sc_pub FOR TABLE sc_fd;
+RESET client_min_messages;
+SELECT relation, key, high_water FROM _pg_fencing.tombstone_feed WHERE relation LIKE '%sc_fd%' ORDER BY 1, 2;
+BEGIN; SET LOCAL pg_fencing.token = '11'; DELETE FROM sc_fd WHERE id = 2; COMMIT;
+ALTER TABLE sc_fd RENAME TO sc_fd2;
+CREATE SCHEMA sc_fds;
+ALTER TABLE sc_fd2 SET SCHEMA sc_fds;
+ALTER SCHEMA sc_fds RENAME TO sc_fds2;
+SELECT relation, key, high_water FROM _pg_fencing.tombstone_feed WHERE relation LIKE '%sc_fd%' ORDER BY 1, 2;
+-- Filling it needs a snapshot taken after the tables' locks: not in REPEATABLE READ.
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SET LOCAL client_min_messages = error;
+CREATE PUBLICATION sc_pub2 FOR TABLE sc_res;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP PUBLICATION sc_pub;
+DROP SCHEMA sc_fds2 CASCADE;
 
 -- After fencing_unprotect, the table is the owner's to change.
 SELECT fencing_unprotect('sc_rows');

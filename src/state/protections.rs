@@ -89,12 +89,19 @@ pub fn before_drop(kind: Dropping, objects: &[pg_sys::Oid]) {
         Dropping::Schemas => "schema",
         Dropping::OwnedBy => "owner",
     };
-    let list = objects.iter().map(|o| o.to_u32().to_string()).collect::<Vec<_>>().join(",");
+    let list = objects
+        .iter()
+        .map(|o| o.to_u32().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     let accounted = exec_internal(
         "SELECT _pg_fencing.before_drop($1, pg_catalog.string_to_array($2, ',')::pg_catalog.oid[])",
         false,
         &[pg_sys::TEXTOID, pg_sys::TEXTOID],
-        &mut [crate::pg::spi::text_datum(kind), crate::pg::spi::text_datum(&list)],
+        &mut [
+            crate::pg::spi::text_datum(kind),
+            crate::pg::spi::text_datum(&list),
+        ],
         false,
         text_of,
     )
@@ -226,7 +233,10 @@ pub fn rename_schema_in_feed(schema: pg_sys::Oid, name: &str) {
         "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.rename_schema_in_feed($1, $2)) d",
         false,
         &[pg_sys::OIDOID, pg_sys::TEXTOID],
-        &mut [pg_sys::Datum::from(schema), crate::pg::spi::text_datum(name)],
+        &mut [
+            pg_sys::Datum::from(schema),
+            crate::pg::spi::text_datum(name),
+        ],
         false,
         text_of,
     );

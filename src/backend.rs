@@ -124,6 +124,8 @@ unsafe extern "C-unwind" fn subxact_callback(
         crate::guard::fast_path::forget_checked();
         rule::session_token::forget_fenced(Some(my));
         rule::forget_activity();
+        // (the floors raised for them were rolled back too)
+        crate::state::protections::forget_dropping();
     }
 }
 

@@ -68,12 +68,14 @@ pub enum Dropping {
 thread_local! {
     /// The partitions of per-row protected tables that `before_drop` accounted for in this
     /// transaction (their rows' tokens are in the floor, or their protection goes with them):
-    /// the only ones `before_relation_drop` lets go. Cleared at transaction end (`backend.rs`).
+    /// the only ones `before_relation_drop` lets go. Cleared at transaction end and when a
+    /// subtransaction aborts, which takes back the floors raised for them (`backend.rs`).
     static DROPPING: std::cell::RefCell<rustc_hash::FxHashSet<u32>> =
         std::cell::RefCell::new(rustc_hash::FxHashSet::default());
 }
 
-/// Transaction end: nothing is being dropped any more.
+/// Transaction end, or a subtransaction's abort: nothing is accounted for any more (a later DROP
+/// accounts again).
 pub fn forget_dropping() {
     DROPPING.with(|d| d.borrow_mut().clear());
 }

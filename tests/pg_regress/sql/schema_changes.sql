@@ -269,6 +269,14 @@ SELECT fencing_protect('sc_am');
 BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO sc_am VALUES (1, 0); COMMIT;
 DROP ACCESS METHOD sc_heap2 CASCADE;
 \echo :LAST_ERROR_SQLSTATE
+-- A DROP TABLE rolled back to a savepoint takes back its floor, and what it accounted for.
+BEGIN;
+SAVEPOINT s;
+DROP TABLE sc_am1;
+ROLLBACK TO SAVEPOINT s;
+DROP ACCESS METHOD sc_heap2 CASCADE;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
 DROP TABLE sc_am1;
 DROP ACCESS METHOD sc_heap2;
 SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'sc_am'::regclass;

@@ -978,11 +978,34 @@ REVOKE ALL ON FUNCTION _pg_fencing.fill_feed(regclass) FROM PUBLIC;
 -- protection, and where the feed is published, the protection's own are put in it.
 CREATE FUNCTION _pg_fencing.feed_protection(relation regclass) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    feed_name text;
+    pid bigint;
+    feed_floor bigint;
 BEGIN
-    PERFORM _pg_fencing.take_feed(f.relation, f.key, f.high_water)
+    SELECT format('%I.%I', n.nspname, c.relname), pt.id INTO feed_name, pid
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN _pg_fencing.protected_table pt ON pt.relid = c.oid AND pt.resource IS NULL AND pt.protected
+    WHERE c.oid = feed_protection.relation;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- (set-based, and only the keys whose tombstone is missing or lower: a protection taken up
+    -- again on the publisher finds its own tombstones there)
+    INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water, key_hash)
+    SELECT pid, f.key, max(f.high_water), _pg_fencing.tombstone_key_hash(pid, f.key)
     FROM _pg_fencing.tombstone_feed f
-    WHERE f.relation = (SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
-                        JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = feed_protection.relation);
+    WHERE f.relation = feed_name AND f.key <> ''
+      AND NOT EXISTS (SELECT 1 FROM _pg_fencing.row_tombstone t
+                      WHERE t.protection_id = pid AND t.key = f.key AND t.high_water >= f.high_water)
+    GROUP BY f.key
+    ON CONFLICT (protection_id, key) DO UPDATE
+    SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash
+    WHERE h.high_water < excluded.high_water;
+    SELECT max(f.high_water) INTO feed_floor FROM _pg_fencing.tombstone_feed f WHERE f.relation = feed_name AND f.key = '';
+    IF feed_floor > coalesce((SELECT pt.tombstone_floor FROM _pg_fencing.protected_table pt WHERE pt.id = pid), 0) THEN
+        PERFORM @extschema@.fencing_prune_tombstones(relation, feed_floor, 0);
+    END IF;
     PERFORM _pg_fencing.fill_feed(relation);
 END
 $fn$;

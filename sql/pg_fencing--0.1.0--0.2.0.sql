@@ -469,7 +469,14 @@ CREATE TABLE _pg_fencing.tombstone_feed (
     high_water  bigint NOT NULL CHECK (high_water > 0),
     PRIMARY KEY (relation, key, high_water)
 );
-GRANT SELECT ON _pg_fencing.tombstone_feed TO PUBLIC;
+-- The name each per-row protection's rows of tombstone_feed are stored under. A table renamed or
+-- moved to another schema, or whose schema is renamed, by whatever command, gets them moved to
+-- its new name at the end of the command (_pg_fencing.sync_feed_names, found by OID).
+CREATE TABLE _pg_fencing.feed_name (
+    protection_id  bigint PRIMARY KEY,
+    relation       text   NOT NULL
+);
+GRANT SELECT ON _pg_fencing.tombstone_feed, _pg_fencing.feed_name TO PUBLIC;
 
 -- Logical replication (issue 14: a subscriber's marks stayed behind what it applied, and
 -- publishing pg_fencing's own tables overwrote the subscriber's). See sql/pg_fencing.sql.
@@ -514,6 +521,62 @@ END
 $fn$;
 REVOKE ALL ON FUNCTION _pg_fencing.take_feed(text, text, bigint) FROM PUBLIC;
 
+-- A dropped table takes its protection and tombstones with it (and its rows of the tombstone
+-- feed).
+CREATE OR REPLACE FUNCTION _pg_fencing.on_sql_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    WITH gone AS (
+        DELETE FROM _pg_fencing.protected_table p
+        USING pg_event_trigger_dropped_objects() d
+        WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0 AND p.relid::oid = d.objid
+        RETURNING p.id
+    ), tombs AS (
+        DELETE FROM _pg_fencing.row_tombstone t USING gone WHERE t.protection_id = gone.id
+    ), names AS (
+        DELETE FROM _pg_fencing.feed_name fn USING gone WHERE fn.protection_id = gone.id
+        RETURNING fn.relation
+    )
+    DELETE FROM _pg_fencing.tombstone_feed f USING names WHERE f.relation = names.relation;
+END
+$fn$;
+
+-- A per-row protected table whose name differs from the one its rows of tombstone_feed are stored
+-- under (feed_name): renamed, moved to another schema (ALTER TABLE, ALTER INDEX ... RENAME,
+-- ALTER EXTENSION ... SET SCHEMA), or its schema renamed. Its rows move to the new name, by which
+-- subscribers know the table. At the end of every command that can rename a table.
+CREATE FUNCTION _pg_fencing.sync_feed_names() RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT fn.protection_id, fn.relation AS old_name, format('%I.%I', n.nspname, c.relname) AS new_name
+             FROM _pg_fencing.feed_name fn
+             JOIN _pg_fencing.protected_table pt ON pt.id = fn.protection_id
+             JOIN pg_class c ON c.oid = pt.relid
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE fn.relation <> format('%I.%I', n.nspname, c.relname) LOOP
+        WITH moved AS (DELETE FROM _pg_fencing.tombstone_feed f WHERE f.relation = r.old_name
+                       RETURNING f.key, f.high_water)
+        INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water)
+        SELECT r.new_name, m.key, m.high_water FROM moved m
+        ON CONFLICT DO NOTHING;
+        UPDATE _pg_fencing.feed_name SET relation = r.new_name WHERE protection_id = r.protection_id;
+    END LOOP;
+END
+$fn$;
+REVOKE ALL ON FUNCTION _pg_fencing.sync_feed_names() FROM PUBLIC;
+CREATE FUNCTION _pg_fencing.on_rename_ddl() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM _pg_fencing.sync_feed_names();
+END
+$fn$;
+CREATE EVENT TRIGGER pg_fencing_names ON ddl_command_end
+    WHEN TAG IN ('ALTER TABLE', 'ALTER INDEX', 'ALTER SCHEMA', 'ALTER EXTENSION', 'ALTER VIEW',
+                 'ALTER SEQUENCE', 'ALTER FOREIGN TABLE', 'ALTER MATERIALIZED VIEW')
+    EXECUTE FUNCTION _pg_fencing.on_rename_ddl();
+
 -- While tombstone_feed is in a publication, it holds every tombstone and floor of the per-row
 -- protected tables (relation: only that one's; NULL: all): called when a publication changes and
 -- by fencing_protect. Each table is locked in SHARE mode first, so that its in-flight deletes
@@ -528,6 +591,7 @@ BEGIN
                    WHERE pt.schemaname = '_pg_fencing' AND pt.tablename = 'tombstone_feed') THEN
         RETURN;
     END IF;
+    PERFORM _pg_fencing.sync_feed_names();
     FOR p IN SELECT pt.id, pt.relid, format('%I.%I', n.nspname, c.relname) AS name
              FROM _pg_fencing.protected_table pt JOIN pg_class c ON c.oid = pt.relid
              JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -548,6 +612,8 @@ BEGIN
         SELECT p.name, '', pt.tombstone_floor FROM _pg_fencing.protected_table pt
         WHERE pt.id = p.id AND pt.tombstone_floor IS NOT NULL
         ON CONFLICT DO NOTHING;
+        INSERT INTO _pg_fencing.feed_name AS fn (protection_id, relation) VALUES (p.id, p.name)
+        ON CONFLICT (protection_id) DO UPDATE SET relation = excluded.relation;
     END LOOP;
 END
 $fn$;
@@ -626,8 +692,8 @@ BEGIN
         END IF;
         RETURN NEW;
     END IF;
-    -- protected_table, row_tombstone (keyed by the publisher's ids), reset_log, watch: each
-    -- server keeps its own.
+    -- protected_table, row_tombstone (keyed by the publisher's ids), reset_log, watch,
+    -- feed_name: each server keeps its own.
     RETURN NULL;
 END
 $fn$;
@@ -639,7 +705,7 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['resource_high_water', 'protected_table', 'row_tombstone', 'reset_log',
-                             'watch', 'tombstone_feed'] LOOP
+                             'watch', 'tombstone_feed', 'feed_name'] LOOP
         EXECUTE format('CREATE TRIGGER zz_pg_fencing_replicated BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.%I '
                        'FOR EACH ROW EXECUTE FUNCTION _pg_fencing.on_replicated_change()', t);
         EXECUTE format('ALTER TABLE _pg_fencing.%I ENABLE REPLICA TRIGGER zz_pg_fencing_replicated', t);
@@ -1162,8 +1228,6 @@ CREATE EVENT TRIGGER pg_fencing_publication ON ddl_command_end
 --     raise its tombstone floor first (_pg_fencing.before_drop).
 --   * ALTER TABLE ... ALTER COLUMN ... TYPE of a protection's token column is refused
 --     (_pg_fencing.before_retype), also to the same type, whose USING clause rewrites the marks.
---   * ALTER TABLE ... RENAME TO / SET SCHEMA and ALTER SCHEMA ... RENAME TO move a per-row
---     protected table's rows of tombstone_feed to its new name (_pg_fencing.rename_in_feed).
 --   * Any other command that would drop the extension's tables, or a partition of a per-row
 --     protected table (a cascade from another object: DROP EXTENSION plpgsql CASCADE, DROP ACCESS
 --     METHOD ... CASCADE), is refused by the library's object access hook (2BP01, 55000).
@@ -1190,6 +1254,7 @@ DECLARE
     leaf regclass;
     carried bigint;
     part_max bigint;
+    leaves regclass[];
     accounted oid[] := '{}';
 BEGIN
     FOR p IN SELECT pt.relid, pt.token_column,
@@ -1203,17 +1268,20 @@ BEGIN
             accounted := accounted || ARRAY(SELECT t.relid::oid FROM pg_partition_tree(p.relid) t);
             CONTINUE;
         END IF;
+        leaves := ARRAY(SELECT t.relid FROM pg_partition_tree(p.relid) t JOIN pg_class c ON c.oid = t.relid
+                        WHERE t.isleaf AND c.relkind = 'r'
+                          AND EXISTS (SELECT 1 FROM pg_partition_ancestors(t.relid) a
+                                      JOIN pg_class ac ON ac.oid = a.relid
+                                      WHERE a.relid <> p.relid
+                                        AND CASE kind WHEN 'table' THEN ac.oid = ANY (objects)
+                                                      WHEN 'schema' THEN ac.relnamespace = ANY (objects)
+                                                      ELSE ac.relowner = ANY (objects) END));
+        CONTINUE WHEN cardinality(leaves) = 0;
         carried := NULL;
-        -- The tree's writes in flight commit first, so that the scan sees their tokens.
+        -- The tree's writes in flight commit first, so that the scan sees their tokens (only a
+        -- tree this command drops a partition of is locked).
         EXECUTE format('LOCK TABLE %s IN SHARE MODE', p.relid);
-        FOR leaf IN SELECT t.relid FROM pg_partition_tree(p.relid) t JOIN pg_class c ON c.oid = t.relid
-                    WHERE t.isleaf AND c.relkind = 'r'
-                      AND EXISTS (SELECT 1 FROM pg_partition_ancestors(t.relid) a
-                                  JOIN pg_class ac ON ac.oid = a.relid
-                                  WHERE a.relid <> p.relid
-                                    AND CASE kind WHEN 'table' THEN ac.oid = ANY (objects)
-                                                  WHEN 'schema' THEN ac.relnamespace = ANY (objects)
-                                                  ELSE ac.relowner = ANY (objects) END) LOOP
+        FOREACH leaf IN ARRAY leaves LOOP
             EXECUTE format('SELECT max(%I) FROM ONLY %s', p.token_column, leaf) INTO part_max;
             carried := greatest(carried, part_max);
             accounted := accounted || leaf::oid;
@@ -1228,45 +1296,6 @@ BEGIN
 END
 $fn$;
 REVOKE ALL ON FUNCTION _pg_fencing.before_drop(text, oid[]) FROM PUBLIC;
-
--- A per-row protected table renamed or moved to another schema (new_schema, new_name: NULL for
--- what does not change): its rows of tombstone_feed move to the new name, by which subscribers
--- know the table (ddl_command_start, before the rename: the rename and the move commit together).
-CREATE FUNCTION _pg_fencing.rename_in_feed(relation oid, new_schema text, new_name text) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    old_name text;
-    moved_to text;
-BEGIN
-    SELECT format('%I.%I', n.nspname, c.relname), format('%I.%I', coalesce(new_schema, n.nspname), coalesce(new_name, c.relname))
-    INTO old_name, moved_to
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    WHERE c.oid = rename_in_feed.relation
-      AND EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.relid = c.oid AND pt.resource IS NULL);
-    IF NOT FOUND OR old_name = moved_to THEN
-        RETURN;
-    END IF;
-    WITH moved AS (DELETE FROM _pg_fencing.tombstone_feed f WHERE f.relation = old_name RETURNING f.key, f.high_water)
-    INSERT INTO _pg_fencing.tombstone_feed AS f (relation, key, high_water)
-    SELECT moved_to, m.key, m.high_water FROM moved m
-    ON CONFLICT DO NOTHING;
-END
-$fn$;
-REVOKE ALL ON FUNCTION _pg_fencing.rename_in_feed(oid, text, text) FROM PUBLIC;
-
--- ALTER SCHEMA ... RENAME: the same for each per-row protected table in the schema.
-CREATE FUNCTION _pg_fencing.rename_schema_in_feed(schema oid, new_name text) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    rel oid;
-BEGIN
-    FOR rel IN SELECT pt.relid FROM _pg_fencing.protected_table pt JOIN pg_class c ON c.oid = pt.relid
-               WHERE c.relnamespace = rename_schema_in_feed.schema AND pt.resource IS NULL LOOP
-        PERFORM _pg_fencing.rename_in_feed(rel, new_name, NULL);
-    END LOOP;
-END
-$fn$;
-REVOKE ALL ON FUNCTION _pg_fencing.rename_schema_in_feed(oid, text) FROM PUBLIC;
 
 -- ALTER COLUMN ... TYPE of a protection's token column (relation: the table altered, or one of its
 -- partitions): refused (55000) as on_ddl_end refuses the other changes of that column.

@@ -53,8 +53,7 @@ v1_finfo!(pg_finfo_pg_fencing_ddl_start);
 /// `pg/event_trigger.rs` reads (see `sql/pg_fencing.sql`), refuses to drop pg_fencing, also with
 /// its schema or its owner's objects, while tables are protected (`2BP01`: it would delete every
 /// high-water mark and tombstone); raises the tombstone floor of per-row protections whose
-/// partitions are dropped; refuses retyping a token column (`55000`); moves a renamed per-row
-/// table's rows of the tombstone feed to its new name.
+/// partitions are dropped; refuses retyping a token column (`55000`).
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -111,14 +110,6 @@ pub unsafe extern "C-unwind" fn pg_fencing_ddl_start(fcinfo: FunctionCallInfo) -
                     for column in &columns {
                         protections::before_retype(relation, column);
                     }
-                }
-                DdlStart::RenameTable {
-                    relation,
-                    schema,
-                    name,
-                } => protections::rename_in_feed(relation, schema.as_deref(), name.as_deref()),
-                DdlStart::RenameSchema(schema, name) => {
-                    protections::rename_schema_in_feed(schema, &name)
                 }
             }
             Ok(none)

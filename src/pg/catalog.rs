@@ -48,3 +48,30 @@ pub fn internal_table(name: &std::ffi::CStr) -> pg_sys::Oid {
         pg_sys::get_relname_relid(name.as_ptr(), nsp)
     }
 }
+
+/// Is relation `relid` partitioned, or a partition (the tables a DROP of it may take rows of a
+/// partition tree with)?
+pub fn in_partition_tree(relid: pg_sys::Oid) -> bool {
+    // SAFETY: as in `is_leaf_partition`.
+    unsafe {
+        let tup = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(relid),
+        );
+        if tup.is_null() {
+            return false;
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tup);
+        let found =
+            (*form).relispartition || (*form).relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE;
+        pg_sys::ReleaseSysCache(tup);
+        found
+    }
+}
+
+/// Is extension pg_fencing created in this database?
+pub fn extension_created() -> bool {
+    // SAFETY: a catalog lookup of a NUL-terminated constant name inside a transaction;
+    // missing_ok returns InvalidOid instead of raising.
+    unsafe { pg_sys::get_extension_oid(c"pg_fencing".as_ptr(), true) != pg_sys::InvalidOid }
+}

@@ -18,24 +18,6 @@ pub enum DdlStart {
     DropOwned(Vec<pg_sys::Oid>),
     /// `ALTER TABLE ... ALTER COLUMN ... TYPE`: the table (if it exists) and the columns retyped.
     AlterColumnTypes(pg_sys::Oid, Vec<String>),
-    /// `ALTER TABLE ... RENAME TO` or `SET SCHEMA`: the table (if it exists), its new schema or
-    /// its new name.
-    RenameTable {
-        relation: pg_sys::Oid,
-        schema: Option<String>,
-        name: Option<String>,
-    },
-    /// `ALTER SCHEMA ... RENAME TO`: the schema (if it exists) and its new name.
-    RenameSchema(pg_sys::Oid, String),
-}
-
-/// A C string of the parse tree as a `String` (`None` for NULL).
-///
-/// # Safety
-/// `s` is NULL or a NUL-terminated string of the current command's parse tree.
-unsafe fn text(s: *const std::ffi::c_char) -> Option<String> {
-    // SAFETY: the caller's duty.
-    (!s.is_null()).then(|| unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned())
 }
 
 /// The cells of a parse-tree `List` (empty for NIL).
@@ -155,37 +137,6 @@ pub unsafe fn ddl_start(fcinfo: pg_sys::FunctionCallInfo) -> Option<DdlStart> {
                         .filter(|&o| o != pg_sys::InvalidOid)
                         .collect(),
                 ))
-            }
-            pg_sys::NodeTag::T_RenameStmt => {
-                let rename = tree as *mut pg_sys::RenameStmt;
-                match (*rename).renameType {
-                    pg_sys::ObjectType::OBJECT_TABLE => {
-                        relation_of((*rename).relation).map(|relation| DdlStart::RenameTable {
-                            relation,
-                            schema: None,
-                            name: text((*rename).newname),
-                        })
-                    }
-                    pg_sys::ObjectType::OBJECT_SCHEMA => {
-                        let old = text((*rename).subname)?;
-                        let new = text((*rename).newname)?;
-                        let c_old = std::ffi::CString::new(old).ok()?;
-                        let nsp = pg_sys::get_namespace_oid(c_old.as_ptr(), true);
-                        (nsp != pg_sys::InvalidOid).then_some(DdlStart::RenameSchema(nsp, new))
-                    }
-                    _ => None,
-                }
-            }
-            pg_sys::NodeTag::T_AlterObjectSchemaStmt => {
-                let alter = tree as *mut pg_sys::AlterObjectSchemaStmt;
-                if (*alter).objectType != pg_sys::ObjectType::OBJECT_TABLE {
-                    return None;
-                }
-                relation_of((*alter).relation).map(|relation| DdlStart::RenameTable {
-                    relation,
-                    schema: text((*alter).newschema),
-                    name: None,
-                })
             }
             pg_sys::NodeTag::T_AlterTableStmt => {
                 let alter = tree as *mut pg_sys::AlterTableStmt;

@@ -83,7 +83,14 @@ pub fn forget_dropping() {
 /// Before a DROP: raise the tombstone floor of each per-row protected table whose partitions it
 /// drops (`_pg_fencing.before_drop`, `sql/pg_fencing.sql`), and remember those partitions.
 pub fn before_drop(kind: Dropping, objects: &[pg_sys::Oid]) {
-    if objects.is_empty() {
+    // (a DROP TABLE of tables none of which is partitioned or a partition cannot drop one: the
+    // common case, temporary tables included, needs no statement)
+    if objects.is_empty()
+        || matches!(kind, Dropping::Tables)
+            && !objects
+                .iter()
+                .any(|&o| crate::pg::catalog::in_partition_tree(o))
+    {
         return;
     }
     let kind = match kind {
@@ -122,6 +129,11 @@ pub fn before_drop(kind: Dropping, objects: &[pg_sys::Oid]) {
 /// * A partition of a per-row protected table that `before_drop` did not account for: refused
 ///   (`55000`); `DROP TABLE` of the partition raises the floor first and may go ahead.
 pub fn before_relation_drop(relid: pg_sys::Oid) -> Result<(), FenceError> {
+    // (only in a database where the extension is created: a schema of that name made by a user
+    // elsewhere is not pg_fencing's)
+    if !crate::pg::catalog::extension_created() {
+        return Ok(());
+    }
     let registry = crate::pg::catalog::internal_table(c"protected_table");
     if registry == pg_sys::InvalidOid {
         return Ok(());
@@ -204,41 +216,6 @@ pub fn feed_protection(relation: pg_sys::Oid) {
         false,
         &[pg_sys::REGCLASSOID],
         &mut [pg_sys::Datum::from(relation)],
-        false,
-        text_of,
-    );
-}
-
-/// Before `ALTER TABLE relation RENAME TO name` or `SET SCHEMA schema`: a per-row protected
-/// table's rows of the tombstone feed move to its new name, the name subscribers know it by
-/// (`_pg_fencing.rename_in_feed`, `sql/pg_fencing.sql`).
-pub fn rename_in_feed(relation: pg_sys::Oid, schema: Option<&str>, name: Option<&str>) {
-    // ('' for what does not change: no schema or table is named so)
-    exec_internal(
-        "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.rename_in_feed($1, \
-         NULLIF($2, ''), NULLIF($3, ''))) d",
-        false,
-        &[pg_sys::OIDOID, pg_sys::TEXTOID, pg_sys::TEXTOID],
-        &mut [
-            pg_sys::Datum::from(relation),
-            crate::pg::spi::text_datum(schema.unwrap_or("")),
-            crate::pg::spi::text_datum(name.unwrap_or("")),
-        ],
-        false,
-        text_of,
-    );
-}
-
-/// Before `ALTER SCHEMA ... RENAME TO name`: the same for every per-row protected table in it.
-pub fn rename_schema_in_feed(schema: pg_sys::Oid, name: &str) {
-    exec_internal(
-        "SELECT ''::pg_catalog.text FROM (SELECT _pg_fencing.rename_schema_in_feed($1, $2)) d",
-        false,
-        &[pg_sys::OIDOID, pg_sys::TEXTOID],
-        &mut [
-            pg_sys::Datum::from(schema),
-            crate::pg::spi::text_datum(name),
-        ],
         false,
         text_of,
     );

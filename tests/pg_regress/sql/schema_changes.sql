@@ -310,6 +310,7 @@ ALTER TABLE sc_fd RENAME TO sc_fd2;
 CREATE SCHEMA sc_fds;
 ALTER TABLE sc_fd2 SET SCHEMA sc_fds;
 ALTER SCHEMA sc_fds RENAME TO sc_fds2;
+ALTER INDEX sc_fds2.sc_fd2 RENAME TO sc_fd3;  -- (PostgreSQL renames a table by ALTER INDEX too)
 SELECT relation, key, high_water FROM _pg_fencing.tombstone_feed WHERE relation LIKE '%sc_fd%' ORDER BY 1, 2;
 -- Filling it needs a snapshot taken after the tables' locks: not in REPEATABLE READ.
 BEGIN ISOLATION LEVEL REPEATABLE READ;
@@ -318,7 +319,9 @@ CREATE PUBLICATION sc_pub2 FOR TABLE sc_res;
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 DROP PUBLICATION sc_pub;
+-- A dropped table's rows leave the feed with its tombstones.
 DROP SCHEMA sc_fds2 CASCADE;
+SELECT count(*) FROM _pg_fencing.tombstone_feed WHERE relation LIKE '%sc_fd%';
 
 -- After fencing_unprotect, the table is the owner's to change.
 SELECT fencing_unprotect('sc_rows');

@@ -62,6 +62,10 @@ CREATE FUNCTION _pg_fencing.tombstone_key_hash(protection_id bigint, key text) R
 LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_hash';
 COMMENT ON FUNCTION _pg_fencing.tombstone_key_hash(bigint, text) IS
 'The key_hash of a tombstone of that per-row protection whose key prints as key (ROW(primary key)::text); NULL for keys identified by their text, an unknown protection, or text that is no key of the table''s key types.';
+CREATE FUNCTION _pg_fencing.tombstone_key_hash_of(protection_id bigint, VARIADIC key "any") RETURNS bigint
+LANGUAGE c VOLATILE AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_hash_of';
+COMMENT ON FUNCTION _pg_fencing.tombstone_key_hash_of(bigint, "any") IS
+'The key_hash of a tombstone of that per-row protection for the key whose columns have these values (in key order); NULL for keys identified by their text, an unknown protection, a NULL, or values not of the key''s column types. For TRUNCATE, which has the values and need not parse the key''s text.';
 CREATE FUNCTION _pg_fencing.tombstone_key_text(protection_id bigint, key text) RETURNS text
 LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_text';
 COMMENT ON FUNCTION _pg_fencing.tombstone_key_text(bigint, text) IS

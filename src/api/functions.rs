@@ -977,6 +977,38 @@ pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_hash(
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_tombstone_key_hash_of);
+/// `_pg_fencing.tombstone_key_hash_of(protection_id bigint, VARIADIC key "any") RETURNS bigint`:
+/// the `row_tombstone.key_hash` of the key whose columns have these values; NULL for a key
+/// identified by its text, an unknown protection, a NULL, or values not of the key's column types
+/// (checked, so no hash function sees a value of another type). For TRUNCATE's tombstones, which
+/// would otherwise parse each key's text (`state/tombstones.rs`, `truncate_rows`).
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_hash_of(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's for this call (this function's contract), as
+    // `StampCall::new` requires; the value lives only inside this call, whose frame holds
+    // nothing else (as `run` requires).
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            let hash = call
+                .bigint(0)
+                .and_then(|p| crate::state::tombstones::key_hash_of_values(p, &call.typed(1)));
+            match hash {
+                Some(h) => Ok(pg_sys::Datum::from(h)),
+                None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
+            }
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_tombstone_key_text);
 /// `_pg_fencing.tombstone_key_text(protection_id bigint, key text) RETURNS text` (STRICT): a
 /// tombstone's key text printed again as a key of the table's current key types prints (after

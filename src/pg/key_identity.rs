@@ -392,6 +392,22 @@ impl KeyIdentity {
             .all(|((c, a), b)| c.trust_hash || Self::column_equal(c, *a, *b))
     }
 
+    /// The key's hash from values with their types (`None`: text identity, a NULL, or values
+    /// that are not of the key's column types, which the caller then identifies otherwise).
+    pub fn hash_of_typed(&self, values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> Option<i64> {
+        if !self.hashed || values.len() != self.cols.len() {
+            return None;
+        }
+        let mut datums = Vec::with_capacity(values.len());
+        for ((value, typid), c) in values.iter().zip(&self.cols) {
+            if *typid != c.spec.typid {
+                return None;
+            }
+            datums.push((*value)?);
+        }
+        self.hash(&datums)
+    }
+
     /// The hash of the key printed as `text` (`None`: text identity, or text that is not a key
     /// of these types: it can equal no key, and keeps text identity).
     pub fn hash_of_text(&self, text: &str) -> Option<i64> {

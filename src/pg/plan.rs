@@ -537,7 +537,8 @@ fn recompute_update_flags(td: &mut pg_sys::TriggerDesc) {
 }
 
 /// The arguments of one call of a stamping function (`_pg_fencing.stamp_row`,
-/// `_pg_fencing.stamp_resource`).
+/// `_pg_fencing.stamp_resource`; also `_pg_fencing.tombstone_key_hash_of`, whose variadic key
+/// arguments are read the same way).
 pub struct StampCall {
     fcinfo: pg_sys::FunctionCallInfo,
 }
@@ -636,9 +637,14 @@ impl StampCall {
 
     /// The arguments from `from` on, printed as a key (see `trigger_event::key_text_of`).
     pub fn key_text(&self, from: usize) -> String {
+        crate::pg::trigger_event::key_text_of(&self.typed(from))
+    }
+
+    /// The arguments from `from` on, with their types (NULL: None).
+    pub fn typed(&self, from: usize) -> Vec<(Option<pg_sys::Datum>, pg_sys::Oid)> {
         // SAFETY: `fcinfo` and its `flinfo` are valid for the call; get_fn_expr_argtype reads
         // the call's expression for each argument's type.
-        let values: Vec<(Option<pg_sys::Datum>, pg_sys::Oid)> = unsafe {
+        unsafe {
             let n = (*self.fcinfo).nargs as usize;
             (from..n)
                 .map(|i| {
@@ -648,8 +654,7 @@ impl StampCall {
                     )
                 })
                 .collect()
-        };
-        crate::pg::trigger_event::key_text_of(&values)
+        }
     }
 }
 

@@ -409,6 +409,16 @@ pub fn key_hash_of_text(protection: i64, key: &str) -> Option<i64> {
     identity_of(protection)?.hash_of_text(key)
 }
 
+/// `_pg_fencing.tombstone_key_hash_of(protection_id, VARIADIC key)`: the `key_hash` of the key
+/// whose columns have these values (`None`: text identity, an unknown protection, or values not
+/// of the key's column types). No parsing: for TRUNCATE, which has the rows' values.
+pub fn key_hash_of_values(
+    protection: i64,
+    values: &[(Option<pg_sys::Datum>, pg_sys::Oid)],
+) -> Option<i64> {
+    identity_of(protection)?.hash_of_typed(values)
+}
+
 /// `_pg_fencing.tombstone_key_text(protection_id, key)`: the key printed as `key`, printed as a
 /// key of the table's key types prints now (`None`: an unknown protection, or text that is no
 /// key of those types).
@@ -651,11 +661,15 @@ pub fn truncate_rows(
             high_water,
         });
     }
-    // Keys identified by hash get it from their text, as the SQL of other paths does.
+    // Keys identified by hash get it from the rows' values (their text only where those are not
+    // of the key's types: `tombstone_key_hash_of` says NULL, as for text identity, where parsing
+    // says NULL at once).
+    let columns = pk_names.join(", ");
     let store = if has_key_hash() {
         format!(
             "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, key_hash, high_water) \
-             SELECT $1, k, _pg_fencing.tombstone_key_hash($1, k), $2 FROM (SELECT {row_key} AS k FROM {from}) r \
+             SELECT $1, r.k, COALESCE(r.h, _pg_fencing.tombstone_key_hash($1, r.k)), $2 \
+             FROM (SELECT {row_key} AS k, _pg_fencing.tombstone_key_hash_of($1, {columns}) AS h FROM {from}) r \
              ON CONFLICT (protection_id, key) DO UPDATE \
              SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash \
              WHERE h.high_water < excluded.high_water OR h.key_hash IS DISTINCT FROM excluded.key_hash"

@@ -136,6 +136,20 @@ BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO jr VALUES (3.0); TRUNCATE 
 SELECT * FROM tombs('jr');
 BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jr VALUES (3); ROLLBACK;
 
+-- TRUNCATE takes the hashes from the rows' values, without parsing each key's text (about half
+-- the time for 200,000 numeric keys); they are the hashes the text gives, also for a key of several
+-- columns with a domain; values not of the key's types get none from it
+CREATE TABLE jr2 (a numeric, b jdn, PRIMARY KEY (a, b));
+SELECT fencing_protect('jr2');
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO jr2 SELECT g / 4.0, g + 0.50 FROM generate_series(1, 50) g; TRUNCATE jr2; COMMIT;
+SELECT count(*) AS tombstones, count(*) FILTER (WHERE t.key_hash = _pg_fencing.tombstone_key_hash(t.protection_id, t.key)) AS same_hash
+FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'jr2'::regclass;
+SELECT _pg_fencing.tombstone_key_hash_of(p.id, 0.25, 1.50::jdn) = _pg_fencing.tombstone_key_hash(p.id, '(0.25,1.50)') AS by_values,
+       _pg_fencing.tombstone_key_hash_of(p.id, '0.25'::text, 1.50::jdn) IS NULL AS other_type,
+       _pg_fencing.tombstone_key_hash_of(p.id, 0.25) IS NULL AS too_few
+FROM _pg_fencing.protected_table p WHERE p.relid = 'jr2'::regclass;
+BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jr2 VALUES (0.250, 1.500); ROLLBACK;
+
 -- keys printed one way per value keep text identity (no hash)
 CREATE TABLE jb (id bigint PRIMARY KEY);
 SELECT fencing_protect('jb');
@@ -190,7 +204,7 @@ ALTER TABLE jc ADD COLUMN note text;
 SELECT * FROM tombs('jc');
 BEGIN; SET LOCAL pg_fencing.token = '15'; INSERT INTO jc VALUES ('job-a'); ROLLBACK;
 
-DROP TABLE jn, jf, ji, jc, jm, jr, jb, ja, jx, je, jg, jbar, jd, jts, jcc, jen, jw;
+DROP TABLE jn, jf, ji, jc, jm, jr, jr2, jb, ja, jx, je, jg, jbar, jd, jts, jcc, jen, jw;
 DROP TYPE jstate;
 DROP DOMAIN jdn;
 DROP FUNCTION tombs(regclass);

@@ -166,17 +166,32 @@ pub fn before_relation_drop(relid: pg_sys::Oid) -> Result<(), FenceError> {
         true,
         text_of,
     );
-    match root {
-        None => Ok(()),
-        Some(root) => Err(FenceError::SchemaChangeRefused(crate::error::Text {
-            message: format!(
-                "partition {} of per-row protected table {root} cannot be dropped by this command",
-                crate::pg::trigger_event::relation_name(relid)
-            ),
-            detail: Some("Its rows' tokens are the marks of their keys: the table's tombstone floor must take them first, which only DROP TABLE, DROP SCHEMA, DROP OWNED and DETACH PARTITION do.".into()),
-            hint: Some("Drop the partition with DROP TABLE (or detach it) first.".into()),
-        })),
-    }
+    let Some(root) = root else {
+        return Ok(());
+    };
+    // Under the schema of 0.1.0 (before `ALTER EXTENSION pg_fencing UPDATE`) no DROP accounts for
+    // partitions: there is no tombstone floor to carry their marks.
+    let updated = exec_internal(
+        "SELECT pg_catalog.to_regprocedure('_pg_fencing.before_drop(text, oid[])')::pg_catalog.text",
+        false,
+        &[],
+        &mut [],
+        true,
+        text_of,
+    )
+    .is_some();
+    Err(FenceError::SchemaChangeRefused(crate::error::Text {
+        message: format!(
+            "partition {} of per-row protected table {root} cannot be dropped by this command",
+            crate::pg::trigger_event::relation_name(relid)
+        ),
+        detail: Some("Its rows' tokens are the marks of their keys: the table's tombstone floor must take them first, which only DROP TABLE, DROP SCHEMA, DROP OWNED and DETACH PARTITION do.".into()),
+        hint: Some(if updated {
+            "Drop the partition with DROP TABLE (or detach it) first.".into()
+        } else {
+            "Run ALTER EXTENSION pg_fencing UPDATE first: the extension's objects in this database are older than the library, and have no tombstone floor to carry the partition's marks.".into()
+        }),
+    }))
 }
 
 /// Before `ALTER COLUMN column TYPE` of `relation`: refused (`55000`) for a protection's token

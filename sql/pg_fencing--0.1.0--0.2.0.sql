@@ -70,6 +70,10 @@ CREATE FUNCTION _pg_fencing.tombstone_key_text(protection_id bigint, key text) R
 LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_text';
 COMMENT ON FUNCTION _pg_fencing.tombstone_key_text(bigint, text) IS
 'A tombstone''s key text printed again as a key of the table''s current key types prints (after a change of the key''s types numeric 5.0 is int 5); NULL for an unknown protection or text that is no key of those types.';
+-- (called by pg_fencing's own statements, as the extension owner: not by other roles, which
+-- could read the key hashes of tables they may not read)
+REVOKE ALL ON FUNCTION _pg_fencing.tombstone_key_hash(bigint, text), _pg_fencing.tombstone_key_hash_of(bigint, "any"),
+    _pg_fencing.tombstone_key_text(bigint, text) FROM PUBLIC;
 CREATE FUNCTION _pg_fencing.tombstone_key_signature(relation regclass) RETURNS text
 LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_tombstone_key_signature';
 
@@ -560,6 +564,14 @@ BEGIN
              JOIN pg_class c ON c.oid = pt.relid
              JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE fn.relation <> format('%I.%I', n.nspname, c.relname) LOOP
+        -- (the feed rows of deletes that committed while the renaming command waited for the
+        -- table's lock must be moved too: a snapshot older than the lock would leave them behind)
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = format('pg_fencing''s tombstone feed rows of %s can only be moved to its new name %s in a READ COMMITTED transaction', r.old_name, r.new_name),
+                DETAIL = 'The table was renamed or moved to another schema; its rows of _pg_fencing.tombstone_feed must be read with a snapshot taken after the table''s lock.',
+                HINT = 'Run the command in a READ COMMITTED transaction.';
+        END IF;
         WITH moved AS (DELETE FROM _pg_fencing.tombstone_feed f WHERE f.relation = r.old_name
                        RETURNING f.key, f.high_water)
         INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water)

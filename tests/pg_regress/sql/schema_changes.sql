@@ -318,6 +318,11 @@ SET LOCAL client_min_messages = error;
 CREATE PUBLICATION sc_pub2 FOR TABLE sc_res;
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
+-- Nor moving the feed rows of a renamed table.
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+ALTER TABLE sc_fds2.sc_fd3 RENAME TO sc_fd4;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
 DROP PUBLICATION sc_pub;
 -- A dropped table's rows leave the feed with its tombstones.
 DROP SCHEMA sc_fds2 CASCADE;

@@ -832,7 +832,7 @@ BEGIN
                         INTO below USING carried;
                     IF below THEN
                         RAISE EXCEPTION USING ERRCODE = '55000',
-                            MESSAGE = format('partition %s has rows with tokens below %s, the highest tombstone of protected table %s', part, carried, p.relid),
+                            MESSAGE = format('partition %s has rows with tokens below %s, the highest tombstone or tombstone floor of protected table %s', part, carried, p.relid),
                             DETAIL = 'Attached, they would bring back deleted keys below their tombstones.',
                             HINT = 'Attach it empty and insert its rows with a current token, or set their token column to at least that value before attaching.';
                     END IF;

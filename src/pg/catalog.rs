@@ -17,8 +17,8 @@ pub fn database_exists(oid: u32) -> bool {
     }
 }
 
-/// Is relation `relid` a partition that holds rows (a plain table attached to a partitioned one)?
-pub fn is_leaf_partition(relid: pg_sys::Oid) -> bool {
+/// Relation `relid`'s kind and whether it is a partition (`None`: no such relation).
+fn class_of(relid: pg_sys::Oid) -> Option<(u8, bool)> {
     // SAFETY: a syscache lookup by value on the main thread inside a transaction; the tuple is
     // checked for NULL, read as the pg_class row a RELOID entry is, and released before return.
     unsafe {
@@ -27,13 +27,18 @@ pub fn is_leaf_partition(relid: pg_sys::Oid) -> bool {
             pg_sys::Datum::from(relid),
         );
         if tup.is_null() {
-            return false;
+            return None;
         }
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tup);
-        let leaf = (*form).relispartition && (*form).relkind as u8 == pg_sys::RELKIND_RELATION;
+        let class = ((*form).relkind as u8, (*form).relispartition);
         pg_sys::ReleaseSysCache(tup);
-        leaf
+        Some(class)
     }
+}
+
+/// Is relation `relid` a partition that holds rows (a plain table attached to a partitioned one)?
+pub fn is_leaf_partition(relid: pg_sys::Oid) -> bool {
+    class_of(relid).is_some_and(|(kind, partition)| partition && kind == pg_sys::RELKIND_RELATION)
 }
 
 /// The OID of pg_fencing's own table `name` (in schema `_pg_fencing`; invalid if there is none).
@@ -52,21 +57,8 @@ pub fn internal_table(name: &std::ffi::CStr) -> pg_sys::Oid {
 /// Is relation `relid` partitioned, or a partition (the tables a DROP of it may take rows of a
 /// partition tree with)?
 pub fn in_partition_tree(relid: pg_sys::Oid) -> bool {
-    // SAFETY: as in `is_leaf_partition`.
-    unsafe {
-        let tup = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::RELOID as i32,
-            pg_sys::Datum::from(relid),
-        );
-        if tup.is_null() {
-            return false;
-        }
-        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tup);
-        let found =
-            (*form).relispartition || (*form).relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE;
-        pg_sys::ReleaseSysCache(tup);
-        found
-    }
+    class_of(relid)
+        .is_some_and(|(kind, partition)| partition || kind == pg_sys::RELKIND_PARTITIONED_TABLE)
 }
 
 /// Is extension pg_fencing created in this database?

@@ -1381,3 +1381,54 @@ $fn$;
 CREATE EVENT TRIGGER pg_fencing_trigger_ddl ON ddl_command_end
     WHEN TAG IN ('CREATE TRIGGER')
     EXECUTE FUNCTION _pg_fencing.on_trigger_ddl();
+
+-- ---------------------------------------------------------------------------------------------
+-- PostgreSQL leases: the database as the lock service (src/lock_service/leases.rs,
+-- docs/leases.md). No worker needed.
+
+-- One row per lease name that is held or ended without a release; a lease is live while
+-- expires_at > clock_timestamp(). Release deletes the row; a take-over replaces its token.
+CREATE TABLE _pg_fencing.lease (
+    name         text        PRIMARY KEY CHECK (name <> ''),
+    token        bigint      NOT NULL UNIQUE CHECK (token > 0),
+    ttl          interval    NOT NULL CHECK (ttl > '0'),
+    acquired_at  timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    acquired_by  name        NOT NULL,
+    holder_pid   integer     NOT NULL
+);
+-- The tokens; moved to the database clock (microseconds since 2000) by the first grant under a
+-- new server history, whose hash lease_history_seq keeps (see leases.rs, "Tokens never go back").
+CREATE SEQUENCE _pg_fencing.lease_token_seq AS bigint MINVALUE 1 NO CYCLE;
+CREATE SEQUENCE _pg_fencing.lease_history_seq AS bigint MINVALUE 0 START 0 NO CYCLE;
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.lease', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.lease_token_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.lease_history_seq', '');
+
+CREATE FUNCTION @extschema@.fencing_lease_acquire(name text, ttl interval, wait interval DEFAULT '0') RETURNS bigint
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_lease_acquire';
+COMMENT ON FUNCTION @extschema@.fencing_lease_acquire(text, interval, interval) IS
+'Grants PostgreSQL lease name for ttl by the database clock if it is free or its holder''s lease has expired, and returns its fencing token (a bigint, at least 2^48: microseconds since 2000 at the first grant after a server start, promotion or restore, then one more per grant); the token is greater than every token any earlier lease of this database had, across crash, restart, promotion, point-in-time recovery, dump/restore and pg_upgrade (docs/leases.md). Else waits up to wait (woken when the lease is released or expires; cancel, statement_timeout and postmaster death honoured). Writes carrying the token are refused with FT003 once the lease has expired, been released or been taken over. Errors: 55P03 still held after wait; 22004 NULL argument; 22023 empty name, ttl not positive or over 100 years, wait negative or over a year; 25006 in recovery.';
+
+CREATE FUNCTION @extschema@.fencing_lease_renew(token bigint, ttl interval DEFAULT NULL) RETURNS timestamptz
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_lease_renew';
+COMMENT ON FUNCTION @extschema@.fencing_lease_renew(bigint, interval) IS
+'Extends the live lease holding token to clock_timestamp() + ttl (NULL: the ttl it was acquired or last renewed with) and returns the new expiry. Any session of a member of the role that acquired it may renew (a worker need not be the session that acquired). Errors: FT003 the lease expired, was released or was taken over; 42501 not a member of the acquiring role; 22004 NULL token; 22023 token not positive, ttl not positive or over 100 years; 25006 in recovery.';
+
+CREATE FUNCTION @extschema@.fencing_lease_release(token bigint) RETURNS boolean
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_lease_release';
+COMMENT ON FUNCTION @extschema@.fencing_lease_release(bigint) IS
+'Ends the lease holding token: true if it was live, false if it had already ended (expired, released or taken over). Waiters are woken when the release commits. Errors: 42501 not a member of the acquiring role; 22004 NULL token; 22023 token not positive; 25006 in recovery.';
+
+CREATE FUNCTION @extschema@.fencing_lease_check(token bigint) RETURNS void
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_lease_check';
+COMMENT ON FUNCTION @extschema@.fencing_lease_check(bigint) IS
+'Refuses with FT003 unless token is the token of a live PostgreSQL lease (Chubby''s CheckSequencer, for storage outside PostgreSQL). Errors: FT003; 22004 NULL token; 22023 token not positive.';
+
+CREATE VIEW @extschema@.fencing_leases AS
+SELECT l.name, l.token, l.acquired_at, l.expires_at, l.acquired_by, l.holder_pid, l.ttl,
+       l.expires_at > pg_catalog.clock_timestamp() AS live
+FROM _pg_fencing.lease l;
+COMMENT ON VIEW @extschema@.fencing_leases IS
+'PostgreSQL leases: name, token, acquired_at, expires_at (database clock), acquired_by (the role that acquired it; its members may renew and release), holder_pid (the backend that acquired or took it over), ttl (of the last grant or renewal), live (expires_at is still ahead). Expired leases stay until taken over or released.';
+GRANT SELECT ON @extschema@.fencing_leases TO PUBLIC;

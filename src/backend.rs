@@ -6,7 +6,7 @@
 
 use crate::api::fenced;
 use crate::guard::trigger;
-use crate::lock_service::{locks, watch};
+use crate::lock_service::{leases, locks, watch};
 use crate::pg::{index, report, spi};
 use crate::rule;
 use crate::state::{mark_versions, marks, tombstones};
@@ -70,6 +70,16 @@ unsafe extern "C-unwind" fn xact_callback(
     }
     rule::forget_all();
     spi::forget_internal_write();
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT {
+        // Waiters for the leases this transaction released look again, now that it is visible.
+        leases::wake_released();
+    }
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
+        || event == pg_sys::XactEvent::XACT_EVENT_ABORT
+        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
+    {
+        leases::forget_transaction();
+    }
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
         || event == pg_sys::XactEvent::XACT_EVENT_ABORT
         || event == pg_sys::XactEvent::XACT_EVENT_PREPARE

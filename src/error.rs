@@ -195,6 +195,20 @@ pub enum FenceError {
     #[error("lock \"{lock}\" was not granted: its lease ended while the request waited")]
     NotGranted { lock: String, why: String },
 
+    /// FT003: the token is in the range of PostgreSQL lease tokens (`lock_service/leases.rs`) but
+    /// no live lease holds it: the lease expired, was released or was taken over (or the token
+    /// was never granted).
+    #[error("fencing token {token} is not the token of a live PostgreSQL lease")]
+    LeaseEnded { token: Token, why: String },
+
+    /// 55P03: `fencing_lease_acquire` found the lease held and its `wait` ran out.
+    #[error("{}", .0.message)]
+    LeaseNotFree(Text),
+
+    /// 25006: a lease cannot be granted, renewed or released on a server in recovery.
+    #[error("{}", .0.message)]
+    ReadOnly(Text),
+
     /// FT005: the lock service is unreachable (or answered with an error).
     #[error("the lock service is unavailable: {0}")]
     LockServiceUnavailable(String),
@@ -252,6 +266,9 @@ impl FenceError {
             FenceError::Internal(_) => sqlstate!("XX000"),
             FenceError::LockLost { .. } => sqlstate!("FT003"),
             FenceError::NotGranted { .. } => sqlstate!("FT003"),
+            FenceError::LeaseEnded { .. } => sqlstate!("FT003"),
+            FenceError::LeaseNotFree(_) => sqlstate!("55P03"),
+            FenceError::ReadOnly(_) => sqlstate!("25006"),
             FenceError::LockServiceUnavailable(_) => sqlstate!("FT005"),
             FenceError::LockTimeout(_) => sqlstate!("55P03"),
             FenceError::WorkerUnavailable(_) => sqlstate!("55000"),
@@ -276,7 +293,9 @@ impl FenceError {
             | FenceError::NotAllowed(t)
             | FenceError::NotSupported(t)
             | FenceError::ExtensionNotUpdated(t)
-            | FenceError::WatchSlotsFull(t) => Some(t),
+            | FenceError::WatchSlotsFull(t)
+            | FenceError::LeaseNotFree(t)
+            | FenceError::ReadOnly(t) => Some(t),
             _ => None,
         }
     }
@@ -295,6 +314,7 @@ impl FenceError {
             ),
             FenceError::LockLost { why, .. } if !why.is_empty() => Some(format!("{why}.")),
             FenceError::NotGranted { why, .. } => Some(format!("{why}.")),
+            FenceError::LeaseEnded { why, .. } => Some(format!("{why}.")),
             FenceError::UnknownDomainKind(_) => Some("kind is 'resource' or 'table'.".into()),
             _ => self.text().and_then(|t| t.detail.clone()),
         }
@@ -330,6 +350,10 @@ impl FenceError {
             ),
             FenceError::LockServiceUnavailable(_) => Some(
                 "Check pg_fencing.etcd_endpoints and that etcd is running; the worker reconnects by itself.".into(),
+            ),
+            FenceError::LeaseEnded { .. } => Some(
+                "Stop: another holder may have the lease now. Call fencing_lease_acquire again for a new token (docs/leases.md)."
+                    .into(),
             ),
             FenceError::LockTimeout(_) => Some(
                 "Another client holds the lock. Retry later or pass a longer timeout.".into(),

@@ -283,7 +283,7 @@ v1_finfo!(pg_finfo_fencing_advance);
 /// its token before it reads, so older holders are fenced off at once (not only when the new
 /// holder first writes). Raises the resource's high-water mark to `token` and returns the mark.
 /// The mark is durable before the call's transaction commits, whatever `synchronous_commit`
-/// says (`make_mark_durable`).
+/// says (`pg::process::make_commit_durable`).
 /// Errors: `FT001` if `token` is below the mark (this caller is itself a stale holder), `FT002`
 /// for a NULL token, `22023` for a token <= 0 or an empty or NULL resource, `42501` unless the
 /// caller is a superuser or may write (INSERT, UPDATE or DELETE) a table protected with
@@ -330,33 +330,9 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
             }
             let tok = rule::admit_token(tok)?;
             let hw = rule::admit_resource(&resource, tok, true)?;
-            make_mark_durable();
+            crate::pg::process::make_commit_durable();
             Ok(pg_sys::Datum::from(hw))
         })
-    }
-}
-
-/// A mark that `fencing_advance` reports has no data of its own that a caller would see lost with
-/// it, so it must be durable before the caller can rely on it, whatever `synchronous_commit`
-/// says (docs/guarantees.md, "Guarantees": asynchronous commit). The call's transaction gets a
-/// transaction id, so that it writes a commit record, and that commit is flushed like a
-/// synchronous one. The commit record lies after the commit of every write whose mark this call
-/// read (that commit was inserted before it became visible), so the flush also makes an earlier
-/// asynchronously committed mark durable. Costs one transaction id and one WAL flush per advance
-/// (one per hand-over). Not `XLogFlush(GetXLogInsertRecPtr())`: at a WAL page boundary that
-/// position lies past the end of the generated WAL and the flush fails (`tests/lifecycle`).
-fn make_mark_durable() {
-    // SAFETY: plain calls into the transaction machinery on the backend's main thread inside a
-    // transaction: GetCurrentTransactionId assigns an id if there is none (it may raise ERROR,
-    // e.g. on xid wraparound, which the surrounding `run` guard turns into a PostgreSQL error);
-    // ForceSyncCommit only sets a flag that RecordTransactionCommit reads. During recovery no id
-    // can be assigned, and a standby never gets here with a raised mark (the store fails
-    // read-only first), so it is skipped.
-    unsafe {
-        if !pg_sys::RecoveryInProgress() {
-            pg_sys::GetCurrentTransactionId();
-            pg_sys::ForceSyncCommit();
-        }
     }
 }
 
@@ -743,7 +719,7 @@ v1_finfo!(pg_finfo_fencing_unwatch);
 /// `fencing_unwatch(resource text) RETURNS boolean`: stops watching (true if it was watched).
 /// The mark keeps what the watch raised it to: the hand-over revision is stored as the mark, and
 /// that mark is durable before the call's transaction commits, whatever `synchronous_commit`
-/// says (`make_mark_durable`), since the watch itself is gone at once. Error: `42501` as for
+/// says (`pg::process::make_commit_durable`), since the watch itself is gone at once. Error: `42501` as for
 /// `fencing_watch`.
 ///
 /// # Safety
@@ -762,7 +738,7 @@ pub unsafe extern "C-unwind" fn fencing_unwatch(fcinfo: FunctionCallInfo) -> pg_
                 .ok_or_else(|| FenceError::InvalidArgument("resource must not be NULL".into()))?;
             let was_watched = crate::lock_service::watch::unwatch(&resource)?;
             if was_watched {
-                make_mark_durable();
+                crate::pg::process::make_commit_durable();
             }
             Ok(pg_sys::Datum::from(was_watched))
         })
@@ -1063,6 +1039,174 @@ pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_signature(
                 Some(s) => Ok(s.into_datum().unwrap_or(pg_sys::Datum::from(0usize))),
                 None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
             }
+        })
+    }
+}
+
+/// An interval argument's length in microseconds, counted as PostgreSQL counts interval months
+/// (30 days) and days (24 hours); `22023` if any part is negative, it is longer than `max_days`
+/// days, or (unless `zero_ok`) it is zero; `22004` for NULL.
+fn interval_argument(
+    iv: Option<pgrx::datum::Interval>,
+    what: &str,
+    zero_ok: bool,
+    max_days: i128,
+) -> Result<i64, FenceError> {
+    let iv = iv.ok_or_else(|| {
+        FenceError::NullArgument(token::Text::new(format!("{what} must not be NULL")))
+    })?;
+    let parts = [iv.months() as i128, iv.days() as i128, iv.micros() as i128];
+    if parts.iter().any(|p| *p < 0) {
+        return Err(FenceError::InvalidArgument(format!(
+            "{what} must not be negative (no negative part)"
+        )));
+    }
+    let micros = parts[0] * 30 * 86_400_000_000 + parts[1] * 86_400_000_000 + parts[2];
+    if micros == 0 && !zero_ok {
+        return Err(FenceError::InvalidArgument(format!(
+            "{what} must be positive"
+        )));
+    }
+    if micros > max_days * 86_400_000_000 {
+        return Err(FenceError::InvalidArgument(format!(
+            "{what} must be at most {max_days} days"
+        )));
+    }
+    Ok(micros as i64)
+}
+
+/// A lease name argument: not NULL (`22004`), not empty (`22023`).
+fn lease_name_argument(name: Option<String>) -> Result<String, FenceError> {
+    match name {
+        None => Err(FenceError::NullArgument(token::Text::new(
+            "name must not be NULL",
+        ))),
+        Some(n) if n.is_empty() => Err(FenceError::InvalidArgument(
+            "name must be a non-empty lease name".into(),
+        )),
+        Some(n) => Ok(n),
+    }
+}
+
+/// A lease token argument: not NULL (`22004`), positive (`22023`).
+fn lease_token_argument(tok: Option<i64>) -> Result<i64, FenceError> {
+    match tok {
+        None => Err(FenceError::NullArgument(token::Text::new(
+            "token must not be NULL",
+        ))),
+        Some(t) => token::check_token(t),
+    }
+}
+
+v1_finfo!(pg_finfo_fencing_lease_acquire);
+/// `fencing_lease_acquire(name text, ttl interval, wait interval DEFAULT '0') RETURNS bigint`:
+/// grants PostgreSQL lease `name` for `ttl` by the database clock if it is free or its holder's
+/// lease expired, and returns its fencing token; else waits up to `wait` (woken when the lease
+/// is released or expires; query cancel, `statement_timeout` and postmaster death honoured).
+/// Errors: `55P03` still held after `wait`; `22004` a NULL argument; `22023` an empty name, a
+/// `ttl` that is not positive or longer than 100 years, a negative `wait` or one longer than a
+/// year; `25006` during recovery (lock_service/leases.rs).
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_lease_acquire(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type, and `pg_getarg_datum(fcinfo, 1)` is the ttl's interval datum, valid
+    // for the call. This frame holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || {
+            let name = lease_name_argument(pgrx::fcinfo::pg_getarg(fcinfo, 0))?;
+            interval_argument(pgrx::fcinfo::pg_getarg(fcinfo, 1), "ttl", false, 36_500)?;
+            let wait = interval_argument(pgrx::fcinfo::pg_getarg(fcinfo, 2), "wait", true, 365)?;
+            let ttl = pgrx::fcinfo::pg_getarg_datum(fcinfo, 1)
+                .ok_or_else(|| FenceError::Internal("ttl has no datum".into()))?;
+            let token = crate::lock_service::leases::acquire(&name, ttl, (wait + 999) / 1000)?;
+            Ok(pg_sys::Datum::from(token))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_fencing_lease_renew);
+/// `fencing_lease_renew(token bigint, ttl interval DEFAULT NULL) RETURNS timestamptz`: extends
+/// the live lease holding `token` to now plus `ttl` (NULL: the lease's own ttl) and returns the
+/// new expiry. Any session of a member of the acquiring role may renew. Errors: `FT003` the
+/// lease expired, was released or was taken over; `42501` not a member of the acquiring role;
+/// `22004`/`22023` as for acquire; `25006` during recovery.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_lease_renew(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type, and `pg_getarg_datum(fcinfo, 1)` is the ttl's interval datum (None
+    // for NULL), valid for the call. This frame holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || {
+            let tok = lease_token_argument(pgrx::fcinfo::pg_getarg(fcinfo, 0))?;
+            let ttl: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
+            let ttl = match ttl {
+                None => None,
+                Some(iv) => {
+                    interval_argument(Some(iv), "ttl", false, 36_500)?;
+                    pgrx::fcinfo::pg_getarg_datum(fcinfo, 1)
+                }
+            };
+            let expires = crate::lock_service::leases::renew(tok, ttl)?;
+            Ok(pg_sys::Datum::from(expires))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_fencing_lease_release);
+/// `fencing_lease_release(token bigint) RETURNS boolean`: ends the lease holding `token`; true
+/// if it was live, false if it had already ended. Waiters are woken when the release commits.
+/// Errors: `42501` not a member of the acquiring role; `22004`/`22023` a NULL or non-positive
+/// token; `25006` during recovery.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_lease_release(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || {
+            let tok = lease_token_argument(pgrx::fcinfo::pg_getarg(fcinfo, 0))?;
+            let was_live = crate::lock_service::leases::release(tok)?;
+            Ok(pg_sys::Datum::from(was_live))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_fencing_lease_check);
+/// `fencing_lease_check(token bigint) RETURNS void`: `FT003` unless `token` is the token of a
+/// live PostgreSQL lease (Chubby's CheckSequencer, for storage outside PostgreSQL). Errors also
+/// `22004`/`22023` for a NULL or non-positive token.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
+/// main thread, with the call's own `fcinfo` for the signature declared in
+/// `sql/pg_fencing.sql` (only a superuser can declare a C function).
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn fencing_lease_check(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: `fcinfo` is the function manager's, for the declared signature (this function's
+    // contract), so each `pg_getarg(fcinfo, i)` reads an argument that exists and has the SQL
+    // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
+    unsafe {
+        run(fcinfo, || {
+            let tok = lease_token_argument(pgrx::fcinfo::pg_getarg(fcinfo, 0))?;
+            crate::lock_service::leases::check_live(tok)?;
+            Ok(pgrx::fcinfo::pg_return_void())
         })
     }
 }

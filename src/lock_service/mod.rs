@@ -1,5 +1,6 @@
-//! The lock service: the optional background worker that takes etcd locks and leases for
-//! sessions (`fencing_acquire`) and watches locks that others take (`fencing_watch`).
+//! The lock services: PostgreSQL leases (`leases.rs`, the database itself, no worker needed),
+//! and the optional background worker that takes etcd locks and leases for sessions
+//! (`fencing_acquire`) and watches locks that others take (`fencing_watch`).
 //!
 //! Processes and threads:
 //! * a **backend** calling `fencing_acquire` writes a request into a slot of shared memory
@@ -11,12 +12,14 @@
 //! * the **etcd thread** (`etcd/`) runs tokio and `etcd-client`, never calls PostgreSQL, blocks
 //!   all signals, and reports results by writing the slots' atomics.
 //!
-//! What the fencing rule asks of this layer is narrow: `locks::check_token` (is the token of a
+//! What the fencing rule asks of this layer is narrow: `leases::check_token` (the time fence of
+//! PostgreSQL leases, FT003), `locks::check_token` (is the token of a
 //! lock this session took still valid, FT003), `locks::held_by_this_session` (token scope) and
 //! `watch::check` (a watched resource's hand-over revision, FT005/FT006). Nothing here calls the
 //! rule; the marks a stopped watch leaves are stored by the caller of `watch::apply_pending`.
 
 pub mod etcd;
+pub mod leases;
 pub mod locks;
 pub mod pruner;
 pub mod shmem_text;

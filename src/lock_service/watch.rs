@@ -791,7 +791,7 @@ pub fn apply_pending() -> Result<Vec<(String, Token)>, FenceError> {
         Ok(())
     })?;
     // The watch is gone (no raise after this point); what it reached stays as the mark. Made
-    // durable with the commit by fencing_unwatch (`make_mark_durable`).
+    // durable with the commit by fencing_unwatch (`pg::process::make_commit_durable`).
     Ok(marks.into_iter().filter(|(_, h)| *h > 0).collect())
 }
 

@@ -9,6 +9,8 @@
 //! * 16 replaced `pg_class_ownercheck` by `object_ownercheck`.
 //! * 18 renamed the backend's `pqsignal` to `pqsignal_be`, and pgrx's binding of `proc_exit`
 //!   lost its `noreturn`.
+//! * 17 replaced backend ids by proc numbers: a virtual transaction id names its process by
+//!   `procNumber` (`ProcNumberGetProc`) where 15 has `backendId` (`BackendIdGetProc`).
 
 use pgrx::pg_sys;
 
@@ -138,6 +140,37 @@ pub fn owns_relation(relid: pg_sys::Oid, user: pg_sys::Oid) -> bool {
         #[cfg(feature = "pg18")]
         {
             pg_sys::object_ownercheck(pg_sys::RelationRelationId, relid, user)
+        }
+    }
+}
+
+// Not in pgrx's bindings for 15 (storage/sinvaladt.h); called through pgrx's FFI guard.
+// SAFETY: the signature is BackendIdGetProc's in storage/sinvaladt.h of PostgreSQL 15:
+// PGPROC *BackendIdGetProc(int backendID).
+#[cfg(feature = "pg15")]
+unsafe extern "C-unwind" {
+    fn BackendIdGetProc(backend_id: std::ffi::c_int) -> *mut pg_sys::PGPROC;
+}
+
+/// The latch of the process running virtual transaction `vxid` (as from `GetLockConflicts`),
+/// as an address for `process::set_latch`; 0 if that process is gone.
+///
+/// # Safety
+/// Main thread of a backend attached to shared memory.
+pub unsafe fn latch_of(vxid: &pg_sys::VirtualTransactionId) -> usize {
+    // SAFETY: per the contract; the lookup reads the shared process arrays by index (bounds
+    // checked by PostgreSQL, NULL when out of range or unused), and PGPROC entries live in
+    // shared memory for the server's life, so the latch's address stays valid.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        let proc =
+            pg_sys::submodules::ffi::pg_guard_ffi_boundary(|| BackendIdGetProc(vxid.backendId));
+        #[cfg(feature = "pg18")]
+        let proc = pg_sys::ProcNumberGetProc(vxid.procNumber);
+        if proc.is_null() {
+            0
+        } else {
+            std::ptr::addr_of_mut!((*proc).procLatch) as usize
         }
     }
 }

@@ -18,6 +18,14 @@ pub enum LockMode {
 /// with `objsubid` 65025 (0xFE01).
 const TAG_RESOURCE: u16 = 0xFE01;
 
+/// `locktag_field4` of the locks that waiters for a PostgreSQL lease hold while they wait
+/// (`lock_service/leases.rs`): `objsubid` 65026 (0xFE02) in `pg_locks`.
+const TAG_LEASE_WAITER: u16 = 0xFE02;
+
+/// `locktag_field4` of the short session lock under which a new server history moves the lease
+/// token sequence (`lock_service/leases.rs`): `objsubid` 65027 (0xFE03).
+const TAG_LEASE_HISTORY: u16 = 0xFE03;
+
 fn tag(hash: u64, kind: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
         // SAFETY: MyDatabaseId is set once at backend start and only read afterwards.
@@ -53,6 +61,67 @@ fn lock(t: pg_sys::LOCKTAG, mode: LockMode) {
 /// means).
 pub fn lock_resource(resource: &str, mode: LockMode) {
     lock(resource_tag(resource), mode);
+}
+
+/// Announce that this transaction waits for lease `name` (a SHARE lock under a tag of our own,
+/// held until the transaction ends; waiters never conflict with each other). Taken before the
+/// waiter first looks at the lease, so a release that commits after that look finds it
+/// (`wake_lease_waiters`).
+pub fn register_lease_waiter(name: &str) {
+    lock(
+        tag(fnv1a(&[name.as_bytes()]), TAG_LEASE_WAITER),
+        LockMode::Share,
+    );
+}
+
+/// Set the latch of every process whose transaction waits for lease `name`
+/// (`register_lease_waiter`), so that it looks at the lease again. Called after the commit that
+/// released the lease became visible. Never raises an error it could avoid: on a failure it
+/// wakes nobody (the waiters then wake at the lease's expiry or their own timeout).
+pub fn wake_lease_waiters(name: &str) {
+    let t = tag(fnv1a(&[name.as_bytes()]), TAG_LEASE_WAITER);
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: main thread of a backend (the commit callback, after the commit); `t` is a fully
+    // initialised tag of USER_LOCKMETHOD. GetLockConflicts returns a palloc'd array of `n`
+    // virtual transaction ids (it skips this process), read within those bounds; each names a
+    // process whose latch lies in shared memory (`compat::latch_of`).
+    unsafe {
+        let vxids = pg_sys::GetLockConflicts(&t, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, &mut n);
+        if vxids.is_null() {
+            return;
+        }
+        for i in 0..n.max(0) as usize {
+            crate::pg::process::set_latch(crate::pg::compat::latch_of(&*vxids.add(i)));
+        }
+        pg_sys::pfree(vxids.cast());
+    }
+}
+
+/// While this value lives, this backend holds the session lock under which the lease token
+/// sequence moves to a new server history (`lock_service/leases.rs`); dropped, also when an
+/// ERROR unwinds through its owner, it releases the lock. Waits like any lock wait.
+pub struct LeaseHistoryLock(pg_sys::LOCKTAG);
+
+impl LeaseHistoryLock {
+    pub fn take() -> Self {
+        let t = tag(0, TAG_LEASE_HISTORY);
+        // SAFETY: a session lock of our own tag (USER_LOCKMETHOD), on the main thread inside a
+        // transaction; released by `drop` (a session lock outlives the transaction otherwise).
+        unsafe {
+            pg_sys::LockAcquire(&t, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, true, false);
+        }
+        LeaseHistoryLock(t)
+    }
+}
+
+impl Drop for LeaseHistoryLock {
+    fn drop(&mut self) {
+        // SAFETY: releases the session lock `take` acquired with the same tag and mode; returns
+        // false (with a WARNING) rather than failing if it is not held.
+        unsafe {
+            pg_sys::LockRelease(&self.0, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, true);
+        }
+    }
 }
 
 // Not in pgrx's bindings (catalog/pg_inherits.h); called through pgrx's FFI guard below, like

@@ -212,3 +212,55 @@ impl Drop for ReadOnlyLifted {
         unsafe { pg_sys::XactReadOnly = self.0 };
     }
 }
+
+/// The database clock: microseconds since 2000-01-01 00:00 UTC (`clock_timestamp()`, a
+/// `timestamptz` in PostgreSQL's own representation).
+pub fn now_us() -> i64 {
+    // SAFETY: GetCurrentTimestamp only reads the system clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Which history of the database this server writes: the system identifier (new after initdb,
+/// so after a dump restored into a new cluster and after pg_upgrade), the WAL timeline (new
+/// after a promotion or a point-in-time recovery) and the server's start time (new after every
+/// restart, also of a copy of the data directory). `None` during recovery (nothing is written).
+pub fn history() -> Option<(u64, u32, i64)> {
+    if in_recovery() {
+        return None;
+    }
+    // SAFETY: plain reads of values in pg_control's shared copy (set at startup), of the WAL
+    // insertion timeline (final once recovery has ended, checked above) and of the postmaster's
+    // start time (a process global set at startup).
+    unsafe {
+        Some((
+            pg_sys::GetSystemIdentifier(),
+            pg_sys::GetWALInsertionTimeLine(),
+            pg_sys::PgStartTime,
+        ))
+    }
+}
+
+/// Make this transaction's commit durable whatever `synchronous_commit` says. A mark that
+/// `fencing_advance` reports (and a lease grant) has no data of its own that a caller would see
+/// lost with it, so it must be durable before the caller can rely on it, whatever `synchronous_commit`
+/// says (docs/guarantees.md, "Guarantees": asynchronous commit). The call's transaction gets a
+/// transaction id, so that it writes a commit record, and that commit is flushed like a
+/// synchronous one. The commit record lies after the commit of every write whose mark this call
+/// read (that commit was inserted before it became visible), so the flush also makes an earlier
+/// asynchronously committed mark durable. Costs one transaction id and one WAL flush per advance
+/// (one per hand-over). Not `XLogFlush(GetXLogInsertRecPtr())`: at a WAL page boundary that
+/// position lies past the end of the generated WAL and the flush fails (`tests/lifecycle`).
+pub fn make_commit_durable() {
+    // SAFETY: plain calls into the transaction machinery on the backend's main thread inside a
+    // transaction: GetCurrentTransactionId assigns an id if there is none (it may raise ERROR,
+    // e.g. on xid wraparound, which the surrounding `run` guard turns into a PostgreSQL error);
+    // ForceSyncCommit only sets a flag that RecordTransactionCommit reads. During recovery no id
+    // can be assigned, and a standby never gets here with a raised mark (the store fails
+    // read-only first), so it is skipped.
+    unsafe {
+        if !pg_sys::RecoveryInProgress() {
+            pg_sys::GetCurrentTransactionId();
+            pg_sys::ForceSyncCommit();
+        }
+    }
+}

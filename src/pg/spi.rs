@@ -219,6 +219,22 @@ pub fn exec_internal<T>(
     // The cached statements qualify every name, operators included (see above), and return
     // bigints, so neither search_path nor output settings matter to them once prepared. A plan
     // not yet prepared, and one-off statements (which print keys), run with pinned settings.
+    exec_internal_row(sql, cached, types, args, read_only, |row| {
+        row.first().copied().flatten().map(decode)
+    })
+    .flatten()
+}
+
+/// As [`exec_internal`], but `decode` gets every column of the first row (`None` for a NULL);
+/// `None` if the statement returned no row. By-reference values must be copied by `decode`.
+pub fn exec_internal_row<T>(
+    sql: &str,
+    cached: bool,
+    types: &[pg_sys::Oid],
+    args: &mut [pg_sys::Datum],
+    read_only: bool,
+    decode: impl FnOnce(&[Option<pg_sys::Datum>]) -> T,
+) -> Option<T> {
     let prepared = cached && PLANS.with(|p| p.borrow().get(sql).is_some());
     if prepared {
         exec_internal_pinned(sql, cached, types, args, read_only, decode)
@@ -263,7 +279,7 @@ fn exec_internal_pinned<T>(
     types: &[pg_sys::Oid],
     args: &mut [pg_sys::Datum],
     read_only: bool,
-    decode: impl FnOnce(pg_sys::Datum) -> T,
+    decode: impl FnOnce(&[Option<pg_sys::Datum>]) -> T,
 ) -> Option<T> {
     // SAFETY: backend main thread inside a transaction (every caller: a trigger, a SQL function
     // or the pre-commit callback). The user id is switched with SECURITY_LOCAL_USERID_CHANGE |
@@ -273,7 +289,7 @@ fn exec_internal_pinned<T>(
     // connection (kept, or prepared in it). `args` holds as many datums as the plan has parameters
     // (checked below), each of its parameter's type (the caller's duty, see `exec_internal`);
     // `nulls` has `args.len()` entries (' ' = not null); both outlive the call. SPI_tuptable is read only when SPI_processed > 0, so `vals[0]` exists and matches
-    // `tupdesc`; the datum `decode` gets lives in SPI memory, so `decode` must copy it out (every
+    // `tupdesc` (its `natts` columns are read); the datums `decode` gets live in SPI memory, so `decode` must copy it out (every
     // caller returns a by-value integer/bool or an owned String) before SPI_finish frees it.
     unsafe {
         let mut save_user = pg_sys::Oid::INVALID;
@@ -323,11 +339,15 @@ fn exec_internal_pinned<T>(
         let mut out = None;
         if pg_sys::SPI_processed > 0 && !pg_sys::SPI_tuptable.is_null() {
             let tt = &*pg_sys::SPI_tuptable;
-            let mut isnull = false;
-            let d = pg_sys::SPI_getbinval(*tt.vals, tt.tupdesc, 1, &mut isnull);
-            if !isnull {
-                out = Some(decode(d));
-            }
+            let natts = (*tt.tupdesc).natts.max(0);
+            let row: Vec<Option<pg_sys::Datum>> = (1..=natts)
+                .map(|i| {
+                    let mut isnull = false;
+                    let d = pg_sys::SPI_getbinval(*tt.vals, tt.tupdesc, i, &mut isnull);
+                    (!isnull).then_some(d)
+                })
+                .collect();
+            out = Some(decode(&row));
         }
         pg_sys::SPI_finish();
         pg_sys::SetUserIdAndSecContext(save_user, save_sec);

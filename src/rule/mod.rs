@@ -182,6 +182,10 @@ pub fn admit_resource(resource: &str, token: Token, store: bool) -> Result<Token
             }
             if store {
                 store_resource_mark(resource, token);
+                if let Some(previous) = held.high_water {
+                    // A live lease's holder learns that it was fenced off (NOTIFY pg_fencing).
+                    crate::lock_service::leases::notify_mark_raised(resource, previous, token);
+                }
                 held.high_water = Some(token);
                 // Not committed yet: a hint only (no version), read again next time.
                 LAST_SEEN.with(|l| {
@@ -253,7 +257,8 @@ pub fn require_active(protection: i64, table: &dyn Fn() -> String) -> Result<(),
 /// call before the domain checks below (`admit_resource`, `admit_row`, `admit_row_insert`).
 /// * does the session carry a token that counts here (`session_token`: by its source, never
 ///   by its value)? `FT002` otherwise, saying why a token that is set does not count;
-/// * is it the token of a lock taken through the worker that is lost? `FT003`.
+/// * is it the token of a lock taken through the worker that is lost, or of a PostgreSQL lease
+///   that expired, was released or was taken over? `FT003`.
 ///
 /// `target` names what is written, for the message of `FT002`.
 pub fn write_token(target: &dyn Fn() -> String) -> Result<Token, FenceError> {
@@ -272,9 +277,11 @@ pub fn write_token_if_any() -> Result<Option<Token>, FenceError> {
     session_token::current_token().map(admit_token).transpose()
 }
 
-/// A token given as an argument (`fencing_advance`): `FT003` if it is the token of a lost lock.
+/// A token given as an argument (`fencing_advance`): `FT003` if it is the token of a lost lock
+/// or of a PostgreSQL lease that has ended (the time fence, `lock_service/leases.rs`).
 pub fn admit_token(token: Token) -> Result<Token, FenceError> {
     crate::lock_service::locks::check_token(token)?;
+    crate::lock_service::leases::check_token(token)?;
     Ok(token)
 }
 

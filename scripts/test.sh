@@ -6,7 +6,8 @@
 # and scripts/check-scripts.sh reads the scripts for the same rules. Then
 #   1. unit tests and #[pg_test] tests   (cargo pgrx test pg15, in pgrx's own test cluster)
 #   2. pg_regress suite                   (tests/pg_regress, against a throwaway cluster), bypass hunter (tests/bypass)
-#   3. isolation specs                    (tests/isolation, concurrent interleavings)
+#   3. isolation specs                    (tests/isolation, concurrent interleavings); PostgreSQL
+#                                          leases under concurrency (tests/leases)
 #   4. PostgreSQL 18                      (cargo pgrx test pg18; the release tarball for 18 installed;
 #                                          pg_regress and isolation on 18.6)
 #   5. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock; then
@@ -28,7 +29,7 @@
 #  17. network partitions                 (tests/partition: three etcd members and PostgreSQL in
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
-#  18. the suites on PostgreSQL 18        (PGF_PG_MAJOR=18: stages 6-13 and 16 again; then a cluster
+#  18. the suites on PostgreSQL 18        (PGF_PG_MAJOR=18: stages 6-13, 16 and the leases again; then a cluster
 #                                          carried from 15 to 18, tests/lifecycle/major_upgrade.sh)
 #  19. the Debian package removed         (apt-get remove; none of its files left)
 # Between 1 and 2 the Debian package (scripts/package.sh 15) is installed with apt-get install,
@@ -165,6 +166,8 @@ if ! "$ISOLATION" --use-existing --host=127.0.0.1 --port="$PGPORT_TEST" --user=p
     exit 1
 fi
 pg_stop
+step "3/19 PostgreSQL leases under concurrency: waking, timeouts, renewal elsewhere, NOTIFY, independent checker and its negative control (tests/leases)"
+tests/leases/run.sh
 
 step "4/19 PostgreSQL 18: #[pg_test] tests (cargo pgrx test pg18), the release tarball for 18 (scripts/package.sh 18) installed, pg_regress and isolation specs on 18.6"
 # The same suites on PostgreSQL 18 (scripts/pg18.sh), built into its own target directory so
@@ -320,6 +323,8 @@ step "18/19 on PostgreSQL 18: upgrade from every released version (tests/upgrade
 tests/upgrade/run.sh
 step "18/19 on PostgreSQL 18: observability (tests/observability)"
 tests/observability/run.sh
+step "18/19 on PostgreSQL 18: PostgreSQL leases under concurrency (tests/leases)"
+tests/leases/run.sh
 step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, logical replication, backup and restore)"
 for t in async_commit watch_carried watch_upgrade logical restore; do tests/lifecycle/$t.sh; done
 unset PGF_PG_MAJOR

@@ -1044,13 +1044,13 @@ pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_signature(
 }
 
 /// An interval argument's length in microseconds, counted as PostgreSQL counts interval months
-/// (30 days) and days (24 hours); `22023` if any part is negative, it is longer than `max_days`
-/// days, or (unless `zero_ok`) it is zero; `22004` for NULL.
+/// (30 days) and days (24 hours); `22023` if any part is negative, it is longer than
+/// `max_years` years (of 12 such months), or (unless `zero_ok`) it is zero; `22004` for NULL.
 fn interval_argument(
     iv: Option<pgrx::datum::Interval>,
     what: &str,
     zero_ok: bool,
-    max_days: i128,
+    max_years: i128,
 ) -> Result<i64, FenceError> {
     let iv = iv.ok_or_else(|| {
         FenceError::NullArgument(token::Text::new(format!("{what} must not be NULL")))
@@ -1067,9 +1067,9 @@ fn interval_argument(
             "{what} must be positive"
         )));
     }
-    if micros > max_days * 86_400_000_000 {
+    if micros > max_years * 360 * 86_400_000_000 {
         return Err(FenceError::InvalidArgument(format!(
-            "{what} must be at most {max_days} days"
+            "{what} must be at most {max_years} years"
         )));
     }
     Ok(micros as i64)
@@ -1120,8 +1120,8 @@ pub unsafe extern "C-unwind" fn fencing_lease_acquire(fcinfo: FunctionCallInfo) 
     unsafe {
         run(fcinfo, || {
             let name = lease_name_argument(pgrx::fcinfo::pg_getarg(fcinfo, 0))?;
-            interval_argument(pgrx::fcinfo::pg_getarg(fcinfo, 1), "ttl", false, 36_500)?;
-            let wait = interval_argument(pgrx::fcinfo::pg_getarg(fcinfo, 2), "wait", true, 365)?;
+            interval_argument(pgrx::fcinfo::pg_getarg(fcinfo, 1), "ttl", false, 100)?;
+            let wait = interval_argument(pgrx::fcinfo::pg_getarg(fcinfo, 2), "wait", true, 1)?;
             let ttl = pgrx::fcinfo::pg_getarg_datum(fcinfo, 1)
                 .ok_or_else(|| FenceError::Internal("ttl has no datum".into()))?;
             let token = crate::lock_service::leases::acquire(&name, ttl, (wait + 999) / 1000)?;
@@ -1154,7 +1154,7 @@ pub unsafe extern "C-unwind" fn fencing_lease_renew(fcinfo: FunctionCallInfo) ->
             let ttl = match ttl {
                 None => None,
                 Some(iv) => {
-                    interval_argument(Some(iv), "ttl", false, 36_500)?;
+                    interval_argument(Some(iv), "ttl", false, 100)?;
                     pgrx::fcinfo::pg_getarg_datum(fcinfo, 1)
                 }
             };

@@ -25,7 +25,8 @@
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
-#                                          0.1.0 through ALTER EXTENSION UPDATE; logical replication)
+#                                          0.1.0 through ALTER EXTENSION UPDATE; lease tokens that
+#                                          never go back; logical replication)
 #  17. network partitions                 (tests/partition: three etcd members and PostgreSQL in
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
@@ -295,6 +296,8 @@ step "16/19 lifecycle paths: a watched resource stays fenced after pg_dump/resto
 tests/lifecycle/watch_carried.sh
 step "16/19 lifecycle paths: a watch registered under 0.1.0 survives ALTER EXTENSION UPDATE and the loss of its state file (tests/lifecycle)"
 tests/lifecycle/watch_upgrade.sh
+step "16/19 lifecycle paths: PostgreSQL lease tokens never go back after a crash, a promotion, PITR, pg_dump/restore and pg_upgrade (tests/lifecycle/leases_carried.sh)"
+tests/lifecycle/leases_carried.sh
 step "16/19 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
 tests/lifecycle/logical.sh
 step "16/19 lifecycle paths: backup and restore, every documented procedure (tests/lifecycle/restore.sh)"
@@ -325,8 +328,8 @@ step "18/19 on PostgreSQL 18: observability (tests/observability)"
 tests/observability/run.sh
 step "18/19 on PostgreSQL 18: PostgreSQL leases under concurrency (tests/leases)"
 tests/leases/run.sh
-step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, logical replication, backup and restore)"
-for t in async_commit watch_carried watch_upgrade logical restore; do tests/lifecycle/$t.sh; done
+step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, lease tokens carried, logical replication, backup and restore)"
+for t in async_commit watch_carried watch_upgrade leases_carried logical restore; do tests/lifecycle/$t.sh; done
 unset PGF_PG_MAJOR
 step "18/19 from 15 to 18: marks, tombstones and a watch carried across majors (tests/lifecycle/major_upgrade.sh)"
 tests/lifecycle/major_upgrade.sh

@@ -13,6 +13,8 @@
 #   - row 1 with 39 and key 3 re-inserted with 24 are refused, with 41 and 26 accepted;
 #   - key 1.00 (equal to 1.0) re-inserted with 15 is refused, with 21 accepted;
 #   - a write without a token is refused (FT002);
+#   - a PostgreSQL lease taken on 15 is still live, a new lease's token is above every token 15
+#     issued, and the carried lease's token is refused (FT003) once it is released;
 #   - the carried watch keeps working: Z hands the lock to A, and Z's next write is refused.
 #
 # Throwaway servers on 127.0.0.1:${PGPORT_MAJOR_UPGRADE:-54449} (15, then 18; +2 and +3 during
@@ -92,6 +94,9 @@ wait_for "on 15: hand-over revision seen by the watch" "$H" "$PGPORT_TEST" postg
 expect "on 15: a write with H - 1" FT001 "$(write $((H - 1)) "UPDATE jobs SET v = 0 WHERE id = 1")"
 expect "on 15: key 1.00 re-inserted with 15" FT001 "$(write 15 "INSERT INTO jobs_n VALUES (1.00, 15)")"
 MARKS_BEFORE=$("${PSQL[@]}" -Atc "SELECT resource || '=' || high_water FROM _pg_fencing.resource_high_water ORDER BY 1" | tr '\n' ' ')
+# PostgreSQL leases: a live one and the highest token the 15 cluster issued.
+LEASE_LIVE=$("${PSQL[@]}" -Atc "SELECT fencing_lease_acquire('carried', '1 hour')")
+LEASE_MAX=$("${PSQL[@]}" -Atc "SELECT fencing_lease_acquire('last', '1 hour')")
 
 new_cluster() {  # new_cluster <datadir> <port> <conf>: initdb with 18
     mkdir -p "$1" && chown postgres:postgres "$1"
@@ -175,6 +180,13 @@ expect "upgraded: key 1.00 (1.0 deleted with 20) re-inserted with 15" FT001 "$(w
 expect "upgraded: key 1.00 re-inserted with 21" ok "$(write 21 "INSERT INTO jobs_n VALUES (1.00, 21)")"
 expect "upgraded: the equal-key tombstone still has its key hash" 1 \
     "$("${PSQL[@]}" -Atc "SELECT count(*) FROM _pg_fencing.row_tombstone WHERE key_hash IS NOT NULL")"
+expect "upgraded: the live lease is still live" t \
+    "$("${PSQL[@]}" -Atc "SELECT live FROM fencing_leases WHERE token = $LEASE_LIVE")"
+LEASE_NEW=$("${PSQL[@]}" -Atc "SELECT fencing_lease_acquire('after', '1 hour')")
+expect "upgraded: a new lease's token is above every token of 15 ($LEASE_MAX)" t "$([ "$LEASE_NEW" -gt "$LEASE_MAX" ] && echo t || echo f)"
+expect "upgraded: the live lease's write" ok "$(write "$LEASE_LIVE" "UPDATE accounts SET balance = 1 WHERE id = 2")"
+"${PSQL[@]}" -Atc "SELECT fencing_lease_release($LEASE_LIVE)" >/dev/null
+expect "upgraded: after its release, its write" FT003 "$(write "$LEASE_LIVE" "UPDATE accounts SET balance = 1 WHERE id = 2")"
 expect "upgraded: a write without a token" FT002 "$(write "" "UPDATE accounts SET balance = 0 WHERE id = 2")"
 
 echo "== on 18, the carried watch keeps working: Z hands the lock to A"

@@ -11,14 +11,17 @@
 #              revision;
 #   zookeeper  ZooKeeper's lock recipe (kazoo, examples/zookeeper/holder.py) with a session
 #              timeout of $LEASE_TTL s: the token is the czxid of the holder's lock znode;
-#   redis      `SET lock NX PX`: Redis hands out no token at all.
+#   redis      `SET lock NX PX`: Redis hands out no token at all;
+#   postgres   PostgreSQL leases (fencing_lease_acquire, lease $LEASE_TTL s): no lock service at
+#              all, the token comes from the same database (docs/leases.md).
 # The scenario runs twice on a throwaway PostgreSQL cluster and lock service (127.0.0.1,
 # non-default ports): once on a table without protection (the zombie's write lands and corrupts
 # the row) and once on a table protected by pg_fencing: with etcd and ZooKeeper the zombie's
-# write is refused with FT001; with Redis every write is refused, holder 2's too, with FT002
+# write is refused with FT001 (with PostgreSQL leases FT003: its lease ended, the time fence);
+# with Redis every write is refused, holder 2's too, with FT002
 # (no token): pg_fencing cannot tell a Redis lock's holders apart (README, "Lock services").
 #
-# Usage: scripts/demo.sh [--no-setup] [--lock-service etcd|zookeeper|redis]
+# Usage: scripts/demo.sh [--no-setup] [--lock-service etcd|zookeeper|redis|postgres]
 #   --no-setup  skip scripts/setup.sh (dependencies and extension already installed)
 # Exit status: 0 if the protected run behaved as described above (the stale write refused and
 #                holder 2's row kept; with Redis, both writes refused with FT002);
@@ -33,13 +36,13 @@ while [ $# -gt 0 ]; do
         --no-setup) NO_SETUP=1 ;;
         --lock-service) LOCK_SERVICE=${2:-}; shift ;;
         --lock-service=*) LOCK_SERVICE=${1#*=} ;;
-        *) echo "usage: scripts/demo.sh [--no-setup] [--lock-service etcd|zookeeper|redis]" >&2; exit 2 ;;
+        *) echo "usage: scripts/demo.sh [--no-setup] [--lock-service etcd|zookeeper|redis|postgres]" >&2; exit 2 ;;
     esac
     shift
 done
 case "$LOCK_SERVICE" in
-    etcd|zookeeper|redis) ;;
-    *) echo "demo: --lock-service is etcd, zookeeper or redis, not '$LOCK_SERVICE'" >&2; exit 2 ;;
+    etcd|zookeeper|redis|postgres) ;;
+    *) echo "demo: --lock-service is etcd, zookeeper, redis or postgres, not '$LOCK_SERVICE'" >&2; exit 2 ;;
 esac
 # Setup runs with the caller's environment (registry settings); the demo itself is hermetic.
 if [ -z "${PGF_HERMETIC:-}" ] && [ -z "$NO_SETUP" ]; then
@@ -63,6 +66,7 @@ say() { printf '  [%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN 
 
 case "$LOCK_SERVICE" in
     etcd) SERVICE_AT="etcd (127.0.0.1:$ETCD_CLIENT_PORT)" ;;
+    postgres) SERVICE_AT="PostgreSQL leases (no lock service)" ;;
     zookeeper)
         SERVICE_AT="ZooKeeper (127.0.0.1:$ZK_PORT)"
         if ! [ -x "$PY" ] || ! command -v java >/dev/null; then
@@ -80,6 +84,7 @@ case "$LOCK_SERVICE" in
     etcd) etcd_start ;;
     zookeeper) zk_start ;;
     redis) redis_start ;;
+    postgres) ;;
 esac
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 "${PSQL[@]}" -c "CREATE EXTENSION pg_fencing"
@@ -103,6 +108,29 @@ SQL
 else
     echo "\$out" | grep -m1 'ERROR' > "$WORK/$1.$2.result"
 fi
+SH
+}
+
+# The same writer with a PostgreSQL lease: takes lease "settlement" (waiting while another holds
+# it) and writes with the lease's token. WORK/<holder>.<table>.token holds the token.
+lease_holder_script() {
+    cat <<SH
+set -u
+tok=\$(psql -X -q -At -v ON_ERROR_STOP=1 -c "SELECT fencing_lease_acquire('settlement', '${LEASE_TTL}s', '60s')")
+echo "\$tok" > "$WORK/$1.$2.token"
+while [ -n "$4" ] && [ ! -e "$4" ]; do sleep 0.05; done
+if out=\$(psql -X -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose 2>&1 <<SQL
+BEGIN;
+SET LOCAL pg_fencing.token = '\$tok';
+UPDATE $2 SET balance = $3, settled_by = '$1' WHERE account = 'acme';
+COMMIT;
+SQL
+); then
+    echo "accepted" > "$WORK/$1.$2.result"
+else
+    echo "\$out" | grep -m1 'ERROR' > "$WORK/$1.$2.result"
+fi
+psql -X -q -At -c "SELECT fencing_lease_release(\$tok)" >/dev/null 2>&1 || true
 SH
 }
 
@@ -159,6 +187,7 @@ run_scenario() {
         etcd) run_scenario_etcd "$@" ;;
         zookeeper) run_scenario_zookeeper "$@" ;;
         redis) run_scenario_redis "$@" ;;
+        postgres) run_scenario_postgres "$@" ;;
     esac
     say "row after:  $("${PSQL[@]}" -Atc "SELECT format('balance=%s settled_by=%s fence_token=%s', balance, settled_by, coalesce(fence_token::text, '-')) FROM $1")"
 }
@@ -244,6 +273,38 @@ check_tokens() {  # check_tokens <holder 1's> <holder 2's> <table>
     fi
 }
 
+run_scenario_postgres() {
+    local table=$1
+    rm -f "$WORK/go1"
+    scenario_header "$table"
+    lease_holder_script holder1 "$table" 100 "$WORK/go1" >"$WORK/h1.sh"
+    setsid bash "$WORK/h1.sh" >"$WORK/h1.$table.out" 2>&1 &
+    local h1=$!
+    CHILD_PIDS="$CHILD_PIDS $h1"
+    for _ in $(seq 1 100); do [ -s "$WORK/holder1.$table.token" ] && break; sleep 0.05; done
+    local tok1; tok1=$(cat "$WORK/holder1.$table.token")
+    say "holder 1 acquired lease 'settlement' for ${LEASE_TTL}s from PostgreSQL itself: token = $tok1"
+    kill -STOP -- "-$h1"
+    say "holder 1 frozen with SIGSTOP before writing (think: a long GC pause)"
+    touch "$WORK/go1"
+    local waited=0
+    while [ "$("${PSQL[@]}" -Atc "SELECT live FROM fencing_leases WHERE token = $tok1")" = t ]; do
+        sleep 0.2; waited=$((waited + 1))
+        if [ $waited -gt $((LEASE_TTL * 5 + 50)) ]; then echo "lease of holder 1 never expired" >&2; exit 2; fi
+    done
+    say "holder 1's lease expired (database clock); nobody holds 'settlement' now"
+    lease_holder_script holder2 "$table" 200 "" >"$WORK/h2.sh"
+    bash "$WORK/h2.sh" >"$WORK/h2.$table.out" 2>&1
+    local tok2; tok2=$(cat "$WORK/holder2.$table.token")
+    say "holder 2 acquired lease 'settlement': token = $tok2; wrote balance=200: $(cat "$WORK/holder2.$table.result")"
+    kill -CONT -- "-$h1"
+    say "holder 1 resumed with SIGCONT; still believes it holds the lease; writes balance=100 with token $tok1"
+    wait "$h1" 2>/dev/null || true
+    CHILD_PIDS=""
+    say "holder 1's write: $(cat "$WORK/holder1.$table.result")"
+    check_tokens "$tok1" "$tok2" "$table"
+}
+
 run_scenario_etcd() {
     local table=$1
     local lock="settlement"
@@ -326,8 +387,15 @@ if [ "$z_prot" = "accepted" ] || [ "$prot" != "holder2" ]; then
     echo "FAIL: pg_fencing accepted a stale write" >&2
     exit 1
 fi
-if ! grep -q "FT001" <<<"$z_prot"; then
-    echo "FAIL: the zombie write failed, but not with FT001: $z_prot" >&2
+expected=FT001
+[ "$LOCK_SERVICE" = postgres ] && expected=FT003
+if ! grep -q "$expected" <<<"$z_prot"; then
+    echo "FAIL: the zombie write failed, but not with $expected: $z_prot" >&2
     exit 1
 fi
-echo "OK: the stale write was refused (FT001); holder 2's settlement stands."
+if [ "$LOCK_SERVICE" = postgres ]; then
+    echo "OK: the stale write was refused (FT003: its lease had ended, by the database clock); holder 2's"
+    echo "settlement stands. No lock service was needed: the lease and the fence are the same database."
+else
+    echo "OK: the stale write was refused (FT001); holder 2's settlement stands."
+fi

@@ -3,7 +3,7 @@
 # builds and installs the extension into the system PostgreSQL 15, and then checks that every
 # command and Python module the chosen profile needs is really there (it fails loudly if not).
 #
-# Usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis]
+# Usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis|postgres]
 #   (no flag)  building, installing and the demo (scripts/demo.sh):
 #              apt: postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo
 #                   etcd-server etcd-client build-essential pkg-config
@@ -11,6 +11,7 @@
 #   --lock-service zookeeper|redis   also what `scripts/demo.sh --lock-service` needs:
 #              zookeeper: apt zookeeper (with Java), and the project's Python (below, for kazoo)
 #              redis: apt redis-server redis-tools
+#              (postgres: PostgreSQL leases need nothing more)
 #   --test     also what the test command and the benchmarks need:
 #              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv, valgrind (bench
 #                   --instructions), iproute2 (ss, ip netns), zookeeper, redis-server, redis-tools,
@@ -39,13 +40,13 @@ while [ $# -gt 0 ]; do
         --test) PROFILE=test ;;
         --lock-service) LOCK_SERVICE=${2:-}; shift ;;
         --lock-service=*) LOCK_SERVICE=${1#*=} ;;
-        *) echo "usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis]" >&2; exit 2 ;;
+        *) echo "usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis|postgres]" >&2; exit 2 ;;
     esac
     shift
 done
 case "$LOCK_SERVICE" in
-    etcd|zookeeper|redis) ;;
-    *) echo "setup: --lock-service is etcd, zookeeper or redis, not '$LOCK_SERVICE'" >&2; exit 2 ;;
+    etcd|zookeeper|redis|postgres) ;;
+    *) echo "setup: --lock-service is etcd, zookeeper, redis or postgres, not '$LOCK_SERVICE'" >&2; exit 2 ;;
 esac
 
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config

@@ -11,7 +11,8 @@
 #   4. PostgreSQL 18                      (cargo pgrx test pg18; the release tarball for 18 installed;
 #                                          pg_regress and isolation on 18.6)
 #   5. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock; then
-#                                          with ZooKeeper's lock recipe and with a Redis lock)
+#                                          with ZooKeeper's lock recipe, a Redis lock and PostgreSQL
+#                                          leases)
 #   6. randomized stress test             (tests/stress, 16 clients, independent checker)
 #   7. crash under load                   (tests/stress --crash: kill -9 of the postmaster)
 #   8. negative control                   (tests/stress --unfenced must be caught)
@@ -223,10 +224,11 @@ fi
 pg_stop
 PGBIN=$PGBIN_15
 
-step "5/19 zombie-client demo with a real etcd (scripts/demo.sh), then with ZooKeeper and with Redis (--lock-service)"
+step "5/19 zombie-client demo with a real etcd (scripts/demo.sh), then with ZooKeeper, with Redis and with PostgreSQL leases (--lock-service)"
 ./scripts/demo.sh --no-setup
 ./scripts/demo.sh --no-setup --lock-service zookeeper
 ./scripts/demo.sh --no-setup --lock-service redis
+./scripts/demo.sh --no-setup --lock-service postgres
 
 step "6/19 randomized stress test, 16 clients, tombstones pruned during the load, checked by an independent checker (tests/stress)"
 tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune

@@ -8,7 +8,8 @@ template cluster). The difference of the two totals over N is the cost of one tr
 start-up, shutdown and statement preparation cancelled out.
 
 Each transaction is `BEGIN; SET LOCAL pg_fencing.token = '100'; <statement>; COMMIT;` (the SET
-also for unprotected tables, so both sides pay for it). Keys are random over 10,000 rows; INSERT
+also for unprotected tables, so both sides pay for it); the "lease token" paths set the token of
+a live PostgreSQL lease (granted for 100 years in the template) instead. Keys are random over 10,000 rows; INSERT
 uses new keys, DELETE keys that exist. The first row of the table is a floor, not pg_fencing:
 PostgreSQL's built-in C trigger suppress_redundant_updates_trigger as a BEFORE UPDATE row trigger
 (it does nothing here, every UPDATE changes the row), i.e. what any design built on a BEFORE row
@@ -36,6 +37,7 @@ CREATE TABLE floor (id int PRIMARY KEY, v bigint NOT NULL, fence_token bigint);
 CREATE TRIGGER floor BEFORE UPDATE ON floor FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger();
 SELECT fencing_protect('prow');
 SELECT fencing_protect('pres', 'bench');
+SELECT fencing_lease_acquire('bench', '100 years');
 INSERT INTO plain SELECT g, 0, 100 FROM generate_series(1, {ROWS}) g;
 INSERT INTO floor SELECT g, 0, 100 FROM generate_series(1, {ROWS}) g;
 BEGIN; SET LOCAL pg_fencing.token = '100';
@@ -63,6 +65,14 @@ STATEMENTS = {
         "PREPARE s(int) AS UPDATE prow AS t SET v = (jsonb_populate_record(NULL::prow, '{\"v\": 1}')).v "
         "WHERE t.id = (jsonb_populate_record(NULL::prow, jsonb_build_object('id', $1))).id "
         "RETURNING to_jsonb(t.*)",
+        "EXECUTE s({k})", "old"),
+    # The same UPDATEs with the token of a live PostgreSQL lease (the time fence: one probe of the
+    # lease's token index per transaction) instead of an etcd-style token; and the floor with it.
+    "update per-row, lease token": ("PREPARE s(int) AS UPDATE prow SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
+    "update resource, lease token": ("PREPARE s(int) AS UPDATE pres SET v = v + 1 WHERE id = $1", "EXECUTE s({k})", "old"),
+    "update plain, token from the GUC in SQL, lease token": (
+        "PREPARE s(int) AS UPDATE plain SET v = v + 1, fence_token = "
+        "int8larger(fence_token, current_setting('pg_fencing.token')::bigint) WHERE id = $1",
         "EXECUTE s({k})", "old"),
     "fenced_update per-row": (
         "PREPARE s(int) AS SELECT fenced_update('prow', jsonb_build_object('id', $1), '{\"v\": 1}', 100)",
@@ -100,6 +110,14 @@ PAIRS = [
     ("per-row mode DELETE by key", "delete plain", "delete per-row"),
     ("resource mode DELETE by key", "delete plain", "delete resource"),
     ("fenced_delete vs the plain DELETE of the per-row table", "delete per-row", "fenced_delete per-row"),
+    ("per-row mode UPDATE, token of a live PostgreSQL lease", "update plain", "update per-row, lease token"),
+    ("... vs the floor: the lease token stamped by a SQL expression, no check",
+     "update plain, token from the GUC in SQL, lease token", "update per-row, lease token"),
+    ("... vs the same UPDATE with an etcd-style token (the time fence's own cost)", "update per-row", "update per-row, lease token"),
+    ("resource mode UPDATE, token of a live PostgreSQL lease", "update plain", "update resource, lease token"),
+    ("... vs the floor: the lease token stamped by a SQL expression, no check",
+     "update plain, token from the GUC in SQL, lease token", "update resource, lease token"),
+    ("... vs the same UPDATE with an etcd-style token (the time fence's own cost)", "update resource", "update resource, lease token"),
 ]
 
 
@@ -122,8 +140,9 @@ def keys(kind, n, rng):
 def count(args, template, name, n):
     prepare, stmt, kind = STATEMENTS[name]
     rng = random.Random(args.seed)
+    token = args.lease_token if "lease token" in name else "100"
     lines = [prepare] + [
-        f"BEGIN; SET LOCAL pg_fencing.token = '100'; {stmt.format(k=k)}; COMMIT;"
+        f"BEGIN; SET LOCAL pg_fencing.token = '{token}'; {stmt.format(k=k)}; COMMIT;"
         for k in keys(kind, n, rng)
     ]
     return callgrind_total(args.pgbin, args.work, template, "\n".join(lines) + "\n", name)
@@ -174,6 +193,10 @@ def main():
         subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", args.work, "-p", str(port),
                         "-U", "postgres", "-d", "postgres", "-f", "-"], input=SETUP, text=True, check=True,
                        stdout=subprocess.DEVNULL)
+        args.lease_token = subprocess.run(
+            ["psql", "-X", "-At", "-h", args.work, "-p", str(port), "-U", "postgres", "-d", "postgres", "-c",
+             "SELECT token FROM fencing_leases WHERE name = 'bench'"],
+            capture_output=True, text=True, check=True).stdout.strip()
     finally:
         as_postgres([f"{args.pgbin}/pg_ctl", "-D", template, "-w", "-m", "fast", "stop"], stdout=subprocess.DEVNULL)
     per_txn = {}

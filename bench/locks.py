@@ -10,7 +10,9 @@ at a time, nothing else running.
              on an open session
   pg_fencing SELECT fencing_acquire(NAME) and SELECT fencing_release(NAME) from an open
              connection: the worker takes the etcd lock under the session's lease (granted by
-             the warm-up), plus the IPC
+             the warm-up), plus the IPC; and SELECT fencing_lease_acquire(NAME, '30s') and
+             SELECT fencing_lease_release(TOKEN): a PostgreSQL lease, no lock service (each
+             grant's commit flushed to disk: the cluster runs with fsync on in this mode)
 
 Environment: ETCD_ENDPOINT, ETCD_BENCH_BIN, ZK_HOSTS, REDIS_PORT, PGPORT (the cluster has the
 worker), BENCH_LOCK_N (samples per path, default 500, in 5 rounds in which the paths take turns; etcdctl:
@@ -120,6 +122,25 @@ def fencing_path(n):
         c.close()
 
 
+def lease_path(n):
+    c = psycopg2.connect(host="127.0.0.1", port=int(os.environ["PGPORT"]), user="postgres", dbname="postgres")
+    c.autocommit = True
+    cur = c.cursor()
+    token = [None]
+
+    def acquire():
+        cur.execute("SELECT fencing_lease_acquire('bench-lease', '30s')")
+        token[0] = cur.fetchone()[0]
+
+    def release():
+        cur.execute("SELECT fencing_lease_release(%s)", (token[0],))
+        cur.fetchone()
+    try:
+        return timed(n, acquire, release)
+    finally:
+        c.close()
+
+
 def pct(values, p):
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
@@ -133,6 +154,7 @@ def main():
         ("etcd: `etcdctl lock NAME -- true` (a process each)", "", etcdctl_path),
         ("ZooKeeper: kazoo Lock acquire + release (recipe)", "about 3.5 (Curator mutex)", zookeeper_path),
         ("pg_fencing: fencing_acquire + fencing_release (SQL, worker → etcd)", "", fencing_path),
+        ("pg_fencing: fencing_lease_acquire + fencing_lease_release (SQL, PostgreSQL leases, no lock service)", "", lease_path),
     ]
     results = {}
     print("| lock service and client | acquire p50 ms | acquire p99 ms | round trip p50 ms | round trip p99 ms | n | figure usually quoted, ms |")

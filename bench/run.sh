@@ -90,11 +90,13 @@ if [[ " $* " == *" --locks "* ]]; then
     etcd_start
     zk_start
     redis_start
+    # fsync on: a PostgreSQL lease's grant is flushed to disk, as etcd and ZooKeeper flush theirs.
     PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+fsync = on
 pg_fencing.etcd_endpoints = '127.0.0.1:$ETCD_CLIENT_PORT'" pg_start
     psql -X -q -c "CREATE EXTENSION pg_fencing"
     {
-        echo "Machine: $(nproc) cores, $(. /etc/os-release; echo "$PRETTY_NAME"); servers on loopback: Redis $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (no persistence), etcd $(etcd --version | head -1 | awk '{print $3}') (its default fsync per write), ZooKeeper $(dpkg-query -W -f='${Version}' zookeeper) (standalone, its default fsync of the transaction log), PostgreSQL $(psql -X -Atc 'SHOW server_version') with the pg_fencing worker on that etcd; pg_fencing release build at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), date $(date -u +%F)."
+        echo "Machine: $(nproc) cores, $(. /etc/os-release; echo "$PRETTY_NAME"); servers on loopback: Redis $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') (no persistence), etcd $(etcd --version | head -1 | awk '{print $3}') (its default fsync per write), ZooKeeper $(dpkg-query -W -f='${Version}' zookeeper) (standalone, its default fsync of the transaction log), PostgreSQL $(psql -X -Atc 'SHOW server_version') (fsync on) with the pg_fencing worker on that etcd; pg_fencing release build at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), date $(date -u +%F)."
         echo "Command: bench/run.sh --locks (BENCH_LOCK_N=${BENCH_LOCK_N:-500})"
         echo
         ETCD_ENDPOINT="127.0.0.1:$ETCD_CLIENT_PORT" ETCD_BENCH_BIN=bench/etcd-lock-bench/target/release/etcd-lock-bench \

@@ -1,7 +1,8 @@
 """The bypass hunter: random sequences of writes, each through a random token source and write
 path, against protected tables in random states, on a real server; every outcome is compared
 with a small model of the documented contract (docs/security.md, "Token sources";
-docs/guarantees.md, "The rule" and "When a protection is not active"). The model is written
+docs/guarantees.md, "The rule" and "When a protection is not active"; docs/leases.md, "The time
+fence": writes carrying the tokens of live, expired and released PostgreSQL leases). The model is written
 from the documents, not from the implementation (it does not use fencing-core).
 
     hunt.py --dsn DSN --pub-dsn DSN [--seed S] [--sequences N] [--steps N] [--tables r,p,pp,...] [--no-states]
@@ -11,6 +12,7 @@ disagreement stays) and prints the shortest failing sequence and its seed, then 
 """
 import argparse
 import random
+import time
 import sys
 
 import psycopg2
@@ -60,6 +62,13 @@ STATES = ["active", "after_disabled", "replica_trigger_ordinary", "disable_attem
 SCHEMA_CHANGES = ["retype_attempt"]
 PARTITION_CHANGES = ["drop_partition", "detach_partition"]
 SPLIT = 5  # pp's partitions: keys below SPLIT in pp_a, the others in pp_b
+# PostgreSQL leases (docs/leases.md): steps that grant a lease (live for an hour), grant one that
+# expires at once, or release the live one; a write may carry the live lease's token or an ended
+# one's instead of the usual token near the marks. The contract: a token in the lease range (at
+# least 2^48 and at most the highest lease token or the clock) that no live lease holds is
+# refused with FT003 wherever a token that counts would be admitted (after FT004 and FT002).
+LEASE_OPS = ["grant", "grant_expired", "release"]
+LEASE_FLOOR = 1 << 48
 
 
 class Model:
@@ -82,13 +91,16 @@ class Model:
         t = self.t[name]
         return not t["subscribed"] and t["state"] == "active"
 
-    def outcome(self, name, path, key, new_key, token):
-        """(sqlstate or 'ok', new table state or None)."""
+    def outcome(self, name, path, key, new_key, token, time_fenced=False):
+        """(sqlstate or 'ok', new table state or None). `time_fenced`: the token is in the lease
+        range and no live lease holds it."""
         t = self.t[name]
         if not self.active(name):
             return "FT004", None
         if token is None:
             return "FT002", None
+        if time_fenced:
+            return "FT003", None
         rows, tomb = dict(t["rows"]), dict(t["tomb"])
         mark = t["mark"]
         floor = t["floor"]  # a key without a newer tombstone has the floor as its mark
@@ -245,6 +257,25 @@ class Server:
                     f"SELECT fenced_insert('{name}', '{{\"id\": {key}, \"v\": 1}}', {token})"]
         raise ValueError(path)
 
+    def lease(self, op, state):
+        """Lease step `op` on this replay's lease; `state` = {"live", "ended", "max"}."""
+        cur = self.admin.cursor()
+        name = f"hunt-lease{self.sfx}"
+        if state["live"] is not None:
+            cur.execute("SELECT fencing_lease_release(%s)", (state["live"],))
+            state["ended"].append(state["live"])
+            state["live"] = None
+        if op == "release":
+            return
+        cur.execute("SELECT fencing_lease_acquire(%s, %s)", (name, "1 hour" if op == "grant" else "1 millisecond"))
+        token = cur.fetchone()[0]
+        state["max"] = max(state["max"], token)
+        if op == "grant":
+            state["live"] = token
+        else:
+            time.sleep(0.005)
+            state["ended"].append(token)
+
     def _exists(self, name, key):
         cur = self.admin.cursor()
         cur.execute(f"SELECT count(*) FROM {name} WHERE id = %s", (key,))
@@ -332,13 +363,17 @@ def gen_sequence(rng, steps, tables, states):
     seq = []
     for _ in range(steps):
         table = rng.choice(tables)
+        if rng.random() < 0.06:
+            seq.append(("lease", rng.choice(LEASE_OPS)))
+            continue
         if states and rng.random() < 0.12 and table in ("r", "p", "pp"):
             seq.append(("state", table, rng.choice(STATES + SCHEMA_CHANGES
                                                    + (PARTITION_CHANGES if table == "pp" else []))))
             continue
         source = rng.choice(list(SOURCES))
         path = rng.choice(sorted(SQL_ONLY) if source in IN_FUNCTION else PATHS)
-        seq.append(("write", table, path, source, rng.randint(1, 6), rng.randint(7, 9), rng.randint(-4, 6)))
+        seq.append(("write", table, path, source, rng.randint(1, 6), rng.randint(7, 9), rng.randint(-4, 6),
+                    rng.choice(["near"] * 4 + ["live", "ended"])))
     return seq
 
 
@@ -351,7 +386,11 @@ def run(dsn, seq, replay_id, verbose=False):
     srv = Server(dsn, sfx)
     srv.setup(tables)
     model = Model(tables)
+    lease = {"live": None, "ended": [], "max": 0}
     for i, step in enumerate(seq):
+        if step[0] == "lease":
+            srv.lease(step[1], lease)
+            continue
         if step[0] == "state":
             name = name_of[step[1]]
             got = srv.set_state(name, step[2])
@@ -369,7 +408,7 @@ def run(dsn, seq, replay_id, verbose=False):
                 model.partition_gone(name)
             model.t[name]["state"] = "active" if refused or step[2] in PARTITION_CHANGES else step[2]
             continue
-        _, table, path, source, key, new_key, delta = step
+        _, table, path, source, key, new_key, delta, kind = step
         name = name_of[table]
         t = model.t[name]
         rows = t["rows"]
@@ -384,8 +423,16 @@ def run(dsn, seq, replay_id, verbose=False):
             continue
         high = max([t["mark"], t["floor"], *rows.values(), *t["tomb"].values(), 1])
         token = max(1, high + delta)
+        if kind == "live" and lease["live"] is not None:
+            token = lease["live"]
+        elif kind == "ended" and lease["ended"]:
+            token = lease["ended"][(key + new_key) % len(lease["ended"])]
+
+        now_us = int((time.time() - 946684800) * 1e6)
+        in_range = lease["max"] > 0 and LEASE_FLOOR <= token <= max(lease["max"], now_us)
+        time_fenced = in_range and token != lease["live"]
         counts = SOURCES[source] or path == "fenced"
-        want, new_state = model.outcome(name, path, key, new_key, token if counts else None)
+        want, new_state = model.outcome(name, path, key, new_key, token if counts else None, time_fenced)
         got = srv.execute(name, path, key, new_key, token, source)
         if verbose:
             print(f"  step {i}: {name} {path} key={key} token={token} via {source}: model {want}, server {got}")
@@ -447,7 +494,7 @@ def main():
           f"({sum(OUTCOMES.values())} run; outcomes {dict(sorted(OUTCOMES.items()))}); "
           "the server agreed with the contract on every one")
     # A hunt that never saw an answer of the contract tested nothing there.
-    missing = {"ok", "FT001", "FT002", "FT004"} - set(OUTCOMES)
+    missing = {"ok", "FT001", "FT002", "FT003", "FT004"} - set(OUTCOMES)
     if missing:
         print(f"hunt: no write got {sorted(missing)}: the sequences are too short to hunt")
         return 1

@@ -17,6 +17,8 @@
 #                   --instructions), iproute2 (ss, ip netns), zookeeper, redis-server, redis-tools,
 #                   golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev (the Go example),
 #                   openssl (certificates for the worker's TLS test)
+#              npm ci in examples/job-queues/node (pg-boss and pg as its package-lock.json pins
+#                   them, for tests/jobqueue), with the machine's Node.js (20 or later) and npm
 #              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
 #                   /usr/bin/python3 from the pinned tests/requirements.txt; made again whenever
 #                   that file changes. Every script runs Python as .venv/bin/python, never the
@@ -72,7 +74,7 @@ if [ "$PROFILE" = test ]; then
            zookeeper redis-server redis-tools golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev
            openssl)
     cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps java redis-server redis-cli go
-           openssl)
+           openssl node npm)
 fi
 # The demo's other lock services (scripts/demo.sh --lock-service): ZooKeeper's holder is the
 # Python example examples/zookeeper/holder.py (kazoo, from the project's virtualenv).
@@ -144,6 +146,17 @@ if [ -n "$NEED_VENV" ]; then
     fi
 fi
 
+# The Node example of tests/jobqueue: its packages as package-lock.json pins them (node_modules is
+# ignored by git); again whenever the lock file is newer than what npm last installed.
+JOBQ_NODE=examples/job-queues/node
+if [ "$PROFILE" = test ] && command -v npm >/dev/null 2>&1; then
+    if [ ! -f "$JOBQ_NODE/node_modules/.package-lock.json" ] \
+        || [ "$JOBQ_NODE/package-lock.json" -nt "$JOBQ_NODE/node_modules/.package-lock.json" ]; then
+        log "npm ci in $JOBQ_NODE (pg-boss for tests/jobqueue)"
+        (cd "$JOBQ_NODE" && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+fi
+
 if [ "$PROFILE" = test ]; then
     source scripts/pg18.sh
     if ! "$PG18_BIN/pg_config" --version 2>/dev/null | grep -qx "PostgreSQL 18.6"; then
@@ -189,6 +202,9 @@ if [ "$PROFILE" = test ]; then
     cargo clippy --version >/dev/null 2>&1 || problems+=("cargo clippy is missing")
     cargo fmt --version >/dev/null 2>&1 || problems+=("cargo fmt is missing")
     "$PG18_BIN/pg_config" --version 2>/dev/null | grep -qx "PostgreSQL 18.6" || problems+=("PostgreSQL 18.6 is missing in $PG18_HOME")
+    node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' 2>/dev/null \
+        || problems+=("Node.js 20 or later is missing (pg-boss 10 of $JOBQ_NODE needs it)")
+    [ -f "$JOBQ_NODE/node_modules/pg-boss/package.json" ] || problems+=("$JOBQ_NODE/node_modules is missing (npm ci)")
 fi
 if [ -n "$NEED_VENV" ]; then
     for m in "${modules[@]}"; do

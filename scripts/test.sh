@@ -22,7 +22,9 @@
 #  12. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
 #  13. observability                      (tests/observability: rejection log, views, pg_stat_statements)
 #  14. the client examples                (examples/rust-client and examples/go-client against real
-#                                          etcd, tests/client; ZooKeeper with kazoo, tests/zookeeper)
+#                                          etcd, tests/client; ZooKeeper with kazoo, tests/zookeeper;
+#                                          job queues pgqueuer and pg-boss with PostgreSQL leases,
+#                                          tests/jobqueue)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
@@ -277,6 +279,8 @@ for client in rust go; do
     echo "$out" | grep -m2 "FAIL" | sed "s/^/  $client, expected with --unfenced: /"
 done
 tests/zookeeper/run.sh
+step "14/19 zombie job workers in real job queues with PostgreSQL leases: pgqueuer (PyPI) and pg-boss (npm), each with its negative control (tests/jobqueue)"
+tests/jobqueue/run.sh
 
 step "15/19 fuzz targets: token parsing and the fenced_* jsonb shape check (cargo +nightly fuzz, 20 s each)"
 for target in token_parse json_shape; do

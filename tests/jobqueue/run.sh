@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Zombie job workers, for real: two job-queue libraries nobody here wrote, used as their users use
+# them, with their own claim, heartbeat, expiry and retry logic: pgqueuer (PyPI, the Python
+# worker examples/job-queues/python/worker.py run by its own `pgq run` command) and pg-boss (npm,
+# examples/job-queues/node/worker.js). Each job handler takes a PostgreSQL lease named after the
+# job (fencing_lease_acquire('job:<id>', ttl)) and writes its effect to table `results` with the
+# lease's token (examples/job-queues/README.md).
+#
+# A throwaway cluster on 127.0.0.1:${PGPORT_JOBQUEUE:-54461} with two databases: `fenced`, where
+# `results` is protected (fencing_protect('results'), per-row mode), and `unfenced`, where it is
+# not. For each library, in each database:
+#   1. a job is sent; worker A picks it, takes the job's lease and is frozen with SIGSTOP before it
+#      writes (it printed "leased");
+#   2. worker B, another process, gets the job through the library's own stalled-job retry
+#      (pgqueuer: A's heartbeats stop and B re-picks the job after --heartbeat-timeout 2 s;
+#      pg-boss: the job's expireInSeconds 3 s passes, B's maintenance fails it and retries it,
+#      retryLimit 2), takes the lease once A's ran out (a higher token) and writes;
+#   3. A is resumed with SIGCONT and writes its result with its old token.
+# In `fenced` A's write must be refused with FT003 or FT001 and the row must hold B's result;
+# in `unfenced` (the negative control) A's write must land and the row hold A's result: the
+# zombie is real, so the checks of the fenced run can fail.
+# Prints a timeline and ok/FAIL per check; exits 1 if any check failed.
+#
+#   tests/jobqueue/run.sh                  # both libraries, fenced and negative control
+#   tests/jobqueue/run.sh --only node      # one library: python (pgqueuer) or node (pg-boss)
+#   tests/jobqueue/run.sh --unfenced       # the fenced run's checks on the unprotected table:
+#                                          # the zombie writes land and the run must FAIL
+#
+# Needs the project's virtualenv with pgqueuer (tests/requirements.txt), Node 20 and
+# `npm ci` in examples/job-queues/node (scripts/setup.sh --test does both).
+set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
+cd "$(dirname "$0")/../.."
+
+usage() { echo "usage: $0 [--only python|node] [--unfenced]" >&2; exit 2; }  # other python: the option's value
+LIBS="python node"  # other python: the names of the two scenarios
+UNFENCED=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --only) LIBS=${2:-}; shift ;;
+        --unfenced) UNFENCED=1 ;;
+        *) usage ;;
+    esac
+    shift
+done
+case "$LIBS" in "python node" | python | node) ;; *) usage ;; esac  # other python: the option's value
+
+PGPORT_TEST=${PGPORT_JOBQUEUE:-54461}
+source scripts/lib.sh
+need_python
+
+PYDIR=examples/job-queues/python  # other python: a directory of the examples
+NODEDIR=examples/job-queues/node
+if ! "$PY" -c 'import pgqueuer, asyncpg' 2>/dev/null; then
+    echo "pgqueuer is missing from $PY: run scripts/setup.sh --test (tests/requirements.txt)" >&2
+    exit 1
+fi
+if [[ " $LIBS " == *" node "* ]] && { ! command -v node >/dev/null || ! [ -f "$NODEDIR/node_modules/pg-boss/package.json" ]; }; then
+    echo "node or $NODEDIR/node_modules is missing: run scripts/setup.sh --test (npm ci in $NODEDIR)" >&2
+    exit 1
+fi
+
+CHILD_PIDS=""
+fresh_workdir
+trap cleanup_all EXIT
+trap 'exit 130' INT TERM
+
+pg_start
+PSQL=(psql -X -q -v ON_ERROR_STOP=1)
+for db in fenced unfenced; do
+    "${PSQL[@]}" -c "CREATE DATABASE $db"
+    "${PSQL[@]}" -d "$db" -o /dev/null <<'SQL'
+CREATE EXTENSION pg_fencing;
+-- The jobs' effect, one row per job; worker = who wrote it last.
+CREATE TABLE results (job_id text PRIMARY KEY, order_id int, amount int, worker text);
+SQL
+    # pgqueuer's tables, by its own CLI (pg-boss makes its schema itself at its first start).
+    if ! PGDATABASE=$db "$PY" -m pgqueuer install >"$WORK/pgq-install-$db.log" 2>&1; then
+        echo "FAIL: pgqueuer install in database $db:" >&2
+        cat "$WORK/pgq-install-$db.log" >&2
+        exit 1
+    fi
+done
+"${PSQL[@]}" -d fenced -o /dev/null -c "SELECT fencing_protect('results')"
+PGQ_VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("pgqueuer"))')
+BOSS_VERSION=$(sed -n 's/^  "version": "\(.*\)",$/\1/p' "$NODEDIR/node_modules/pg-boss/package.json" 2>/dev/null || true)
+echo "== pgqueuer $PGQ_VERSION ($("$PY" -c 'import sys; print(sys.version.split()[0])')), pg-boss ${BOSS_VERSION:-missing} (node $(node --version 2>/dev/null || echo missing)), PostgreSQL $(psql -X -Atc 'SHOW server_version') on 127.0.0.1:$PGPORT_TEST"
+
+t0=$(date +%s.%N)
+say() { printf '  [%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { print a - b }')" "$*"; }
+# wait_line <file> <extended regexp> [seconds, 30]: until a line of the file matches; prints it.
+wait_line() {
+    local line=""
+    for _ in $(seq 1 $((${3:-30} * 10))); do
+        line=$(grep -m1 -E "$2" "$1" 2>/dev/null || true)
+        [ -n "$line" ] && { echo "$line"; return 0; }
+        sleep 0.1
+    done
+    echo "  (no line matching '$2' in $1 within ${3:-30} s; its end:)" >&2
+    tail -15 "$1" >&2 || true
+    return 1
+}
+# The value of field NAME= in a line.
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2" | head -1; }
+
+# start_worker <lib> <db> <name>: the worker in the background, its pid in WORKER_PID, its output
+# in $WORK/<lib>-<db>-<name>.out.
+start_worker() {
+    local out="$WORK/$1-$2-$3.out"
+    if [ "$1" = node ]; then
+        WORKER_NAME=$3 DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT_TEST/$2" \
+            node "$NODEDIR/worker.js" >"$out" 2>&1 &
+    else
+        # pgqueuer's own command, `pgq run MODULE:FACTORY` (run where the module is);
+        # JOB_LEASE_TTL = the heartbeat timeout: the lease runs out when pgqueuer gives up on A.
+        (cd "$PYDIR" && WORKER_NAME=$3 PGDATABASE=$2 JOB_LEASE_TTL=2 \
+            exec "$PY" -m pgqueuer run worker:main --heartbeat-timeout 2 --dequeue-timeout 0.5) >"$out" 2>&1 &
+    fi
+    WORKER_PID=$!
+    CHILD_PIDS="$CHILD_PIDS $WORKER_PID"
+}
+# stop_worker <pid>...: SIGTERM (both libraries stop gracefully on it), SIGKILL after 10 s.
+stop_worker() {
+    local p alive
+    for p in "$@"; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
+    for _ in $(seq 1 100); do
+        alive=""
+        for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ -z "$alive" ] && break
+        sleep 0.1
+    done
+    for p in "$@"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+}
+
+# scenario <lib> <db> <expect: fenced|zombie>
+scenario() {
+    local lib=$1 db=$2 expect=$3 job a b la lb ta tb wa wb state row
+    local payload='{"order": 7, "amount": 100, "work_seconds": 1}'
+    case "$lib" in
+        python) echo "== pgqueuer: zombie worker on database '$db' ($([ "$db" = fenced ] && echo "results protected by pg_fencing" || echo "results NOT protected"))" ;;  # other python: the scenario's name
+        node) echo "== pg-boss: zombie worker on database '$db' ($([ "$db" = fenced ] && echo "results protected by pg_fencing" || echo "results NOT protected"))" ;;
+    esac
+    if [ "$expect" = fenced ] && [ "$db" = unfenced ]; then
+        echo "   (--unfenced: the fenced run's checks on the unprotected table; they must FAIL)"
+    fi
+    t0=$(date +%s.%N)
+    if [ "$lib" = node ]; then
+        job=$(DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT_TEST/$db" node "$NODEDIR/enqueue.js" "$payload")
+    else
+        job=$(PGDATABASE=$db "$PY" -m pgqueuer queue charge_order "$payload" | sed -n 's/^Enqueued job \([0-9]*\)\.$/\1/p')
+    fi
+    [ -n "$job" ] || { echo "  FAIL: no job id from the enqueue"; fail=1; return; }
+    say "job $job sent: charge order 7, amount 100 (the handler works 1 s before it writes)"
+
+    start_worker "$lib" "$db" A; a=$WORKER_PID
+    la=$(wait_line "$WORK/$lib-$db-A.out" "^worker=A job=$job leased ") || { fail=1; stop_worker "$a"; return; }
+    kill -STOP "$a"
+    ta=$(field token "$la")
+    say "worker A (pid $a) picked job $job and took lease 'job:$job': token $ta; frozen with SIGSTOP before writing"
+    # A works 1 s between its lease and its write: the freeze must have come first.
+    expect "$lib/$db: A was frozen before it wrote (rows of the job)" 0 \
+        "$("${PSQL[@]}" -d "$db" -Atc "SELECT count(*) FROM results WHERE job_id = '$job'")"
+
+    start_worker "$lib" "$db" B; b=$WORKER_PID
+    say "worker B (pid $b) started; the job comes back only through $([ "$lib" = node ] && echo "pg-boss's expiry (expireInSeconds 3) and retry (retryLimit 2)" || echo "pgqueuer's stale-heartbeat re-pick (--heartbeat-timeout 2)")"
+    lb=$(wait_line "$WORK/$lib-$db-B.out" "^worker=B job=$job leased ") || { fail=1; stop_worker "$a" "$b"; return; }
+    tb=$(field token "$lb")
+    say "worker B got job $job from the library's retry and took lease 'job:$job' (A's had run out): token $tb"
+    wb=$(wait_line "$WORK/$lib-$db-B.out" "^worker=B job=$job write ") || { fail=1; stop_worker "$a" "$b"; return; }
+    say "worker B's write: ${wb#*job=$job }"
+    # The library must have recorded the retry and B's success before A wakes up.
+    if [ "$lib" = node ]; then
+        wait_for "$lib/$db: pg-boss completed job $job on its first retry" "state=completed retry_count=1" \
+            "$PGPORT_TEST" "$db" "SELECT format('state=%s retry_count=%s', state, retry_count) FROM pgboss.job WHERE id = '$job'"
+    else
+        wait_for "$lib/$db: pgqueuer picked job $job twice (A, then B's re-pick) and B finished it" "picked=2 successful=1 left_in_queue=0" \
+            "$PGPORT_TEST" "$db" "SELECT format('picked=%s successful=%s left_in_queue=%s', count(*) FILTER (WHERE status = 'picked'), count(*) FILTER (WHERE status = 'successful'), (SELECT count(*) FROM pgqueuer WHERE id = $job)) FROM pgqueuer_log WHERE job_id = $job"
+    fi
+    state=$("${PSQL[@]}" -d "$db" -Atc "SELECT worker FROM results WHERE job_id = '$job'")
+    say "row of job $job now: written by worker $state"
+
+    kill -CONT "$a"
+    say "worker A resumed with SIGCONT; it still believes it owns job $job and writes with token $ta"
+    wa=$(wait_line "$WORK/$lib-$db-A.out" "^worker=A job=$job write ") || { fail=1; stop_worker "$a" "$b"; return; }
+    say "worker A's write: ${wa#*job=$job }"
+    row=$("${PSQL[@]}" -d "$db" -Atc "SELECT worker || ' ' || amount FROM results WHERE job_id = '$job'")
+    say "row of job $job after: written by worker ${row% *}, amount ${row#* }"
+    stop_worker "$a" "$b"
+
+    expect "$lib/$db: B's token is above A's" yes "$([ -n "$ta" ] && [ -n "$tb" ] && [ "$tb" -gt "$ta" ] && echo yes || echo "no ($ta, $tb)")"
+    expect "$lib/$db: B's write" "write ok" "$(awk '{print $3, $4}' <<<"$wb")"
+    if [ "$expect" = fenced ]; then
+        local code; code=$(awk '$3 == "write" && $4 == "refused" {print $5}' <<<"$wa")
+        expect "$lib/$db: A's write (a zombie's) is refused with FT003 or FT001" yes \
+            "$(case "$code" in FT003|FT001) echo yes ;; *) echo "no: ${wa#*job=$job }" ;; esac)"
+        expect "$lib/$db: the row holds the retry's result (worker B)" B "${row% *}"
+    else
+        expect "negative control, $lib/$db: A's write (a zombie's) lands" "write ok" "$(awk '{print $3, $4}' <<<"$wa")"
+        expect "negative control, $lib/$db: the row ends with the zombie's result (worker A)" A "${row% *}"
+    fi
+}
+
+T_START=$(date +%s)
+for lib in $LIBS; do
+    if [ -n "$UNFENCED" ]; then
+        scenario "$lib" unfenced fenced
+    else
+        scenario "$lib" fenced fenced
+        scenario "$lib" unfenced zombie
+    fi
+done
+echo "== $(( $(date +%s) - T_START )) s of scenarios; $([ "$fail" -eq 0 ] && echo "all checks passed" || echo "FAILED")"
+exit $fail

@@ -48,7 +48,7 @@
 use crate::error::{FenceError, Text, Token};
 use crate::pg::index::{read_by_index, UniqueIndex};
 use crate::pg::locks::{register_lease_waiter, wake_lease_waiters, LeaseHistoryLock};
-use crate::pg::process;
+use crate::pg::process::{self, LockWaitBound};
 use crate::pg::spi::{exec_internal, exec_internal_row, text_datum, text_of};
 use pgrx::pg_sys;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -66,9 +66,13 @@ const LEASE_BY_TOKEN: UniqueIndex = UniqueIndex {
 
 const SQL_LOOK: &str = "SELECT token, expires_at FROM _pg_fencing.lease \
      WHERE name OPERATOR(pg_catalog.=) $1";
-const SQL_LOOK_TOKEN: &str = "SELECT name, expires_at, \
-     pg_catalog.pg_has_role($2, acquired_by, 'MEMBER'), pg_catalog.to_char(expires_at, 'YYYY-MM-DD HH24:MI:SS.USOF') \
-     FROM _pg_fencing.lease WHERE token OPERATOR(pg_catalog.=) $1";
+// The caller ($2) may renew or release if it is a member of the acquiring role, found by name
+// (a dropped role: nobody but a superuser, $3).
+const SQL_LOOK_TOKEN: &str = "SELECT l.name, l.expires_at, \
+     COALESCE(pg_catalog.pg_has_role($2, (SELECT a.oid FROM pg_catalog.pg_roles a \
+     WHERE a.rolname OPERATOR(pg_catalog.=) l.acquired_by), 'MEMBER'), false) OR $3, \
+     pg_catalog.to_char(l.expires_at, 'YYYY-MM-DD HH24:MI:SS.USOF') \
+     FROM _pg_fencing.lease l WHERE l.token OPERATOR(pg_catalog.=) $1";
 const SQL_INSERT: &str = "INSERT INTO _pg_fencing.lease \
      (name, token, ttl, acquired_at, expires_at, acquired_by, holder_pid) \
      SELECT $1, $2, $3, c.n, c.n OPERATOR(pg_catalog.+) $3, pg_catalog.pg_get_userbyid($4), \
@@ -163,17 +167,25 @@ fn probe(token: Token) -> Option<Option<i64>> {
     )
 }
 
-/// Why `token`, in the lease range, is not a live lease's (the DETAIL of `FT003`).
-fn why_not_live(token: Token) -> String {
-    let caller = process::current_user();
-    let row = exec_internal_row(
+/// The lease row holding `token`, as `SQL_LOOK_TOKEN` returns it, decoded by `decode`.
+fn look_token<T>(token: Token, decode: impl FnOnce(&[Option<pg_sys::Datum>]) -> T) -> Option<T> {
+    exec_internal_row(
         SQL_LOOK_TOKEN,
         true,
-        &[pg_sys::INT8OID, pg_sys::OIDOID],
-        &mut [pg_sys::Datum::from(token), pg_sys::Datum::from(caller)],
+        &[pg_sys::INT8OID, pg_sys::OIDOID, pg_sys::BOOLOID],
+        &mut [
+            pg_sys::Datum::from(token),
+            pg_sys::Datum::from(process::current_user()),
+            pg_sys::Datum::from(process::is_superuser()),
+        ],
         true,
-        |r| (r[0].map(text_of), r[3].map(text_of)),
-    );
+        decode,
+    )
+}
+
+/// Why `token`, in the lease range, is not a live lease's (the DETAIL of `FT003`).
+fn why_not_live(token: Token) -> String {
+    let row = look_token(token, |r| (r[0].map(text_of), r[3].map(text_of)));
     match row {
         Some((Some(name), Some(at))) => {
             format!("Lease \"{name}\" with this token expired at {at} (database clock)")
@@ -318,6 +330,9 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
         match seen {
             None => {
                 let token = issue_token()?;
+                // A grant of the name not yet committed is waited for in the unique index, at
+                // most for the wait left (then 55P03, lock_timeout's own error).
+                let _bound = LockWaitBound::new(deadline.saturating_sub(process::monotonic_ms()));
                 let granted = exec_internal(
                     SQL_INSERT,
                     true,
@@ -344,6 +359,8 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
             }
             Some((Some(old), Some(expires))) if expires <= now => {
                 let token = issue_token()?;
+                // A renewal or grant in flight holds the row: waited for at most the wait left.
+                let _bound = LockWaitBound::new(deadline.saturating_sub(process::monotonic_ms()));
                 let granted = exec_internal(
                     SQL_TAKE_OVER,
                     true,
@@ -411,21 +428,13 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
 /// (name, live). `FT003` if no lease holds it, `42501` if the caller is not a member of the role
 /// that acquired it.
 fn owned_lease(token: Token, what: &str) -> Result<Option<(String, bool)>, FenceError> {
-    let caller = process::current_user();
-    let row = exec_internal_row(
-        SQL_LOOK_TOKEN,
-        true,
-        &[pg_sys::INT8OID, pg_sys::OIDOID],
-        &mut [pg_sys::Datum::from(token), pg_sys::Datum::from(caller)],
-        true,
-        |r| {
-            (
-                r[0].map(text_of),
-                as_i64(r[1]),
-                r[2].is_some_and(|d| d.value() != 0),
-            )
-        },
-    );
+    let row = look_token(token, |r| {
+        (
+            r[0].map(text_of),
+            as_i64(r[1]),
+            r[2].is_some_and(|d| d.value() != 0),
+        )
+    });
     match row {
         None => Ok(None),
         Some((Some(name), Some(expires), member)) => {

@@ -264,3 +264,29 @@ pub fn make_commit_durable() {
         }
     }
 }
+
+/// While this value lives, this backend's lock waits end after at most `ms` milliseconds with
+/// PostgreSQL's own `lock_timeout` error (`55P03`), or sooner if `lock_timeout` is set lower;
+/// dropped (also when an ERROR unwinds through its owner) it puts the setting back. For a wait
+/// that must not outlast a caller's bound (`fencing_lease_acquire`'s `wait`).
+pub struct LockWaitBound(std::ffi::c_int);
+
+impl LockWaitBound {
+    pub fn new(ms: i64) -> Self {
+        // SAFETY: a plain read and write of this backend's `lock_timeout` variable on the main
+        // thread; the lock manager reads it when a wait begins. Restored by `drop`.
+        unsafe {
+            let saved = pg_sys::LockTimeout;
+            let bound = ms.clamp(1, i64::from(std::ffi::c_int::MAX)) as std::ffi::c_int;
+            pg_sys::LockTimeout = if saved > 0 { saved.min(bound) } else { bound };
+            LockWaitBound(saved)
+        }
+    }
+}
+
+impl Drop for LockWaitBound {
+    fn drop(&mut self) {
+        // SAFETY: restores the value `new` read; a plain write of a backend-local int.
+        unsafe { pg_sys::LockTimeout = self.0 };
+    }
+}

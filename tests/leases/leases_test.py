@@ -108,6 +108,19 @@ def waiting_and_waking():
     check("statement_timeout ends the wait: 57014", st == "57014", st)
     check("... after about 0.3 s", took < 2.0, f"{took:.2f} s")
     q(b, "RESET statement_timeout")
+    print("-- a grant not yet committed is waited for at most `wait` too")
+    u = connect(autocommit=False)
+    q(u, "SELECT fencing_lease_acquire('uncommitted', '60s')")
+    for wait, most in (("0", 1.0), ("700ms", 2.5)):
+        t0 = time.monotonic()
+        st = sqlstate_of(lambda: q(b, "SELECT fencing_lease_acquire('uncommitted', '5s', %s)", (wait,)))
+        took = time.monotonic() - t0
+        check(f"wait {wait}: 55P03 while the holder's grant is uncommitted", st == "55P03", st)
+        check(f"... within {most} s", took < most, f"{took:.2f} s")
+    u.rollback()
+    check("after that grant rolled back the name is free",
+          sqlstate_of(lambda: q(b, "SELECT fencing_lease_release(fencing_lease_acquire('uncommitted', '5s'))")) == "ok")
+    u.close()
     pid = q(b, "SELECT pg_backend_pid()")[0]
     t, out = in_thread(lambda: q(b, "SELECT fencing_lease_acquire('held', '5s', '30s')"))
     time.sleep(0.4)

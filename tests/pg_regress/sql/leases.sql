@@ -149,6 +149,19 @@ SELECT fencing_lease_acquire('other', '1s') > 0 AS own_lease;
 RESET ROLE;
 SELECT name, acquired_by FROM fencing_leases ORDER BY name;
 SELECT fencing_lease_release(:t4);
+-- A lease whose acquiring role is gone: another role can neither renew nor release it, a superuser
+-- can; its token is refused with FT003 once released.
+CREATE ROLE lease_gone;
+SET ROLE lease_gone;
+SELECT fencing_lease_acquire('orphan', '1 hour') AS t5 \gset
+RESET ROLE;
+DROP ROLE lease_gone;
+SET ROLE lease_other;
+SELECT fencing_lease_release(:t5);
+RESET ROLE;
+SELECT fencing_lease_renew(:t5) > clock_timestamp() AS renewed_by_superuser;
+SELECT fencing_lease_release(:t5);
+BEGIN; SELECT set_config('pg_fencing.token', :'t5', true) IS NOT NULL AS set; INSERT INTO lease_row VALUES (20, 1); ROLLBACK;
 
 SELECT fencing_unprotect('lease_res'), fencing_unprotect('lease_row'), fencing_unprotect('lease_part');
 DROP TABLE lease_res, lease_row, lease_part;

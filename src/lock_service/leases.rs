@@ -306,6 +306,37 @@ fn issue_token() -> Result<Token, FenceError> {
         .ok_or_else(|| FenceError::Internal("the lease token sequence returned no token".into()))
 }
 
+/// What `fencing_lease_acquire` finds of a lease name (the states of the module comment, read
+/// with the latest committed snapshot; a grant not yet committed reads as `Free`, and the grant
+/// then waits for it in the unique index).
+enum Seen {
+    /// No row: never granted, or released.
+    Free,
+    /// Its holder's lease expired (by the database clock): it may be taken over.
+    Expired { token: Token },
+    /// Held until `expires` (microseconds since 2000).
+    Live { expires: i64 },
+}
+
+fn look(name: &str, now: i64) -> Seen {
+    let row = exec_internal_row(
+        SQL_LOOK,
+        true,
+        &[pg_sys::TEXTOID],
+        &mut [text_datum(name)],
+        true,
+        |r| (as_i64(r[0]), as_i64(r[1])),
+    );
+    match row {
+        None => Seen::Free,
+        Some((Some(token), Some(expires))) if expires <= now => Seen::Expired { token },
+        // Both columns are NOT NULL; a row read without them is treated as held.
+        Some((_, expires)) => Seen::Live {
+            expires: expires.unwrap_or(now),
+        },
+    }
+}
+
 /// `fencing_lease_acquire`: grant lease `name` for `ttl` (an `interval` datum, checked positive
 /// by the caller) if it is free or expired, else wait up to `wait_ms` (woken by a release's
 /// commit or at the holder's expiry) and then fail with `55P03`. Returns the token.
@@ -318,17 +349,9 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
         register_lease_waiter(name);
     }
     loop {
-        let seen = exec_internal_row(
-            SQL_LOOK,
-            true,
-            &[pg_sys::TEXTOID],
-            &mut [text_datum(name)],
-            true,
-            |r| (as_i64(r[0]), as_i64(r[1])),
-        );
         let now = process::now_us();
-        match seen {
-            None => {
+        match look(name, now) {
+            Seen::Free => {
                 let token = issue_token()?;
                 // A grant of the name not yet committed is waited for in the unique index, at
                 // most for the wait left (then 55P03, lock_timeout's own error).
@@ -357,7 +380,7 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
                 }
                 // Another grant of the free name came first: look again.
             }
-            Some((Some(old), Some(expires))) if expires <= now => {
+            Seen::Expired { token: old } => {
                 let token = issue_token()?;
                 // A renewal or grant in flight holds the row: waited for at most the wait left.
                 let _bound = LockWaitBound::new(deadline.saturating_sub(process::monotonic_ms()));
@@ -399,7 +422,7 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
                 }
                 // Renewed, released or taken over meanwhile: look again.
             }
-            Some((_, expires)) => {
+            Seen::Live { expires } => {
                 let left = deadline.saturating_sub(process::monotonic_ms());
                 if left <= 0 {
                     return Err(FenceError::LeaseNotFree(Text {
@@ -417,7 +440,7 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
                 }
                 // Until the holder's expiry (by the database clock) or a release's wake-up,
                 // whichever comes first; never longer than the wait left.
-                let until_expiry = expires.map_or(left, |e| (e - now) / 1000 + 1);
+                let until_expiry = (expires - now) / 1000 + 1;
                 process::nap(left.min(until_expiry).max(1));
             }
         }

@@ -1395,6 +1395,7 @@ CREATE TABLE _pg_fencing.lease (
     acquired_at  timestamptz NOT NULL,
     expires_at   timestamptz NOT NULL,
     acquired_by  name        NOT NULL,
+    acquirer     oid         NOT NULL,  -- acquired_by's OID at the grant: renew and release need both to match
     holder_pid   integer     NOT NULL
 );
 -- The tokens; moved to the database clock (microseconds since 2000) by the first grant under a
@@ -1408,12 +1409,12 @@ SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.lease_history_seq', '');
 CREATE FUNCTION @extschema@.fencing_lease_acquire(name text, ttl interval, wait interval DEFAULT '0') RETURNS bigint
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_lease_acquire';
 COMMENT ON FUNCTION @extschema@.fencing_lease_acquire(text, interval, interval) IS
-'Grants PostgreSQL lease name for ttl by the database clock if it is free or its holder''s lease has expired, and returns its fencing token (a bigint, at least 2^48: microseconds since 2000 at the first grant after a server start, promotion or restore, then one more per grant); the token is greater than every token any earlier lease of this database had, across crash, restart, promotion, point-in-time recovery, dump/restore and pg_upgrade (docs/leases.md). Else waits up to wait (woken when the lease is released or expires; cancel, statement_timeout and postmaster death honoured). Writes carrying the token are refused with FT003 once the lease has expired, been released or been taken over. Errors: 55P03 still held after wait; 22004 NULL argument; 22023 empty name, ttl not positive or over 100 years, wait negative or over a year; 25006 in recovery.';
+'Grants PostgreSQL lease name for ttl by the database clock if it is free or its holder''s lease has expired, and returns its fencing token (a bigint, at least 2^48: microseconds since 2000 at the first grant after a server start, promotion or restore, then one more per grant); the token is greater than every token any earlier lease of this database had, across crash, restart, promotion, point-in-time recovery, dump/restore and pg_upgrade (docs/leases.md). Else waits up to wait (woken when the lease is released or expires; cancel, statement_timeout and postmaster death honoured). Writes carrying the token are refused with FT003 once the lease has expired, been released or been taken over. Errors: 55P03 still held after wait; 22004 NULL argument; 22023 empty name or one over 1024 bytes, ttl not positive or over 100 years, wait negative or over a year; 25006 in recovery.';
 
 CREATE FUNCTION @extschema@.fencing_lease_renew(token bigint, ttl interval DEFAULT NULL) RETURNS timestamptz
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_lease_renew';
 COMMENT ON FUNCTION @extschema@.fencing_lease_renew(bigint, interval) IS
-'Extends the live lease holding token to clock_timestamp() + ttl (NULL: the ttl it was acquired or last renewed with) and returns the new expiry. Any session of a member of the role that acquired it may renew (a worker need not be the session that acquired). Errors: FT003 the lease expired, was released or was taken over; 42501 not a member of the acquiring role; 22004 NULL token; 22023 token not positive, ttl not positive or over 100 years; 25006 in recovery.';
+'Extends the live lease holding token to clock_timestamp() + ttl (NULL: the ttl it was acquired or last renewed with; never shortened) and returns the new expiry. Any session of a member of the role that acquired it (the same role, by OID and name) may renew (a worker need not be the session that acquired). Errors: FT003 the lease expired, was released or was taken over; 42501 not a member of the acquiring role; 22004 NULL token; 22023 token not positive, ttl not positive or over 100 years; 25006 in recovery.';
 
 CREATE FUNCTION @extschema@.fencing_lease_release(token bigint) RETURNS boolean
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_lease_release';

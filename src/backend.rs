@@ -134,6 +134,9 @@ unsafe extern "C-unwind" fn subxact_callback(
         crate::guard::fast_path::forget_checked();
         rule::session_token::forget_fenced(Some(my));
         rule::forget_activity();
+        // Leases the subtransaction granted, renewed or read are read again (its grants and
+        // renewals were rolled back).
+        leases::forget_seen();
         // (the floors raised for them were rolled back too)
         crate::state::protections::forget_dropping();
     }

@@ -1075,7 +1075,8 @@ fn interval_argument(
     Ok(micros as i64)
 }
 
-/// A lease name argument: not NULL (`22004`), not empty (`22023`).
+/// A lease name argument: not NULL (`22004`), not empty and at most 1024 bytes (`22023`; the
+/// name is the key of a B-tree index, whose entries have a limit of their own).
 fn lease_name_argument(name: Option<String>) -> Result<String, FenceError> {
     match name {
         None => Err(FenceError::NullArgument(token::Text::new(
@@ -1084,6 +1085,10 @@ fn lease_name_argument(name: Option<String>) -> Result<String, FenceError> {
         Some(n) if n.is_empty() => Err(FenceError::InvalidArgument(
             "name must be a non-empty lease name".into(),
         )),
+        Some(n) if n.len() > 1024 => Err(FenceError::InvalidArgument(format!(
+            "name must be at most 1024 bytes, not {}",
+            n.len()
+        ))),
         Some(n) => Ok(n),
     }
 }
@@ -1103,7 +1108,8 @@ v1_finfo!(pg_finfo_fencing_lease_acquire);
 /// grants PostgreSQL lease `name` for `ttl` by the database clock if it is free or its holder's
 /// lease expired, and returns its fencing token; else waits up to `wait` (woken when the lease
 /// is released or expires; query cancel, `statement_timeout` and postmaster death honoured).
-/// Errors: `55P03` still held after `wait`; `22004` a NULL argument; `22023` an empty name, a
+/// Errors: `55P03` still held after `wait`; `22004` a NULL argument; `22023` an empty name or
+/// one over 1024 bytes, a
 /// `ttl` that is not positive or longer than 100 years, a negative `wait` or one longer than a
 /// year; `25006` during recovery (lock_service/leases.rs).
 ///
@@ -1132,8 +1138,8 @@ pub unsafe extern "C-unwind" fn fencing_lease_acquire(fcinfo: FunctionCallInfo) 
 
 v1_finfo!(pg_finfo_fencing_lease_renew);
 /// `fencing_lease_renew(token bigint, ttl interval DEFAULT NULL) RETURNS timestamptz`: extends
-/// the live lease holding `token` to now plus `ttl` (NULL: the lease's own ttl) and returns the
-/// new expiry. Any session of a member of the acquiring role may renew. Errors: `FT003` the
+/// the live lease holding `token` to now plus `ttl` (NULL: the lease's own ttl; never shortened)
+/// and returns the new expiry. Any session of a member of the acquiring role may renew. Errors: `FT003` the
 /// lease expired, was released or was taken over; `42501` not a member of the acquiring role;
 /// `22004`/`22023` as for acquire; `25006` during recovery.
 ///

@@ -66,33 +66,42 @@ const LEASE_BY_TOKEN: UniqueIndex = UniqueIndex {
 
 const SQL_LOOK: &str = "SELECT token, expires_at FROM _pg_fencing.lease \
      WHERE name OPERATOR(pg_catalog.=) $1";
-// The caller ($2) may renew or release if it is a member of the acquiring role, found by name
-// (a dropped role: nobody but a superuser, $3).
+// The caller ($2) may renew or release if it is a member of the acquiring role: the role with
+// the OID recorded at the grant, if it still has the name recorded then (a role dropped and
+// made again under the name, renamed, or a restore into another cluster, where OIDs differ:
+// nobody but a superuser, $3).
 const SQL_LOOK_TOKEN: &str = "SELECT l.name, l.expires_at, \
      COALESCE(pg_catalog.pg_has_role($2, (SELECT a.oid FROM pg_catalog.pg_roles a \
-     WHERE a.rolname OPERATOR(pg_catalog.=) l.acquired_by), 'MEMBER'), false) OR $3, \
+     WHERE a.oid OPERATOR(pg_catalog.=) l.acquirer AND a.rolname OPERATOR(pg_catalog.=) l.acquired_by), \
+     'MEMBER'), false) OR $3, \
      pg_catalog.to_char(l.expires_at, 'YYYY-MM-DD HH24:MI:SS.USOF') \
      FROM _pg_fencing.lease l WHERE l.token OPERATOR(pg_catalog.=) $1";
 const SQL_INSERT: &str = "INSERT INTO _pg_fencing.lease \
-     (name, token, ttl, acquired_at, expires_at, acquired_by, holder_pid) \
-     SELECT $1, $2, $3, c.n, c.n OPERATOR(pg_catalog.+) $3, pg_catalog.pg_get_userbyid($4), \
+     (name, token, ttl, acquired_at, expires_at, acquired_by, acquirer, holder_pid) \
+     SELECT $1, $2, $3, c.n, c.n OPERATOR(pg_catalog.+) $3, pg_catalog.pg_get_userbyid($4), $4, \
      pg_catalog.pg_backend_pid() \
      FROM (SELECT pg_catalog.clock_timestamp() AS n) c \
-     ON CONFLICT (name) DO NOTHING RETURNING token";
+     ON CONFLICT (name) DO NOTHING RETURNING acquired_at";
+// The clock is read before the insert may wait for another grant of the name in the unique
+// index; a grant that waited starts its ttl when it got the name.
+const SQL_RESTART: &str = "UPDATE _pg_fencing.lease SET acquired_at = c.n, \
+     expires_at = c.n OPERATOR(pg_catalog.+) ttl FROM (SELECT pg_catalog.clock_timestamp() AS n) c \
+     WHERE token OPERATOR(pg_catalog.=) $1 RETURNING token";
 const SQL_TAKE_OVER: &str = "WITH old AS (SELECT token FROM _pg_fencing.lease \
      WHERE name OPERATOR(pg_catalog.=) $1 AND token OPERATOR(pg_catalog.=) $5 \
      AND expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp() FOR UPDATE) \
      UPDATE _pg_fencing.lease l SET token = $2, ttl = $3, acquired_at = c.n, \
-     expires_at = c.n OPERATOR(pg_catalog.+) $3, acquired_by = pg_catalog.pg_get_userbyid($4), \
+     expires_at = c.n OPERATOR(pg_catalog.+) $3, acquired_by = pg_catalog.pg_get_userbyid($4), acquirer = $4, \
      holder_pid = pg_catalog.pg_backend_pid() \
      FROM old, (SELECT pg_catalog.clock_timestamp() AS n) c \
      WHERE l.name OPERATOR(pg_catalog.=) $1 RETURNING l.token";
+// A renewal extends, never shortens: the expiry a transaction read stays a lower bound.
 const SQL_RENEW: &str = "UPDATE _pg_fencing.lease SET ttl = $2, \
-     expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) $2 \
+     expires_at = pg_catalog.timestamptz_larger(expires_at, pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) $2) \
      WHERE token OPERATOR(pg_catalog.=) $1 \
      AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() RETURNING expires_at";
 const SQL_RENEW_SAME: &str = "UPDATE _pg_fencing.lease SET \
-     expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl \
+     expires_at = pg_catalog.timestamptz_larger(expires_at, pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl) \
      WHERE token OPERATOR(pg_catalog.=) $1 \
      AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() RETURNING expires_at";
 const SQL_RELEASE: &str = "DELETE FROM _pg_fencing.lease WHERE token OPERATOR(pg_catalog.=) $1 \
@@ -116,8 +125,11 @@ const SQL_NOTIFY_MARK: &str = "SELECT pg_catalog.pg_notify('pg_fencing', \
      'previous_token', $3)::text)";
 
 thread_local! {
-    /// Lease tokens found live in this transaction, with the expiry read then (a lower bound:
-    /// a renewal only moves it later). Cleared at the transaction's end.
+    /// Lease tokens found live in this transaction, with the expiry read then: a lower bound,
+    /// since a renewal never moves it earlier (only a release ends a lease before it, see the
+    /// module comment). Cleared at the transaction's end and at every subtransaction abort (a
+    /// grant or renewal rolled back); an entry is dropped when this session renews or releases
+    /// the lease, so that the next write reads what it did.
     static LIVE: RefCell<FxHashMap<Token, i64>> = RefCell::new(FxHashMap::default());
     /// Tokens found outside the lease range in this transaction.
     static FOREIGN: RefCell<FxHashSet<Token>> = RefCell::new(FxHashSet::default());
@@ -130,6 +142,13 @@ pub fn forget_transaction() {
     LIVE.with(|l| l.borrow_mut().clear());
     FOREIGN.with(|f| f.borrow_mut().clear());
     RELEASED.with(|r| r.borrow_mut().clear());
+}
+
+/// A subtransaction aborted: what it may have seen (its own grants and renewals, now rolled
+/// back) is read again by the next write (`backend.rs`).
+pub fn forget_seen() {
+    LIVE.with(|l| l.borrow_mut().clear());
+    FOREIGN.with(|f| f.borrow_mut().clear());
 }
 
 /// The transaction committed: wake the waiters of the leases it released (`backend.rs`).
@@ -255,13 +274,16 @@ pub fn check_live(token: Token) -> Result<(), FenceError> {
     }
 }
 
-/// A 62-bit positive hash of the server history (`pg::process::history`).
+/// A 62-bit positive hash of the server history (`pg::process::history`) and of this database
+/// (its OID: a dump restored into another database of the same cluster, or a database made
+/// from this one as a template, is a new history too).
 fn history_hash() -> Option<i64> {
     let (system, timeline, started) = process::history()?;
     let h = pg_fencing_core::hash::fnv1a(&[
         &system.to_le_bytes(),
         &timeline.to_le_bytes(),
         &started.to_le_bytes(),
+        &process::my_database().to_le_bytes(),
     ]);
     Some((h >> 2).max(1) as i64)
 }
@@ -374,7 +396,17 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
                     false,
                     |d| d.value() as i64,
                 );
-                if granted.is_some() {
+                if let Some(acquired_at) = granted {
+                    if process::now_us() - acquired_at > 1_000 {
+                        exec_internal(
+                            SQL_RESTART,
+                            true,
+                            &[pg_sys::INT8OID],
+                            &mut [pg_sys::Datum::from(token)],
+                            false,
+                            |_| (),
+                        );
+                    }
                     process::make_commit_durable();
                     return Ok(token);
                 }
@@ -510,7 +542,9 @@ pub fn renew(token: Token, ttl: Option<pg_sys::Datum>) -> Result<i64, FenceError
         ),
     }
     .ok_or_else(ended)?;
-    LIVE.with(|l| l.borrow_mut().insert(token, expires));
+    // Read again by this transaction's next write (which sees this renewal; a rollback of it
+    // is not seen).
+    LIVE.with(|l| l.borrow_mut().remove(&token));
     Ok(expires)
 }
 

@@ -118,6 +118,19 @@ def waiting_and_waking():
         check(f"wait {wait}: 55P03 while the holder's grant is uncommitted", st == "55P03", st)
         check(f"... within {most} s", took < most, f"{took:.2f} s")
     u.rollback()
+    print("-- a grant that waited for an uncommitted one gets its full ttl from when it got the name")
+    q(u, "SELECT fencing_lease_acquire('late', '60s')")
+    def late():
+        tok = q(b, "SELECT fencing_lease_acquire('late', '2s', '10s')")[0]
+        return q(b, "SELECT %s, extract(epoch FROM expires_at - clock_timestamp()) "
+                    "FROM fencing_leases WHERE token = %s", (tok, tok))
+    t, out = in_thread(late)
+    time.sleep(1.5)
+    u.rollback()
+    t.join(10)
+    check("the waiter got it once the other grant rolled back", out.get("state") == "ok", out)
+    left = float(out["value"][1]) if out.get("state") == "ok" and out["value"][1] is not None else -1
+    check("... with (nearly) all of its 2 s ttl left", left > 1.8, f"{left:.2f} s left")
     check("after that grant rolled back the name is free",
           sqlstate_of(lambda: q(b, "SELECT fencing_lease_release(fencing_lease_acquire('uncommitted', '5s'))")) == "ok")
     u.close()

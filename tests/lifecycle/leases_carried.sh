@@ -5,7 +5,8 @@
 #   1. crash (immediate stop) and restart, the grant committed with synchronous_commit = off;
 #   2. promotion of a standby that missed the last grants (stopped before them, promoted alone);
 #   3. point-in-time recovery to a restore point before the last grants;
-#   4. pg_dump / pg_restore into a new cluster while the source goes on granting;
+#   4. pg_dump / pg_restore into a new cluster while the source goes on granting, and into
+#      another database of the same cluster; CREATE DATABASE ... TEMPLATE;
 #   5. pg_upgrade (copy mode, same major; 15 to 18 is tests/lifecycle/major_upgrade.sh).
 # Throwaway servers on 127.0.0.1:${PGPORT_LEASE_LIFECYCLE:-54491} (+1 standby, +2 recovered, +3
 # restored, +4/+5 during pg_upgrade).
@@ -143,6 +144,27 @@ LIVE=$TOK
 "${PSQL[@]}" -o /dev/null -c "SELECT fencing_lease_acquire('after_dump_' || g, '1 hour') FROM generate_series(1, 40) g"
 grant "$PGPORT_TEST" after_dump primary
 AFTER_DUMP=$TOK
+# The same dump restored into another database of the same cluster, and a database made from
+# the source as a template: the same server history, but another database.
+"${PSQL[@]}" -c "CREATE DATABASE restored_here"
+"$PGBIN/pg_restore" -d restored_here "$WORK/dump"
+grant_in() {  # grant_in <database> <name>: as grant, in another database of the primary
+    TOK=$("${PSQL[@]}" -d "$1" -c "SELECT fencing_lease_acquire('$2', '1 hour')")
+    expect "$1: lease '$2' got a token above every earlier one ($MAX)" t "$([ "$TOK" -gt "$MAX" ] && echo t || echo f)"
+    [ "$TOK" -gt "$MAX" ] && MAX=$TOK
+    return 0
+}
+grant_in restored_here on_restored_here
+expect "restored_here: a write with the source's token granted after the dump" FT003 \
+    "$(sqlstate_of "${PSQL[@]}" -d restored_here -c "BEGIN; SET LOCAL pg_fencing.token = '$AFTER_DUMP'; UPDATE ledger SET v = v + 1 WHERE id = 1; COMMIT;")"
+"${PSQL[@]}" -o /dev/null -c "SELECT fencing_lease_acquire('before_template_' || g, '1 hour') FROM generate_series(1, 40) g"
+PRIMARY_MAX=$("${PSQL[@]}" -c "SELECT max(token) FROM fencing_leases")
+[ "$PRIMARY_MAX" -gt "$MAX" ] && MAX=$PRIMARY_MAX
+"${PSQL[@]}" -c "CREATE DATABASE copied TEMPLATE postgres" 2>/dev/null || {
+    # A template must have no other connections; wait for the last psql to leave.
+    sleep 1; "${PSQL[@]}" -c "CREATE DATABASE copied TEMPLATE postgres"; }
+grant "$PGPORT_TEST" after_template primary
+grant_in copied on_copied
 RESTORED="$WORK/restored"
 EXTRA_DIRS+=("$RESTORED")
 mkdir -p "$RESTORED" && chown postgres:postgres "$RESTORED"

@@ -163,6 +163,52 @@ SELECT fencing_lease_renew(:t5) > clock_timestamp() AS renewed_by_superuser;
 SELECT fencing_lease_release(:t5);
 BEGIN; SELECT set_config('pg_fencing.token', :'t5', true) IS NOT NULL AS set; INSERT INTO lease_row VALUES (20, 1); ROLLBACK;
 
+-- A role renamed keeps no rights over its leases, and a role made again under a dropped one's
+-- name gets none (rights follow the role's OID and name at the grant).
+CREATE ROLE lease_alice;
+SET ROLE lease_alice;
+SELECT fencing_lease_acquire('alice', '1 hour') AS t6 \gset
+RESET ROLE;
+ALTER ROLE lease_alice RENAME TO lease_alice_old;
+SET ROLE lease_alice_old;
+SELECT fencing_lease_renew(:t6);
+RESET ROLE;
+DROP ROLE lease_alice_old;
+CREATE ROLE lease_alice;
+SET ROLE lease_alice;
+SELECT fencing_lease_release(:t6);
+RESET ROLE;
+DROP ROLE lease_alice;
+SELECT fencing_lease_release(:t6);
+
+-- Savepoints: a grant or a renewal rolled back is not seen by the transaction's later writes
+-- (the tokens a transaction found live are read again after any subtransaction abort).
+BEGIN;
+SAVEPOINT s;
+SELECT fencing_lease_acquire('rolled_back', '1 hour') AS t7 \gset
+SELECT set_config('pg_fencing.token', :'t7', true) IS NOT NULL AS set;
+INSERT INTO lease_row VALUES (30, 1);
+ROLLBACK TO SAVEPOINT s;
+SELECT set_config('pg_fencing.token', :'t7', true) IS NOT NULL AS set;
+INSERT INTO lease_row VALUES (31, 1);
+ROLLBACK;
+SELECT fencing_lease_acquire('renew_rolled_back', '1 second') AS t8 \gset
+BEGIN;
+SAVEPOINT s;
+SELECT fencing_lease_renew(:t8, '1 hour') IS NOT NULL AS renewed;
+ROLLBACK TO SAVEPOINT s;
+SELECT pg_sleep(1.1);
+SELECT set_config('pg_fencing.token', :'t8', true) IS NOT NULL AS set;
+INSERT INTO lease_row VALUES (32, 1);
+ROLLBACK;
+-- A renewal never shortens a lease.
+SELECT fencing_lease_acquire('no_shorter', '1 hour') AS t9 \gset
+SELECT fencing_lease_renew(:t9, '1 second') > clock_timestamp() + '59 minutes' AS kept;
+SELECT fencing_lease_release(:t9);
+-- A name over 1024 bytes.
+SELECT fencing_lease_acquire(repeat('n', 1025), '1s');
+SELECT fencing_lease_release(fencing_lease_acquire(repeat('n', 1024), '1s'));
+
 SELECT fencing_unprotect('lease_res'), fencing_unprotect('lease_row'), fencing_unprotect('lease_part');
 DROP TABLE lease_res, lease_row, lease_part;
 DROP FUNCTION lease_paths(bigint);

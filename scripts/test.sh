@@ -51,7 +51,8 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 source scripts/lib.sh
 need_python
-step() { printf '\n\033[1m== [%5ss] %s\033[0m\n' "$SECONDS" "$*"; }
+STAGE="setup and the checks before stage 1"
+step() { STAGE=$*; printf '\n\033[1m== [%5ss] %s\033[0m\n' "$SECONDS" "$*"; }
 
 CHILD_PIDS=""
 fresh_workdir
@@ -62,7 +63,8 @@ fresh_workdir
 if [ "$(id -u)" -eq 0 ] && [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
     echo 23700-24400,54300-54500 >/proc/sys/net/ipv4/ip_local_reserved_ports 2>/dev/null || true
 fi
-trap 'cleanup_all' EXIT
+# A failing stage is named at the end of the output (set -e stops at the first failing command).
+trap 'rc=$?; [ "$rc" -eq 0 ] || printf "\nFAILED (exit status %s) in: %s\n" "$rc" "$STAGE" >&2; cleanup_all' EXIT
 trap 'exit 130' INT TERM
 
 step "hermetic: the project's Python only, the caller's environment dropped (scripts/check-scripts.sh)"

@@ -16,8 +16,18 @@ can reach: COPY into a plain table whose token column is set by a DEFAULT from t
 trigger: COPY keeps its multi-row inserts), and a DELETE that also writes one row per deleted key
 into a table keyed by the key (the cheapest exact tombstone: one heap tuple and one B-tree entry).
 
-Usage: bulk_instructions.py --pgbin DIR --work DIR [--n 20000]
-Prints a markdown table: statement, unprotected and protected instructions per row, ratio.
+Each protected row is also read against its floor (issue 32): the same statement on `plain`
+with its token column filled by a DEFAULT from the setting (no trigger, no check) for COPY and
+INSERT ... SELECT, the plain statement for DELETE (a token column has nothing to do there).
+
+The last row is the cost of one tombstone lookup by a writer below the table's highest delete
+token: INSERT ... SELECT of new keys with token 5 into a per-row table that holds --tombstones
+(default 1,000,000) tombstones at token 10 of other keys, per key, against the same INSERT into
+the same table without tombstones.
+
+Usage: bulk_instructions.py --pgbin DIR --work DIR [--n 20000] [--tombstones 1000000]
+Prints a markdown table: statement, unprotected, floor and protected instructions per row, the
+ratio to the unprotected statement and to the floor; then the lookup's cost.
 """
 import argparse
 import os
@@ -35,6 +45,9 @@ TABLES = {
                             "fence_token bigint DEFAULT pg_catalog.current_setting('pg_fencing.token')::bigint);",
     "plain, tombstone table": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, fence_token bigint); "
                               "CREATE TABLE tomb (k int PRIMARY KEY, high_water bigint NOT NULL);",
+    # The per-row table with --tombstones tombstones at token 10 of keys above every inserted
+    # key ({tombstones} is filled in), made in the template itself (see `tombstone_template`).
+    "per-row, with tombstones": "",
 }
 FILL = "BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO t (id, v) SELECT g, 0 FROM generate_series(1, {n}) g; COMMIT;"
 # name -> (rows exist before the statement?, statement with {n} and {file})
@@ -47,11 +60,15 @@ STATEMENTS = {
         True, "BEGIN; SET LOCAL pg_fencing.token = '5'; "
               "WITH d AS (DELETE FROM t RETURNING id) INSERT INTO tomb SELECT id, 5 FROM d; COMMIT;"),
 }
+# The floor of each statement: the table its floor runs on.
+FLOOR = {"COPY FROM": "plain, token DEFAULT", "INSERT ... SELECT of new keys": "plain, token DEFAULT",
+         "DELETE of every row": "plain"}
 # (label, statement, protected table[, statement on it]): the unprotected column is the statement
 # on `plain`, the protected one the statement (or the one named) on the protected table.
 ROWS = [
     ("COPY FROM, resource mode", "COPY FROM", "resource"),
     ("COPY FROM, per-row mode", "COPY FROM", "per-row"),
+    ("INSERT ... SELECT of new keys, resource mode", "INSERT ... SELECT of new keys", "resource"),
     ("INSERT ... SELECT of new keys, per-row mode", "INSERT ... SELECT of new keys", "per-row"),
     ("DELETE of {n} keys, per-row mode", "DELETE of every row", "per-row"),
     ("DELETE of {n} keys, resource mode", "DELETE of every row", "resource"),
@@ -63,8 +80,47 @@ ROWS = [
 
 
 def count(args, template, table, script):
+    if table == "per-row, with tombstones":
+        # The table is in the template already (made once, not under callgrind).
+        return callgrind_total(args.pgbin, args.work, args.tomb_template, script + "\n", table)
     return callgrind_total(args.pgbin, args.work, template,
                            "CREATE EXTENSION pg_fencing;\n" + TABLES[table] + "\n" + script + "\n", table)
+
+
+def tombstone_template(args):
+    """A template cluster whose per-row table t has args.tombstones tombstones at token 10 of keys
+    above 10,000,000 (no inserted key has one): made with a server, not under callgrind."""
+    tmpl = os.path.join(args.work, "tomb-template")
+    port = int(os.environ.get("PGPORT_BENCH", "54379"))
+    as_postgres([f"{args.pgbin}/initdb", "-D", tmpl, "-U", "postgres", "-A", "trust", "--no-sync"],
+                stdout=subprocess.DEVNULL)
+    as_postgres([f"{args.pgbin}/pg_ctl", "-D", tmpl, "-w", "-o",
+                 f"-p {port} -k {args.work} -c listen_addresses='' -c shared_preload_libraries=pg_fencing",
+                 "-l", os.path.join(args.work, "tomb-template.log"), "start"], stdout=subprocess.DEVNULL)
+    lo, hi = 10_000_001, 10_000_000 + args.tombstones
+    sql = f"""
+CREATE EXTENSION pg_fencing;
+CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL);
+SELECT fencing_protect('t');
+BEGIN; SET LOCAL pg_fencing.token = '10';
+INSERT INTO t (id, v) SELECT g, 0 FROM generate_series({lo}, {hi}) g;
+DELETE FROM t;
+COMMIT;
+VACUUM ANALYZE;
+CHECKPOINT;
+"""
+    try:
+        subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", args.work, "-p", str(port),
+                        "-U", "postgres", "-d", "postgres", "-f", "-"], input=sql, text=True, check=True,
+                       stdout=subprocess.DEVNULL)
+        got = subprocess.run(["psql", "-X", "-At", "-h", args.work, "-p", str(port), "-U", "postgres", "-d",
+                              "postgres", "-c", "SELECT count(*) FROM _pg_fencing.row_tombstone"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        if int(got) != args.tombstones:
+            raise SystemExit(f"bulk: the tombstone template has {got} tombstones, not {args.tombstones}")
+    finally:
+        as_postgres([f"{args.pgbin}/pg_ctl", "-D", tmpl, "-w", "-m", "fast", "stop"], stdout=subprocess.DEVNULL)
+    return tmpl
 
 
 def per_row(args, template, statement, table):
@@ -88,24 +144,42 @@ def main():
     ap.add_argument("--pgbin", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--n", type=int, default=20_000)
+    ap.add_argument("--tombstones", type=int, default=1_000_000)
     args = ap.parse_args()
     template = os.path.join(args.work, "bulk-template")
     as_postgres([f"{args.pgbin}/initdb", "-D", template, "-U", "postgres", "-A", "trust", "--no-sync"],
                 stdout=subprocess.DEVNULL)
     cost = {}
+
+    def measure(st, t):
+        if (st, t) not in cost:
+            cost[(st, t)] = per_row(args, template, st, t)
+            print(f"  {st}, {t}: {cost[(st, t)]:,.0f} instructions per row", file=sys.stderr)
+        return cost[(st, t)]
+
     for label, statement, table, *other in ROWS:
-        for st, t in ((statement, "plain"), (other[0] if other else statement, table)):
-            if (st, t) not in cost:
-                cost[(st, t)] = per_row(args, template, st, t)
-                print(f"  {st}, {t}: {cost[(st, t)]:,.0f} instructions per row", file=sys.stderr)
+        for st, t in ((statement, "plain"), (statement, FLOOR[statement]), (other[0] if other else statement, table)):
+            measure(st, t)
+    args.tomb_template = tombstone_template(args)
+    # New keys below every tombstoned key: the same INSERT with and without the tombstones.
+    with_tombs = measure("INSERT ... SELECT of new keys", "per-row, with tombstones")
+    lookup = with_tombs - measure("INSERT ... SELECT of new keys", "per-row")
     print(f"Instructions per row of multi-row statements (callgrind, `postgres --single`, one transaction "
-          f"over {2 * args.n:,} rows minus one over {args.n:,}); ratio = unprotected / protected:")
+          f"over {2 * args.n:,} rows minus one over {args.n:,}); ratio = unprotected / protected, and "
+          "floor / protected (floor: the same statement with the token column filled by a DEFAULT "
+          "from the setting, no trigger and no check; for DELETE the plain statement):")
     print()
-    print("| statement | unprotected | protected | ratio |")
-    print("|---|---:|---:|---:|")
+    print("| statement | unprotected | floor | protected | ratio | ratio to the floor |")
+    print("|---|---:|---:|---:|---:|---:|")
     for label, statement, table, *other in ROWS:
-        b, p = cost[(statement, "plain")], cost[(other[0] if other else statement, table)]
-        print(f"| {label.format(n=f'{args.n:,}')} | {b:,.0f} | {p:,.0f} | {b / p:.2f} |")
+        b, f = cost[(statement, "plain")], cost[(statement, FLOOR[statement])]
+        p = cost[(other[0] if other else statement, table)]
+        print(f"| {label.format(n=f'{args.n:,}')} | {b:,.0f} | {f:,.0f} | {p:,.0f} | {b / p:.2f} | {f / p:.2f} |")
+    print()
+    print(f"Tombstone lookup by a writer below the table's highest delete token (INSERT ... SELECT of new "
+          f"keys with token 5 into a per-row table holding {args.tombstones:,} tombstones at token 10, "
+          f"minus the same INSERT without them): {lookup:,.0f} instructions per key "
+          f"(the INSERT costs {with_tombs:,.0f} per key with them)")
 
 
 if __name__ == "__main__":

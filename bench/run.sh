@@ -49,7 +49,8 @@ if [[ " $* " == *" --instructions "* ]]; then
         echo
         PGPORT_BENCH=${PGPORT_BENCH:-54379} "$PY" bench/instructions.py --pgbin "$PGBIN" --work "$WORK" --n "${BENCH_TXNS:-1000}"
         echo
-        "$PY" bench/bulk_instructions.py --pgbin "$PGBIN" --work "$WORK" --n "${BENCH_BULK_ROWS:-20000}"
+        "$PY" bench/bulk_instructions.py --pgbin "$PGBIN" --work "$WORK" --n "${BENCH_BULK_ROWS:-20000}" \
+            --tombstones "${BENCH_LOOKUP_TOMBSTONES:-1000000}"
     } | tee bench/instructions.md
     exit 0
 fi

@@ -35,7 +35,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from instructions import as_postgres, callgrind_total  # noqa: E402
+from instructions import as_postgres, callgrind_total, template_cluster  # noqa: E402
 
 TABLES = {
     "plain": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, fence_token bigint);",
@@ -90,13 +90,6 @@ def count(args, template, table, script):
 def tombstone_template(args):
     """A template cluster whose per-row table t has args.tombstones tombstones at token 10 of keys
     above 10,000,000 (no inserted key has one): made with a server, not under callgrind."""
-    tmpl = os.path.join(args.work, "tomb-template")
-    port = int(os.environ.get("PGPORT_BENCH", "54379"))
-    as_postgres([f"{args.pgbin}/initdb", "-D", tmpl, "-U", "postgres", "-A", "trust", "--no-sync"],
-                stdout=subprocess.DEVNULL)
-    as_postgres([f"{args.pgbin}/pg_ctl", "-D", tmpl, "-w", "-o",
-                 f"-p {port} -k {args.work} -c listen_addresses='' -c shared_preload_libraries=pg_fencing",
-                 "-l", os.path.join(args.work, "tomb-template.log"), "start"], stdout=subprocess.DEVNULL)
     lo, hi = 10_000_001, 10_000_000 + args.tombstones
     sql = f"""
 CREATE EXTENSION pg_fencing;
@@ -109,17 +102,10 @@ COMMIT;
 VACUUM ANALYZE;
 CHECKPOINT;
 """
-    try:
-        subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", args.work, "-p", str(port),
-                        "-U", "postgres", "-d", "postgres", "-f", "-"], input=sql, text=True, check=True,
-                       stdout=subprocess.DEVNULL)
-        got = subprocess.run(["psql", "-X", "-At", "-h", args.work, "-p", str(port), "-U", "postgres", "-d",
-                              "postgres", "-c", "SELECT count(*) FROM _pg_fencing.row_tombstone"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        if int(got) != args.tombstones:
-            raise SystemExit(f"bulk: the tombstone template has {got} tombstones, not {args.tombstones}")
-    finally:
-        as_postgres([f"{args.pgbin}/pg_ctl", "-D", tmpl, "-w", "-m", "fast", "stop"], stdout=subprocess.DEVNULL)
+    tmpl, got = template_cluster(args.pgbin, args.work, "tomb-template", sql,
+                                 "SELECT count(*) FROM _pg_fencing.row_tombstone")
+    if int(got) != args.tombstones:
+        raise SystemExit(f"bulk: the tombstone template has {got} tombstones, not {args.tombstones}")
     return tmpl
 
 

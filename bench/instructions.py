@@ -175,6 +175,27 @@ def callgrind_total(pgbin, work, template, script_text, name):
     return int(m.group(1))
 
 
+def template_cluster(pgbin, work, name, setup_sql, query):
+    """A template cluster WORK/NAME made by running `setup_sql` on a server (not under callgrind),
+    stopped again; returns its path and the one-value answer to `query`, asked before the stop."""
+    template = os.path.join(work, name)
+    port = int(os.environ.get("PGPORT_BENCH", "54379"))
+    as_postgres([f"{pgbin}/initdb", "-D", template, "-U", "postgres", "-A", "trust", "--no-sync"],
+                stdout=subprocess.DEVNULL)
+    as_postgres([f"{pgbin}/pg_ctl", "-D", template, "-w", "-o",
+                 f"-p {port} -k {work} -c listen_addresses='' -c shared_preload_libraries=pg_fencing",
+                 "-l", os.path.join(work, f"{name}.log"), "start"], stdout=subprocess.DEVNULL)
+    psql = ["psql", "-X", "-h", work, "-p", str(port), "-U", "postgres", "-d", "postgres"]
+    try:
+        subprocess.run(psql + ["-q", "-v", "ON_ERROR_STOP=1", "-f", "-"], input=setup_sql, text=True,
+                       check=True, stdout=subprocess.DEVNULL)
+        answer = subprocess.run(psql + ["-At", "-c", query], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    finally:
+        as_postgres([f"{pgbin}/pg_ctl", "-D", template, "-w", "-m", "fast", "stop"], stdout=subprocess.DEVNULL)
+    return template, answer
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pgbin", required=True)
@@ -182,23 +203,8 @@ def main():
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    template = os.path.join(args.work, "template")
-    port = int(os.environ.get("PGPORT_BENCH", "54379"))
-    as_postgres([f"{args.pgbin}/initdb", "-D", template, "-U", "postgres", "-A", "trust", "--no-sync"],
-                stdout=subprocess.DEVNULL)
-    as_postgres([f"{args.pgbin}/pg_ctl", "-D", template, "-w", "-o",
-                 f"-p {port} -k {args.work} -c listen_addresses='' -c shared_preload_libraries=pg_fencing",
-                 "-l", os.path.join(args.work, "template.log"), "start"], stdout=subprocess.DEVNULL)
-    try:
-        subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", args.work, "-p", str(port),
-                        "-U", "postgres", "-d", "postgres", "-f", "-"], input=SETUP, text=True, check=True,
-                       stdout=subprocess.DEVNULL)
-        args.lease_token = subprocess.run(
-            ["psql", "-X", "-At", "-h", args.work, "-p", str(port), "-U", "postgres", "-d", "postgres", "-c",
-             "SELECT token FROM fencing_leases WHERE name = 'bench'"],
-            capture_output=True, text=True, check=True).stdout.strip()
-    finally:
-        as_postgres([f"{args.pgbin}/pg_ctl", "-D", template, "-w", "-m", "fast", "stop"], stdout=subprocess.DEVNULL)
+    template, args.lease_token = template_cluster(
+        args.pgbin, args.work, "template", SETUP, "SELECT token FROM fencing_leases WHERE name = 'bench'")
     per_txn = {}
     for name in STATEMENTS:
         one = count(args, template, name, args.n)

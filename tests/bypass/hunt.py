@@ -39,6 +39,10 @@ SOURCES = {
     "session_scope_config": False,  # token_scope = session and a role token (BIG)
     "function_set_clause": False,  # SET LOCAL t; a function with SET pg_fencing.token = BIG writes
     "definer_set_clause": False,  # a superuser's SECURITY DEFINER function with SET clause, by a role without rights
+    # SAVEPOINT; a new lease granted; SET LOCAL its token; the write; ROLLBACK TO SAVEPOINT (the
+    # grant is gone); SET LOCAL the same token; the write again, which is what is judged: a token
+    # no lease holds, in the lease range (FT003 wherever a token would be admitted)
+    "lease_savepoint": True,
 }
 PATHS = ["insert", "upsert", "update", "update_key", "delete", "merge", "copy", "truncate",
          "view_update", "plpgsql", "prepared", "fenced"]
@@ -154,6 +158,7 @@ class Server:
     def __init__(self, dsn, suffix):
         self.dsn, self.sfx = dsn, suffix
         self.admin = self.conn("postgres")
+        self.last_lease = None  # the token the last "lease_savepoint" write was granted
 
     def conn(self, user, options=None):
         c = psycopg2.connect(self.dsn, user=user, options=options or "")
@@ -213,13 +218,33 @@ class Server:
                 sql = [f"SELECT hunt_frozen({q(s)})" for s in sql]
             elif source == "definer_set_clause":
                 sql = [f"SELECT hunt_frozen_definer({q(s)})" for s in sql]
+            def run_sql():
+                for s in sql:
+                    if s.startswith("COPY"):
+                        import io
+                        cur.copy_expert(s, io.StringIO(f"{key}\t1\n"))
+                    else:
+                        cur.execute(s)
             cur.execute("BEGIN")
-            for s in pre + sql + post:
-                if s.startswith("COPY"):
-                    import io
-                    cur.copy_expert(s, io.StringIO(f"{key}\t1\n"))
-                else:
-                    cur.execute(s)
+            if source == "lease_savepoint":
+                cur.execute("SAVEPOINT s")
+                cur.execute("SELECT fencing_lease_acquire(%s, '1 hour')", (f"hunt-sp{self.sfx}-{time.monotonic_ns()}",))
+                self.last_lease = cur.fetchone()[0]
+                cur.execute("SELECT set_config('pg_fencing.token', %s, true)", (str(self.last_lease),))
+                if path == "fenced":  # its token argument is the lease's too
+                    sql = self.write_sql(name, path, key, new_key, self.last_lease)
+                try:
+                    run_sql()
+                except psycopg2.Error:
+                    pass  # whatever the first write met, the savepoint takes it back
+                cur.execute("ROLLBACK TO SAVEPOINT s")
+                cur.execute("DEALLOCATE ALL")  # a PREPARE is not rolled back
+                cur.execute("SELECT set_config('pg_fencing.token', %s, true)", (str(self.last_lease),))
+            for s in pre:
+                cur.execute(s)
+            run_sql()
+            for s in post:
+                cur.execute(s)
             cur.execute("COMMIT")
             return "ok"
         except psycopg2.Error as e:
@@ -430,10 +455,13 @@ def run(dsn, seq, replay_id, verbose=False):
 
         now_us = int((time.time() - 946684800) * 1e6)
         in_range = lease["max"] > 0 and LEASE_FLOOR <= token <= max(lease["max"], now_us)
-        time_fenced = in_range and token != lease["live"]
+        time_fenced = (in_range and token != lease["live"]) or source == "lease_savepoint"
         counts = SOURCES[source] or path == "fenced"
         want, new_state = model.outcome(name, path, key, new_key, token if counts else None, time_fenced)
         got = srv.execute(name, path, key, new_key, token, source)
+        if source == "lease_savepoint" and srv.last_lease is not None:
+            lease["max"] = max(lease["max"], srv.last_lease)
+            lease["ended"].append(srv.last_lease)
         if verbose:
             print(f"  step {i}: {name} {path} key={key} token={token} via {source}: model {want}, server {got}")
         if got != want:

@@ -25,7 +25,8 @@ token: INSERT ... SELECT of new keys with token 5 into a per-row table that hold
 (default 1,000,000) tombstones at token 10 of other keys, per key, against the same INSERT into
 the same table without tombstones.
 
-Usage: bulk_instructions.py --pgbin DIR --work DIR [--n 20000] [--tombstones 1000000]
+Usage: bulk_instructions.py --pgbin DIR --work DIR [--n 20000] [--tombstones 1000000] [--only TEXT]
+(--only: just the rows whose label contains TEXT, and the lookup if TEXT is in "lookup").
 Prints a markdown table: statement, unprotected, floor and protected instructions per row, the
 ratio to the unprotected statement and to the floor; then the lookup's cost.
 """
@@ -131,7 +132,9 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--tombstones", type=int, default=1_000_000)
+    ap.add_argument("--only", default="")
     args = ap.parse_args()
+    rows = [r for r in ROWS if args.only in r[0]]
     template = os.path.join(args.work, "bulk-template")
     as_postgres([f"{args.pgbin}/initdb", "-D", template, "-U", "postgres", "-A", "trust", "--no-sync"],
                 stdout=subprocess.DEVNULL)
@@ -143,13 +146,15 @@ def main():
             print(f"  {st}, {t}: {cost[(st, t)]:,.0f} instructions per row", file=sys.stderr)
         return cost[(st, t)]
 
-    for label, statement, table, *other in ROWS:
+    for label, statement, table, *other in rows:
         for st, t in ((statement, "plain"), (statement, FLOOR[statement]), (other[0] if other else statement, table)):
             measure(st, t)
-    args.tomb_template = tombstone_template(args)
-    # New keys below every tombstoned key: the same INSERT with and without the tombstones.
-    with_tombs = measure("INSERT ... SELECT of new keys", "per-row, with tombstones")
-    lookup = with_tombs - measure("INSERT ... SELECT of new keys", "per-row")
+    lookup = None
+    if args.only in "lookup":
+        args.tomb_template = tombstone_template(args)
+        # New keys below every tombstoned key: the same INSERT with and without the tombstones.
+        with_tombs = measure("INSERT ... SELECT of new keys", "per-row, with tombstones")
+        lookup = with_tombs - measure("INSERT ... SELECT of new keys", "per-row")
     print(f"Instructions per row of multi-row statements (callgrind, `postgres --single`, one transaction "
           f"over {2 * args.n:,} rows minus one over {args.n:,}); ratio = unprotected / protected, and "
           "floor / protected (floor: the same statement with the token column filled by a DEFAULT "
@@ -157,10 +162,12 @@ def main():
     print()
     print("| statement | unprotected | floor | protected | ratio | ratio to the floor |")
     print("|---|---:|---:|---:|---:|---:|")
-    for label, statement, table, *other in ROWS:
+    for label, statement, table, *other in rows:
         b, f = cost[(statement, "plain")], cost[(statement, FLOOR[statement])]
         p = cost[(other[0] if other else statement, table)]
         print(f"| {label.format(n=f'{args.n:,}')} | {b:,.0f} | {f:,.0f} | {p:,.0f} | {b / p:.2f} | {f / p:.2f} |")
+    if lookup is None:
+        return
     print()
     print(f"Tombstone lookup by a writer below the table's highest delete token (INSERT ... SELECT of new "
           f"keys with token 5 into a per-row table holding {args.tombstones:,} tombstones at token 10, "

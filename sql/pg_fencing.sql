@@ -163,6 +163,10 @@ CREATE FUNCTION _pg_fencing.stamp_resource(old_token bigint, relation oid, prote
 RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_resource';
 COMMENT ON FUNCTION _pg_fencing.stamp_resource(bigint, oid, bigint, text, text) IS
 'Internal (UPDATE fast path, resource mode): admits one written row with the session''s pg_fencing.token against the resource''s high-water mark (raising it in this transaction when the token is higher) and returns the token to stamp. Errors: FT001 token below the mark; FT002 no token; FT003 lock lost; FT006 refused by a watch in verify mode; 42501 as for stamp_row.';
+CREATE FUNCTION _pg_fencing.drop_row(old_token bigint, relation oid, protection bigint, token_column text, VARIADIC key "any")
+RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_drop_row';
+COMMENT ON FUNCTION _pg_fencing.drop_row(bigint, oid, bigint, text, "any") IS
+'Internal (DELETE fast path, per-row mode; the RETURNING list the planner gives a DELETE, whose rows are not returned): checks the session''s pg_fencing.token against the deleted row''s token old_token (a bigint, NULL for a row never stamped), leaves the key''s tombstone and returns the token. Arguments as for stamp_row. Errors: FT001 token below old_token; FT002 no token; FT003 the token''s lock was lost; FT004 the protection is not active; 42501 the constants do not name the table''s protection, or the caller may not DELETE from the table.';
 
 CREATE FUNCTION @extschema@.fencing_advance(resource text, token bigint) RETURNS bigint
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_advance';

@@ -179,6 +179,24 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_resource(
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_drop_row);
+/// `_pg_fencing.drop_row(old_token bigint, relation oid, protection bigint, token_column text,
+/// VARIADIC key "any") RETURNS bigint`: the DELETE fast path's per-row check (see
+/// `guard/fast_path.rs`), made a DELETE's RETURNING list by the planner hook.
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_drop_row(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::fast_path::drop_row(&call).map(|t| stamp_result(fcinfo, t))
+        })
+    }
+}
+
 /// The bigint result of a stamping call (NULL for `None`).
 ///
 /// # Safety

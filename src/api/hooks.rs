@@ -1,4 +1,4 @@
-//! The planner and ExecutorStart hooks of the UPDATE fast path (`guard/fast_path.rs` decides;
+//! The planner and ExecutorStart hooks of the UPDATE and DELETE fast paths (`guard/fast_path.rs` decides;
 //! `pg/plan.rs` reads and writes the planner's and executor's structures), and the object access
 //! hook that sees every relation dropped (`state/protections.rs`, `before_relation_drop`,
 //! decides). Installed whenever the library is loaded (also by the `ddl_command_start` event
@@ -6,7 +6,7 @@
 //! PostgreSQL's own planner and executor) unchanged unless it concerns a protected table.
 
 use crate::guard::fast_path;
-use crate::pg::plan::{self, UpdateExecution, UpdateQuery};
+use crate::pg::plan::{self, DeleteQuery, ModifyExecution, UpdateQuery};
 use crate::pg::report::raise;
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 static PREV_PLANNER: OnceLock<pg_sys::planner_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock::new();
+static PREV_EXECUTOR_FINISH: OnceLock<pg_sys::ExecutorFinish_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::new();
 static PREV_OBJECT_ACCESS: OnceLock<pg_sys::object_access_hook_type> = OnceLock::new();
 
@@ -33,6 +34,12 @@ pub fn init() {
         }
         if PREV_EXECUTOR_START.set(pg_sys::ExecutorStart_hook).is_ok() {
             pg_sys::ExecutorStart_hook = Some(executor_start);
+        }
+        if PREV_EXECUTOR_FINISH
+            .set(pg_sys::ExecutorFinish_hook)
+            .is_ok()
+        {
+            pg_sys::ExecutorFinish_hook = Some(executor_finish);
         }
         if PREV_EXECUTOR_END.set(pg_sys::ExecutorEnd_hook).is_ok() {
             pg_sys::ExecutorEnd_hook = Some(executor_end);
@@ -63,10 +70,20 @@ unsafe extern "C-unwind" fn planner(
             }),
             None => false,
         };
+        let delete = match DeleteQuery::of(parse) {
+            Some(mut q) => pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+                fast_path::plan_delete(&mut q, guard_address())
+            }),
+            None => None,
+        };
+        let checked = delete == Some(true);
         let prev = PREV_PLANNER.get().copied().flatten();
         let stmt = plan::plan_next(prev, parse, query_string, cursor_options, bound_params);
-        if marked {
+        if marked || delete.is_some() {
             plan::add_marker(stmt);
+        }
+        if checked {
+            plan::hide_returning(stmt);
         }
         stmt
     }
@@ -76,7 +93,7 @@ unsafe extern "C-unwind" fn planner(
 /// Only for PostgreSQL's executor to call (installed by `init`), on the main thread.
 unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: c_int) {
     // SAFETY: the executor's own arguments, passed on unchanged; after the executor started,
-    // `query_desc` holds the plan state `UpdateExecution::of` reads, used only in this call.
+    // `query_desc` holds the plan state `ModifyExecution::of` reads, used only in this call.
     // The decision runs inside pgrx's guard; its error is raised here, in the hook's frame,
     // which holds only plain values (as `raise` requires).
     unsafe {
@@ -85,11 +102,31 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int != 0 {
             return;
         }
-        let Some(exec) = UpdateExecution::of(query_desc) else {
+        let Some(exec) = ModifyExecution::of(query_desc) else {
             return;
         };
         let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-            fast_path::start_update(exec, guard_address())
+            fast_path::start_modify(exec, guard_address())
+        });
+        if let Err(e) = outcome {
+            raise(e);
+        }
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's executor to call (installed by `init`), on the main thread.
+unsafe extern "C-unwind" fn executor_finish(query_desc: *mut pg_sys::QueryDesc) {
+    // SAFETY: the executor's own argument, passed on unchanged; after the executor finished,
+    // its row count and memory context are read (plain values). The decision runs inside pgrx's
+    // guard; its error is raised here, in the hook's frame, which holds only plain values (as
+    // `raise` requires).
+    unsafe {
+        let prev = PREV_EXECUTOR_FINISH.get().copied().flatten();
+        plan::executor_finish_next(prev, query_desc);
+        let (statement, rows) = plan::processed(query_desc);
+        let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+            fast_path::finish_delete(statement, rows)
         });
         if let Err(e) = outcome {
             raise(e);

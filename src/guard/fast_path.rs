@@ -1,4 +1,10 @@
-//! The UPDATE fast path (docs/design.md, "The UPDATE fast path"): a plain `UPDATE` of a
+//! The UPDATE and DELETE fast paths (docs/design.md, "The UPDATE fast path", "The DELETE fast
+//! path"). A DELETE without RETURNING gets `_pg_fencing.drop_row(…)` as its hidden RETURNING list
+//! (per-row mode: each deleted row checked on the version deleted, its tombstone left) or, in
+//! resource mode, nothing per row: the mark is checked when the executor starts and stored when
+//! it finished if a row was deleted (`finish_delete`). The rest of this header is the UPDATE's.
+//!
+//! The UPDATE fast path: a plain `UPDATE` of a
 //! protected table is fenced by an expression in its own SET list instead of the guard's row and
 //! statement triggers, which cost more than the rest of the statement's fencing together (the
 //! trigger manager locks and re-reads every row before a BEFORE ROW trigger, and copies every
@@ -35,7 +41,7 @@
 
 use crate::error::{FenceError, Text, Token};
 use crate::guard::trigger::{self, Args};
-use crate::pg::plan::{self, StampArg, StampCall, UpdateExecution, UpdateQuery};
+use crate::pg::plan::{self, DeleteQuery, ModifyExecution, StampArg, StampCall, UpdateQuery};
 use crate::pg::trigger_event::relation_name;
 use crate::rule;
 use pgrx::pg_sys;
@@ -56,6 +62,9 @@ const REPLACED: [&CStr; 4] = [
 struct Functions {
     stamp_row: pg_sys::Oid,
     stamp_resource: pg_sys::Oid,
+    /// Missing until `ALTER EXTENSION pg_fencing UPDATE` brings it (then DELETEs keep their
+    /// triggers).
+    drop_row: Option<pg_sys::Oid>,
 }
 
 thread_local! {
@@ -78,6 +87,7 @@ fn functions() -> Option<Functions> {
     let f = Functions {
         stamp_row: plan::internal_function(c"stamp_row")?,
         stamp_resource: plan::internal_function(c"stamp_resource")?,
+        drop_row: plan::internal_function(c"drop_row"),
     };
     FUNCTIONS.with(|c| c.set(Some(f)));
     Some(f)
@@ -167,10 +177,59 @@ fn plan_update_inner(q: &mut UpdateQuery, guard_address: usize) -> Option<()> {
     })
 }
 
-/// ExecutorStart hook, for an UPDATE whose executor was just started: if its plan carries the
-/// mark, take the guard's UPDATE events out of its result relations' triggers and do the
-/// resource-mode statement trigger's work.
-pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(), FenceError> {
+/// Planner hook, for a DELETE `q` without RETURNING: `None` if it keeps the guard's triggers;
+/// else the plan is to be marked, and `Some(true)` if the checking expression was made its
+/// RETURNING list (per-row mode; then the list is to be hidden).
+pub fn plan_delete(q: &mut DeleteQuery, guard_address: usize) -> Option<bool> {
+    let relid = q.target()?;
+    plan::with_relation(relid, |rel| {
+        let guard = rel.trigger_named(GUARD)?;
+        if !guard.fires_on_origin() || !is_guard(guard.function, guard_address) {
+            return None;
+        }
+        let funcs = functions()?;
+        let args = trigger::args_of(guard.oid, &guard.args).ok()?;
+        trigger::verify_protection(relid, &args, &|| rel.name()).ok()?;
+        // A plain table's inheritance children may be protected on their own.
+        if rel.has_inheritance_children() {
+            return None;
+        }
+        let token_attnum = rel.bigint_column(&args.token_column).ok()?;
+        let column = args.token_column.to_string_lossy().into_owned();
+        match &args.resource {
+            None => {
+                let (pk, immediate) = rel.primary_key();
+                if pk.is_empty() || !immediate {
+                    return None;
+                }
+                let mut call = vec![
+                    StampArg::Column(token_attnum),
+                    StampArg::Oid(relid),
+                    StampArg::Int8(args.protection),
+                    StampArg::Text(&column),
+                ];
+                call.extend(pk.iter().map(|a| StampArg::Column(*a)));
+                q.add_check(rel, funcs.drop_row?, &call);
+            }
+            Some(_) => {
+                // Resource mode: nothing to do per row. The mark is checked when the executor
+                // starts and stored when it finished if a row was deleted (`finish_delete`),
+                // which needs the statement's row count.
+                let _ = token_attnum;
+                if !q.sets_tag() {
+                    return None;
+                }
+                return Some(false);
+            }
+        }
+        Some(true)
+    })
+}
+
+/// ExecutorStart hook, for an UPDATE or DELETE whose executor was just started: if its plan
+/// carries the mark, take the guard's UPDATE (DELETE) events out of its result relations'
+/// triggers and do the resource-mode statement trigger's work.
+pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(), FenceError> {
     if !exec.has_marker() || crate::pg::process::replica_mode() {
         // Replica mode: the REPLICA trigger records what is written; the stamping expression
         // keeps the row's token as it is.
@@ -182,12 +241,13 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
     if !is_guard(function, guard_address) {
         return Ok(());
     }
-    if exec.drop_update_events(function, &REPLACED, GUARD) > 0 {
+    if exec.drop_events(function, &REPLACED, GUARD) > 0 {
         trigger::count_unguarded_statement();
     }
     // The executor has checked this statement's privileges on its result relations (through a
-    // view, as the view's owner): the stamping calls of this statement (and only of it: keyed by
-    // its memory context, dropped when it ends) need not check them again (see `check_site`).
+    // view, as the view's owner): the stamping and checking calls of this statement (and only of
+    // it: keyed by its memory context, dropped when it ends) need not check them again (see
+    // `check_site`).
     let user = crate::pg::process::current_user().to_u32();
     let statement = exec.query_context();
     AUTHORIZED.with(|a| {
@@ -197,15 +257,65 @@ pub fn start_update(mut exec: UpdateExecution, guard_address: usize) -> Result<(
         }
     });
     // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
-    // before the executor locks any row. Without a token the stamping expression raises FT002.
+    // before the executor locks any row. Without a token the stamping expression (UPDATE) or
+    // `finish_delete` (DELETE) raises FT002.
     let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
     if let Some(resource) = &args.resource {
+        trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
+        if exec.is_delete() {
+            // The row triggers' work: checked below, stored once a row was deleted.
+            let subxact = crate::pg::process::current_subxact();
+            DELETES.with(|d| {
+                d.borrow_mut().insert(
+                    statement,
+                    (relid, args.protection, resource.clone(), subxact),
+                )
+            });
+        }
+        // As the statement trigger: a protection that cannot hold refuses (FT004) before the
+        // token is looked at.
+        rule::require_active(args.protection, &|| relation_name(relid))?;
         if let Some(token) = rule::write_token_if_any()? {
-            trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
-            rule::require_active(args.protection, &|| relation_name(relid))?;
             rule::admit_resource(resource, token, false)?;
         }
     }
+    Ok(())
+}
+
+thread_local! {
+    /// Resource-mode DELETEs on the fast path running now, by their memory context: (table,
+    /// protection, resource, the subtransaction that started it). Dropped when the statement
+    /// ends, with the subtransaction that started it when that aborts (the statement failed: its
+    /// context is freed and may be reused by a later statement), and at the end of the
+    /// transaction.
+    static DELETES: std::cell::RefCell<rustc_hash::FxHashMap<usize, Running>> =
+        std::cell::RefCell::new(rustc_hash::FxHashMap::default());
+}
+
+type Running = (pg_sys::Oid, i64, String, pg_sys::SubTransactionId);
+
+/// Subtransaction `sub` aborted: the fast-path DELETEs it (or a subtransaction inside it)
+/// started failed with it; those of the statements around it run on.
+pub fn forget_deletes_of(sub: pg_sys::SubTransactionId) {
+    DELETES.with(|d| d.borrow_mut().retain(|_, r| r.3 < sub));
+}
+
+/// ExecutorFinish: the statement whose memory context is `statement` wrote `rows` rows. A
+/// resource-mode DELETE on the fast path that deleted a row is a write: its token (FT002
+/// without one) is admitted again and a raised mark stored, as the guard's row trigger did for
+/// each row; one that deleted nothing moves no mark.
+pub fn finish_delete(statement: usize, rows: u64) -> Result<(), FenceError> {
+    let Some((relid, protection, resource, _)) =
+        DELETES.with(|d| d.borrow_mut().remove(&statement))
+    else {
+        return Ok(());
+    };
+    if rows == 0 || crate::pg::process::replica_mode() {
+        return Ok(());
+    }
+    rule::require_active(protection, &|| relation_name(relid))?;
+    let token = session_token(relid)?;
+    rule::admit_resource(&resource, token, true)?;
     Ok(())
 }
 
@@ -225,6 +335,12 @@ thread_local! {
 
 /// ExecutorEnd: the statement whose memory context is `statement` is over.
 pub fn end_update(statement: usize) {
+    DELETES.with(|d| {
+        let mut d = d.borrow_mut();
+        if !d.is_empty() {
+            d.remove(&statement);
+        }
+    });
     AUTHORIZED.with(|a| {
         let mut a = a.borrow_mut();
         if !a.is_empty() {
@@ -242,19 +358,21 @@ pub fn forget_checked() {
 /// End of the transaction.
 pub fn forget_authorized() {
     AUTHORIZED.with(|a| a.borrow_mut().clear());
+    DELETES.with(|d| d.borrow_mut().clear());
 }
 
 /// A stamping call's constants must name a protection made by `fencing_protect` for this table,
-/// and the user must be allowed to update it (anyone may call the function by hand; then it is
-/// no more than an UPDATE of the table): either the call is part of a running fast-path UPDATE of
-/// the table, whose privileges the executor checked, or the user may update the table or one of
-/// its columns.
+/// and the user must be allowed to write it (anyone may call the function by hand; then it is
+/// no more than an UPDATE, or for `drop_row` a DELETE, of the table): either the call is part of
+/// a running fast-path statement on the table, whose privileges the executor checked, or `may`
+/// says the user may (update the table or one of its columns; delete from it).
 fn check_site(
     call: &StampCall,
     relid: pg_sys::Oid,
     protection: i64,
     resource: Option<&str>,
     column: &str,
+    may: fn(pg_sys::Oid) -> bool,
 ) -> Result<(), FenceError> {
     let known = CHECKED.with(|c| {
         c.borrow()
@@ -285,7 +403,7 @@ fn check_site(
                 .contexts()
                 .any(|cxt| a.contains_key(&(relid.to_u32(), user, cxt)))
     });
-    if !authorized && !plan::may_update(relid) {
+    if !authorized && !may(relid) {
         return Err(FenceError::NotAllowed(Text::new(format!(
             "permission denied for table {}",
             relation_name(relid)
@@ -323,7 +441,14 @@ pub fn stamp_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     let relid = call.oid(1);
     let protection = call.bigint(2).unwrap_or(0);
     check_site_once(call, || {
-        check_site(call, relid, protection, None, call.text(3))
+        check_site(
+            call,
+            relid,
+            protection,
+            None,
+            call.text(3),
+            plan::may_update,
+        )
     })?;
     rule::require_active(protection, &|| relation_name(relid))?;
     let token = session_token(relid)?;
@@ -356,11 +481,57 @@ pub fn stamp_resource(call: &StampCall) -> Result<Option<Token>, FenceError> {
         ))));
     }
     check_site_once(call, || {
-        check_site(call, relid, protection, Some(resource), call.text(4))
+        check_site(
+            call,
+            relid,
+            protection,
+            Some(resource),
+            call.text(4),
+            plan::may_update,
+        )
     })?;
     rule::require_active(protection, &|| relation_name(relid))?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     rule::admit_resource(resource, token, true)?;
+    Ok(Some(token))
+}
+
+/// `_pg_fencing.drop_row(old_token, table, protection, token_column, key…)`: the per-row
+/// guard's BEFORE DELETE work for one row a fast-path DELETE deleted (its RETURNING list,
+/// evaluated on the deleted version, which the executor locked): the row's token must be at most
+/// the session's, and the key leaves its tombstone. Returns the session's token.
+pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
+    let old = call.bigint(0);
+    if crate::pg::process::replica_mode() {
+        return Ok(old);
+    }
+    let relid = call.oid(1);
+    let protection = call.bigint(2).unwrap_or(0);
+    check_site_once(call, || {
+        check_site(
+            call,
+            relid,
+            protection,
+            None,
+            call.text(3),
+            plan::may_delete,
+        )
+    })?;
+    rule::require_active(protection, &|| relation_name(relid))?;
+    let token = session_token(relid)?;
+    trigger::count_guarded();
+    let typed = call.typed(4);
+    let key = crate::pg::trigger_event::key_text_of(&typed);
+    rule::admit_row(
+        protection,
+        &|| relation_name(relid),
+        &|| key.clone(),
+        token,
+        old,
+        true,
+    )?;
+    let hash = crate::state::tombstones::key_hash_of_values(protection, &typed);
+    crate::state::tombstones::record_row_delete(protection, &key, hash, token);
     Ok(Some(token))
 }

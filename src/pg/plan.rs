@@ -25,6 +25,8 @@ unsafe extern "C-unwind" {
     ) -> *mut pg_sys::PlannedStmt;
     #[link_name = "standard_ExecutorStart"]
     fn standard_executor_start_unguarded(query_desc: *mut pg_sys::QueryDesc, eflags: c_int);
+    #[link_name = "standard_ExecutorFinish"]
+    fn standard_executor_finish_unguarded(query_desc: *mut pg_sys::QueryDesc);
     #[link_name = "standard_ExecutorEnd"]
     fn standard_executor_end_unguarded(query_desc: *mut pg_sys::QueryDesc);
 }
@@ -42,6 +44,40 @@ pub unsafe fn executor_end_next(
         match prev {
             Some(f) => f(query_desc),
             None => standard_executor_end_unguarded(query_desc),
+        }
+    }
+}
+
+/// The rows a finished statement processed (`es_processed`: for an INSERT, UPDATE or DELETE
+/// that sets the command's tag, the rows it wrote) and its memory context.
+///
+/// # Safety
+/// `query_desc` must be the ExecutorFinish hook's, after the executor finished.
+pub unsafe fn processed(query_desc: *mut pg_sys::QueryDesc) -> (usize, u64) {
+    // SAFETY: per the contract the QueryDesc and its EState (NULL checked) are valid.
+    unsafe {
+        let estate = (*query_desc).estate;
+        if estate.is_null() {
+            (0, 0)
+        } else {
+            ((*estate).es_query_cxt as usize, (*estate).es_processed)
+        }
+    }
+}
+
+/// Finish the executor with the previous hook, or PostgreSQL's.
+///
+/// # Safety
+/// As [`plan_next`], for the ExecutorFinish hook.
+pub unsafe fn executor_finish_next(
+    prev: pg_sys::ExecutorFinish_hook_type,
+    query_desc: *mut pg_sys::QueryDesc,
+) {
+    // SAFETY: the executor's own argument, passed on unchanged.
+    unsafe {
+        match prev {
+            Some(f) => f(query_desc),
+            None => standard_executor_finish_unguarded(query_desc),
         }
     }
 }
@@ -160,65 +196,13 @@ impl UpdateQuery {
         function: pg_sys::Oid,
         args: &[StampArg],
     ) {
-        // SAFETY: main thread, inside the planner's call; every node is made by PostgreSQL's
-        // constructors in the current memory context (the planner's, where the Query lives).
-        // Vars name the result relation's range table index and the column's own type,
-        // typmod and collation; text constants are palloc'd text values; the new TargetEntry
-        // goes after the non-junk entries, before the junk entries (the planner numbers the
-        // SET columns in list order).
+        // SAFETY: main thread, inside the planner's call; the expression is made by
+        // `stamp_expr` in the current memory context (the planner's, where the Query lives); the
+        // new TargetEntry goes after the non-junk entries, before the junk entries (the planner
+        // numbers the SET columns in list order).
         unsafe {
             let q = &mut *self.q;
-            let mut list = PgList::<pg_sys::Node>::new();
-            for a in args {
-                let node: *mut pg_sys::Node = match a {
-                    StampArg::Column(n) => {
-                        let (typid, typmod, coll) = rel.column_type(*n);
-                        pg_sys::makeVar(q.resultRelation, *n, typid, typmod, coll, 0).cast()
-                    }
-                    StampArg::Oid(o) => pg_sys::makeConst(
-                        pg_sys::OIDOID,
-                        -1,
-                        pg_sys::Oid::INVALID,
-                        4,
-                        pg_sys::Datum::from(*o),
-                        false,
-                        true,
-                    )
-                    .cast(),
-                    StampArg::Int8(v) => pg_sys::makeConst(
-                        pg_sys::INT8OID,
-                        -1,
-                        pg_sys::Oid::INVALID,
-                        8,
-                        pg_sys::Datum::from(*v),
-                        false,
-                        true,
-                    )
-                    .cast(),
-                    StampArg::Text(s) => {
-                        let c = CString::new(*s).unwrap_or_default();
-                        pg_sys::makeConst(
-                            pg_sys::TEXTOID,
-                            -1,
-                            pg_sys::DEFAULT_COLLATION_OID,
-                            -1,
-                            pg_sys::Datum::from(pg_sys::cstring_to_text(c.as_ptr())),
-                            false,
-                            false,
-                        )
-                        .cast()
-                    }
-                };
-                list.push(node);
-            }
-            let expr = pg_sys::makeFuncExpr(
-                function,
-                pg_sys::INT8OID,
-                list.into_pg(),
-                pg_sys::Oid::INVALID,
-                pg_sys::Oid::INVALID,
-                pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
-            );
+            let expr = stamp_expr(q.resultRelation, rel, function, args);
             let name = CString::new(rel.column_name(attnum)).unwrap_or_default();
             let tle =
                 pg_sys::makeTargetEntry(expr.cast(), attnum, pg_sys::pstrdup(name.as_ptr()), false);
@@ -228,6 +212,146 @@ impl UpdateQuery {
             let pos = tlist.iter_ptr().take_while(|t| !(**t).resjunk).count();
             q.targetList = pg_sys::list_insert_nth(q.targetList, pos as c_int, tle.cast());
         }
+    }
+}
+
+/// `function(args…)` returning bigint, its column arguments Vars of range table entry
+/// `varno` (the table `rel`, open).
+///
+/// # Safety
+/// Main thread, inside the planner's call; the nodes are made in the current memory context.
+unsafe fn stamp_expr(
+    varno: c_int,
+    rel: Relation,
+    function: pg_sys::Oid,
+    args: &[StampArg],
+) -> *mut pg_sys::FuncExpr {
+    // SAFETY: every node is made by PostgreSQL's constructors in the current memory context
+    // (this function's contract). Vars name the result relation's range table index and the
+    // column's own type, typmod and collation; text constants are palloc'd text values.
+    unsafe {
+        let mut list = PgList::<pg_sys::Node>::new();
+        for a in args {
+            let node: *mut pg_sys::Node = match a {
+                StampArg::Column(n) => {
+                    let (typid, typmod, coll) = rel.column_type(*n);
+                    pg_sys::makeVar(varno, *n, typid, typmod, coll, 0).cast()
+                }
+                StampArg::Oid(o) => pg_sys::makeConst(
+                    pg_sys::OIDOID,
+                    -1,
+                    pg_sys::Oid::INVALID,
+                    4,
+                    pg_sys::Datum::from(*o),
+                    false,
+                    true,
+                )
+                .cast(),
+                StampArg::Int8(v) => pg_sys::makeConst(
+                    pg_sys::INT8OID,
+                    -1,
+                    pg_sys::Oid::INVALID,
+                    8,
+                    pg_sys::Datum::from(*v),
+                    false,
+                    true,
+                )
+                .cast(),
+                StampArg::Text(s) => {
+                    let c = CString::new(*s).unwrap_or_default();
+                    pg_sys::makeConst(
+                        pg_sys::TEXTOID,
+                        -1,
+                        pg_sys::DEFAULT_COLLATION_OID,
+                        -1,
+                        pg_sys::Datum::from(pg_sys::cstring_to_text(c.as_ptr())),
+                        false,
+                        false,
+                    )
+                    .cast()
+                }
+            };
+            list.push(node);
+        }
+        pg_sys::makeFuncExpr(
+            function,
+            pg_sys::INT8OID,
+            list.into_pg(),
+            pg_sys::Oid::INVALID,
+            pg_sys::Oid::INVALID,
+            pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+        )
+    }
+}
+
+/// A top-level DELETE the planner is about to plan (after rewriting).
+pub struct DeleteQuery {
+    q: *mut pg_sys::Query,
+}
+
+impl DeleteQuery {
+    /// The DELETE of `parse` that has no RETURNING list, or `None` for any other statement.
+    ///
+    /// # Safety
+    /// `parse` must be the planner hook's Query, not used by anyone else while this lives.
+    pub unsafe fn of(parse: *mut pg_sys::Query) -> Option<DeleteQuery> {
+        // SAFETY: the planner's Query is valid for the hook's call (this function's contract).
+        let q = unsafe { &*parse };
+        (q.commandType == pg_sys::CmdType::CMD_DELETE
+            && q.resultRelation > 0
+            && q.returningList.is_null())
+        .then_some(DeleteQuery { q: parse })
+    }
+
+    /// Does the statement set the command's result (its row count is `es_processed`)? A rule's
+    /// added actions do not.
+    pub fn sets_tag(&self) -> bool {
+        // SAFETY: the planner's Query, valid for the hook's call.
+        unsafe { (*self.q).canSetTag }
+    }
+
+    /// The target table's OID, if the target is a relation.
+    pub fn target(&self) -> Option<pg_sys::Oid> {
+        // SAFETY: as in `UpdateQuery::target`.
+        unsafe {
+            let q = &*self.q;
+            let rtable = PgList::<pg_sys::RangeTblEntry>::from_pg(q.rtable);
+            let rte = rtable.get_ptr(q.resultRelation as usize - 1)?;
+            ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then_some((*rte).relid)
+        }
+    }
+
+    /// Make `function(args…)` the DELETE's RETURNING list (`rel` is the target table, open): it
+    /// is evaluated for each row the DELETE deletes, on the version it deleted. The statement
+    /// still returns no rows: [`hide_returning`] is called on its plan.
+    pub fn add_check(&mut self, rel: Relation, function: pg_sys::Oid, args: &[StampArg]) {
+        // SAFETY: main thread, inside the planner's call (the Query is the planner's, in the
+        // current memory context, where `stamp_expr` makes the nodes); the list had no entries.
+        unsafe {
+            let q = &mut *self.q;
+            let expr = stamp_expr(q.resultRelation, rel, function, args);
+            let tle = pg_sys::makeTargetEntry(
+                expr.cast(),
+                1,
+                pg_sys::pstrdup(c"pg_fencing_check".as_ptr()),
+                false,
+            );
+            q.returningList = pg_sys::lappend(std::ptr::null_mut(), tle.cast());
+        }
+    }
+}
+
+/// The plan of a DELETE whose RETURNING list [`DeleteQuery::add_check`] made: it sends no rows
+/// (the executor evaluates the list for each deleted row and, without `hasReturning`, passes
+/// the results to no one: ExecutePlan sends tuples only for SELECT or `hasReturning`, SPI and
+/// portals choose their behaviour by it).
+///
+/// # Safety
+/// `stmt` must be the PlannedStmt the planner just returned for that DELETE.
+pub unsafe fn hide_returning(stmt: *mut pg_sys::PlannedStmt) {
+    // SAFETY: per the contract.
+    unsafe {
+        (*stmt).hasReturning = false;
     }
 }
 
@@ -303,33 +427,42 @@ pub unsafe fn add_marker(stmt: *mut pg_sys::PlannedStmt) {
     }
 }
 
-/// An UPDATE whose executor has just been started (its ModifyTable state built).
-pub struct UpdateExecution {
+/// An UPDATE or DELETE whose executor has just been started (its ModifyTable state built).
+pub struct ModifyExecution {
     qd: *mut pg_sys::QueryDesc,
     mt: *mut pg_sys::ModifyTableState,
+    /// `TRIGGER_TYPE_UPDATE` or `TRIGGER_TYPE_DELETE`: the event the statement fires.
+    event: u32,
 }
 
-impl UpdateExecution {
-    /// The UPDATE of `query_desc` whose plan is an UPDATE at the top, or `None`.
+impl ModifyExecution {
+    /// The UPDATE or DELETE of `query_desc` whose plan is that statement at the top, or `None`.
     ///
     /// # Safety
     /// `query_desc` must be the ExecutorStart hook's, after the executor was started, and used
     /// only during the hook's call.
-    pub unsafe fn of(query_desc: *mut pg_sys::QueryDesc) -> Option<UpdateExecution> {
+    pub unsafe fn of(query_desc: *mut pg_sys::QueryDesc) -> Option<ModifyExecution> {
         // SAFETY: per the contract the QueryDesc, its PlannedStmt and its PlanState tree are
         // valid; the node tag is read before the PlanState is treated as a ModifyTableState.
         unsafe {
             let qd = &*query_desc;
-            if qd.plannedstmt.is_null()
-                || (*qd.plannedstmt).commandType != pg_sys::CmdType::CMD_UPDATE
-                || qd.planstate.is_null()
-                || (*qd.planstate).type_ != pg_sys::NodeTag::T_ModifyTableState
-            {
+            if qd.plannedstmt.is_null() || qd.planstate.is_null() {
+                return None;
+            }
+            let event = match (*qd.plannedstmt).commandType {
+                pg_sys::CmdType::CMD_UPDATE => pg_sys::TRIGGER_TYPE_UPDATE,
+                pg_sys::CmdType::CMD_DELETE => pg_sys::TRIGGER_TYPE_DELETE,
+                _ => return None,
+            };
+            if (*qd.planstate).type_ != pg_sys::NodeTag::T_ModifyTableState {
                 return None;
             }
             let mt = qd.planstate.cast::<pg_sys::ModifyTableState>();
-            ((*mt).operation == pg_sys::CmdType::CMD_UPDATE)
-                .then_some(UpdateExecution { qd: query_desc, mt })
+            ((*mt).operation == (*qd.plannedstmt).commandType).then_some(ModifyExecution {
+                qd: query_desc,
+                mt,
+                event,
+            })
         }
     }
 
@@ -410,18 +543,19 @@ impl UpdateExecution {
             .collect()
     }
 
-    /// In each result relation's own copy of its triggers, take the UPDATE event out of the
-    /// triggers of function `function` named in `names`, unless the relation also has a BEFORE
-    /// UPDATE row trigger of another function, or its trigger named `guard` has other arguments
-    /// than the root target's (another protection: an inheritance child protected on its own);
-    /// then its triggers stay as they are. Returns how many result relations have no trigger
-    /// named `guard` that fires in an ordinary session.
-    pub fn drop_update_events(
-        &mut self,
-        function: pg_sys::Oid,
-        names: &[&CStr],
-        guard: &CStr,
-    ) -> usize {
+    /// Is this a DELETE (else an UPDATE)?
+    pub fn is_delete(&self) -> bool {
+        self.event == pg_sys::TRIGGER_TYPE_DELETE
+    }
+
+    /// In each result relation's own copy of its triggers, take the statement's event (UPDATE
+    /// or DELETE) out of the triggers of function `function` named in `names`, unless the
+    /// relation also has a BEFORE UPDATE row trigger of another function (an UPDATE only: such a
+    /// trigger may change the key), or its trigger named `guard` has other arguments than the
+    /// root target's (another protection: an inheritance child protected on its own); then its
+    /// triggers stay as they are. Returns how many result relations have no trigger named
+    /// `guard` that fires in an ordinary session.
+    pub fn drop_events(&mut self, function: pg_sys::Oid, names: &[&CStr], guard: &CStr) -> usize {
         // The root's guard arguments, compared in place (nothing copied).
         // SAFETY: the root result relation and its trigger descriptor copy are the executor's,
         // valid for the statement; argument strings are NUL-terminated.
@@ -478,9 +612,10 @@ impl UpdateExecution {
                             == pg_sys::TRIGGER_TYPE_BEFORE
                         && ty & pg_sys::TRIGGER_TYPE_UPDATE != 0
                 };
-                if triggers
-                    .iter()
-                    .any(|t| before_row_update(t) && t.tgfoid != function)
+                if self.event == pg_sys::TRIGGER_TYPE_UPDATE
+                    && triggers
+                        .iter()
+                        .any(|t| before_row_update(t) && t.tgfoid != function)
                 {
                     continue;
                 }
@@ -497,26 +632,26 @@ impl UpdateExecution {
                 }
                 for t in triggers.iter_mut() {
                     if t.tgfoid == function && names.contains(&CStr::from_ptr(t.tgname)) {
-                        t.tgtype &= !(pg_sys::TRIGGER_TYPE_UPDATE as i16);
+                        t.tgtype &= !(self.event as i16);
                     }
                 }
-                recompute_update_flags(&mut *td);
+                recompute_flags(&mut *td, self.event);
             }
         }
         unguarded
     }
 }
 
-/// The UPDATE summary flags of a trigger descriptor, from its triggers' types (as trigger.c's
-/// SetTriggerFlags sets them).
-fn recompute_update_flags(td: &mut pg_sys::TriggerDesc) {
+/// The summary flags of a trigger descriptor for `event` (`TRIGGER_TYPE_UPDATE` or
+/// `TRIGGER_TYPE_DELETE`), from its triggers' types (as trigger.c's SetTriggerFlags sets them).
+fn recompute_flags(td: &mut pg_sys::TriggerDesc, event: u32) {
     let (mut br, mut ar, mut ir, mut bs, mut as_) = (false, false, false, false, false);
     // SAFETY: `triggers` has `numtriggers` entries (the caller's descriptor).
     let triggers =
         unsafe { std::slice::from_raw_parts(td.triggers, td.numtriggers.max(0) as usize) };
     for t in triggers {
         let ty = t.tgtype as u32;
-        if ty & pg_sys::TRIGGER_TYPE_UPDATE == 0 {
+        if ty & event == 0 {
             continue;
         }
         let row = ty & pg_sys::TRIGGER_TYPE_ROW != 0;
@@ -529,11 +664,19 @@ fn recompute_update_flags(td: &mut pg_sys::TriggerDesc) {
             (false, _) => as_ = true,
         }
     }
-    td.trig_update_before_row = br;
-    td.trig_update_after_row = ar;
-    td.trig_update_instead_row = ir;
-    td.trig_update_before_statement = bs;
-    td.trig_update_after_statement = as_;
+    if event == pg_sys::TRIGGER_TYPE_DELETE {
+        td.trig_delete_before_row = br;
+        td.trig_delete_after_row = ar;
+        td.trig_delete_instead_row = ir;
+        td.trig_delete_before_statement = bs;
+        td.trig_delete_after_statement = as_;
+    } else {
+        td.trig_update_before_row = br;
+        td.trig_update_after_row = ar;
+        td.trig_update_instead_row = ir;
+        td.trig_update_before_statement = bs;
+        td.trig_update_after_statement = as_;
+    }
 }
 
 /// The arguments of one call of a stamping function (`_pg_fencing.stamp_row`,
@@ -660,10 +803,18 @@ impl StampCall {
 
 /// May the current user UPDATE table `relid` (the table, or any of its columns)?
 pub fn may_update(relid: pg_sys::Oid) -> bool {
+    may(relid, pg_sys::ACL_UPDATE as pg_sys::AclMode)
+}
+
+/// May the current user DELETE from table `relid`?
+pub fn may_delete(relid: pg_sys::Oid) -> bool {
+    may(relid, pg_sys::ACL_DELETE as pg_sys::AclMode)
+}
+
+fn may(relid: pg_sys::Oid, mode: pg_sys::AclMode) -> bool {
     // SAFETY: catalog privilege checks by value on the main thread inside a transaction.
     unsafe {
         let user = pg_sys::GetUserId();
-        let mode = pg_sys::ACL_UPDATE as pg_sys::AclMode;
         pg_sys::pg_class_aclcheck(relid, user, mode) == pg_sys::AclResult::ACLCHECK_OK
             || pg_sys::pg_attribute_aclcheck_all(relid, user, mode, pg_sys::AclMaskHow::ACLMASK_ANY)
                 == pg_sys::AclResult::ACLCHECK_OK

@@ -554,6 +554,20 @@ fn key_text_pinned(values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> String {
         let Some(datum) = datum else {
             continue;
         };
+        // Integers print as int2out/int4out/int8out/oidout print them (decimal, '-' for a
+        // negative value, no quoting needed), without a catalog lookup and a function call.
+        let int = match *typid {
+            pg_sys::INT2OID => Some(i64::from(datum.value() as i16)),
+            pg_sys::INT4OID => Some(i64::from(datum.value() as i32)),
+            pg_sys::INT8OID => Some(datum.value() as i64),
+            pg_sys::OIDOID => Some(i64::from(datum.value() as u32)),
+            _ => None,
+        };
+        if let Some(v) = int {
+            use std::fmt::Write;
+            let _ = write!(out, "{v}");
+            continue;
+        }
         // SAFETY: main thread inside a transaction. `datum` is a non-NULL value of type
         // `typid` (the callers pass each value with its own type), which is what the type's
         // output function, found by getTypeOutputInfo, expects; it returns a palloc'd

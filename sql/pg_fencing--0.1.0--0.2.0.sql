@@ -1186,6 +1186,10 @@ CREATE FUNCTION _pg_fencing.drop_row(old_token bigint, relation oid, protection 
 RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_drop_row';
 COMMENT ON FUNCTION _pg_fencing.drop_row(bigint, oid, bigint, text, "any") IS
 'Internal (DELETE fast path, per-row mode; the RETURNING list the planner gives a DELETE, whose rows are not returned): checks the session''s pg_fencing.token against the deleted row''s token old_token (a bigint, NULL for a row never stamped), leaves the key''s tombstone and returns the token. Arguments as for stamp_row. Errors: FT001 token below old_token; FT002 no token; FT003 the token''s lock was lost; FT004 the protection is not active; 42501 the constants do not name the table''s protection, or the caller may not DELETE from the table.';
+CREATE FUNCTION _pg_fencing.stamp_insert(value bigint, relation oid, protection bigint, resource text, token_column text)
+RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_insert';
+COMMENT ON FUNCTION _pg_fencing.stamp_insert(bigint, oid, bigint, text, text) IS
+'Internal (INSERT fast path; the value the planner gives an INSERT''s token column): returns the session''s pg_fencing.token to stamp into the new row, admitted against the resource''s high-water mark in resource mode (resource empty for per-row mode, whose AFTER INSERT trigger checks the key''s tombstone); in replica mode returns value, what the statement gave the column. Errors: FT001 token below the mark; FT002 no token; FT003 the token''s lock was lost; FT004 the protection is not active; FT006 refused by a watch in verify mode; 42501 the constants do not name the table''s protection, or the caller may not INSERT into the table.';
 
 -- A publication of a protected table carries pg_fencing's own tables along: the publisher's marks
 -- and tombstones that no row carries (fencing_advance, the token of a DELETE or TRUNCATE) reach a

@@ -132,7 +132,7 @@ unsafe extern "C-unwind" fn subxact_callback(
         trigger::forget_verified();
         tombstones::forget_floors();
         crate::guard::fast_path::forget_checked();
-        crate::guard::fast_path::forget_deletes_of(my);
+        crate::guard::fast_path::forget_writes_of(my);
         rule::session_token::forget_fenced(Some(my));
         rule::forget_activity();
         // Leases the subtransaction granted, renewed or read are read again (its grants and

@@ -197,6 +197,24 @@ pub unsafe extern "C-unwind" fn pg_fencing_drop_row(fcinfo: FunctionCallInfo) ->
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_stamp_insert);
+/// `_pg_fencing.stamp_insert(value bigint, relation oid, protection bigint, resource text,
+/// token_column text) RETURNS bigint`: the INSERT fast path's row check (see
+/// `guard/fast_path.rs`), made the token column's value by the planner hook.
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_stamp_insert(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::fast_path::stamp_insert(&call).map(|t| stamp_result(fcinfo, t))
+        })
+    }
+}
+
 /// The bigint result of a stamping call (NULL for `None`).
 ///
 /// # Safety

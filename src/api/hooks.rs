@@ -1,4 +1,4 @@
-//! The planner and ExecutorStart hooks of the UPDATE and DELETE fast paths (`guard/fast_path.rs` decides;
+//! The planner and executor hooks of the INSERT, UPDATE and DELETE fast paths (`guard/fast_path.rs` decides;
 //! `pg/plan.rs` reads and writes the planner's and executor's structures), and the object access
 //! hook that sees every relation dropped (`state/protections.rs`, `before_relation_drop`,
 //! decides). Installed whenever the library is loaded (also by the `ddl_command_start` event
@@ -6,7 +6,7 @@
 //! PostgreSQL's own planner and executor) unchanged unless it concerns a protected table.
 
 use crate::guard::fast_path;
-use crate::pg::plan::{self, DeleteQuery, ModifyExecution, UpdateQuery};
+use crate::pg::plan::{self, DeleteQuery, InsertQuery, ModifyExecution, UpdateQuery};
 use crate::pg::report::raise;
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
@@ -70,6 +70,12 @@ unsafe extern "C-unwind" fn planner(
             }),
             None => false,
         };
+        let inserted = match InsertQuery::of(parse) {
+            Some(mut q) => pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+                fast_path::plan_insert(&mut q, guard_address())
+            }),
+            None => false,
+        };
         let delete = match DeleteQuery::of(parse) {
             Some(mut q) => pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
                 fast_path::plan_delete(&mut q, guard_address())
@@ -79,7 +85,7 @@ unsafe extern "C-unwind" fn planner(
         let checked = delete == Some(true);
         let prev = PREV_PLANNER.get().copied().flatten();
         let stmt = plan::plan_next(prev, parse, query_string, cursor_options, bound_params);
-        if marked || delete.is_some() {
+        if marked || inserted || delete.is_some() {
             plan::add_marker(stmt);
         }
         if checked {
@@ -126,7 +132,7 @@ unsafe extern "C-unwind" fn executor_finish(query_desc: *mut pg_sys::QueryDesc) 
         plan::executor_finish_next(prev, query_desc);
         let (statement, rows) = plan::processed(query_desc);
         let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-            fast_path::finish_delete(statement, rows)
+            fast_path::finish_write(statement, rows)
         });
         if let Err(e) = outcome {
             raise(e);

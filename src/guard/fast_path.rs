@@ -1,5 +1,8 @@
-//! The UPDATE and DELETE fast paths (docs/design.md, "The UPDATE fast path", "The DELETE fast
-//! path"). A DELETE without RETURNING gets `_pg_fencing.drop_row(…)` as its hidden RETURNING list
+//! The INSERT, UPDATE and DELETE fast paths (docs/design.md, "The UPDATE fast path", "The
+//! DELETE fast path", "The INSERT fast path"). An INSERT into a plain table gets
+//! `_pg_fencing.stamp_insert(…)` as its token column's value (`plan_insert`); per-row mode keeps
+//! the AFTER INSERT trigger, resource mode stores the mark when the statement finished. A DELETE
+//! without RETURNING gets `_pg_fencing.drop_row(…)` as its hidden RETURNING list
 //! (per-row mode: each deleted row checked on the version deleted, its tombstone left) or, in
 //! resource mode, nothing per row: the mark is checked when the executor starts and stored when
 //! it finished if a row was deleted (`finish_delete`). The rest of this header is the UPDATE's.
@@ -41,7 +44,9 @@
 
 use crate::error::{FenceError, Text, Token};
 use crate::guard::trigger::{self, Args};
-use crate::pg::plan::{self, DeleteQuery, ModifyExecution, StampArg, StampCall, UpdateQuery};
+use crate::pg::plan::{
+    self, DeleteQuery, InsertQuery, ModifyExecution, StampArg, StampCall, UpdateQuery,
+};
 use crate::pg::trigger_event::relation_name;
 use crate::rule;
 use pgrx::pg_sys;
@@ -57,6 +62,13 @@ const REPLACED: [&CStr; 4] = [
     c"zz_pg_fencing_rekey",
     c"zz_pg_fencing_stmt",
 ];
+/// A resource-mode INSERT also replaces the AFTER INSERT trigger.
+const REPLACED_INSERT_RESOURCE: [&CStr; 4] = [
+    GUARD,
+    c"zz_pg_fencing_replica",
+    c"zz_pg_fencing_after",
+    c"zz_pg_fencing_stmt",
+];
 
 #[derive(Clone, Copy)]
 struct Functions {
@@ -65,6 +77,8 @@ struct Functions {
     /// Missing until `ALTER EXTENSION pg_fencing UPDATE` brings it (then DELETEs keep their
     /// triggers).
     drop_row: Option<pg_sys::Oid>,
+    /// The same for INSERTs.
+    stamp_insert: Option<pg_sys::Oid>,
 }
 
 thread_local! {
@@ -88,6 +102,7 @@ fn functions() -> Option<Functions> {
         stamp_row: plan::internal_function(c"stamp_row")?,
         stamp_resource: plan::internal_function(c"stamp_resource")?,
         drop_row: plan::internal_function(c"drop_row"),
+        stamp_insert: plan::internal_function(c"stamp_insert"),
     };
     FUNCTIONS.with(|c| c.set(Some(f)));
     Some(f)
@@ -177,6 +192,61 @@ fn plan_update_inner(q: &mut UpdateQuery, guard_address: usize) -> Option<()> {
     })
 }
 
+/// Planner hook, for an INSERT `q`: make its token column's value
+/// `_pg_fencing.stamp_insert(value, table, protection, resource, column)` if it qualifies.
+/// Returns whether it did (then the plan is to be marked).
+///
+/// It qualifies on a plain table (a partition's triggers are set up while the INSERT routes
+/// rows, after the executor started) with no other BEFORE INSERT row trigger (it runs after
+/// the expression and could change the token column, where the guard ran last); per-row mode
+/// needs an immediate primary key, and a resource-mode INSERT must set the command's row count
+/// (its mark is stored when it finished, if a row was written).
+pub fn plan_insert(q: &mut InsertQuery, guard_address: usize) -> bool {
+    plan_insert_inner(q, guard_address).is_some()
+}
+
+fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<()> {
+    let relid = q.target()?;
+    plan::with_relation(relid, |rel| {
+        let guard = rel.trigger_named(GUARD)?;
+        if !guard.fires_on_origin() || !is_guard(guard.function, guard_address) {
+            return None;
+        }
+        let stamp = functions()?.stamp_insert?;
+        let args = trigger::args_of(guard.oid, &guard.args).ok()?;
+        trigger::verify_protection(relid, &args, &|| rel.name()).ok()?;
+        if !rel.is_plain_table() || rel.other_before_insert_triggers(guard.function) {
+            return None;
+        }
+        let token_attnum = rel.bigint_column(&args.token_column).ok()?;
+        match &args.resource {
+            None => {
+                let (pk, immediate) = rel.primary_key();
+                if pk.is_empty() || !immediate {
+                    return None;
+                }
+            }
+            // Rows an ON CONFLICT DO UPDATE updates are counted in the statement's row count
+            // and are the UPDATE triggers' to admit: that one keeps the triggers.
+            Some(_) if !q.sets_tag() || q.updates_on_conflict() => return None,
+            Some(_) => {}
+        }
+        let column = args.token_column.to_string_lossy().into_owned();
+        q.stamp_column(
+            rel,
+            token_attnum,
+            stamp,
+            &[
+                StampArg::Oid(relid),
+                StampArg::Int8(args.protection),
+                StampArg::Text(args.resource.as_deref().unwrap_or("")),
+                StampArg::Text(&column),
+            ],
+        );
+        Some(())
+    })
+}
+
 /// Planner hook, for a DELETE `q` without RETURNING: `None` if it keeps the guard's triggers;
 /// else the plan is to be marked, and `Some(true)` if the checking expression was made its
 /// RETURNING list (per-row mode; then the list is to be hidden).
@@ -241,7 +311,16 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
     if !is_guard(function, guard_address) {
         return Ok(());
     }
-    if exec.drop_events(function, &REPLACED, GUARD) > 0 {
+    // The arguments first: which triggers an INSERT replaces depends on the mode.
+    let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
+    let names: &[&CStr] = match (exec.is_insert(), &args.resource) {
+        // Resource-mode INSERT: the AFTER INSERT trigger's work (storing a raised mark once a
+        // row was written) is done when the executor finished (`finish_write`). A per-row
+        // INSERT keeps it: it checks the key's tombstone once the row is in the unique index.
+        (true, Some(_)) => &REPLACED_INSERT_RESOURCE,
+        _ => &REPLACED,
+    };
+    if exec.drop_events(function, names, GUARD) > 0 {
         trigger::count_unguarded_statement();
     }
     // The executor has checked this statement's privileges on its result relations (through a
@@ -257,65 +336,114 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
         }
     });
     // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
-    // before the executor locks any row. Without a token the stamping expression (UPDATE) or
-    // `finish_delete` (DELETE) raises FT002.
-    let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
+    // before the executor locks any row. Without a token the stamping expression (UPDATE,
+    // INSERT) or `finish_write` (DELETE) raises FT002.
     if let Some(resource) = &args.resource {
         trigger::verify_protection(relid, &args, &|| relation_name(relid))?;
-        if exec.is_delete() {
-            // The row triggers' work: checked below, stored once a row was deleted.
-            let subxact = crate::pg::process::current_subxact();
-            DELETES.with(|d| {
-                d.borrow_mut().insert(
-                    statement,
-                    (relid, args.protection, resource.clone(), subxact),
-                )
-            });
-        }
         // As the statement trigger: a protection that cannot hold refuses (FT004) before the
         // token is looked at.
         rule::require_active(args.protection, &|| relation_name(relid))?;
-        if let Some(token) = rule::write_token_if_any()? {
+        let token = rule::write_token_if_any()?;
+        if let Some(token) = token {
             rule::admit_resource(resource, token, false)?;
+        }
+        if exec.is_delete() || exec.is_insert() {
+            // The row triggers' work: the mark is stored once a row was written.
+            WRITES.with(|w| {
+                w.borrow_mut().insert(
+                    statement,
+                    Running {
+                        relid,
+                        protection: args.protection,
+                        resource: resource.clone(),
+                        subxact: crate::pg::process::current_subxact(),
+                        highest: if exec.is_delete() { token } else { None },
+                        delete: exec.is_delete(),
+                    },
+                )
+            });
         }
     }
     Ok(())
 }
 
+/// A resource-mode DELETE or INSERT on the fast path, while it runs.
+struct Running {
+    relid: pg_sys::Oid,
+    protection: i64,
+    resource: String,
+    /// The subtransaction that started it.
+    subxact: pg_sys::SubTransactionId,
+    /// The highest token it carried so far: an INSERT's rows' (`stamp_insert`), a DELETE's at
+    /// its start. The mark stored when it finished is at least that, as the row triggers
+    /// stored each row's (the session's token may change during a statement).
+    highest: Option<Token>,
+    /// A DELETE (else an INSERT).
+    delete: bool,
+}
+
 thread_local! {
-    /// Resource-mode DELETEs on the fast path running now, by their memory context: (table,
-    /// protection, resource, the subtransaction that started it). Dropped when the statement
-    /// ends, with the subtransaction that started it when that aborts (the statement failed: its
-    /// context is freed and may be reused by a later statement), and at the end of the
-    /// transaction.
-    static DELETES: std::cell::RefCell<rustc_hash::FxHashMap<usize, Running>> =
+    /// Resource-mode DELETEs and INSERTs on the fast path running now, by their memory context.
+    /// Dropped when the statement ends, with the subtransaction that started it when that
+    /// aborts (the statement failed: its context is freed and may be reused by a later
+    /// statement), and at the end of the transaction.
+    static WRITES: std::cell::RefCell<rustc_hash::FxHashMap<usize, Running>> =
         std::cell::RefCell::new(rustc_hash::FxHashMap::default());
 }
 
-type Running = (pg_sys::Oid, i64, String, pg_sys::SubTransactionId);
-
-/// Subtransaction `sub` aborted: the fast-path DELETEs it (or a subtransaction inside it)
+/// Subtransaction `sub` aborted: the fast-path statements it (or a subtransaction inside it)
 /// started failed with it; those of the statements around it run on.
-pub fn forget_deletes_of(sub: pg_sys::SubTransactionId) {
-    DELETES.with(|d| d.borrow_mut().retain(|_, r| r.3 < sub));
+pub fn forget_writes_of(sub: pg_sys::SubTransactionId) {
+    WRITES.with(|w| w.borrow_mut().retain(|_, r| r.subxact < sub));
+}
+
+/// `stamp_insert` stamped `token` into a row of the running statement whose expression `call`
+/// is (found by its memory contexts).
+fn note_stamped(call: &StampCall, token: Token) {
+    WRITES.with(|w| {
+        let mut w = w.borrow_mut();
+        if w.is_empty() {
+            return;
+        }
+        for cxt in call.contexts() {
+            if let Some(r) = w.get_mut(&cxt) {
+                r.highest = Some(r.highest.map_or(token, |h| h.max(token)));
+                return;
+            }
+        }
+    });
 }
 
 /// ExecutorFinish: the statement whose memory context is `statement` wrote `rows` rows. A
-/// resource-mode DELETE on the fast path that deleted a row is a write: its token (FT002
-/// without one) is admitted again and a raised mark stored, as the guard's row trigger did for
-/// each row; one that deleted nothing moves no mark.
-pub fn finish_delete(statement: usize, rows: u64) -> Result<(), FenceError> {
-    let Some((relid, protection, resource, _)) =
-        DELETES.with(|d| d.borrow_mut().remove(&statement))
-    else {
+/// resource-mode DELETE or INSERT on the fast path that wrote a row is a write: a raised mark is
+/// stored, as the guard's row triggers did (BEFORE DELETE, AFTER INSERT): for an INSERT the
+/// highest token its rows carry, for a DELETE the highest of its token at the start and now
+/// (FT002 without one, admitted again); one that wrote nothing (nothing matched, ON CONFLICT DO
+/// NOTHING) moves no mark.
+pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
+    let Some(running) = WRITES.with(|w| w.borrow_mut().remove(&statement)) else {
         return Ok(());
     };
     if rows == 0 || crate::pg::process::replica_mode() {
         return Ok(());
     }
-    rule::require_active(protection, &|| relation_name(relid))?;
-    let token = session_token(relid)?;
-    rule::admit_resource(&resource, token, true)?;
+    let relid = running.relid;
+    rule::require_active(running.protection, &|| relation_name(relid))?;
+    let token = match running.highest {
+        // An INSERT whose rows were stamped: the highest of them.
+        Some(h) if !running.delete => h,
+        _ => {
+            let now = session_token(relid)?;
+            running.highest.map_or(now, |h| h.max(now))
+        }
+    };
+    rule::admit_resource(&running.resource, token, true)?;
+    // Counted per row written, as the row triggers counted.
+    crate::state::stats::accepted_more(
+        crate::state::stats::Kind::Resource,
+        &running.resource,
+        rows - 1,
+    );
     Ok(())
 }
 
@@ -335,10 +463,10 @@ thread_local! {
 
 /// ExecutorEnd: the statement whose memory context is `statement` is over.
 pub fn end_update(statement: usize) {
-    DELETES.with(|d| {
-        let mut d = d.borrow_mut();
-        if !d.is_empty() {
-            d.remove(&statement);
+    WRITES.with(|w| {
+        let mut w = w.borrow_mut();
+        if !w.is_empty() {
+            w.remove(&statement);
         }
     });
     AUTHORIZED.with(|a| {
@@ -358,7 +486,7 @@ pub fn forget_checked() {
 /// End of the transaction.
 pub fn forget_authorized() {
     AUTHORIZED.with(|a| a.borrow_mut().clear());
-    DELETES.with(|d| d.borrow_mut().clear());
+    WRITES.with(|w| w.borrow_mut().clear());
 }
 
 /// A stamping call's constants must name a protection made by `fencing_protect` for this table,
@@ -533,5 +661,43 @@ pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     )?;
     let hash = crate::state::tombstones::key_hash_of_values(protection, &typed);
     crate::state::tombstones::record_row_delete(protection, &key, hash, token);
+    Ok(Some(token))
+}
+
+/// `_pg_fencing.stamp_insert(value, table, protection, resource, token_column)`: the guard's
+/// BEFORE INSERT work for one row of a fast-path INSERT (its token column's expression): the
+/// token to stamp (FT002 without one), admitted against the resource's mark in resource mode
+/// (stored when the statement finished, `finish_write`); in per-row mode the AFTER INSERT
+/// trigger then checks the key's tombstone. `value`, what the statement gave the column, is
+/// kept in replica mode.
+pub fn stamp_insert(call: &StampCall) -> Result<Option<Token>, FenceError> {
+    let value = call.bigint(0);
+    if crate::pg::process::replica_mode() {
+        return Ok(value);
+    }
+    let relid = call.oid(1);
+    let protection = call.bigint(2).unwrap_or(0);
+    let resource = call.text(3);
+    let resource = (!resource.is_empty()).then_some(resource);
+    check_site_once(call, || {
+        check_site(
+            call,
+            relid,
+            protection,
+            resource,
+            call.text(4),
+            plan::may_insert,
+        )
+    })?;
+    rule::require_active(protection, &|| relation_name(relid))?;
+    let token = session_token(relid)?;
+    trigger::count_guarded();
+    match resource {
+        Some(resource) => {
+            rule::admit_resource(resource, token, false)?;
+            note_stamped(call, token);
+        }
+        None => trigger::count_after_expected(),
+    }
     Ok(Some(token))
 }

@@ -69,6 +69,11 @@ pub fn count_guarded() {
     count(|f| f.guarded_rows = f.guarded_rows.wrapping_add(1));
 }
 
+/// A row of a fast-path INSERT whose AFTER INSERT trigger is to check its key.
+pub fn count_after_expected() {
+    count(|f| f.after_expected = f.after_expected.wrapping_add(1));
+}
+
 /// A fast-path UPDATE with a result relation whose guard trigger is missing or disabled.
 pub fn count_unguarded_statement() {
     count(|f| f.unguarded_statements = f.unguarded_statements.wrapping_add(1));

@@ -341,6 +341,98 @@ impl DeleteQuery {
     }
 }
 
+/// A top-level INSERT the planner is about to plan (after rewriting: its target list has an
+/// entry per column it sets, in column order, defaults filled in).
+pub struct InsertQuery {
+    q: *mut pg_sys::Query,
+}
+
+impl InsertQuery {
+    /// Has the INSERT an `ON CONFLICT … DO UPDATE` clause?
+    pub fn updates_on_conflict(&self) -> bool {
+        // SAFETY: the planner's Query, valid for the hook's call; `onConflict` is NULL or an
+        // OnConflictExpr node.
+        unsafe {
+            let oc = (*self.q).onConflict;
+            !oc.is_null() && (*oc).action == pg_sys::OnConflictAction::ONCONFLICT_UPDATE
+        }
+    }
+
+    /// The INSERT of `parse`, or `None` for any other statement.
+    ///
+    /// # Safety
+    /// `parse` must be the planner hook's Query, not used by anyone else while this lives.
+    pub unsafe fn of(parse: *mut pg_sys::Query) -> Option<InsertQuery> {
+        // SAFETY: the planner's Query is valid for the hook's call (this function's contract).
+        let q = unsafe { &*parse };
+        (q.commandType == pg_sys::CmdType::CMD_INSERT && q.resultRelation > 0)
+            .then_some(InsertQuery { q: parse })
+    }
+
+    /// Does the statement set the command's result (its row count is `es_processed`)?
+    pub fn sets_tag(&self) -> bool {
+        // SAFETY: the planner's Query, valid for the hook's call.
+        unsafe { (*self.q).canSetTag }
+    }
+
+    /// The target table's OID, if the target is a relation.
+    pub fn target(&self) -> Option<pg_sys::Oid> {
+        // SAFETY: as in `UpdateQuery::target`.
+        unsafe {
+            let q = &*self.q;
+            let rtable = PgList::<pg_sys::RangeTblEntry>::from_pg(q.rtable);
+            let rte = rtable.get_ptr(q.resultRelation as usize - 1)?;
+            ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then_some((*rte).relid)
+        }
+    }
+
+    /// Make column `attnum`'s value `function(value, args…)`, `value` being what the statement
+    /// gave the column (its expression or default, NULL if none), and the other arguments
+    /// `args` (`rel` is the target table, open).
+    pub fn stamp_column(
+        &mut self,
+        rel: Relation,
+        attnum: i16,
+        function: pg_sys::Oid,
+        args: &[StampArg],
+    ) {
+        // SAFETY: main thread, inside the planner's call; the target list is a List of
+        // TargetEntry nodes in column order (the rewriter's), which stays in column order: the
+        // entry of `attnum` gets a new expression, or a new entry goes before the first entry
+        // of a higher column (or a junk entry). Nodes are made in the current memory context.
+        unsafe {
+            let q = &mut *self.q;
+            let tlist = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList);
+            let existing = tlist
+                .iter_ptr()
+                .find(|t| !(**t).resjunk && (**t).resno == attnum);
+            let value: *mut pg_sys::Node = match existing {
+                Some(t) => (*t).expr.cast(),
+                None => pg_sys::makeNullConst(pg_sys::INT8OID, -1, pg_sys::Oid::INVALID).cast(),
+            };
+            let expr = stamp_expr(q.resultRelation, rel, function, args);
+            (*expr).args = pg_sys::lcons(value.cast(), (*expr).args);
+            match existing {
+                Some(t) => (*t).expr = expr.cast(),
+                None => {
+                    let name = CString::new(rel.column_name(attnum)).unwrap_or_default();
+                    let tle = pg_sys::makeTargetEntry(
+                        expr.cast(),
+                        attnum,
+                        pg_sys::pstrdup(name.as_ptr()),
+                        false,
+                    );
+                    let pos = tlist
+                        .iter_ptr()
+                        .take_while(|t| !(**t).resjunk && (**t).resno < attnum)
+                        .count();
+                    q.targetList = pg_sys::list_insert_nth(q.targetList, pos as c_int, tle.cast());
+                }
+            }
+        }
+    }
+}
+
 /// The plan of a DELETE whose RETURNING list [`DeleteQuery::add_check`] made: it sends no rows
 /// (the executor evaluates the list for each deleted row and, without `hasReturning`, passes
 /// the results to no one: ExecutePlan sends tuples only for SELECT or `hasReturning`, SPI and
@@ -450,6 +542,7 @@ impl ModifyExecution {
                 return None;
             }
             let event = match (*qd.plannedstmt).commandType {
+                pg_sys::CmdType::CMD_INSERT => pg_sys::TRIGGER_TYPE_INSERT,
                 pg_sys::CmdType::CMD_UPDATE => pg_sys::TRIGGER_TYPE_UPDATE,
                 pg_sys::CmdType::CMD_DELETE => pg_sys::TRIGGER_TYPE_DELETE,
                 _ => return None,
@@ -543,9 +636,14 @@ impl ModifyExecution {
             .collect()
     }
 
-    /// Is this a DELETE (else an UPDATE)?
+    /// Is this a DELETE?
     pub fn is_delete(&self) -> bool {
         self.event == pg_sys::TRIGGER_TYPE_DELETE
+    }
+
+    /// Is this an INSERT?
+    pub fn is_insert(&self) -> bool {
+        self.event == pg_sys::TRIGGER_TYPE_INSERT
     }
 
     /// In each result relation's own copy of its triggers, take the statement's event (UPDATE
@@ -605,17 +703,17 @@ impl ModifyExecution {
                 if !guarded {
                     unguarded += 1;
                 }
-                let before_row_update = |t: &pg_sys::Trigger| {
+                let before_row = |t: &pg_sys::Trigger| {
                     let ty = t.tgtype as u32;
                     ty & pg_sys::TRIGGER_TYPE_ROW != 0
                         && ty & (pg_sys::TRIGGER_TYPE_BEFORE | pg_sys::TRIGGER_TYPE_INSTEAD)
                             == pg_sys::TRIGGER_TYPE_BEFORE
-                        && ty & pg_sys::TRIGGER_TYPE_UPDATE != 0
+                        && ty & self.event != 0
                 };
-                if self.event == pg_sys::TRIGGER_TYPE_UPDATE
+                if self.event != pg_sys::TRIGGER_TYPE_DELETE
                     && triggers
                         .iter()
-                        .any(|t| before_row_update(t) && t.tgfoid != function)
+                        .any(|t| before_row(t) && t.tgfoid != function)
                 {
                     continue;
                 }
@@ -664,7 +762,13 @@ fn recompute_flags(td: &mut pg_sys::TriggerDesc, event: u32) {
             (false, _) => as_ = true,
         }
     }
-    if event == pg_sys::TRIGGER_TYPE_DELETE {
+    if event == pg_sys::TRIGGER_TYPE_INSERT {
+        td.trig_insert_before_row = br;
+        td.trig_insert_after_row = ar;
+        td.trig_insert_instead_row = ir;
+        td.trig_insert_before_statement = bs;
+        td.trig_insert_after_statement = as_;
+    } else if event == pg_sys::TRIGGER_TYPE_DELETE {
         td.trig_delete_before_row = br;
         td.trig_delete_after_row = ar;
         td.trig_delete_instead_row = ir;
@@ -806,6 +910,11 @@ pub fn may_update(relid: pg_sys::Oid) -> bool {
     may(relid, pg_sys::ACL_UPDATE as pg_sys::AclMode)
 }
 
+/// May the current user INSERT into table `relid` (the table, or any of its columns)?
+pub fn may_insert(relid: pg_sys::Oid) -> bool {
+    may(relid, pg_sys::ACL_INSERT as pg_sys::AclMode)
+}
+
 /// May the current user DELETE from table `relid`?
 pub fn may_delete(relid: pg_sys::Oid) -> bool {
     may(relid, pg_sys::ACL_DELETE as pg_sys::AclMode)
@@ -815,6 +924,9 @@ fn may(relid: pg_sys::Oid, mode: pg_sys::AclMode) -> bool {
     // SAFETY: catalog privilege checks by value on the main thread inside a transaction.
     unsafe {
         let user = pg_sys::GetUserId();
+        if mode == pg_sys::ACL_DELETE as pg_sys::AclMode {
+            return pg_sys::pg_class_aclcheck(relid, user, mode) == pg_sys::AclResult::ACLCHECK_OK;
+        }
         pg_sys::pg_class_aclcheck(relid, user, mode) == pg_sys::AclResult::ACLCHECK_OK
             || pg_sys::pg_attribute_aclcheck_all(relid, user, mode, pg_sys::AclMaskHow::ACLMASK_ANY)
                 == pg_sys::AclResult::ACLCHECK_OK

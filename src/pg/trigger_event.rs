@@ -195,6 +195,37 @@ impl<'a> Relation<'a> {
         }
     }
 
+    /// Is this a plain table without inheritance children (not partitioned, not foreign)?
+    pub fn is_plain_table(&self) -> bool {
+        // SAFETY: the open relation's pg_class row, valid while it is open.
+        unsafe {
+            let form = &*(*self.rel).rd_rel;
+            form.relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char && !form.relhassubclass
+        }
+    }
+
+    /// Does the table have a BEFORE INSERT row trigger of another function than `function`?
+    pub fn other_before_insert_triggers(&self, function: pg_sys::Oid) -> bool {
+        // SAFETY: the open relation's trigger descriptor (NULL or valid with `numtriggers`
+        // entries), read only.
+        unsafe {
+            let td = (*self.rel).trigdesc;
+            if td.is_null() || (*td).triggers.is_null() {
+                return false;
+            }
+            std::slice::from_raw_parts((*td).triggers, (*td).numtriggers.max(0) as usize)
+                .iter()
+                .any(|t| {
+                    let ty = t.tgtype as u32;
+                    t.tgfoid != function
+                        && ty & pg_sys::TRIGGER_TYPE_ROW != 0
+                        && ty & (pg_sys::TRIGGER_TYPE_BEFORE | pg_sys::TRIGGER_TYPE_INSTEAD)
+                            == pg_sys::TRIGGER_TYPE_BEFORE
+                        && ty & pg_sys::TRIGGER_TYPE_INSERT != 0
+                })
+        }
+    }
+
     /// Does the table have stored generated columns?
     pub fn has_stored_generated(&self) -> bool {
         // SAFETY: the open relation's descriptor; `constr` is NULL or valid with it.

@@ -231,6 +231,16 @@ pub fn accepted(kind: Kind, name: &str) {
     }
 }
 
+/// Count `n` more admitted writes (the other rows of a statement admitted once).
+pub fn accepted_more(kind: Kind, name: &str, n: u64) {
+    if n == 0 {
+        return;
+    }
+    if let Some(s) = slot(kind, name) {
+        s.accepted.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// Count a write refused as stale (FT001), and remember it as the last rejection, with where it
 /// came from (`origin()`).
 pub fn rejected(kind: Kind, name: &str, token: i64, high_water: i64) {

@@ -1,0 +1,167 @@
+-- The INSERT fast path (src/guard/fast_path.rs): an INSERT into a plain protected table gets
+-- _pg_fencing.stamp_insert(...) as its token column's value instead of the guard's BEFORE INSERT
+-- row trigger. Per-row mode keeps the AFTER INSERT trigger (the key's tombstone, once the row is
+-- in the unique index); resource mode checks the mark when the executor starts and stores it when
+-- it finished, if a row was written. Calls are counted by track_functions.
+\set VERBOSITY terse
+SET track_functions = 'all';
+CREATE TABLE ip_row (id int PRIMARY KEY, v int NOT NULL);
+CREATE TABLE ip_res (id int PRIMARY KEY, v int NOT NULL);
+SELECT fencing_protect('ip_row');
+SELECT fencing_protect('ip_res', 'ip-resource');
+CREATE TEMP TABLE ip_seen (guard bigint, stamp bigint);
+INSERT INTO ip_seen VALUES (0, 0);
+CREATE FUNCTION ip_reset() RETURNS void LANGUAGE sql AS $$
+  UPDATE ip_seen SET guard = g, stamp = r
+  FROM (SELECT coalesce(sum(calls) FILTER (WHERE funcname = 'fencing_guard'), 0) AS g,
+               coalesce(sum(calls) FILTER (WHERE funcname = 'stamp_insert'), 0) AS r
+        FROM pg_stat_xact_user_functions) now
+$$;
+CREATE FUNCTION ip_calls() RETURNS TABLE (guard bigint, stamp_insert bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY
+  SELECT now.g - f.guard, now.r - f.stamp
+  FROM ip_seen f,
+       (SELECT coalesce(sum(calls) FILTER (WHERE funcname = 'fencing_guard'), 0)::bigint AS g,
+               coalesce(sum(calls) FILTER (WHERE funcname = 'stamp_insert'), 0)::bigint AS r
+        FROM pg_stat_xact_user_functions) now;
+  PERFORM ip_reset();
+END
+$$;
+CREATE FUNCTION ip_plan(q text) RETURNS SETOF text LANGUAGE plpgsql AS $$
+DECLARE l text;
+BEGIN
+  FOR l IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || q LOOP
+    RETURN NEXT regexp_replace(l, '''\d+''::(oid|bigint)', '<\1>', 'g');
+  END LOOP;
+END
+$$;
+SELECT ip_plan('INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(1, 3) g');
+SELECT ip_plan('INSERT INTO ip_res VALUES (1, 0, 99)');
+
+-- Per-row mode: each row is stamped by the expression; only the AFTER INSERT trigger fires. A
+-- value the statement gives the token column is overwritten, as the trigger did.
+BEGIN; SET LOCAL pg_fencing.token = '10';
+SELECT ip_reset();
+INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(1, 5) g;
+INSERT INTO ip_row VALUES (6, 0, 999), (7, 0, NULL);
+INSERT INTO ip_row VALUES (8, 0) RETURNING id, fence_token;
+SELECT * FROM ip_calls();
+COMMIT;
+SELECT id, fence_token FROM ip_row ORDER BY id;
+-- No token: FT002; a key deleted with a higher token cannot come back with a lower one (the
+-- AFTER INSERT trigger), also through ON CONFLICT DO NOTHING; with a token at least the
+-- tombstone's it can.
+INSERT INTO ip_row VALUES (9, 0);
+\echo :LAST_ERROR_SQLSTATE
+BEGIN; SET LOCAL pg_fencing.token = '20'; DELETE FROM ip_row WHERE id IN (1, 2); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '15';
+INSERT INTO ip_row VALUES (1, 1);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '15';
+INSERT INTO ip_row VALUES (2, 1) ON CONFLICT DO NOTHING;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '20';
+INSERT INTO ip_row VALUES (1, 1), (2, 1);
+COMMIT;
+-- ON CONFLICT DO UPDATE: the insert part is stamped, the update part goes through the guard's
+-- UPDATE trigger (a stale update of a newer row is refused).
+BEGIN; SET LOCAL pg_fencing.token = '15';
+INSERT INTO ip_row VALUES (1, 5) ON CONFLICT (id) DO UPDATE SET v = excluded.v;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '21';
+INSERT INTO ip_row VALUES (1, 5), (30, 5) ON CONFLICT (id) DO UPDATE SET v = excluded.v;
+COMMIT;
+SELECT id, v, fence_token FROM ip_row WHERE id IN (1, 30) ORDER BY id;
+-- fenced_insert runs on the fast path and still sees every row checked.
+SELECT fenced_insert('ip_row', '{"id": 40, "v": 1}', 22) ->> 'fence_token' AS fenced_token;
+-- Another BEFORE INSERT row trigger (it could change the token column after the expression):
+-- the guard trigger stays, and runs after it.
+CREATE FUNCTION ip_meddle() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN NEW.fence_token := 1; RETURN NEW; END $$;
+CREATE TRIGGER ip_meddle BEFORE INSERT ON ip_row FOR EACH ROW EXECUTE FUNCTION ip_meddle();
+BEGIN; SET LOCAL pg_fencing.token = '23';
+SELECT ip_reset();
+INSERT INTO ip_row VALUES (41, 0);
+SELECT * FROM ip_calls();
+COMMIT;
+SELECT id, fence_token FROM ip_row WHERE id = 41;
+DROP TRIGGER ip_meddle ON ip_row;
+-- Replica mode (logical replication's apply): the row's token is what the statement gave.
+SET session_replication_role = replica;
+INSERT INTO ip_row VALUES (42, 0, 7);
+RESET session_replication_role;
+SELECT id, fence_token FROM ip_row WHERE id = 42;
+-- stamp_insert called by hand: only for the table's own protection and by a role that may
+-- insert; a role that may insert through a view only may insert through it.
+SELECT _pg_fencing.stamp_insert(1, 'ip_row'::regclass, 999, '', 'fence_token');
+\echo :LAST_ERROR_SQLSTATE
+CREATE ROLE ip_reader;
+GRANT SELECT ON ip_row TO ip_reader;
+SET ROLE ip_reader;
+SELECT _pg_fencing.stamp_insert(1, 'ip_row'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'ip_row'::regclass), '', 'fence_token');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+CREATE VIEW ip_view AS SELECT id, v FROM ip_row;
+GRANT SELECT, INSERT ON ip_view TO ip_reader;
+SET ROLE ip_reader;
+BEGIN; SET LOCAL pg_fencing.token = '24';
+INSERT INTO ip_view VALUES (43, 0);
+COMMIT;
+RESET ROLE;
+SELECT id, fence_token FROM ip_row WHERE id = 43;
+DROP VIEW ip_view;
+REVOKE ALL ON ip_row FROM ip_reader;
+DROP ROLE ip_reader;
+
+-- Resource mode: nothing fires per row; the mark is checked at the start (FT001 for a stale
+-- token, even for an INSERT that writes nothing) and stored only if a row was written (not for
+-- an INSERT that selects nothing, nor one whose rows all conflict).
+BEGIN; SET LOCAL pg_fencing.token = '10';
+SELECT ip_reset();
+INSERT INTO ip_res SELECT g, 0 FROM generate_series(1, 5) g;
+SELECT * FROM ip_calls();
+COMMIT;
+SELECT fencing_high_water('ip-resource');
+BEGIN; SET LOCAL pg_fencing.token = '9';
+INSERT INTO ip_res SELECT g, 0 FROM generate_series(10, 9) g;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '11';
+INSERT INTO ip_res SELECT g, 0 FROM generate_series(10, 9) g;
+INSERT INTO ip_res VALUES (1, 0) ON CONFLICT DO NOTHING;
+COMMIT;
+SELECT fencing_high_water('ip-resource');
+INSERT INTO ip_res VALUES (20, 0);
+\echo :LAST_ERROR_SQLSTATE
+BEGIN; SET LOCAL pg_fencing.token = '12';
+INSERT INTO ip_res VALUES (20, 0), (1, 0) ON CONFLICT DO NOTHING;
+COMMIT;
+SELECT fencing_high_water('ip-resource'), (SELECT fence_token FROM ip_res WHERE id = 20) AS row_token;
+-- ON CONFLICT DO UPDATE keeps the triggers (its updated rows are the UPDATE trigger's).
+BEGIN; SET LOCAL pg_fencing.token = '13';
+SELECT ip_reset();
+INSERT INTO ip_res VALUES (1, 7) ON CONFLICT (id) DO UPDATE SET v = excluded.v;
+SELECT guard > 0 AS guard_fired, stamp_insert FROM ip_calls();
+COMMIT;
+SELECT fencing_high_water('ip-resource');
+SELECT fenced_insert('ip_res', '{"id": 50, "v": 1}', 14) ->> 'fence_token' AS fenced_token;
+SELECT fencing_high_water('ip-resource');
+-- The session's token changed while the statement runs: the mark stored is the highest token a
+-- row was stamped with (an INSERT), or that the statement carried (a DELETE), as the row
+-- triggers stored each row's.
+BEGIN; SET LOCAL pg_fencing.token = '20';
+INSERT INTO ip_res SELECT g, 0 FROM generate_series(60, 62) g
+ WHERE set_config('pg_fencing.token', CASE WHEN g = 60 THEN '20' ELSE '15' END, true) IS NOT NULL;
+COMMIT;
+SELECT fencing_high_water('ip-resource'), array_agg(fence_token ORDER BY id) AS tokens FROM ip_res WHERE id >= 60;
+BEGIN; SET LOCAL pg_fencing.token = '30';
+DELETE FROM ip_res WHERE id >= 60 AND set_config('pg_fencing.token', '25', true) IS NOT NULL;
+COMMIT;
+SELECT fencing_high_water('ip-resource');
+DROP TABLE ip_row, ip_res;
+DROP FUNCTION ip_reset(), ip_calls(), ip_plan(text), ip_meddle();

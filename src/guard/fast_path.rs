@@ -329,10 +329,11 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
     // `check_site`).
     let user = crate::pg::process::current_user().to_u32();
     let statement = exec.query_context();
+    let event = exec.event();
     AUTHORIZED.with(|a| {
         let mut a = a.borrow_mut();
         for id in exec.result_relation_ids() {
-            a.insert((id.to_u32(), user, statement), ());
+            a.insert((id.to_u32(), user, statement), event);
         }
     });
     // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
@@ -429,13 +430,20 @@ pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
     }
     let relid = running.relid;
     rule::require_active(running.protection, &|| relation_name(relid))?;
-    let token = match running.highest {
+    let token = match (running.delete, running.highest) {
         // An INSERT whose rows were stamped: the highest of them.
-        Some(h) if !running.delete => h,
-        _ => {
-            let now = session_token(relid)?;
-            running.highest.map_or(now, |h| h.max(now))
-        }
+        (false, Some(h)) => h,
+        // A DELETE that had a token at its start: the token now, if any, must pass the rule
+        // too (as the row trigger checked each row's), and the higher one is stored. A token
+        // gone by now (an AFTER trigger reset it) leaves the start's.
+        (true, Some(start)) => match rule::write_token_if_any()? {
+            Some(now) => {
+                rule::admit_resource(&running.resource, now, false)?;
+                start.max(now)
+            }
+            None => start,
+        },
+        _ => session_token(relid)?,
     };
     rule::admit_resource(&running.resource, token, true)?;
     // Counted per row written, as the row triggers counted.
@@ -451,7 +459,11 @@ thread_local! {
     /// (table, user, statement's memory context) of the fast-path UPDATEs running now: their
     /// privileges were checked by the executor. Dropped when the statement ends (`end_update`),
     /// and at the end of the transaction and on subtransaction abort.
-    static AUTHORIZED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, u32, usize), ()>> =
+    /// The value is the statement's trigger event: a call counts as authorized only for the
+    /// statement it belongs to (`drop_row` in a DELETE, `stamp_insert` in an INSERT, the others
+    /// in an UPDATE), else a role could call `drop_row` in its own UPDATE without the DELETE
+    /// privilege.
+    static AUTHORIZED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, u32, usize), u32>> =
         std::cell::RefCell::new(rustc_hash::FxHashMap::default());
     /// Stamping constants found to name a protection made by `fencing_protect`: (table,
     /// protection) -> (resource, token column). Not a privilege: that is checked per call.
@@ -500,6 +512,7 @@ fn check_site(
     protection: i64,
     resource: Option<&str>,
     column: &str,
+    event: u32,
     may: fn(pg_sys::Oid) -> bool,
 ) -> Result<(), FenceError> {
     let known = CHECKED.with(|c| {
@@ -529,7 +542,7 @@ fn check_site(
         !a.is_empty()
             && call
                 .contexts()
-                .any(|cxt| a.contains_key(&(relid.to_u32(), user, cxt)))
+                .any(|cxt| a.get(&(relid.to_u32(), user, cxt)) == Some(&event))
     });
     if !authorized && !may(relid) {
         return Err(FenceError::NotAllowed(Text::new(format!(
@@ -575,6 +588,7 @@ pub fn stamp_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
             protection,
             None,
             call.text(3),
+            plan::EVENT_UPDATE,
             plan::may_update,
         )
     })?;
@@ -615,6 +629,7 @@ pub fn stamp_resource(call: &StampCall) -> Result<Option<Token>, FenceError> {
             protection,
             Some(resource),
             call.text(4),
+            plan::EVENT_UPDATE,
             plan::may_update,
         )
     })?;
@@ -643,6 +658,7 @@ pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
             protection,
             None,
             call.text(3),
+            plan::EVENT_DELETE,
             plan::may_delete,
         )
     })?;
@@ -686,6 +702,7 @@ pub fn stamp_insert(call: &StampCall) -> Result<Option<Token>, FenceError> {
             protection,
             resource,
             call.text(4),
+            plan::EVENT_INSERT,
             plan::may_insert,
         )
     })?;

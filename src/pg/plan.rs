@@ -636,6 +636,11 @@ impl ModifyExecution {
             .collect()
     }
 
+    /// The statement's trigger event (`TRIGGER_TYPE_INSERT`, `_UPDATE` or `_DELETE`).
+    pub fn event(&self) -> u32 {
+        self.event
+    }
+
     /// Is this a DELETE?
     pub fn is_delete(&self) -> bool {
         self.event == pg_sys::TRIGGER_TYPE_DELETE
@@ -904,6 +909,12 @@ impl StampCall {
         }
     }
 }
+
+/// The trigger event of an UPDATE, an INSERT and a DELETE (which statement a stamping call
+/// belongs to).
+pub const EVENT_UPDATE: u32 = pg_sys::TRIGGER_TYPE_UPDATE;
+pub const EVENT_INSERT: u32 = pg_sys::TRIGGER_TYPE_INSERT;
+pub const EVENT_DELETE: u32 = pg_sys::TRIGGER_TYPE_DELETE;
 
 /// May the current user UPDATE table `relid` (the table, or any of its columns)?
 pub fn may_update(relid: pg_sys::Oid) -> bool {

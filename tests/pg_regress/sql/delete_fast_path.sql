@@ -162,6 +162,16 @@ DELETE FROM dp_view WHERE id = 19;
 COMMIT;
 RESET ROLE;
 SELECT key, high_water FROM dp_tombs() WHERE key = '(19)';
+-- A role that may UPDATE but not DELETE cannot have drop_row leave tombstones from inside its own
+-- UPDATE (a statement authorizes only its own kind of call).
+GRANT UPDATE ON dp_row TO dp_reader;
+SET ROLE dp_reader;
+BEGIN; SET LOCAL pg_fencing.token = '1000';
+UPDATE dp_row SET v = v WHERE id = 20
+  AND _pg_fencing.drop_row(NULL, 'dp_row'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass), 'fence_token', 777) IS NOT NULL;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+RESET ROLE;
 DROP VIEW dp_view;
 REVOKE ALL ON dp_row FROM dp_reader;
 DROP ROLE dp_reader;
@@ -212,6 +222,20 @@ SELECT fencing_high_water('dp-resource');
 DELETE FROM dp_res WHERE id = 3;
 \echo :LAST_ERROR_SQLSTATE
 DELETE FROM dp_res WHERE id = 1000;
+-- The token lowered while the DELETE runs is checked too (the row trigger checked each row's);
+-- one an AFTER trigger takes away leaves the token the statement started with.
+BEGIN; SET LOCAL pg_fencing.token = '12';
+DELETE FROM dp_res WHERE id = 6 AND set_config('pg_fencing.token', '11', true) IS NOT NULL;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+CREATE FUNCTION dp_clear_token() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN PERFORM set_config('pg_fencing.token', '', true); RETURN NULL; END$$;
+CREATE TRIGGER dp_clear AFTER DELETE ON dp_res FOR EACH STATEMENT EXECUTE FUNCTION dp_clear_token();
+BEGIN; SET LOCAL pg_fencing.token = '12';
+DELETE FROM dp_res WHERE id = 6;
+COMMIT;
+DROP TRIGGER dp_clear ON dp_res;
+DROP FUNCTION dp_clear_token();
 -- A rule's added DELETE (which does not set the command's row count) keeps the triggers: the
 -- mark rises with the rows it deleted.
 CREATE TABLE dp_log (id int);

@@ -137,6 +137,19 @@ pub unsafe fn executor_start_next(
     }
 }
 
+/// The OID of the result relation of the planner's Query `q`, if it is a relation.
+fn target_of(q: *mut pg_sys::Query) -> Option<pg_sys::Oid> {
+    // SAFETY: `q` is the planner hook's Query (every caller holds it for the hook's call);
+    // `resultRelation` (> 0, checked by the callers' `of`) indexes its range table (1-based),
+    // whose entries are RangeTblEntry nodes, valid for the call.
+    unsafe {
+        let q = &*q;
+        let rtable = PgList::<pg_sys::RangeTblEntry>::from_pg(q.rtable);
+        let rte = rtable.get_ptr(q.resultRelation as usize - 1)?;
+        ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then_some((*rte).relid)
+    }
+}
+
 /// A top-level UPDATE the planner is about to plan (after rewriting, so an UPDATE through a
 /// view names the view's base table here).
 pub struct UpdateQuery {
@@ -166,14 +179,7 @@ impl UpdateQuery {
 
     /// The target table's OID, if the target is a relation.
     pub fn target(&self) -> Option<pg_sys::Oid> {
-        // SAFETY: `resultRelation` indexes the Query's range table (1-based), whose entries are
-        // RangeTblEntry nodes; both are the planner's, valid for the hook's call.
-        unsafe {
-            let q = &*self.q;
-            let rtable = PgList::<pg_sys::RangeTblEntry>::from_pg(q.rtable);
-            let rte = rtable.get_ptr(q.resultRelation as usize - 1)?;
-            ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then_some((*rte).relid)
-        }
+        target_of(self.q)
     }
 
     /// The columns the SET list assigns (attribute numbers of its non-junk entries).
@@ -312,13 +318,7 @@ impl DeleteQuery {
 
     /// The target table's OID, if the target is a relation.
     pub fn target(&self) -> Option<pg_sys::Oid> {
-        // SAFETY: as in `UpdateQuery::target`.
-        unsafe {
-            let q = &*self.q;
-            let rtable = PgList::<pg_sys::RangeTblEntry>::from_pg(q.rtable);
-            let rte = rtable.get_ptr(q.resultRelation as usize - 1)?;
-            ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then_some((*rte).relid)
-        }
+        target_of(self.q)
     }
 
     /// Make `function(args…)` the DELETE's RETURNING list (`rel` is the target table, open): it
@@ -377,13 +377,7 @@ impl InsertQuery {
 
     /// The target table's OID, if the target is a relation.
     pub fn target(&self) -> Option<pg_sys::Oid> {
-        // SAFETY: as in `UpdateQuery::target`.
-        unsafe {
-            let q = &*self.q;
-            let rtable = PgList::<pg_sys::RangeTblEntry>::from_pg(q.rtable);
-            let rte = rtable.get_ptr(q.resultRelation as usize - 1)?;
-            ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then_some((*rte).relid)
-        }
+        target_of(self.q)
     }
 
     /// Make column `attnum`'s value `function(value, args…)`, `value` being what the statement

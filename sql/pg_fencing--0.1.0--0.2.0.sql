@@ -56,6 +56,8 @@ ALTER TABLE _pg_fencing.protected_table ADD COLUMN tombstone_key_signature text;
 ALTER TABLE _pg_fencing.row_tombstone ADD COLUMN key_hash bigint;
 CREATE INDEX row_tombstone_key_hash ON _pg_fencing.row_tombstone (protection_id, key_hash)
     WHERE key_hash IS NOT NULL;
+-- The highest tombstone of a protection, read once per fast-path INSERT (sql/pg_fencing.sql).
+CREATE INDEX row_tombstone_high_water ON _pg_fencing.row_tombstone (protection_id, high_water);
 -- Tombstone keys (src/pg/key_identity.rs): the hash of a key from its text, and what the hashes
 -- of a table's tombstones depend on.
 CREATE FUNCTION _pg_fencing.tombstone_key_hash(protection_id bigint, key text) RETURNS bigint
@@ -1186,6 +1188,10 @@ CREATE FUNCTION _pg_fencing.drop_row(old_token bigint, relation oid, protection 
 RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_drop_row';
 COMMENT ON FUNCTION _pg_fencing.drop_row(bigint, oid, bigint, text, "any") IS
 'Internal (DELETE fast path, per-row mode; the RETURNING list the planner gives a DELETE, whose rows are not returned): checks the session''s pg_fencing.token against the deleted row''s token old_token (a bigint, NULL for a row never stamped), leaves the key''s tombstone and returns the token. Arguments as for stamp_row. Errors: FT001 token below old_token; FT002 no token; FT003 the token''s lock was lost; FT004 the protection is not active; 42501 the constants do not name the table''s protection, or the caller may not DELETE from the table.';
+CREATE FUNCTION _pg_fencing.insert_row(new_token bigint, relation oid, protection bigint, token_column text, VARIADIC key "any")
+RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_insert_row';
+COMMENT ON FUNCTION _pg_fencing.insert_row(bigint, oid, bigint, text, "any") IS
+'Internal (INSERT fast path, per-row mode; the RETURNING list the planner gives an INSERT without one, whose rows are not returned): evaluated for each row inserted, once it is in the unique index; new_token is the token stamped into it. Keys identified by text are noted and checked against their tombstones when the statement finished, all at once when every row''s token is at least the protection''s highest tombstone and its tombstone floor; other keys are checked at once. Arguments as for stamp_row. Errors: FT001 token below the key''s tombstone (or the tombstone floor); FT004 the protection is not active; 42501 the constants do not name the table''s protection, or the caller may not INSERT into the table.';
 CREATE FUNCTION _pg_fencing.stamp_insert(value bigint, relation oid, protection bigint, resource text, token_column text)
 RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_insert';
 COMMENT ON FUNCTION _pg_fencing.stamp_insert(bigint, oid, bigint, text, text) IS

@@ -197,6 +197,24 @@ pub unsafe extern "C-unwind" fn pg_fencing_drop_row(fcinfo: FunctionCallInfo) ->
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_insert_row);
+/// `_pg_fencing.insert_row(new_token bigint, relation oid, protection bigint, token_column text,
+/// VARIADIC key "any") RETURNS bigint`: the INSERT fast path's per-row key check (see
+/// `guard/fast_path.rs`), made an INSERT's RETURNING list by the planner hook.
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_insert_row(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::fast_path::insert_row(&call).map(|t| stamp_result(fcinfo, t))
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_stamp_insert);
 /// `_pg_fencing.stamp_insert(value bigint, relation oid, protection bigint, resource text,
 /// token_column text) RETURNS bigint`: the INSERT fast path's row check (see

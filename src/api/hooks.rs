@@ -74,7 +74,7 @@ unsafe extern "C-unwind" fn planner(
             Some(mut q) => pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
                 fast_path::plan_insert(&mut q, guard_address())
             }),
-            None => false,
+            None => None,
         };
         let delete = match DeleteQuery::of(parse) {
             Some(mut q) => pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
@@ -82,10 +82,10 @@ unsafe extern "C-unwind" fn planner(
             }),
             None => None,
         };
-        let checked = delete == Some(true);
+        let checked = delete == Some(true) || inserted == Some(true);
         let prev = PREV_PLANNER.get().copied().flatten();
         let stmt = plan::plan_next(prev, parse, query_string, cursor_options, bound_params);
-        if marked || inserted || delete.is_some() {
+        if marked || inserted.is_some() || delete.is_some() {
             plan::add_marker(stmt);
         }
         if checked {

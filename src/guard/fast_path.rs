@@ -79,6 +79,8 @@ struct Functions {
     drop_row: Option<pg_sys::Oid>,
     /// The same for INSERTs.
     stamp_insert: Option<pg_sys::Oid>,
+    /// The same for per-row INSERTs' key check (then they keep the AFTER INSERT trigger).
+    insert_row: Option<pg_sys::Oid>,
 }
 
 thread_local! {
@@ -103,6 +105,7 @@ fn functions() -> Option<Functions> {
         stamp_resource: plan::internal_function(c"stamp_resource")?,
         drop_row: plan::internal_function(c"drop_row"),
         stamp_insert: plan::internal_function(c"stamp_insert"),
+        insert_row: plan::internal_function(c"insert_row"),
     };
     FUNCTIONS.with(|c| c.set(Some(f)));
     Some(f)
@@ -201,29 +204,45 @@ fn plan_update_inner(q: &mut UpdateQuery, guard_address: usize) -> Option<()> {
 /// the expression and could change the token column, where the guard ran last); per-row mode
 /// needs an immediate primary key, and a resource-mode INSERT must set the command's row count
 /// (its mark is stored when it finished, if a row was written).
-pub fn plan_insert(q: &mut InsertQuery, guard_address: usize) -> bool {
-    plan_insert_inner(q, guard_address).is_some()
+///
+/// A per-row INSERT without RETURNING or ON CONFLICT also gets
+/// `_pg_fencing.insert_row(token_column, table, protection, column, key…)` as its RETURNING list
+/// (hidden: the statement returns no rows), evaluated for each row once it is in the unique
+/// index; its keys are checked against their tombstones when the statement finished
+/// (`finish_write`), in one look at the protection's highest tombstone when every row's token is
+/// at least that (and the floor). Such an INSERT no longer fires the AFTER INSERT trigger.
+/// Returns `None` if it keeps the guard's triggers, else whether the RETURNING list was added
+/// (then it is to be hidden).
+pub fn plan_insert(q: &mut InsertQuery, guard_address: usize) -> Option<bool> {
+    plan_insert_inner(q, guard_address)
 }
 
-fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<()> {
+fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<bool> {
     let relid = q.target()?;
     plan::with_relation(relid, |rel| {
         let guard = rel.trigger_named(GUARD)?;
         if !guard.fires_on_origin() || !is_guard(guard.function, guard_address) {
             return None;
         }
-        let stamp = functions()?.stamp_insert?;
+        let funcs = functions()?;
+        let stamp = funcs.stamp_insert?;
         let args = trigger::args_of(guard.oid, &guard.args).ok()?;
         trigger::verify_protection(relid, &args, &|| rel.name()).ok()?;
         if !rel.is_plain_table() || rel.other_before_insert_triggers(guard.function) {
             return None;
         }
         let token_attnum = rel.bigint_column(&args.token_column).ok()?;
+        let mut key_check = None;
         match &args.resource {
             None => {
                 let (pk, immediate) = rel.primary_key();
                 if pk.is_empty() || !immediate {
                     return None;
+                }
+                // With a RETURNING list of its own, or ON CONFLICT (whose DO UPDATE returns the
+                // rows it updated), the AFTER INSERT trigger checks the keys.
+                if !q.returns_or_conflicts() {
+                    key_check = funcs.insert_row.map(|f| (f, pk));
                 }
             }
             // Rows an ON CONFLICT DO UPDATE updates are counted in the statement's row count
@@ -243,7 +262,18 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<()> {
                 StampArg::Text(&column),
             ],
         );
-        Some(())
+        let Some((insert_row, pk)) = key_check else {
+            return Some(false);
+        };
+        let mut call = vec![
+            StampArg::Column(token_attnum),
+            StampArg::Oid(relid),
+            StampArg::Int8(args.protection),
+            StampArg::Text(&column),
+        ];
+        call.extend(pk.iter().map(|a| StampArg::Column(*a)));
+        q.add_check(rel, insert_row, &call);
+        Some(true)
     })
 }
 
@@ -313,11 +343,15 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
     }
     // The arguments first: which triggers an INSERT replaces depends on the mode.
     let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
+    // A per-row INSERT whose plan checks its keys in its hidden RETURNING list (`insert_row`).
+    let new_keys = exec.is_insert() && args.resource.is_none() && exec.has_hidden_check();
     let names: &[&CStr] = match (exec.is_insert(), &args.resource) {
         // Resource-mode INSERT: the AFTER INSERT trigger's work (storing a raised mark once a
-        // row was written) is done when the executor finished (`finish_write`). A per-row
-        // INSERT keeps it: it checks the key's tombstone once the row is in the unique index.
+        // row was written) is done when the executor finished (`finish_write`); per-row mode's
+        // (checking the key's tombstone once the row is in the unique index) by `insert_row`
+        // and `finish_write`. A per-row INSERT planned without that keeps the trigger.
         (true, Some(_)) => &REPLACED_INSERT_RESOURCE,
+        (true, None) if new_keys => &REPLACED_INSERT_RESOURCE,
         _ => &REPLACED,
     };
     if exec.drop_events(function, names, GUARD) > 0 {
@@ -350,38 +384,74 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
         }
         if exec.is_delete() || exec.is_insert() {
             // The row triggers' work: the mark is stored once a row was written.
-            WRITES.with(|w| {
-                w.borrow_mut().insert(
-                    statement,
-                    Running {
-                        relid,
-                        protection: args.protection,
-                        resource: resource.clone(),
-                        subxact: crate::pg::process::current_subxact(),
-                        highest: if exec.is_delete() { token } else { None },
-                        delete: exec.is_delete(),
-                    },
-                )
-            });
+            let work = Work::Mark {
+                resource: resource.clone(),
+                highest: if exec.is_delete() { token } else { None },
+                delete: exec.is_delete(),
+            };
+            begin_write(statement, relid, args.protection, work);
         }
+    } else if new_keys {
+        begin_write(
+            statement,
+            relid,
+            args.protection,
+            Work::NewKeys {
+                lowest: None,
+                keys: Vec::new(),
+            },
+        );
     }
     Ok(())
 }
 
-/// A resource-mode DELETE or INSERT on the fast path, while it runs.
+fn begin_write(statement: usize, relid: pg_sys::Oid, protection: i64, work: Work) {
+    WRITES.with(|w| {
+        w.borrow_mut().insert(
+            statement,
+            Running {
+                relid,
+                protection,
+                subxact: crate::pg::process::current_subxact(),
+                work,
+            },
+        )
+    });
+}
+
+/// A fast-path statement whose work is finished when the executor finished (`finish_write`),
+/// while it runs.
 struct Running {
     relid: pg_sys::Oid,
     protection: i64,
-    resource: String,
     /// The subtransaction that started it.
     subxact: pg_sys::SubTransactionId,
-    /// The highest token it carried so far: an INSERT's rows' (`stamp_insert`), a DELETE's at
-    /// its start. The mark stored when it finished is at least that, as the row triggers
-    /// stored each row's (the session's token may change during a statement).
-    highest: Option<Token>,
-    /// A DELETE (else an INSERT).
-    delete: bool,
+    work: Work,
 }
+
+/// What is left to do when it finished.
+enum Work {
+    /// A resource-mode DELETE or INSERT: store the raised mark if a row was written.
+    Mark {
+        resource: String,
+        /// The highest token it carried so far: an INSERT's rows' (`stamp_insert`), a DELETE's
+        /// at its start. The mark stored when it finished is at least that, as the row triggers
+        /// stored each row's (the session's token may change during a statement).
+        highest: Option<Token>,
+        /// A DELETE (else an INSERT).
+        delete: bool,
+    },
+    /// A per-row INSERT: check the new keys `insert_row` noted (key text, the token stamped
+    /// into its row) against their tombstones; `lowest` is the lowest of those tokens.
+    NewKeys {
+        lowest: Option<Token>,
+        keys: Vec<(String, Token)>,
+    },
+}
+
+/// At most this many keys of one statement wait for `finish_write` (about 40 bytes each);
+/// `insert_row` checks the rows after them at once.
+const NOTED_KEYS: usize = 262_144;
 
 thread_local! {
     /// Resource-mode DELETEs and INSERTs on the fast path running now, by their memory context.
@@ -408,11 +478,39 @@ fn note_stamped(call: &StampCall, token: Token) {
         }
         for cxt in call.contexts() {
             if let Some(r) = w.get_mut(&cxt) {
-                r.highest = Some(r.highest.map_or(token, |h| h.max(token)));
+                if let Work::Mark { highest, .. } = &mut r.work {
+                    *highest = Some(highest.map_or(token, |h| h.max(token)));
+                }
                 return;
             }
         }
     });
+}
+
+/// `insert_row` checked a row of the running statement whose expression `call` is: note its
+/// key `key` (identified by text) and token, to be checked when the statement finished. False
+/// if there is no such statement, or it noted as many keys as it may: then the caller checks
+/// the key at once.
+fn note_new_key(call: &StampCall, key: &str, token: Token) -> bool {
+    WRITES.with(|w| {
+        let mut w = w.borrow_mut();
+        if w.is_empty() {
+            return false;
+        }
+        for cxt in call.contexts() {
+            if let Some(r) = w.get_mut(&cxt) {
+                return match &mut r.work {
+                    Work::NewKeys { lowest, keys } if keys.len() < NOTED_KEYS => {
+                        *lowest = Some(lowest.map_or(token, |l| l.min(token)));
+                        keys.push((key.to_string(), token));
+                        true
+                    }
+                    _ => false,
+                };
+            }
+        }
+        false
+    })
 }
 
 /// ExecutorFinish: the statement whose memory context is `statement` wrote `rows` rows. A
@@ -430,7 +528,17 @@ pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
     }
     let relid = running.relid;
     rule::require_active(running.protection, &|| relation_name(relid))?;
-    let token = match (running.delete, running.highest) {
+    let (resource, highest, delete) = match running.work {
+        Work::Mark {
+            resource,
+            highest,
+            delete,
+        } => (resource, highest, delete),
+        Work::NewKeys { lowest, keys } => {
+            return finish_new_keys(running.protection, relid, lowest, keys);
+        }
+    };
+    let token = match (delete, highest) {
         // An INSERT whose rows were stamped: the highest of them.
         (false, Some(h)) => h,
         // A DELETE that had a token at its start: the token now, if any, must pass the rule
@@ -438,20 +546,51 @@ pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
         // gone by now (an AFTER trigger reset it) leaves the start's.
         (true, Some(start)) => match rule::write_token_if_any()? {
             Some(now) => {
-                rule::admit_resource(&running.resource, now, false)?;
+                rule::admit_resource(&resource, now, false)?;
                 start.max(now)
             }
             None => start,
         },
         _ => session_token(relid)?,
     };
-    rule::admit_resource(&running.resource, token, true)?;
+    rule::admit_resource(&resource, token, true)?;
     // Counted per row written, as the row triggers counted.
-    crate::state::stats::accepted_more(
-        crate::state::stats::Kind::Resource,
-        &running.resource,
-        rows - 1,
-    );
+    crate::state::stats::accepted_more(crate::state::stats::Kind::Resource, &resource, rows - 1);
+    Ok(())
+}
+
+/// A per-row fast-path INSERT finished: every row is in the unique index, so the tombstones read
+/// now are authoritative for its keys (as for the AFTER INSERT trigger, see `rule`). When the
+/// lowest token of its rows is at least the protection's highest tombstone and its floor, no
+/// key's mark is above its row's token; else each key is checked.
+fn finish_new_keys(
+    protection: i64,
+    relid: pg_sys::Oid,
+    lowest: Option<Token>,
+    keys: Vec<(String, Token)>,
+) -> Result<(), FenceError> {
+    let Some(lowest) = lowest else {
+        return Ok(());
+    };
+    let threshold = crate::state::tombstones::new_key_threshold(protection);
+    if threshold.is_some_and(|t| t.is_none_or(|t| lowest >= t)) {
+        crate::state::stats::accepted_more(
+            crate::state::stats::Kind::Table,
+            &protection.to_string(),
+            keys.len() as u64,
+        );
+        return Ok(());
+    }
+    let not_hashed = |_: &str| false;
+    for (key, token) in &keys {
+        pgrx::check_for_interrupts!();
+        let tomb = rule::TombKey {
+            text: key,
+            hash: None,
+            same: &not_hashed,
+        };
+        rule::admit_row_insert(protection, &|| relation_name(relid), &tomb, *token, true)?;
+    }
     Ok(())
 }
 
@@ -716,5 +855,53 @@ pub fn stamp_insert(call: &StampCall) -> Result<Option<Token>, FenceError> {
         }
         None => trigger::count_after_expected(),
     }
+    Ok(Some(token))
+}
+
+/// `_pg_fencing.insert_row(new_token, table, protection, token_column, key…)`: the per-row
+/// guard's AFTER INSERT work for one row of a fast-path INSERT (its hidden RETURNING list,
+/// evaluated once the row is in the unique index): the key is checked against its tombstone with
+/// the token stamped into the row. A key identified by text is noted and checked when the
+/// statement finished (`finish_write`); one identified by hash, or one past the statement's
+/// `NOTED_KEYS`, at once. Returns the row's token.
+pub fn insert_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
+    let stamped = call.bigint(0);
+    if crate::pg::process::replica_mode() {
+        return Ok(stamped);
+    }
+    let relid = call.oid(1);
+    let protection = call.bigint(2).unwrap_or(0);
+    check_site_once(call, || {
+        check_site(
+            call,
+            relid,
+            protection,
+            None,
+            call.text(3),
+            plan::EVENT_INSERT,
+            plan::may_insert,
+        )
+    })?;
+    rule::require_active(protection, &|| relation_name(relid))?;
+    // As the AFTER INSERT trigger: the token the row was stamped with (stamp_insert), even if
+    // the session's changed since.
+    let token = match stamped {
+        Some(t) => t,
+        None => session_token(relid)?,
+    };
+    trigger::count_after_fired();
+    let typed = call.typed(4);
+    let key = crate::pg::trigger_event::key_text_of(&typed);
+    let hash = crate::state::tombstones::key_hash_of_values(protection, &typed);
+    if hash.is_none() && note_new_key(call, &key, token) {
+        return Ok(Some(token));
+    }
+    let same = |text: &str| crate::state::tombstones::equals_text_typed(protection, &typed, text);
+    let tomb = rule::TombKey {
+        text: &key,
+        hash,
+        same: &same,
+    };
+    rule::admit_row_insert(protection, &|| relation_name(relid), &tomb, token, true)?;
     Ok(Some(token))
 }

@@ -74,6 +74,12 @@ pub fn count_after_expected() {
     count(|f| f.after_expected = f.after_expected.wrapping_add(1));
 }
 
+/// A row of a fast-path INSERT whose key check the INSERT's own RETURNING list took over from
+/// the AFTER INSERT trigger (`fast_path::insert_row`).
+pub fn count_after_fired() {
+    count(|f| f.after_fired = f.after_fired.wrapping_add(1));
+}
+
 /// A fast-path UPDATE with a result relation whose guard trigger is missing or disabled.
 pub fn count_unguarded_statement() {
     count(|f| f.unguarded_statements = f.unguarded_statements.wrapping_add(1));

@@ -155,6 +155,68 @@ pub fn read_by_index(
     Some(found)
 }
 
+/// The highest value column of the rows whose leading index columns equal `keys` (as for
+/// [`read_by_index`]), through an index of `which` whose next column is the value column, read
+/// backwards with the latest committed snapshot: the first visible row is the highest. `None` if
+/// the table or index cannot be found this way; `Some(None)` if there is no such row.
+pub fn max_by_index(
+    which: &UniqueIndex,
+    keys: &[(i16, u32, pg_sys::Datum)],
+) -> Option<Option<i64>> {
+    let t = locate(which)?;
+    let mut found = None;
+    // SAFETY: as in `scan` (same relation, snapshot, scan key and lifetime rules), with an
+    // ordered scan: systable_beginscan_ordered requires the index to belong to the table (looked
+    // up together, see `scan`) and raises ERROR otherwise; systable_getnext_ordered returns NULL
+    // or a tuple of `heap` valid until the next call or systable_endscan_ordered. The value
+    // (a bigint) is read by value before the scan moves on.
+    unsafe {
+        let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let index = pg_sys::index_open(t.index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let tupdesc = (*heap).rd_att;
+        let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
+        for (i, (attno, proc_, value)) in keys.iter().enumerate() {
+            let collation =
+                crate::pg::compat::tuple_desc_attr(tupdesc, (*attno - 1) as usize).attcollation;
+            let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
+            // An ordered scan's keys name index columns: the leading ones, in order.
+            pg_sys::ScanKeyEntryInitialize(
+                &mut key,
+                0,
+                (i + 1) as pg_sys::AttrNumber,
+                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::Oid::INVALID,
+                collation,
+                pg_sys::Oid::from(*proc_),
+                *value,
+            );
+            scankeys.push(key);
+        }
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan_ordered(
+            heap,
+            index,
+            snapshot,
+            scankeys.len() as i32,
+            scankeys.as_mut_ptr(),
+        );
+        let tuple =
+            pg_sys::systable_getnext_ordered(scan, pg_sys::ScanDirection::BackwardScanDirection);
+        if !tuple.is_null() {
+            let mut isnull = false;
+            let d = pg_sys::heap_getattr(tuple, t.value_attnum, tupdesc, &mut isnull);
+            if !isnull {
+                found = Some(d.value() as i64);
+            }
+        }
+        pg_sys::systable_endscan_ordered(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+    }
+    Some(found)
+}
+
 /// The attribute number of column `name` of the table of `which`.
 pub fn column_number(which: &UniqueIndex, name: &CStr) -> Option<i16> {
     let t = locate(which)?;

@@ -325,19 +325,33 @@ impl DeleteQuery {
     /// is evaluated for each row the DELETE deletes, on the version it deleted. The statement
     /// still returns no rows: [`hide_returning`] is called on its plan.
     pub fn add_check(&mut self, rel: Relation, function: pg_sys::Oid, args: &[StampArg]) {
-        // SAFETY: main thread, inside the planner's call (the Query is the planner's, in the
-        // current memory context, where `stamp_expr` makes the nodes); the list had no entries.
-        unsafe {
-            let q = &mut *self.q;
-            let expr = stamp_expr(q.resultRelation, rel, function, args);
-            let tle = pg_sys::makeTargetEntry(
-                expr.cast(),
-                1,
-                pg_sys::pstrdup(c"pg_fencing_check".as_ptr()),
-                false,
-            );
-            q.returningList = pg_sys::lappend(std::ptr::null_mut(), tle.cast());
-        }
+        // SAFETY: the planner's Query of a DELETE without RETURNING (`of`).
+        unsafe { returning_check(self.q, rel, function, args) }
+    }
+}
+
+/// Make `function(args…)` the RETURNING list of `q`, which has none.
+///
+/// # Safety
+/// Main thread, inside the planner's call; `q` is the planner's Query, whose RETURNING list is
+/// empty. The nodes are made in the current memory context (the planner's).
+unsafe fn returning_check(
+    q: *mut pg_sys::Query,
+    rel: Relation,
+    function: pg_sys::Oid,
+    args: &[StampArg],
+) {
+    // SAFETY: per the contract.
+    unsafe {
+        let q = &mut *q;
+        let expr = stamp_expr(q.resultRelation, rel, function, args);
+        let tle = pg_sys::makeTargetEntry(
+            expr.cast(),
+            1,
+            pg_sys::pstrdup(c"pg_fencing_check".as_ptr()),
+            false,
+        );
+        q.returningList = pg_sys::lappend(std::ptr::null_mut(), tle.cast());
     }
 }
 
@@ -348,6 +362,22 @@ pub struct InsertQuery {
 }
 
 impl InsertQuery {
+    /// Has the INSERT a RETURNING list or an `ON CONFLICT` clause?
+    pub fn returns_or_conflicts(&self) -> bool {
+        // SAFETY: the planner's Query, valid for the hook's call.
+        unsafe { !(*self.q).returningList.is_null() || !(*self.q).onConflict.is_null() }
+    }
+
+    /// Make `function(args…)` the INSERT's RETURNING list (`rel` is the target table, open): it
+    /// is evaluated for each row the INSERT inserts, once the row is in the table's indexes
+    /// (ExecInsert inserts the index entries, then projects RETURNING). The statement still
+    /// returns no rows: [`hide_returning`] is called on its plan. Only for an INSERT for which
+    /// [`returns_or_conflicts`](Self::returns_or_conflicts) is false.
+    pub fn add_check(&mut self, rel: Relation, function: pg_sys::Oid, args: &[StampArg]) {
+        // SAFETY: the planner's Query (`of`); the caller checked it has no RETURNING list.
+        unsafe { returning_check(self.q, rel, function, args) }
+    }
+
     /// Has the INSERT an `ON CONFLICT … DO UPDATE` clause?
     pub fn updates_on_conflict(&self) -> bool {
         // SAFETY: the planner's Query, valid for the hook's call; `onConflict` is NULL or an
@@ -427,8 +457,8 @@ impl InsertQuery {
     }
 }
 
-/// The plan of a DELETE whose RETURNING list [`DeleteQuery::add_check`] made: it sends no rows
-/// (the executor evaluates the list for each deleted row and, without `hasReturning`, passes
+/// The plan of a DELETE or INSERT whose RETURNING list `add_check` made: it sends no rows
+/// (the executor evaluates the list for each deleted or inserted row and, without `hasReturning`, passes
 /// the results to no one: ExecutePlan sends tuples only for SELECT or `hasReturning`, SPI and
 /// portals choose their behaviour by it).
 ///
@@ -638,6 +668,19 @@ impl ModifyExecution {
     /// Is this a DELETE?
     pub fn is_delete(&self) -> bool {
         self.event == pg_sys::TRIGGER_TYPE_DELETE
+    }
+
+    /// Does the plan evaluate a RETURNING list it does not return (`add_check`'s, hidden by
+    /// [`hide_returning`])?
+    pub fn has_hidden_check(&self) -> bool {
+        // SAFETY: the started executor's PlannedStmt and ModifyTable state, valid for the call;
+        // the state's plan is its ModifyTable node.
+        unsafe {
+            let mt_plan = (*self.mt).ps.plan.cast::<pg_sys::ModifyTable>();
+            !(*(*self.qd).plannedstmt).hasReturning
+                && !mt_plan.is_null()
+                && !(*mt_plan).returningLists.is_null()
+        }
     }
 
     /// Is this an INSERT?

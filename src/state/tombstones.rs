@@ -89,6 +89,14 @@ const TOMB_HASH_INDEX: UniqueIndex = UniqueIndex {
     value: c"high_water",
 };
 
+/// Tombstones by (protection, mark): the highest of a protection read backwards. Missing before
+/// 0.2.0's schema.
+const TOMB_HIGH_INDEX: UniqueIndex = UniqueIndex {
+    table: c"row_tombstone",
+    index: c"row_tombstone_high_water",
+    value: c"high_water",
+};
+
 const FLOOR_INDEX: UniqueIndex = UniqueIndex {
     table: c"protected_table",
     index: c"protected_table_pkey",
@@ -372,6 +380,37 @@ pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
         .map(|(_, h)| h)
         .max();
     exact.max(equal)
+}
+
+/// The lowest token a new key of protection `protection` may carry without a look at its own
+/// tombstone: the highest of the protection's tombstones (this transaction's pending ones
+/// included) and its tombstone floor. A key's mark is its tombstone or else the floor, so a
+/// token at least this high passes every key's. `None` if it cannot be read this way (the schema
+/// before 0.2.0 has no index for it): then each key is looked up. Read with the latest committed
+/// snapshot, so it is authoritative for rows already in the unique index (see `rule`).
+pub fn new_key_threshold(protection: i64) -> Option<Option<Token>> {
+    flush_tombstones();
+    let p = pg_sys::Datum::from(protection);
+    let highest = crate::pg::index::max_by_index(&TOMB_HIGH_INDEX, &[(1, pg_sys::F_INT8EQ, p)])?;
+    Some(highest.max(tombstone_floor(protection)))
+}
+
+/// Does the key whose columns have `values` (in key order) equal the key printed as `text`, by
+/// the key's own equality (`pg/key_identity.rs`)? For keys identified by hash; true when it
+/// cannot tell (as `KeyIdentity::equals_text`: a tombstone that may be the key's counts).
+pub fn equals_text_typed(
+    protection: i64,
+    values: &[(Option<pg_sys::Datum>, pg_sys::Oid)],
+    text: &str,
+) -> bool {
+    let Some(identity) = identity_of(protection) else {
+        return true;
+    };
+    if values.iter().any(|(d, _)| d.is_none()) {
+        return true;
+    }
+    let datums: Vec<pg_sys::Datum> = values.iter().filter_map(|(d, _)| *d).collect();
+    identity.equals_text(&datums, text)
 }
 
 thread_local! {

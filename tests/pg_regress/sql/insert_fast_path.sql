@@ -1,8 +1,11 @@
 -- The INSERT fast path (src/guard/fast_path.rs): an INSERT into a plain protected table gets
 -- _pg_fencing.stamp_insert(...) as its token column's value instead of the guard's BEFORE INSERT
--- row trigger. Per-row mode keeps the AFTER INSERT trigger (the key's tombstone, once the row is
--- in the unique index); resource mode checks the mark when the executor starts and stores it when
--- it finished, if a row was written. Calls are counted by track_functions.
+-- row trigger. Per-row mode checks each key's tombstone once the row is in the unique index: in
+-- the hidden RETURNING list _pg_fencing.insert_row(...) and, for keys identified by text, when the
+-- statement finished, in one look at the highest tombstone when every row's token is at least
+-- that (an INSERT with RETURNING or ON CONFLICT keeps the AFTER INSERT trigger); resource mode
+-- checks the mark when the executor starts and stores it when it finished, if a row was written.
+-- Calls are counted by track_functions.
 \set VERBOSITY terse
 SET track_functions = 'all';
 CREATE TABLE ip_row (id int PRIMARY KEY, v int NOT NULL);
@@ -40,8 +43,9 @@ $$;
 SELECT ip_plan('INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(1, 3) g');
 SELECT ip_plan('INSERT INTO ip_res VALUES (1, 0, 99)');
 
--- Per-row mode: each row is stamped by the expression; only the AFTER INSERT trigger fires. A
--- value the statement gives the token column is overwritten, as the trigger did.
+-- Per-row mode: each row is stamped by the expression; the guard's triggers do not fire, but for
+-- the AFTER INSERT trigger of the INSERT with RETURNING. A value the statement gives the token
+-- column is overwritten, as the trigger did.
 BEGIN; SET LOCAL pg_fencing.token = '10';
 SELECT ip_reset();
 INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(1, 5) g;
@@ -67,6 +71,64 @@ ROLLBACK;
 BEGIN; SET LOCAL pg_fencing.token = '20';
 INSERT INTO ip_row VALUES (1, 1), (2, 1);
 COMMIT;
+-- The check when the statement finished: keys deleted in one bulk DELETE at token 30 (a
+-- tombstone each, the highest of the table) and in this transaction at 40.
+BEGIN; SET LOCAL pg_fencing.token = '30'; DELETE FROM ip_row WHERE id BETWEEN 3 AND 7; COMMIT;
+-- A writer below the highest tombstone: keys without a tombstone pass, one with is refused,
+-- wherever it is in the statement, with the key in the message.
+BEGIN; SET LOCAL pg_fencing.token = '25';
+INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(100, 104) g;
+SAVEPOINT a;
+INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(200, 210) g UNION ALL SELECT 5, 0;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK TO a;
+INSERT INTO ip_row VALUES (6, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK TO a;
+-- A token that changes during the statement: the row with the lower one is checked as such.
+INSERT INTO ip_row (id, v)
+  SELECT g, CASE WHEN g = 7 THEN set_config('pg_fencing.token', '25', true)::int ELSE 0 END
+  FROM (VALUES (300), (7)) AS t(g), LATERAL (SELECT set_config('pg_fencing.token', '35', true)) s
+  ORDER BY g DESC;
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- A tombstone left earlier in the same transaction (not yet written out) counts.
+BEGIN; SET LOCAL pg_fencing.token = '40';
+DELETE FROM ip_row WHERE id = 8;
+SET LOCAL pg_fencing.token = '35';
+INSERT INTO ip_row VALUES (3, 0), (8, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- At or above the highest tombstone every key passes in one look; the rows' tokens are stamped.
+BEGIN; SET LOCAL pg_fencing.token = '30';
+SELECT ip_reset();
+INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(3, 7) g;
+SELECT * FROM ip_calls();
+SELECT count(*) FILTER (WHERE fence_token = 30) FROM ip_row WHERE id BETWEEN 3 AND 7;
+ROLLBACK;
+-- The tombstone floor (fencing_prune_tombstones) is a mark for every key: a writer below it is
+-- refused, saying so.
+BEGIN;
+SELECT fencing_prune_tombstones('ip_row', 31, 0);
+SET LOCAL pg_fencing.token = '30';
+\set VERBOSITY default
+INSERT INTO ip_row VALUES (500, 0);
+\set VERBOSITY terse
+ROLLBACK;
+-- A key identified by hash (numeric: 5.0 and 5.00 are one key) is checked by the RETURNING list
+-- at once, against the tombstone of any equal key.
+CREATE TABLE ip_num (id numeric PRIMARY KEY, v int NOT NULL);
+SELECT fencing_protect('ip_num');
+BEGIN; SET LOCAL pg_fencing.token = '50'; INSERT INTO ip_num VALUES (5.0, 0); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '60'; DELETE FROM ip_num; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '55';
+INSERT INTO ip_num VALUES (5.00, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '60';
+INSERT INTO ip_num VALUES (5.00, 0);
+COMMIT;
+DROP TABLE ip_num;
 -- ON CONFLICT DO UPDATE: the insert part is stamped, the update part goes through the guard's
 -- UPDATE trigger (a stale update of a newer row is refused).
 BEGIN; SET LOCAL pg_fencing.token = '15';

@@ -1,7 +1,8 @@
 //! The INSERT, UPDATE and DELETE fast paths (docs/design.md, "The UPDATE fast path", "The
 //! DELETE fast path", "The INSERT fast path"). An INSERT into a plain table gets
-//! `_pg_fencing.stamp_insert(…)` as its token column's value (`plan_insert`); per-row mode keeps
-//! the AFTER INSERT trigger, resource mode stores the mark when the statement finished. A DELETE
+//! `_pg_fencing.stamp_insert(…)` as its token column's value (`plan_insert`); per-row mode checks
+//! each key in a hidden RETURNING list (`insert_row`) and, for keys identified by text, when the
+//! statement finished (`finish_write`), resource mode stores the mark then. A DELETE
 //! without RETURNING gets `_pg_fencing.drop_row(…)` as its hidden RETURNING list
 //! (per-row mode: each deleted row checked on the version deleted, its tombstone left) or, in
 //! resource mode, nothing per row: the mark is checked when the executor starts and stored when
@@ -62,7 +63,8 @@ const REPLACED: [&CStr; 4] = [
     c"zz_pg_fencing_rekey",
     c"zz_pg_fencing_stmt",
 ];
-/// A resource-mode INSERT also replaces the AFTER INSERT trigger.
+/// A resource-mode INSERT, and a per-row one whose keys `insert_row` checks, also replaces the
+/// AFTER INSERT trigger.
 const REPLACED_INSERT_RESOURCE: [&CStr; 4] = [
     GUARD,
     c"zz_pg_fencing_replica",
@@ -518,7 +520,7 @@ fn note_new_key(call: &StampCall, key: &str, token: Token) -> bool {
 /// stored, as the guard's row triggers did (BEFORE DELETE, AFTER INSERT): for an INSERT the
 /// highest token its rows carry, for a DELETE the highest of its token at the start and now
 /// (FT002 without one, admitted again); one that wrote nothing (nothing matched, ON CONFLICT DO
-/// NOTHING) moves no mark.
+/// NOTHING) moves no mark. A per-row INSERT's noted keys are checked (`finish_new_keys`).
 pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
     let Some(running) = WRITES.with(|w| w.borrow_mut().remove(&statement)) else {
         return Ok(());
@@ -822,9 +824,9 @@ pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
 /// `_pg_fencing.stamp_insert(value, table, protection, resource, token_column)`: the guard's
 /// BEFORE INSERT work for one row of a fast-path INSERT (its token column's expression): the
 /// token to stamp (FT002 without one), admitted against the resource's mark in resource mode
-/// (stored when the statement finished, `finish_write`); in per-row mode the AFTER INSERT
-/// trigger then checks the key's tombstone. `value`, what the statement gave the column, is
-/// kept in replica mode.
+/// (stored when the statement finished, `finish_write`); in per-row mode `insert_row` (or the
+/// AFTER INSERT trigger) then checks the key's tombstone. `value`, what the statement gave the
+/// column, is kept in replica mode.
 pub fn stamp_insert(call: &StampCall) -> Result<Option<Token>, FenceError> {
     let value = call.bigint(0);
     if crate::pg::process::replica_mode() {

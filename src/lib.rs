@@ -96,6 +96,44 @@ mod tests {
     /// Random sequences of fenced operations from several holders agree with a model of the
     /// rule (proptest; see `model_check.rs`).
     #[cfg(feature = "pg_test")]
+    /// A caller's row limit (SPI_execute's count, as PL/Python's `plpy.execute(q, n)` passes
+    /// it) does not apply to an INSERT or DELETE without RETURNING: the fast paths' hidden
+    /// RETURNING list must not make it stop part-way (it inserted or deleted 2 of 5 rows).
+    #[pg_test]
+    fn a_row_limit_does_not_cut_short_a_fast_path_write() {
+        Spi::run("CREATE TABLE lim (id int PRIMARY KEY, v int)").unwrap();
+        Spi::run("SELECT fencing_protect('lim')").unwrap();
+        Spi::run("SET LOCAL pg_fencing.token = '5'").unwrap();
+        Spi::connect_mut(|client| {
+            client
+                .update(
+                    "INSERT INTO lim SELECT g, 0 FROM generate_series(1, 5) g",
+                    Some(2),
+                    &[],
+                )
+                .unwrap();
+        });
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM lim").unwrap(),
+            Some(5)
+        );
+        Spi::connect_mut(|client| {
+            client.update("DELETE FROM lim", Some(2), &[]).unwrap();
+        });
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM lim").unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            Spi::get_one::<i64>(
+                "SELECT count(*) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p \
+                 ON p.id = t.protection_id WHERE p.relid = 'lim'::regclass"
+            )
+            .unwrap(),
+            Some(5)
+        );
+    }
+
     #[pg_test]
     fn random_fenced_operations_agree_with_a_model_of_the_rule() {
         crate::model_check::run();

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 static PREV_PLANNER: OnceLock<pg_sys::planner_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock::new();
+static PREV_EXECUTOR_RUN: OnceLock<pg_sys::ExecutorRun_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_FINISH: OnceLock<pg_sys::ExecutorFinish_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::new();
 static PREV_OBJECT_ACCESS: OnceLock<pg_sys::object_access_hook_type> = OnceLock::new();
@@ -34,6 +35,9 @@ pub fn init() {
         }
         if PREV_EXECUTOR_START.set(pg_sys::ExecutorStart_hook).is_ok() {
             pg_sys::ExecutorStart_hook = Some(executor_start);
+        }
+        if PREV_EXECUTOR_RUN.set(pg_sys::ExecutorRun_hook).is_ok() {
+            pg_sys::ExecutorRun_hook = Some(executor_run);
         }
         if PREV_EXECUTOR_FINISH
             .set(pg_sys::ExecutorFinish_hook)
@@ -117,6 +121,40 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         if let Err(e) = outcome {
             raise(e);
         }
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's executor to call (installed by `init`), on the main thread.
+#[cfg(feature = "pg15")]
+unsafe extern "C-unwind" fn executor_run(
+    query_desc: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+    execute_once: bool,
+) {
+    // SAFETY: the executor's own arguments, passed on; only the row count of a plan whose
+    // RETURNING list is hidden changes (`run_count`, which reads plain plan fields).
+    unsafe {
+        let count = plan::run_count(query_desc, count);
+        let prev = PREV_EXECUTOR_RUN.get().copied().flatten();
+        plan::executor_run_next(prev, query_desc, direction, count, execute_once);
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's executor to call (installed by `init`), on the main thread.
+#[cfg(feature = "pg18")]
+unsafe extern "C-unwind" fn executor_run(
+    query_desc: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+) {
+    // SAFETY: as for PostgreSQL 15 above.
+    unsafe {
+        let count = plan::run_count(query_desc, count);
+        let prev = PREV_EXECUTOR_RUN.get().copied().flatten();
+        plan::executor_run_next(prev, query_desc, direction, count);
     }
 }
 

@@ -243,7 +243,8 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<bool> 
                 }
                 // With a RETURNING list of its own, or ON CONFLICT (whose DO UPDATE returns the
                 // rows it updated), the AFTER INSERT trigger checks the keys.
-                if !q.returns_or_conflicts() {
+                // An INSERT a rule adds (it sets no row count) keeps it too.
+                if !q.returns_or_conflicts() && q.sets_tag() {
                     key_check = funcs.insert_row.map(|f| (f, pk));
                 }
             }
@@ -525,21 +526,23 @@ pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
     let Some(running) = WRITES.with(|w| w.borrow_mut().remove(&statement)) else {
         return Ok(());
     };
-    if rows == 0 || crate::pg::process::replica_mode() {
-        return Ok(());
-    }
     let relid = running.relid;
-    rule::require_active(running.protection, &|| relation_name(relid))?;
     let (resource, highest, delete) = match running.work {
         Work::Mark {
             resource,
             highest,
             delete,
         } => (resource, highest, delete),
+        // Every key noted is checked, whatever the row count says (`insert_row` runs for rows
+        // really inserted, and notes none in replica mode).
         Work::NewKeys { lowest, keys } => {
             return finish_new_keys(running.protection, relid, lowest, keys);
         }
     };
+    if rows == 0 || crate::pg::process::replica_mode() {
+        return Ok(());
+    }
+    rule::require_active(running.protection, &|| relation_name(relid))?;
     let token = match (delete, highest) {
         // An INSERT whose rows were stamped: the highest of them.
         (false, Some(h)) => h,
@@ -574,6 +577,7 @@ fn finish_new_keys(
     let Some(lowest) = lowest else {
         return Ok(());
     };
+    rule::require_active(protection, &|| relation_name(relid))?;
     let threshold = crate::state::tombstones::new_key_threshold(protection);
     if threshold.is_some_and(|t| t.is_none_or(|t| lowest >= t)) {
         crate::state::stats::accepted_more(

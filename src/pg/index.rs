@@ -25,8 +25,9 @@ struct Located {
 }
 
 thread_local! {
-    /// Per (table, index) name; dropped on relcache invalidation (`forget_located`).
-    static LOCATED: RefCell<FxHashMap<(&'static CStr, &'static CStr), Located>> =
+    /// Per (table, index, value column) name; dropped on relcache invalidation
+    /// (`forget_located`).
+    static LOCATED: RefCell<FxHashMap<(&'static CStr, &'static CStr, &'static CStr), Located>> =
         RefCell::new(FxHashMap::default());
 }
 
@@ -36,7 +37,8 @@ pub fn forget_located() {
 }
 
 fn locate(which: &UniqueIndex) -> Option<Located> {
-    if let Some(t) = LOCATED.with(|m| m.borrow().get(&(which.table, which.index)).copied()) {
+    let key = (which.table, which.index, which.value);
+    if let Some(t) = LOCATED.with(|m| m.borrow().get(&key).copied()) {
         return Some(t);
     }
     // SAFETY: catalog lookups on the backend's main thread inside a transaction (every caller runs
@@ -64,7 +66,7 @@ fn locate(which: &UniqueIndex) -> Option<Located> {
             value_attnum,
         }
     };
-    LOCATED.with(|m| m.borrow_mut().insert((which.table, which.index), t));
+    LOCATED.with(|m| m.borrow_mut().insert(key, t));
     Some(t)
 }
 

@@ -27,6 +27,21 @@ unsafe extern "C-unwind" {
     fn standard_executor_start_unguarded(query_desc: *mut pg_sys::QueryDesc, eflags: c_int);
     #[link_name = "standard_ExecutorFinish"]
     fn standard_executor_finish_unguarded(query_desc: *mut pg_sys::QueryDesc);
+    #[cfg(feature = "pg15")]
+    #[link_name = "standard_ExecutorRun"]
+    fn standard_executor_run_unguarded(
+        query_desc: *mut pg_sys::QueryDesc,
+        direction: pg_sys::ScanDirection::Type,
+        count: u64,
+        execute_once: bool,
+    );
+    #[cfg(feature = "pg18")]
+    #[link_name = "standard_ExecutorRun"]
+    fn standard_executor_run_unguarded(
+        query_desc: *mut pg_sys::QueryDesc,
+        direction: pg_sys::ScanDirection::Type,
+        count: u64,
+    );
     #[link_name = "standard_ExecutorEnd"]
     fn standard_executor_end_unguarded(query_desc: *mut pg_sys::QueryDesc);
 }
@@ -45,6 +60,67 @@ pub unsafe fn executor_end_next(
             Some(f) => f(query_desc),
             None => standard_executor_end_unguarded(query_desc),
         }
+    }
+}
+
+/// Run the executor with the previous hook, or PostgreSQL's (PostgreSQL 15: `execute_once`
+/// too; 18 has no such argument).
+///
+/// # Safety
+/// As [`plan_next`], for the ExecutorRun hook.
+#[cfg(feature = "pg15")]
+pub unsafe fn executor_run_next(
+    prev: pg_sys::ExecutorRun_hook_type,
+    query_desc: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+    execute_once: bool,
+) {
+    // SAFETY: the executor's own arguments, passed on (the count as `run_count` says).
+    unsafe {
+        match prev {
+            Some(f) => f(query_desc, direction, count, execute_once),
+            None => standard_executor_run_unguarded(query_desc, direction, count, execute_once),
+        }
+    }
+}
+
+/// As above, for PostgreSQL 18.
+///
+/// # Safety
+/// As [`plan_next`], for the ExecutorRun hook.
+#[cfg(feature = "pg18")]
+pub unsafe fn executor_run_next(
+    prev: pg_sys::ExecutorRun_hook_type,
+    query_desc: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+) {
+    // SAFETY: the executor's own arguments, passed on (the count as `run_count` says).
+    unsafe {
+        match prev {
+            Some(f) => f(query_desc, direction, count),
+            None => standard_executor_run_unguarded(query_desc, direction, count),
+        }
+    }
+}
+
+/// The row count to run `query_desc` with, given the caller's `count`: 0 (no limit) for a
+/// statement whose RETURNING list is hidden (`hide_returning`). Its ModifyTable returns a row
+/// for each row it writes, which the executor counts against the caller's limit although it
+/// sends none; a caller's limit (`SPI_execute(…, count)`, PL/Python's `plpy.execute(q, n)`)
+/// would stop the INSERT or DELETE part-way, where without RETURNING it writes every row.
+///
+/// # Safety
+/// `query_desc` must be the ExecutorRun hook's (its executor started).
+pub unsafe fn run_count(query_desc: *mut pg_sys::QueryDesc, count: u64) -> u64 {
+    if count == 0 {
+        return 0;
+    }
+    // SAFETY: per the contract; `ModifyExecution::of` checks the plan's shape.
+    match unsafe { ModifyExecution::of(query_desc) } {
+        Some(exec) if exec.has_hidden_check() => 0,
+        _ => count,
     }
 }
 

@@ -13,9 +13,10 @@ use pgrx::prelude::*;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 
+/// Tombstones of protections that no longer exist (`fencing_unprotect` earlier in the
+/// transaction) are left out before these run (`flush_tombstones`).
 const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, key_hash, high_water) \
      SELECT u.p, u.k, u.h, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3), pg_catalog.unnest($4)) AS u(p, k, t, h) \
-     WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
      ON CONFLICT (protection_id, key) DO UPDATE \
      SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash \
      WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water \
@@ -25,8 +26,19 @@ const SQL_STORE_TOMBS: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (prote
 /// EXTENSION pg_fencing UPDATE` (tombstones are matched by text there).
 const SQL_STORE_TOMBS_0_1: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
      SELECT u.p, u.k, u.t FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) AS u(p, k, t) \
-     WHERE EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.id OPERATOR(pg_catalog.=) u.p) \
      ON CONFLICT (protection_id, key) DO UPDATE \
+     SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
+/// One tombstone (the usual flush of a transaction that deleted one row): the same as
+/// `SQL_STORE_TOMBS` and `SQL_STORE_TOMBS_0_1` without arrays ($1 protection, $2 key, $3 mark,
+/// $4 hash).
+const SQL_STORE_TOMB: &str =
+    "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, key_hash, high_water) \
+     VALUES ($1, $2, $4, $3) ON CONFLICT (protection_id, key) DO UPDATE \
+     SET high_water = GREATEST(h.high_water, excluded.high_water), key_hash = excluded.key_hash \
+     WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water \
+        OR h.key_hash IS DISTINCT FROM excluded.key_hash";
+const SQL_STORE_TOMB_0_1: &str = "INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water) \
+     VALUES ($1, $2, $3) ON CONFLICT (protection_id, key) DO UPDATE \
      SET high_water = excluded.high_water WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water";
 /// Logical replication: while `_pg_fencing.tombstone_feed` is in a publication
 /// (`feed_published`), every tombstone written is also put in it under its table's qualified name
@@ -95,6 +107,13 @@ const TOMB_HIGH_INDEX: UniqueIndex = UniqueIndex {
     table: c"row_tombstone",
     index: c"row_tombstone_high_water",
     value: c"high_water",
+};
+
+/// Protections by id (the id itself read: is there such a protection?).
+const PROTECTION_INDEX: UniqueIndex = UniqueIndex {
+    table: c"protected_table",
+    index: c"protected_table_pkey",
+    value: c"id",
 };
 
 const FLOOR_INDEX: UniqueIndex = UniqueIndex {
@@ -541,17 +560,91 @@ pub fn flush_tombstones() {
             e.0 = t.token;
         }
     }
-    let mut protections = Vec::with_capacity(highest.len());
-    let mut keys = Vec::with_capacity(highest.len());
-    let mut tokens = Vec::with_capacity(highest.len());
-    let mut hashes: Vec<Option<i64>> = Vec::with_capacity(highest.len());
-    let hashed = highest.values().any(|(_, h)| h.is_some());
+    // Tombstones of a protection removed since (`fencing_unprotect` earlier in the transaction)
+    // are not kept. Read through the index with the latest committed snapshot, as the statements
+    // below would see it.
+    let mut gone: FxHashMap<i64, bool> = FxHashMap::default();
+    let mut rows: Vec<(i64, &str, Token, Option<i64>)> = Vec::with_capacity(highest.len());
     for ((p, k), (t, h)) in highest {
-        protections.push(p);
-        keys.push(k.to_string());
-        tokens.push(t);
-        hashes.push(h);
+        let is_gone = *gone.entry(p).or_insert_with(|| {
+            let id = pg_sys::Datum::from(p);
+            read_by_index(&PROTECTION_INDEX, &[(1, pg_sys::F_INT8EQ, id)]) == Some(None)
+        });
+        if !is_gone {
+            rows.push((p, k, t, h));
+        }
     }
+    // The deletes were allowed, so their tombstones must be written even if the transaction was
+    // switched to read-only since (SET transaction_read_only = on after the DELETE).
+    let lifted = crate::pg::process::ReadOnlyLifted::new();
+    let published = !rows.is_empty() && feed_published();
+    match rows[..] {
+        [] => {}
+        [(p, k, t, h)] if !published => store_one(p, k, t, h),
+        _ => store_batch(&rows, published),
+    }
+    drop(lifted);
+    // Written in the deleting subtransaction itself (the usual case): they stand or fall with
+    // it. Written in a younger one: remember them until the transaction ends.
+    let later: Vec<(PendingTombstone, pg_sys::SubTransactionId)> = pending
+        .into_iter()
+        .filter(|t| t.subxact < writer)
+        .map(|t| (t, writer))
+        .collect();
+    if !later.is_empty() {
+        FLUSHED_LATER.with(|f| f.borrow_mut().extend(later));
+    }
+}
+
+/// Write one tombstone (`SQL_STORE_TOMB`), as `store_batch` writes many.
+fn store_one(protection: i64, key: &str, token: Token, hash: Option<i64>) {
+    let k = text_datum(key);
+    let p = pg_sys::Datum::from(protection);
+    let t = pg_sys::Datum::from(token);
+    let store_hashed = |h: i64| {
+        exec_internal(
+            SQL_STORE_TOMB,
+            true,
+            &[
+                pg_sys::INT8OID,
+                pg_sys::TEXTOID,
+                pg_sys::INT8OID,
+                pg_sys::INT8OID,
+            ],
+            &mut [p, k, t, pg_sys::Datum::from(h)],
+            false,
+            as_token,
+        )
+    };
+    match hash {
+        Some(h) if has_key_hash() => {
+            store_hashed(h);
+        }
+        _ => {
+            exec_internal(
+                SQL_STORE_TOMB_0_1,
+                true,
+                &[pg_sys::INT8OID, pg_sys::TEXTOID, pg_sys::INT8OID],
+                &mut [p, k, t],
+                false,
+                as_token,
+            );
+            // As in `store_batch`: the schema may have been updated meanwhile.
+            if let Some(h) = hash.filter(|_| has_key_hash()) {
+                store_hashed(h);
+            }
+        }
+    }
+}
+
+/// Write the tombstones `rows` (protection, key, mark, hash) in one statement, and where the
+/// feed is `published`, put them in it by table name (`SQL_FEED_TOMBS`).
+fn store_batch(rows: &[(i64, &str, Token, Option<i64>)], published: bool) {
+    let protections: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let keys: Vec<String> = rows.iter().map(|r| r.1.to_string()).collect();
+    let tokens: Vec<i64> = rows.iter().map(|r| r.2).collect();
+    let hashes: Vec<Option<i64>> = rows.iter().map(|r| r.3).collect();
+    let hashed = hashes.iter().any(|h| h.is_some());
     let (Some(p), Some(k), Some(t), Some(h)) = (
         protections.into_datum(),
         keys.into_datum(),
@@ -561,15 +654,6 @@ pub fn flush_tombstones() {
         crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
             "could not build the tombstone batch".to_string(),
         ));
-    };
-    // The deletes were allowed, so their tombstones must be written even if the transaction was
-    // switched to read-only since (SET transaction_read_only = on after the DELETE).
-    let lifted = crate::pg::process::ReadOnlyLifted::new();
-    // Where the feed is published, the same batch also goes into it by table name (`SQL_FEED_TOMBS`).
-    let feed: &[&str] = if feed_published() {
-        &[SQL_FEED_TOMBS]
-    } else {
-        &[]
     };
     // A batch of keys identified by text alone (no hashes) needs no key_hash: NULL by default.
     const THREE: [pg_sys::Oid; 3] = [
@@ -610,19 +694,15 @@ pub fn flush_tombstones() {
             store_hashed();
         }
     }
-    for sql in feed {
-        exec_internal(sql, true, &THREE, &mut [p, k, t], false, as_token);
-    }
-    drop(lifted);
-    // Written in the deleting subtransaction itself (the usual case): they stand or fall with
-    // it. Written in a younger one: remember them until the transaction ends.
-    let later: Vec<(PendingTombstone, pg_sys::SubTransactionId)> = pending
-        .into_iter()
-        .filter(|t| t.subxact < writer)
-        .map(|t| (t, writer))
-        .collect();
-    if !later.is_empty() {
-        FLUSHED_LATER.with(|f| f.borrow_mut().extend(later));
+    if published {
+        exec_internal(
+            SQL_FEED_TOMBS,
+            true,
+            &THREE,
+            &mut [p, k, t],
+            false,
+            as_token,
+        );
     }
 }
 

@@ -115,6 +115,14 @@ SET LOCAL pg_fencing.token = '30';
 INSERT INTO ip_row VALUES (500, 0);
 \set VERBOSITY terse
 ROLLBACK;
+-- An INSERT a rule adds (it sets no row count) keeps the AFTER INSERT trigger, which refuses it.
+CREATE TABLE ip_src (k int);
+CREATE RULE ip_also AS ON INSERT TO ip_src DO ALSO INSERT INTO ip_row VALUES (NEW.k, 9);
+BEGIN; SET LOCAL pg_fencing.token = '25';
+INSERT INTO ip_src VALUES (5);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP TABLE ip_src;
 -- A key identified by hash (numeric: 5.0 and 5.00 are one key) is checked by the RETURNING list
 -- at once, against the tombstone of any equal key.
 CREATE TABLE ip_num (id numeric PRIMARY KEY, v int NOT NULL);

@@ -219,6 +219,132 @@ pub fn max_by_index(
     Some(found)
 }
 
+/// Insert a row into the table of `which` (a table of schema `_pg_fencing`) straight into its
+/// heap and each of its indexes, as `INSERT` would without its executor: `columns` gives a
+/// value (`None`: NULL) by column name; every other column must be nullable without a default.
+/// Unique indexes are checked (a duplicate raises 23505, as `INSERT` would). Constraints are
+/// not: the caller passes values that meet them. The row is visible to the transaction's later
+/// reads (command counter advanced). Returns false, writing nothing, if the table cannot be
+/// found this way, a column is unknown or missing, or an INSERT trigger would fire (then the
+/// caller runs its `INSERT`).
+pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datum>)]) -> bool {
+    let Some(t) = locate(which) else {
+        return false;
+    };
+    // SAFETY: backend main thread inside a transaction (as for `locate`); `t.heap` is a table of
+    // schema `_pg_fencing` (a vanished OID makes table_open raise ERROR). The table is opened and
+    // locked as INSERT would (RowExclusiveLock, kept to the end of the transaction), so its
+    // descriptor, trigger descriptor and index list stay valid until table_close. The value
+    // arrays have `natts` entries and each given datum is of its column's type (the caller's
+    // values, alive for the call). The tuple is formed in the current memory context and
+    // inserted by simple_heap_insert (WAL-logged, raising ERROR rather than failing silently).
+    // Each index is opened with RowExclusiveLock; BuildIndexInfo, FormIndexDatum and the
+    // predicate are evaluated against a single-tuple slot holding the new tuple, in an executor
+    // state made here and freed before returning (an ERROR in between frees them with the
+    // transaction's memory). index_insert gets arrays of INDEX_MAX_KEYS entries. The only
+    // partial index of pg_fencing's tables tests `IS NOT NULL` (never NULL), so ExecCheck (NULL
+    // counts as true) decides as ExecQual would.
+    unsafe {
+        let heap = pg_sys::table_open(t.heap, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        let close = |heap| pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        // Triggers that would fire for an INSERT in this session: leave it to INSERT.
+        let td = (*heap).trigdesc;
+        if !td.is_null() && !(*td).triggers.is_null() {
+            let replica = pg_sys::SessionReplicationRole
+                == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as std::ffi::c_int;
+            let fires =
+                std::slice::from_raw_parts((*td).triggers, (*td).numtriggers.max(0) as usize)
+                    .iter()
+                    .any(|tg| {
+                        let enabled = tg.tgenabled as u8;
+                        (tg.tgtype as u32) & pg_sys::TRIGGER_TYPE_INSERT != 0
+                            && enabled != pg_sys::TRIGGER_DISABLED
+                            && (enabled == pg_sys::TRIGGER_FIRES_ALWAYS
+                                || (enabled == pg_sys::TRIGGER_FIRES_ON_REPLICA) == replica)
+                    });
+            if fires {
+                close(heap);
+                return false;
+            }
+        }
+        let tupdesc = (*heap).rd_att;
+        let natts = (*tupdesc).natts.max(0) as usize;
+        let mut values = vec![pg_sys::Datum::from(0usize); natts];
+        let mut nulls = vec![true; natts];
+        let mut given = vec![false; natts];
+        for (name, value) in columns {
+            let a = pg_sys::get_attnum(t.heap, name.as_ptr());
+            if a <= 0 || a as usize > natts {
+                close(heap);
+                return false;
+            }
+            let i = a as usize - 1;
+            values[i] = value.unwrap_or(pg_sys::Datum::from(0usize));
+            nulls[i] = value.is_none();
+            given[i] = true;
+        }
+        for (i, g) in given.iter().enumerate() {
+            let att = crate::pg::compat::tuple_desc_attr(tupdesc, i);
+            if !g && !att.attisdropped && (att.attnotnull || att.atthasdef) {
+                close(heap);
+                return false;
+            }
+        }
+        let tuple = pg_sys::heap_form_tuple(tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        pg_sys::simple_heap_insert(heap, tuple);
+        let estate = pg_sys::CreateExecutorState();
+        let slot = pg_sys::MakeSingleTupleTableSlot(tupdesc, &pg_sys::TTSOpsHeapTuple);
+        pg_sys::ExecStoreHeapTuple(tuple, slot, false);
+        let econtext = pg_sys::MakePerTupleExprContext(estate);
+        (*econtext).ecxt_scantuple = slot;
+        let indexes = pg_sys::RelationGetIndexList(heap);
+        for oid in pgrx::PgList::<pg_sys::Oid>::from_pg(indexes).iter_oid() {
+            let index = pg_sys::index_open(oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+            let info = pg_sys::BuildIndexInfo(index);
+            let wanted = (*info).ii_ReadyForInserts
+                && ((*info).ii_Predicate.is_null()
+                    || pg_sys::ExecCheck(
+                        pg_sys::ExecPrepareCheck((*info).ii_Predicate, estate),
+                        econtext,
+                    ));
+            if wanted {
+                let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
+                let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
+                pg_sys::FormIndexDatum(
+                    info,
+                    slot,
+                    estate,
+                    ivalues.as_mut_ptr(),
+                    inulls.as_mut_ptr(),
+                );
+                let unique = if (*(*index).rd_index).indisunique {
+                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES
+                } else {
+                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
+                };
+                pg_sys::index_insert(
+                    index,
+                    ivalues.as_mut_ptr(),
+                    inulls.as_mut_ptr(),
+                    &mut (*tuple).t_self,
+                    heap,
+                    unique,
+                    false,
+                    info,
+                );
+            }
+            pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        }
+        pg_sys::list_free(indexes);
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::FreeExecutorState(estate);
+        pg_sys::heap_freetuple(tuple);
+        close(heap);
+        pg_sys::CommandCounterIncrement();
+    }
+    true
+}
+
 /// The attribute number of column `name` of the table of `which`.
 pub fn column_number(which: &UniqueIndex, name: &CStr) -> Option<i16> {
     let t = locate(which)?;

@@ -129,6 +129,33 @@ const SQL_READ_FLOOR: &str =
      FROM _pg_fencing.protected_table p WHERE p.id OPERATOR(pg_catalog.=) $1";
 
 thread_local! {
+    /// Protections found to exist by a tombstone flush, dropped on any relcache invalidation
+    /// (`fencing_unprotect` drops the table's triggers, and dropping the table invalidates it).
+    static PROTECTIONS_SEEN: RefCell<rustc_hash::FxHashSet<i64>> =
+        RefCell::new(rustc_hash::FxHashSet::default());
+}
+
+/// Is there (still) a protection `protection`? Read through its index with the latest committed
+/// snapshot (true if it cannot be read this way: a tombstone too many is harmless).
+fn protection_exists(protection: i64) -> bool {
+    if PROTECTIONS_SEEN.with(|m| m.borrow().contains(&protection)) {
+        return true;
+    }
+    let id = pg_sys::Datum::from(protection);
+    let exists = read_by_index(&PROTECTION_INDEX, &[(1, pg_sys::F_INT8EQ, id)]) != Some(None);
+    if exists {
+        PROTECTIONS_SEEN.with(|m| {
+            let mut m = m.borrow_mut();
+            if m.len() >= 10_000 {
+                m.clear();
+            }
+            m.insert(protection);
+        });
+    }
+    exists
+}
+
+thread_local! {
     /// Tombstone floor per protection, cached per backend and dropped on any relcache
     /// invalidation (see [`prune`] for why a cached floor is never older than a prune that
     /// committed before the write that uses it).
@@ -160,6 +187,7 @@ pub fn tombstone_floor(protection: i64) -> Option<Token> {
 /// published may have changed.
 pub fn forget_floors() {
     FEED_PUBLISHED.with(|f| f.set(None));
+    PROTECTIONS_SEEN.with(|m| m.borrow_mut().clear());
     FLOORS.with(|m| m.borrow_mut().clear());
     IDENTITIES.with(|m| m.borrow_mut().clear());
 }
@@ -561,16 +589,11 @@ pub fn flush_tombstones() {
         }
     }
     // Tombstones of a protection removed since (`fencing_unprotect` earlier in the transaction)
-    // are not kept. Read through the index with the latest committed snapshot, as the statements
-    // below would see it.
-    let mut gone: FxHashMap<i64, bool> = FxHashMap::default();
+    // are not kept.
+    let mut exists: FxHashMap<i64, bool> = FxHashMap::default();
     let mut rows: Vec<(i64, &str, Token, Option<i64>)> = Vec::with_capacity(highest.len());
     for ((p, k), (t, h)) in highest {
-        let is_gone = *gone.entry(p).or_insert_with(|| {
-            let id = pg_sys::Datum::from(p);
-            read_by_index(&PROTECTION_INDEX, &[(1, pg_sys::F_INT8EQ, id)]) == Some(None)
-        });
-        if !is_gone {
+        if *exists.entry(p).or_insert_with(|| protection_exists(p)) {
             rows.push((p, k, t, h));
         }
     }
@@ -596,11 +619,36 @@ pub fn flush_tombstones() {
     }
 }
 
-/// Write one tombstone (`SQL_STORE_TOMB`), as `store_batch` writes many.
+/// Write one tombstone, as `store_batch` writes many. A key without a tombstone yet (the usual
+/// case: a row deleted once) gets its row written straight into the table and its indexes
+/// (`insert_direct`: no statement to plan, start and end, which cost a one-row DELETE's
+/// transaction more than the DELETE); otherwise, or if that cannot be done, `SQL_STORE_TOMB`.
+/// No other transaction can be writing this key's tombstone meanwhile: it would have deleted a
+/// row with the same key while this one's row was not yet deleted and committed, which the
+/// primary key's unique index (immediate in per-row mode) does not let two transactions do.
 fn store_one(protection: i64, key: &str, token: Token, hash: Option<i64>) {
     let k = text_datum(key);
     let p = pg_sys::Datum::from(protection);
     let t = pg_sys::Datum::from(token);
+    let direct = token > 0
+        && crate::pg::index::exists(&TOMB_HIGH_INDEX)
+        && has_key_hash()
+        && read_by_index(
+            &TOMB_INDEX,
+            &[(1, pg_sys::F_INT8EQ, p), (2, pg_sys::F_TEXTEQ, k)],
+        ) == Some(None)
+        && crate::pg::index::insert_direct(
+            &TOMB_INDEX,
+            &[
+                (c"protection_id", Some(p)),
+                (c"key", Some(k)),
+                (c"high_water", Some(t)),
+                (c"key_hash", hash.map(pg_sys::Datum::from)),
+            ],
+        );
+    if direct {
+        return;
+    }
     let store_hashed = |h: i64| {
         exec_internal(
             SQL_STORE_TOMB,

@@ -222,11 +222,13 @@ pub fn max_by_index(
 /// Insert a row into the table of `which` (a table of schema `_pg_fencing`) straight into its
 /// heap and each of its indexes, as `INSERT` would without its executor: `columns` gives a
 /// value (`None`: NULL) by column name; every other column must be nullable without a default.
-/// Unique indexes are checked (a duplicate raises 23505, as `INSERT` would). Constraints are
-/// not: the caller passes values that meet them. The row is visible to the transaction's later
-/// reads (command counter advanced). Returns false, writing nothing, if the table cannot be
-/// found this way, a column is unknown or missing, or an INSERT trigger would fire (then the
-/// caller runs its `INSERT`).
+/// Constraints are not checked: the caller passes values that meet them. The unique indexes are
+/// written first, without waiting or raising: if one already holds an entry for the same key
+/// that is not dead (committed, or written by a transaction still running), the row is deleted
+/// again and false returned, as when the table cannot be found this way, a column is unknown or
+/// missing, or an INSERT trigger would fire; the caller then runs its `INSERT … ON CONFLICT`,
+/// which waits for such a writer and updates the existing row. The row is visible to the
+/// transaction's later reads (command counter advanced).
 pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datum>)]) -> bool {
     let Some(t) = locate(which) else {
         return false;
@@ -298,8 +300,17 @@ pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datu
         let econtext = pg_sys::MakePerTupleExprContext(estate);
         (*econtext).ecxt_scantuple = slot;
         let indexes = pg_sys::RelationGetIndexList(heap);
-        for oid in pgrx::PgList::<pg_sys::Oid>::from_pg(indexes).iter_oid() {
-            let index = pg_sys::index_open(oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        let mut opened: Vec<pg_sys::Relation> = pgrx::PgList::<pg_sys::Oid>::from_pg(indexes)
+            .iter_oid()
+            .map(|oid| pg_sys::index_open(oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE))
+            .collect();
+        // Unique indexes first (a conflict found there leaves the others untouched).
+        opened.sort_by_key(|index| !(*(**index).rd_index).indisunique);
+        let mut conflict = false;
+        for &index in &opened {
+            if conflict {
+                break;
+            }
             let info = pg_sys::BuildIndexInfo(index);
             let wanted = (*info).ii_ReadyForInserts
                 && ((*info).ii_Predicate.is_null()
@@ -317,12 +328,14 @@ pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datu
                     ivalues.as_mut_ptr(),
                     inulls.as_mut_ptr(),
                 );
+                // UNIQUE_CHECK_PARTIAL: the entry is made, and false returned instead of an
+                // error (or a wait) if another entry for the key may be live.
                 let unique = if (*(*index).rd_index).indisunique {
-                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_YES
+                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL
                 } else {
                     pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
                 };
-                pg_sys::index_insert(
+                let alone = pg_sys::index_insert(
                     index,
                     ivalues.as_mut_ptr(),
                     inulls.as_mut_ptr(),
@@ -332,17 +345,27 @@ pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datu
                     false,
                     info,
                 );
+                conflict = unique == pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL && !alone;
             }
+        }
+        for index in opened {
             pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
         }
         pg_sys::list_free(indexes);
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         pg_sys::FreeExecutorState(estate);
+        // The row must be visible to this transaction's later reads, and (to be deleted again)
+        // to this command.
+        pg_sys::CommandCounterIncrement();
+        if conflict {
+            // Dead at once: its index entries point to a row no snapshot sees.
+            pg_sys::simple_heap_delete(heap, &mut (*tuple).t_self);
+            pg_sys::CommandCounterIncrement();
+        }
         pg_sys::heap_freetuple(tuple);
         close(heap);
-        pg_sys::CommandCounterIncrement();
+        !conflict
     }
-    true
 }
 
 /// The attribute number of column `name` of the table of `which`.

@@ -622,10 +622,8 @@ pub fn flush_tombstones() {
 /// Write one tombstone, as `store_batch` writes many. A key without a tombstone yet (the usual
 /// case: a row deleted once) gets its row written straight into the table and its indexes
 /// (`insert_direct`: no statement to plan, start and end, which cost a one-row DELETE's
-/// transaction more than the DELETE); otherwise, or if that cannot be done, `SQL_STORE_TOMB`.
-/// No other transaction can be writing this key's tombstone meanwhile: it would have deleted a
-/// row with the same key while this one's row was not yet deleted and committed, which the
-/// primary key's unique index (immediate in per-row mode) does not let two transactions do.
+/// transaction more than the DELETE); a key that has one (or a row being written by another
+/// transaction), or a table that cannot be written this way, gets `SQL_STORE_TOMB`.
 fn store_one(protection: i64, key: &str, token: Token, hash: Option<i64>) {
     let k = text_datum(key);
     let p = pg_sys::Datum::from(protection);
@@ -633,10 +631,6 @@ fn store_one(protection: i64, key: &str, token: Token, hash: Option<i64>) {
     let direct = token > 0
         && crate::pg::index::exists(&TOMB_HIGH_INDEX)
         && has_key_hash()
-        && read_by_index(
-            &TOMB_INDEX,
-            &[(1, pg_sys::F_INT8EQ, p), (2, pg_sys::F_TEXTEQ, k)],
-        ) == Some(None)
         && crate::pg::index::insert_direct(
             &TOMB_INDEX,
             &[

@@ -34,6 +34,7 @@ thread_local! {
 /// Relcache invalidation: the extension (and its tables) may have been dropped and re-created.
 pub fn forget_located() {
     LOCATED.with(|m| m.borrow_mut().clear());
+    ATTNUMS.with(|m| m.borrow_mut().clear());
 }
 
 fn locate(which: &UniqueIndex) -> Option<Located> {
@@ -219,6 +220,56 @@ pub fn max_by_index(
     Some(found)
 }
 
+thread_local! {
+    /// Attribute numbers by (table, column name) of pg_fencing's own tables; dropped with the
+    /// locations (`forget_located`).
+    static ATTNUMS: RefCell<FxHashMap<(pg_sys::Oid, &'static CStr), i16>> =
+        RefCell::new(FxHashMap::default());
+}
+
+fn attnum_of(heap: pg_sys::Oid, name: &'static CStr) -> i16 {
+    if let Some(a) = ATTNUMS.with(|m| m.borrow().get(&(heap, name)).copied()) {
+        return a;
+    }
+    // SAFETY: a syscache lookup by OID and NUL-terminated name (InvalidAttrNumber if missing),
+    // main thread inside a transaction.
+    let a = unsafe { pg_sys::get_attnum(heap, name.as_ptr()) };
+    ATTNUMS.with(|m| m.borrow_mut().insert((heap, name), a));
+    a
+}
+
+/// Does an index predicate (an implicitly ANDed list) hold for a row whose columns are NULL
+/// where `nulls` says, if every clause is `column IS [NOT] NULL`? `None` for any other
+/// predicate (the caller evaluates it).
+///
+/// # Safety
+/// `predicate` must be NULL or an index's predicate list (BuildIndexInfo's `ii_Predicate`).
+unsafe fn null_tests(predicate: *mut pg_sys::List, nulls: &[bool]) -> Option<bool> {
+    // SAFETY: per the contract, a List of expression nodes; each node's tag is read before it
+    // is treated as a NullTest, and a NullTest's `arg` before it is treated as a Var.
+    unsafe {
+        let mut holds = true;
+        for node in pgrx::PgList::<pg_sys::Node>::from_pg(predicate).iter_ptr() {
+            if (*node).type_ != pg_sys::NodeTag::T_NullTest {
+                return None;
+            }
+            let test = node.cast::<pg_sys::NullTest>();
+            let arg = (*test).arg.cast::<pg_sys::Node>();
+            if arg.is_null() || (*arg).type_ != pg_sys::NodeTag::T_Var || (*test).argisrow {
+                return None;
+            }
+            let attno = (*arg.cast::<pg_sys::Var>()).varattno;
+            let is_null = *nulls.get(usize::try_from(attno).ok()?.checked_sub(1)?)?;
+            holds &= match (*test).nulltesttype {
+                pg_sys::NullTestType::IS_NULL => is_null,
+                pg_sys::NullTestType::IS_NOT_NULL => !is_null,
+                _ => return None,
+            };
+        }
+        Some(holds)
+    }
+}
+
 /// Insert a row into the table of `which` (a table of schema `_pg_fencing`) straight into its
 /// heap and each of its indexes, as `INSERT` would without its executor: `columns` gives a
 /// value (`None`: NULL) by column name; every other column must be nullable without a default.
@@ -229,7 +280,10 @@ pub fn max_by_index(
 /// missing, or an INSERT trigger would fire; the caller then runs its `INSERT … ON CONFLICT`,
 /// which waits for such a writer and updates the existing row. The row is visible to the
 /// transaction's later reads (command counter advanced).
-pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datum>)]) -> bool {
+pub fn insert_direct(
+    which: &UniqueIndex,
+    columns: &[(&'static CStr, Option<pg_sys::Datum>)],
+) -> bool {
     let Some(t) = locate(which) else {
         return false;
     };
@@ -243,9 +297,11 @@ pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datu
     // Each index is opened with RowExclusiveLock; BuildIndexInfo, FormIndexDatum and the
     // predicate are evaluated against a single-tuple slot holding the new tuple, in an executor
     // state made here and freed before returning (an ERROR in between frees them with the
-    // transaction's memory). index_insert gets arrays of INDEX_MAX_KEYS entries. The only
-    // partial index of pg_fencing's tables tests `IS NOT NULL` (never NULL), so ExecCheck (NULL
-    // counts as true) decides as ExecQual would.
+    // transaction's memory). index_insert gets arrays of INDEX_MAX_KEYS entries. A predicate
+    // other than NULL tests of columns (`null_tests`, which decide exactly) is evaluated by
+    // ExecCheck, which counts NULL as true where ExecQual counts it false: the only partial index
+    // of pg_fencing's tables tests `IS NOT NULL` (never NULL). FormIndexDatum reads the executor
+    // state only for an index with expressions (then it has one, with the slot as its tuple).
     unsafe {
         let heap = pg_sys::table_open(t.heap, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
         let close = |heap| pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
@@ -275,7 +331,7 @@ pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datu
         let mut nulls = vec![true; natts];
         let mut given = vec![false; natts];
         for (name, value) in columns {
-            let a = pg_sys::get_attnum(t.heap, name.as_ptr());
+            let a = attnum_of(t.heap, name);
             if a <= 0 || a as usize > natts {
                 close(heap);
                 return false;
@@ -294,11 +350,19 @@ pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datu
         }
         let tuple = pg_sys::heap_form_tuple(tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
         pg_sys::simple_heap_insert(heap, tuple);
-        let estate = pg_sys::CreateExecutorState();
         let slot = pg_sys::MakeSingleTupleTableSlot(tupdesc, &pg_sys::TTSOpsHeapTuple);
         pg_sys::ExecStoreHeapTuple(tuple, slot, false);
-        let econtext = pg_sys::MakePerTupleExprContext(estate);
-        (*econtext).ecxt_scantuple = slot;
+        // An executor state only for an index with expressions or a predicate that is not a
+        // plain NULL test of a column.
+        let mut estate: *mut pg_sys::EState = std::ptr::null_mut();
+        let mut executor = || {
+            if estate.is_null() {
+                estate = pg_sys::CreateExecutorState();
+                let econtext = pg_sys::MakePerTupleExprContext(estate);
+                (*econtext).ecxt_scantuple = slot;
+            }
+            estate
+        };
         let indexes = pg_sys::RelationGetIndexList(heap);
         let mut opened: Vec<pg_sys::Relation> = pgrx::PgList::<pg_sys::Oid>::from_pg(indexes)
             .iter_oid()
@@ -313,21 +377,25 @@ pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datu
             }
             let info = pg_sys::BuildIndexInfo(index);
             let wanted = (*info).ii_ReadyForInserts
-                && ((*info).ii_Predicate.is_null()
-                    || pg_sys::ExecCheck(
-                        pg_sys::ExecPrepareCheck((*info).ii_Predicate, estate),
-                        econtext,
-                    ));
+                && match null_tests((*info).ii_Predicate, &nulls) {
+                    Some(holds) => holds,
+                    None => {
+                        let e = executor();
+                        pg_sys::ExecCheck(
+                            pg_sys::ExecPrepareCheck((*info).ii_Predicate, e),
+                            (*e).es_per_tuple_exprcontext,
+                        )
+                    }
+                };
             if wanted {
                 let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
                 let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
-                pg_sys::FormIndexDatum(
-                    info,
-                    slot,
-                    estate,
-                    ivalues.as_mut_ptr(),
-                    inulls.as_mut_ptr(),
-                );
+                let e = if (*info).ii_Expressions.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    executor()
+                };
+                pg_sys::FormIndexDatum(info, slot, e, ivalues.as_mut_ptr(), inulls.as_mut_ptr());
                 // UNIQUE_CHECK_PARTIAL: the entry is made, and false returned instead of an
                 // error (or a wait) if another entry for the key may be live.
                 let unique = if (*(*index).rd_index).indisunique {
@@ -353,7 +421,9 @@ pub fn insert_direct(which: &UniqueIndex, columns: &[(&CStr, Option<pg_sys::Datu
         }
         pg_sys::list_free(indexes);
         pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::FreeExecutorState(estate);
+        if !estate.is_null() {
+            pg_sys::FreeExecutorState(estate);
+        }
         // The row must be visible to this transaction's later reads, and (to be deleted again)
         // to this command.
         pg_sys::CommandCounterIncrement();

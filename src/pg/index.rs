@@ -350,18 +350,20 @@ pub fn insert_direct(
         }
         let tuple = pg_sys::heap_form_tuple(tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
         pg_sys::simple_heap_insert(heap, tuple);
-        let slot = pg_sys::MakeSingleTupleTableSlot(tupdesc, &pg_sys::TTSOpsHeapTuple);
-        pg_sys::ExecStoreHeapTuple(tuple, slot, false);
-        // An executor state only for an index with expressions or a predicate that is not a
-        // plain NULL test of a column.
+        // A slot holding the tuple, and an executor state with it as its tuple, only for an
+        // index with expressions or a predicate that is not a plain NULL test of a column.
+        let mut slot: *mut pg_sys::TupleTableSlot = std::ptr::null_mut();
         let mut estate: *mut pg_sys::EState = std::ptr::null_mut();
+        let stored = tuple;
         let mut executor = || {
             if estate.is_null() {
+                slot = pg_sys::MakeSingleTupleTableSlot(tupdesc, &pg_sys::TTSOpsHeapTuple);
+                pg_sys::ExecStoreHeapTuple(stored, slot, false);
                 estate = pg_sys::CreateExecutorState();
                 let econtext = pg_sys::MakePerTupleExprContext(estate);
                 (*econtext).ecxt_scantuple = slot;
             }
-            estate
+            (estate, slot)
         };
         let indexes = pg_sys::RelationGetIndexList(heap);
         let mut opened: Vec<pg_sys::Relation> = pgrx::PgList::<pg_sys::Oid>::from_pg(indexes)
@@ -380,7 +382,7 @@ pub fn insert_direct(
                 && match null_tests((*info).ii_Predicate, &nulls) {
                     Some(holds) => holds,
                     None => {
-                        let e = executor();
+                        let (e, _) = executor();
                         pg_sys::ExecCheck(
                             pg_sys::ExecPrepareCheck((*info).ii_Predicate, e),
                             (*e).es_per_tuple_exprcontext,
@@ -390,12 +392,25 @@ pub fn insert_direct(
             if wanted {
                 let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
                 let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
-                let e = if (*info).ii_Expressions.is_null() {
-                    std::ptr::null_mut()
+                if (*info).ii_Expressions.is_null() {
+                    // Plain columns: the index stores the table's values (as FormIndexDatum
+                    // copies them).
+                    let n = ((*info).ii_NumIndexAttrs.max(0) as usize).min(ivalues.len());
+                    for i in 0..n {
+                        let attno = (*info).ii_IndexAttrNumbers[i] as usize;
+                        ivalues[i] = values[attno - 1];
+                        inulls[i] = nulls[attno - 1];
+                    }
                 } else {
-                    executor()
-                };
-                pg_sys::FormIndexDatum(info, slot, e, ivalues.as_mut_ptr(), inulls.as_mut_ptr());
+                    let (e, slot) = executor();
+                    pg_sys::FormIndexDatum(
+                        info,
+                        slot,
+                        e,
+                        ivalues.as_mut_ptr(),
+                        inulls.as_mut_ptr(),
+                    );
+                }
                 // UNIQUE_CHECK_PARTIAL: the entry is made, and false returned instead of an
                 // error (or a wait) if another entry for the key may be live.
                 let unique = if (*(*index).rd_index).indisunique {
@@ -420,9 +435,9 @@ pub fn insert_direct(
             pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
         }
         pg_sys::list_free(indexes);
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
         if !estate.is_null() {
             pg_sys::FreeExecutorState(estate);
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
         }
         // The row must be visible to this transaction's later reads, and (to be deleted again)
         // to this command.

@@ -25,9 +25,10 @@ struct Located {
 }
 
 thread_local! {
-    /// Per (table, index, value column) name; dropped on relcache invalidation
+    /// Per (table, index, value column) name, by the names' addresses (static strings: the same
+    /// name at two addresses is only looked up twice); dropped on relcache invalidation
     /// (`forget_located`).
-    static LOCATED: RefCell<FxHashMap<(&'static CStr, &'static CStr, &'static CStr), Located>> =
+    static LOCATED: RefCell<FxHashMap<(usize, usize, usize), Located>> =
         RefCell::new(FxHashMap::default());
 }
 
@@ -38,7 +39,11 @@ pub fn forget_located() {
 }
 
 fn locate(which: &UniqueIndex) -> Option<Located> {
-    let key = (which.table, which.index, which.value);
+    let key = (
+        which.table.as_ptr() as usize,
+        which.index.as_ptr() as usize,
+        which.value.as_ptr() as usize,
+    );
     if let Some(t) = LOCATED.with(|m| m.borrow().get(&key).copied()) {
         return Some(t);
     }

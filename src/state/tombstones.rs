@@ -578,23 +578,30 @@ pub fn flush_tombstones() {
         return;
     }
     let writer = crate::pg::process::current_subxact();
-    let mut highest: FxHashMap<(i64, &str), (Token, Option<i64>)> =
-        FxHashMap::with_capacity_and_hasher(pending.len(), Default::default());
-    for t in &pending {
-        let e = highest
-            .entry((t.protection, t.key.as_str()))
-            .or_insert((t.token, t.hash));
-        if e.0 < t.token {
-            e.0 = t.token;
-        }
-    }
     // Tombstones of a protection removed since (`fencing_unprotect` earlier in the transaction)
     // are not kept.
-    let mut exists: FxHashMap<i64, bool> = FxHashMap::default();
-    let mut rows: Vec<(i64, &str, Token, Option<i64>)> = Vec::with_capacity(highest.len());
-    for ((p, k), (t, h)) in highest {
-        if *exists.entry(p).or_insert_with(|| protection_exists(p)) {
-            rows.push((p, k, t, h));
+    let mut rows: Vec<(i64, &str, Token, Option<i64>)> = Vec::with_capacity(pending.len());
+    if let [t] = &pending[..] {
+        // One deleted row (the usual transaction of a job queue): nothing to merge.
+        if protection_exists(t.protection) {
+            rows.push((t.protection, t.key.as_str(), t.token, t.hash));
+        }
+    } else {
+        let mut highest: FxHashMap<(i64, &str), (Token, Option<i64>)> =
+            FxHashMap::with_capacity_and_hasher(pending.len(), Default::default());
+        for t in &pending {
+            let e = highest
+                .entry((t.protection, t.key.as_str()))
+                .or_insert((t.token, t.hash));
+            if e.0 < t.token {
+                e.0 = t.token;
+            }
+        }
+        let mut exists: FxHashMap<i64, bool> = FxHashMap::default();
+        for ((p, k), (t, h)) in highest {
+            if *exists.entry(p).or_insert_with(|| protection_exists(p)) {
+                rows.push((p, k, t, h));
+            }
         }
     }
     // The deletes were allowed, so their tombstones must be written even if the transaction was

@@ -122,6 +122,25 @@ SELECT fencing_protect('dp_row');
 EXECUTE dp_del(16);
 \echo :LAST_ERROR_SQLSTATE
 DEALLOCATE dp_del;
+-- One row deleted in a transaction: its tombstone is written straight into the table and its
+-- indexes; deleted again after a re-insert, the key's tombstone is raised (by INSERT ... ON
+-- CONFLICT). Read through the primary key's index and the index of marks, the same.
+BEGIN; SET LOCAL pg_fencing.token = '40'; INSERT INTO dp_row VALUES (900, 0); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '41'; DELETE FROM dp_row WHERE id = 900; COMMIT;
+SELECT * FROM dp_tombs() WHERE key = '(900)';
+BEGIN; SET LOCAL pg_fencing.token = '42'; INSERT INTO dp_row VALUES (900, 0); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '43'; DELETE FROM dp_row WHERE id = 900; COMMIT;
+SET enable_seqscan = off; SET enable_bitmapscan = off;
+SELECT t.key, t.high_water FROM _pg_fencing.row_tombstone t
+WHERE t.protection_id = (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass)
+  AND t.key = '(900)';
+SELECT max(t.high_water) FROM _pg_fencing.row_tombstone t
+WHERE t.protection_id = (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass);
+RESET enable_seqscan; RESET enable_bitmapscan;
+BEGIN; SET LOCAL pg_fencing.token = '42';
+INSERT INTO dp_row VALUES (900, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
 -- Replica mode (logical replication's apply): nothing is refused, the row's own token is the
 -- tombstone's.
 SET session_replication_role = replica;

@@ -278,38 +278,47 @@ unsafe fn null_tests(predicate: *mut pg_sys::List, nulls: &[bool]) -> Option<boo
 /// Insert a row into the table of `which` (a table of schema `_pg_fencing`) straight into its
 /// heap and each of its indexes, as `INSERT` would without its executor: `columns` gives a
 /// value (`None`: NULL) by column name; every other column must be nullable without a default.
-/// Constraints are not checked: the caller passes values that meet them. The unique indexes are
-/// written first, without waiting or raising: if one already holds an entry for the same key
-/// that is not dead (committed, or written by a transaction still running), the row is deleted
-/// again and false returned, as when the table cannot be found this way, a column is unknown or
-/// missing, or an INSERT trigger would fire; the caller then runs its `INSERT … ON CONFLICT`,
-/// which waits for such a writer and updates the existing row. The row is visible to the
-/// transaction's later reads (command counter advanced).
+/// The unique indexes are written first, without waiting or raising: if one already holds an
+/// entry for the same key that is not dead (committed, or written by a transaction still
+/// running), the row is deleted again and false returned; the caller then runs its `INSERT …
+/// ON CONFLICT`, which waits for such a writer and updates the existing row. The row is visible
+/// to the transaction's later reads (command counter advanced).
+///
+/// Nothing is written (false) where this could differ from `INSERT`: the table cannot be found
+/// this way, a column is unknown, missing or NOT NULL without a value; an INSERT trigger would
+/// fire; the table has a CHECK constraint other than `allowed_check` (which the caller's values
+/// meet); an index has expressions or a predicate other than NULL tests of columns; or
+/// `probe_first` and the primary key already has a live entry for the row's key (for
+/// `wal_level = logical`: logical decoding would send the insert and delete of a row that
+/// met a conflict to a subscriber of the table, where `INSERT … ON CONFLICT` sends an update).
 pub fn insert_direct(
     which: &UniqueIndex,
     columns: &[(&'static CStr, Option<pg_sys::Datum>)],
+    allowed_check: &CStr,
+    probe_first: &dyn Fn() -> bool,
 ) -> bool {
     let Some(t) = locate(which) else {
         return false;
     };
     // SAFETY: backend main thread inside a transaction (as for `locate`); `t.heap` is a table of
-    // schema `_pg_fencing` (a vanished OID makes table_open raise ERROR). The table is opened and
-    // locked as INSERT would (RowExclusiveLock, kept to the end of the transaction), so its
-    // descriptor, trigger descriptor and index list stay valid until table_close. The value
-    // arrays have `natts` entries and each given datum is of its column's type (the caller's
-    // values, alive for the call). The tuple is formed in the current memory context and
-    // inserted by simple_heap_insert (WAL-logged, raising ERROR rather than failing silently).
-    // Each index is opened with RowExclusiveLock; BuildIndexInfo, FormIndexDatum and the
-    // predicate are evaluated against a single-tuple slot holding the new tuple, in an executor
-    // state made here and freed before returning (an ERROR in between frees them with the
-    // transaction's memory). index_insert gets arrays of INDEX_MAX_KEYS entries. A predicate
-    // other than NULL tests of columns (`null_tests`, which decide exactly) is evaluated by
-    // ExecCheck, which counts NULL as true where ExecQual counts it false: the only partial index
-    // of pg_fencing's tables tests `IS NOT NULL` (never NULL). FormIndexDatum reads the executor
-    // state only for an index with expressions (then it has one, with the slot as its tuple).
+    // schema `_pg_fencing` (a vanished OID makes table_open raise ERROR). The table and each of
+    // its indexes are opened and locked as INSERT would (RowExclusiveLock, kept to the end of the
+    // transaction), so their descriptors (tuple, trigger, constraint, index) stay valid until
+    // closed here. The value arrays have `natts` entries and each given datum is of its column's
+    // type (the caller's values, alive for the call). The tuple is formed in the current memory
+    // context and inserted by simple_heap_insert (WAL-logged, raising ERROR rather than failing
+    // silently). Index values of plain columns are the row's own, as FormIndexDatum copies them;
+    // index_insert gets arrays of INDEX_MAX_KEYS entries and the index's IndexInfo.
     unsafe {
         let heap = pg_sys::table_open(t.heap, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-        let close = |heap| pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        let mut opened: Vec<(pg_sys::Relation, *mut pg_sys::IndexInfo)> = Vec::new();
+        let give_up = |heap, opened: Vec<(pg_sys::Relation, *mut pg_sys::IndexInfo)>| {
+            for (index, _) in opened {
+                pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+            }
+            pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+            false
+        };
         // Triggers that would fire for an INSERT in this session: leave it to INSERT.
         let td = (*heap).trigdesc;
         if !td.is_null() && !(*td).triggers.is_null() {
@@ -326,11 +335,21 @@ pub fn insert_direct(
                                 || (enabled == pg_sys::TRIGGER_FIRES_ON_REPLICA) == replica)
                     });
             if fires {
-                close(heap);
-                return false;
+                return give_up(heap, opened);
             }
         }
         let tupdesc = (*heap).rd_att;
+        // CHECK constraints: only the one the caller's values are known to meet.
+        let constr = (*tupdesc).constr;
+        if !constr.is_null() && (*constr).num_check > 0 {
+            let checks = std::slice::from_raw_parts((*constr).check, (*constr).num_check as usize);
+            if checks
+                .iter()
+                .any(|c| CStr::from_ptr(c.ccname) != allowed_check)
+            {
+                return give_up(heap, opened);
+            }
+        }
         let natts = (*tupdesc).natts.max(0) as usize;
         let mut values = vec![pg_sys::Datum::from(0usize); natts];
         let mut nulls = vec![true; natts];
@@ -338,8 +357,7 @@ pub fn insert_direct(
         for (name, value) in columns {
             let a = attnum_of(t.heap, name);
             if a <= 0 || a as usize > natts {
-                close(heap);
-                return false;
+                return give_up(heap, opened);
             }
             let i = a as usize - 1;
             values[i] = value.unwrap_or(pg_sys::Datum::from(0usize));
@@ -348,101 +366,69 @@ pub fn insert_direct(
         }
         for (i, g) in given.iter().enumerate() {
             let att = crate::pg::compat::tuple_desc_attr(tupdesc, i);
-            if !g && !att.attisdropped && (att.attnotnull || att.atthasdef) {
-                close(heap);
-                return false;
+            let unset = !g && (att.attnotnull || att.atthasdef);
+            if !att.attisdropped && (unset || (nulls[i] && att.attnotnull)) {
+                return give_up(heap, opened);
             }
         }
-        let tuple = pg_sys::heap_form_tuple(tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
-        pg_sys::simple_heap_insert(heap, tuple);
-        // A slot holding the tuple, and an executor state with it as its tuple, only for an
-        // index with expressions or a predicate that is not a plain NULL test of a column.
-        let mut slot: *mut pg_sys::TupleTableSlot = std::ptr::null_mut();
-        let mut estate: *mut pg_sys::EState = std::ptr::null_mut();
-        let stored = tuple;
-        let mut executor = || {
-            if estate.is_null() {
-                slot = pg_sys::MakeSingleTupleTableSlot(tupdesc, &pg_sys::TTSOpsHeapTuple);
-                pg_sys::ExecStoreHeapTuple(stored, slot, false);
-                estate = pg_sys::CreateExecutorState();
-                let econtext = pg_sys::MakePerTupleExprContext(estate);
-                (*econtext).ecxt_scantuple = slot;
-            }
-            (estate, slot)
-        };
+        // The indexes, and which of them take the row, decided before anything is written.
         let indexes = pg_sys::RelationGetIndexList(heap);
-        let mut opened: Vec<pg_sys::Relation> = pgrx::PgList::<pg_sys::Oid>::from_pg(indexes)
-            .iter_oid()
-            .map(|oid| pg_sys::index_open(oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE))
-            .collect();
-        // Unique indexes first (a conflict found there leaves the others untouched).
-        opened.sort_by_key(|index| !(*(**index).rd_index).indisunique);
-        let mut conflict = false;
-        for &index in &opened {
-            if conflict {
-                break;
-            }
+        for oid in pgrx::PgList::<pg_sys::Oid>::from_pg(indexes).iter_oid() {
+            let index = pg_sys::index_open(oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
             let info = pg_sys::BuildIndexInfo(index);
-            let wanted = (*info).ii_ReadyForInserts
-                && match null_tests((*info).ii_Predicate, &nulls) {
-                    Some(holds) => holds,
-                    None => {
-                        let (e, _) = executor();
-                        pg_sys::ExecCheck(
-                            pg_sys::ExecPrepareCheck((*info).ii_Predicate, e),
-                            (*e).es_per_tuple_exprcontext,
-                        )
-                    }
-                };
-            if wanted {
-                let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
-                let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
-                if (*info).ii_Expressions.is_null() {
-                    // Plain columns: the index stores the table's values (as FormIndexDatum
-                    // copies them).
-                    let n = ((*info).ii_NumIndexAttrs.max(0) as usize).min(ivalues.len());
-                    for i in 0..n {
-                        let attno = (*info).ii_IndexAttrNumbers[i] as usize;
-                        ivalues[i] = values[attno - 1];
-                        inulls[i] = nulls[attno - 1];
-                    }
-                } else {
-                    let (e, slot) = executor();
-                    pg_sys::FormIndexDatum(
-                        info,
-                        slot,
-                        e,
-                        ivalues.as_mut_ptr(),
-                        inulls.as_mut_ptr(),
-                    );
-                }
-                // UNIQUE_CHECK_PARTIAL: the entry is made, and false returned instead of an
-                // error (or a wait) if another entry for the key may be live.
-                let unique = if (*(*index).rd_index).indisunique {
-                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL
-                } else {
-                    pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
-                };
-                let alone = pg_sys::index_insert(
-                    index,
-                    ivalues.as_mut_ptr(),
-                    inulls.as_mut_ptr(),
-                    &mut (*tuple).t_self,
-                    heap,
-                    unique,
-                    false,
-                    info,
-                );
-                conflict = unique == pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL && !alone;
-            }
-        }
-        for index in opened {
-            pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+            opened.push((index, info));
         }
         pg_sys::list_free(indexes);
-        if !estate.is_null() {
-            pg_sys::FreeExecutorState(estate);
-            pg_sys::ExecDropSingleTupleTableSlot(slot);
+        let mut wanted = Vec::with_capacity(opened.len());
+        for &(index, info) in &opened {
+            if !(*info).ii_Expressions.is_null() {
+                return give_up(heap, opened);
+            }
+            let Some(holds) = null_tests((*info).ii_Predicate, &nulls) else {
+                return give_up(heap, opened);
+            };
+            if (*info).ii_ReadyForInserts && holds {
+                wanted.push((index, info, (*(*index).rd_index).indisunique));
+            }
+        }
+        if probe_first() {
+            return give_up(heap, opened);
+        }
+        // Unique indexes first (a conflict found there leaves the others untouched).
+        wanted.sort_by_key(|w| !w.2);
+        let tuple = pg_sys::heap_form_tuple(tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        pg_sys::simple_heap_insert(heap, tuple);
+        let mut conflict = false;
+        for &(index, info, unique) in &wanted {
+            let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
+            let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
+            let n = ((*info).ii_NumIndexAttrs.max(0) as usize).min(ivalues.len());
+            for i in 0..n {
+                let attno = (*info).ii_IndexAttrNumbers[i] as usize;
+                ivalues[i] = values[attno - 1];
+                inulls[i] = nulls[attno - 1];
+            }
+            // UNIQUE_CHECK_PARTIAL: the entry is made, and false returned instead of an error
+            // (or a wait) if another entry for the key may be live.
+            let check = if unique {
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_PARTIAL
+            } else {
+                pg_sys::IndexUniqueCheck::UNIQUE_CHECK_NO
+            };
+            let alone = pg_sys::index_insert(
+                index,
+                ivalues.as_mut_ptr(),
+                inulls.as_mut_ptr(),
+                &mut (*tuple).t_self,
+                heap,
+                check,
+                false,
+                info,
+            );
+            if unique && !alone {
+                conflict = true;
+                break;
+            }
         }
         // The row must be visible to this transaction's later reads, and (to be deleted again)
         // to this command.
@@ -453,7 +439,7 @@ pub fn insert_direct(
             pg_sys::CommandCounterIncrement();
         }
         pg_sys::heap_freetuple(tuple);
-        close(heap);
+        give_up(heap, opened);
         !conflict
     }
 }

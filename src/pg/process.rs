@@ -158,6 +158,12 @@ pub fn replica_mode() -> bool {
     unsafe { pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 }
 }
 
+/// `wal_level = logical`: changes are decoded for logical replication and its slots.
+pub fn logical_wal() -> bool {
+    // SAFETY: a read of a server setting of this process (fixed at start).
+    unsafe { pg_sys::wal_level >= pg_sys::WalLevel::WAL_LEVEL_LOGICAL as std::ffi::c_int }
+}
+
 /// `check_function_bodies = off`, as pg_dump's scripts set it: a restore is (probably) running.
 /// Only for messages: it is no proof of anything, since any session may set it.
 pub fn restoring() -> bool {

@@ -635,6 +635,16 @@ fn store_one(protection: i64, key: &str, token: Token, hash: Option<i64>) {
     let k = text_datum(key);
     let p = pg_sys::Datum::from(protection);
     let t = pg_sys::Datum::from(token);
+    // With wal_level = logical, a key that has a tombstone is found by a read first: logical
+    // decoding would send a subscriber of row_tombstone (a publication of all tables) the
+    // direct write's insert and delete of the conflicting row.
+    let probe_first = || {
+        crate::pg::process::logical_wal()
+            && read_by_index(
+                &TOMB_INDEX,
+                &[(1, pg_sys::F_INT8EQ, p), (2, pg_sys::F_TEXTEQ, k)],
+            ) != Some(None)
+    };
     let direct = token > 0
         && crate::pg::index::exists(&TOMB_HIGH_INDEX)
         && has_key_hash()
@@ -646,6 +656,8 @@ fn store_one(protection: i64, key: &str, token: Token, hash: Option<i64>) {
                 (c"high_water", Some(t)),
                 (c"key_hash", hash.map(pg_sys::Datum::from)),
             ],
+            c"row_tombstone_high_water_check",
+            &probe_first,
         );
     if direct {
         return;

@@ -311,9 +311,16 @@ pub fn insert_direct(
     // index_insert gets arrays of INDEX_MAX_KEYS entries and the index's IndexInfo.
     unsafe {
         let heap = pg_sys::table_open(t.heap, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-        let mut opened: Vec<(pg_sys::Relation, *mut pg_sys::IndexInfo)> = Vec::new();
-        let give_up = |heap, opened: Vec<(pg_sys::Relation, *mut pg_sys::IndexInfo)>| {
-            for (index, _) in opened {
+        // Small fixed arrays (pg_fencing's tables have a few columns and indexes; a table with
+        // more is left to INSERT).
+        const MAX_COLUMNS: usize = 16;
+        const MAX_INDEXES: usize = 8;
+        let null_index: (pg_sys::Relation, *mut pg_sys::IndexInfo) =
+            (std::ptr::null_mut(), std::ptr::null_mut());
+        let mut opened = [null_index; MAX_INDEXES];
+        let mut n_opened = 0;
+        let give_up = |heap, opened: &[(pg_sys::Relation, *mut pg_sys::IndexInfo)]| {
+            for &(index, _) in opened {
                 pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
             }
             pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
@@ -335,7 +342,7 @@ pub fn insert_direct(
                                 || (enabled == pg_sys::TRIGGER_FIRES_ON_REPLICA) == replica)
                     });
             if fires {
-                return give_up(heap, opened);
+                return give_up(heap, &opened[..n_opened]);
             }
         }
         let tupdesc = (*heap).rd_att;
@@ -347,59 +354,68 @@ pub fn insert_direct(
                 .iter()
                 .any(|c| CStr::from_ptr(c.ccname) != allowed_check)
             {
-                return give_up(heap, opened);
+                return give_up(heap, &opened[..n_opened]);
             }
         }
         let natts = (*tupdesc).natts.max(0) as usize;
-        let mut values = vec![pg_sys::Datum::from(0usize); natts];
-        let mut nulls = vec![true; natts];
-        let mut given = vec![false; natts];
+        if natts > MAX_COLUMNS {
+            return give_up(heap, &opened[..n_opened]);
+        }
+        let mut values = [pg_sys::Datum::from(0usize); MAX_COLUMNS];
+        let mut nulls = [true; MAX_COLUMNS];
+        let mut given = [false; MAX_COLUMNS];
         for (name, value) in columns {
             let a = attnum_of(t.heap, name);
             if a <= 0 || a as usize > natts {
-                return give_up(heap, opened);
+                return give_up(heap, &opened[..n_opened]);
             }
             let i = a as usize - 1;
             values[i] = value.unwrap_or(pg_sys::Datum::from(0usize));
             nulls[i] = value.is_none();
             given[i] = true;
         }
-        for (i, g) in given.iter().enumerate() {
+        for (i, g) in given[..natts].iter().enumerate() {
             let att = crate::pg::compat::tuple_desc_attr(tupdesc, i);
             let unset = !g && (att.attnotnull || att.atthasdef);
             if !att.attisdropped && (unset || (nulls[i] && att.attnotnull)) {
-                return give_up(heap, opened);
+                return give_up(heap, &opened[..n_opened]);
             }
         }
         // The indexes, and which of them take the row, decided before anything is written.
         let indexes = pg_sys::RelationGetIndexList(heap);
         for oid in pgrx::PgList::<pg_sys::Oid>::from_pg(indexes).iter_oid() {
+            if n_opened == MAX_INDEXES {
+                pg_sys::list_free(indexes);
+                return give_up(heap, &opened[..n_opened]);
+            }
             let index = pg_sys::index_open(oid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-            let info = pg_sys::BuildIndexInfo(index);
-            opened.push((index, info));
+            opened[n_opened] = (index, pg_sys::BuildIndexInfo(index));
+            n_opened += 1;
         }
         pg_sys::list_free(indexes);
-        let mut wanted = Vec::with_capacity(opened.len());
-        for &(index, info) in &opened {
+        let mut wanted = [(std::ptr::null_mut(), std::ptr::null_mut(), false); MAX_INDEXES];
+        let mut n_wanted = 0;
+        for &(index, info) in &opened[..n_opened] {
             if !(*info).ii_Expressions.is_null() {
-                return give_up(heap, opened);
+                return give_up(heap, &opened[..n_opened]);
             }
             let Some(holds) = null_tests((*info).ii_Predicate, &nulls) else {
-                return give_up(heap, opened);
+                return give_up(heap, &opened[..n_opened]);
             };
             if (*info).ii_ReadyForInserts && holds {
-                wanted.push((index, info, (*(*index).rd_index).indisunique));
+                wanted[n_wanted] = (index, info, (*(*index).rd_index).indisunique);
+                n_wanted += 1;
             }
         }
         if probe_first() {
-            return give_up(heap, opened);
+            return give_up(heap, &opened[..n_opened]);
         }
         // Unique indexes first (a conflict found there leaves the others untouched).
-        wanted.sort_by_key(|w| !w.2);
+        wanted[..n_wanted].sort_by_key(|w: &(pg_sys::Relation, *mut pg_sys::IndexInfo, bool)| !w.2);
         let tuple = pg_sys::heap_form_tuple(tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr());
         pg_sys::simple_heap_insert(heap, tuple);
         let mut conflict = false;
-        for &(index, info, unique) in &wanted {
+        for &(index, info, unique) in &wanted[..n_wanted] {
             let mut ivalues = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
             let mut inulls = [false; pg_sys::INDEX_MAX_KEYS as usize];
             let n = ((*info).ii_NumIndexAttrs.max(0) as usize).min(ivalues.len());
@@ -439,7 +455,7 @@ pub fn insert_direct(
             pg_sys::CommandCounterIncrement();
         }
         pg_sys::heap_freetuple(tuple);
-        give_up(heap, opened);
+        give_up(heap, &opened[..n_opened]);
         !conflict
     }
 }

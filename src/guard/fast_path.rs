@@ -698,6 +698,24 @@ fn check_site(
     Ok(())
 }
 
+/// The per-row functions' common start (`stamp_row`, `drop_row`, `insert_row`): their table
+/// (argument 1) and protection (argument 2), the call site checked once per user for a
+/// statement of kind `event` (`check_site`, token column in argument 3), and the protection
+/// active (FT004 otherwise).
+fn row_site(
+    call: &StampCall,
+    event: u32,
+    may: fn(pg_sys::Oid) -> bool,
+) -> Result<(pg_sys::Oid, i64), FenceError> {
+    let relid = call.oid(1);
+    let protection = call.bigint(2).unwrap_or(0);
+    check_site_once(call, || {
+        check_site(call, relid, protection, None, call.text(3), event, may)
+    })?;
+    rule::require_active(protection, &|| relation_name(relid))?;
+    Ok((relid, protection))
+}
+
 /// `check`, once per call site (an expression of one statement, whose constants do not change)
 /// and user: the other rows of the statement need not repeat it.
 fn check_site_once(
@@ -724,20 +742,7 @@ pub fn stamp_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     if crate::pg::process::replica_mode() {
         return Ok(old);
     }
-    let relid = call.oid(1);
-    let protection = call.bigint(2).unwrap_or(0);
-    check_site_once(call, || {
-        check_site(
-            call,
-            relid,
-            protection,
-            None,
-            call.text(3),
-            plan::EVENT_UPDATE,
-            plan::may_update,
-        )
-    })?;
-    rule::require_active(protection, &|| relation_name(relid))?;
+    let (relid, protection) = row_site(call, plan::EVENT_UPDATE, plan::may_update)?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     rule::admit_row(
@@ -794,20 +799,7 @@ pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     if crate::pg::process::replica_mode() {
         return Ok(old);
     }
-    let relid = call.oid(1);
-    let protection = call.bigint(2).unwrap_or(0);
-    check_site_once(call, || {
-        check_site(
-            call,
-            relid,
-            protection,
-            None,
-            call.text(3),
-            plan::EVENT_DELETE,
-            plan::may_delete,
-        )
-    })?;
-    rule::require_active(protection, &|| relation_name(relid))?;
+    let (relid, protection) = row_site(call, plan::EVENT_DELETE, plan::may_delete)?;
     let token = session_token(relid)?;
     trigger::count_guarded();
     let typed = call.typed(4);
@@ -875,20 +867,7 @@ pub fn insert_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     if crate::pg::process::replica_mode() {
         return Ok(stamped);
     }
-    let relid = call.oid(1);
-    let protection = call.bigint(2).unwrap_or(0);
-    check_site_once(call, || {
-        check_site(
-            call,
-            relid,
-            protection,
-            None,
-            call.text(3),
-            plan::EVENT_INSERT,
-            plan::may_insert,
-        )
-    })?;
-    rule::require_active(protection, &|| relation_name(relid))?;
+    let (relid, protection) = row_site(call, plan::EVENT_INSERT, plan::may_insert)?;
     // As the AFTER INSERT trigger: the token the row was stamped with (stamp_insert), even if
     // the session's changed since.
     let token = match stamped {

@@ -76,6 +76,48 @@ fn locate(which: &UniqueIndex) -> Option<Located> {
     Some(t)
 }
 
+/// Equality scan keys for `keys` ((table attribute number, equality function, value) per
+/// column) on a table with descriptor `tupdesc`, with each column's collation. `ordered`: for
+/// systable_beginscan_ordered, whose keys name index columns (the leading ones, in order);
+/// otherwise they name table columns, as systable_beginscan maps them.
+///
+/// # Safety
+/// `tupdesc` must be the table's descriptor, valid for the call, and every attribute number one
+/// of its columns; the values must outlive the scan.
+unsafe fn equality_keys(
+    tupdesc: pg_sys::TupleDesc,
+    keys: &[(i16, u32, pg_sys::Datum)],
+    ordered: bool,
+) -> Vec<pg_sys::ScanKeyData> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, (attno, proc_, value))| {
+            // SAFETY: per the contract; an all-zero ScanKeyData (plain C data) is a valid blank
+            // for ScanKeyEntryInitialize, which fills it.
+            unsafe {
+                let collation =
+                    crate::pg::compat::tuple_desc_attr(tupdesc, (*attno - 1) as usize).attcollation;
+                let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
+                pg_sys::ScanKeyEntryInitialize(
+                    &mut key,
+                    0,
+                    if ordered {
+                        (i + 1) as pg_sys::AttrNumber
+                    } else {
+                        *attno
+                    },
+                    pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                    pg_sys::Oid::INVALID,
+                    collation,
+                    pg_sys::Oid::from(*proc_),
+                    *value,
+                );
+                key
+            }
+        })
+        .collect()
+}
+
 /// Scan the index of `which` for the rows whose key columns equal `keys` ((attribute number,
 /// equality function, value) per column) with the latest committed snapshot, calling `each`
 /// with every tuple, the table's descriptor and the value column's attribute number until it
@@ -101,23 +143,7 @@ fn scan(
     unsafe {
         let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let tupdesc = (*heap).rd_att;
-        let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
-        for (attno, proc_, value) in keys {
-            let collation =
-                crate::pg::compat::tuple_desc_attr(tupdesc, (*attno - 1) as usize).attcollation;
-            let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
-            pg_sys::ScanKeyEntryInitialize(
-                &mut key,
-                0,
-                *attno,
-                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-                pg_sys::Oid::INVALID,
-                collation,
-                pg_sys::Oid::from(*proc_),
-                *value,
-            );
-            scankeys.push(key);
-        }
+        let mut scankeys = equality_keys(tupdesc, keys, false);
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let scan = pg_sys::systable_beginscan(
             heap,
@@ -182,24 +208,7 @@ pub fn max_by_index(
         let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let index = pg_sys::index_open(t.index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let tupdesc = (*heap).rd_att;
-        let mut scankeys: Vec<pg_sys::ScanKeyData> = Vec::with_capacity(keys.len());
-        for (i, (attno, proc_, value)) in keys.iter().enumerate() {
-            let collation =
-                crate::pg::compat::tuple_desc_attr(tupdesc, (*attno - 1) as usize).attcollation;
-            let mut key = std::mem::zeroed::<pg_sys::ScanKeyData>();
-            // An ordered scan's keys name index columns: the leading ones, in order.
-            pg_sys::ScanKeyEntryInitialize(
-                &mut key,
-                0,
-                (i + 1) as pg_sys::AttrNumber,
-                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-                pg_sys::Oid::INVALID,
-                collation,
-                pg_sys::Oid::from(*proc_),
-                *value,
-            );
-            scankeys.push(key);
-        }
+        let mut scankeys = equality_keys(tupdesc, keys, true);
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let scan = pg_sys::systable_beginscan_ordered(
             heap,

@@ -15,7 +15,8 @@ PostgreSQL's built-in C trigger suppress_redundant_updates_trigger as a BEFORE U
 (it does nothing here, every UPDATE changes the row), i.e. what any design built on a BEFORE row
 trigger pays before it does anything (the row lock the trigger manager takes, the call).
 
-Usage: instructions.py --pgbin DIR --work DIR [--n 1000] [--seed 1]
+Usage: instructions.py --pgbin DIR --work DIR [--n 1000] [--seed 1] [--only TEXT]
+(--only: just the pairs whose label or statement names contain TEXT, e.g. "insert").
 Prints a markdown table: path, unprotected and protected instructions per transaction, ratio.
 """
 import argparse
@@ -78,6 +79,12 @@ STATEMENTS = {
         "PREPARE s(int) AS SELECT fenced_update('prow', jsonb_build_object('id', $1), '{\"v\": 1}', 100)",
         "EXECUTE s({k})", "old"),
     "insert plain": ("PREPARE s(int) AS INSERT INTO plain (id, v) VALUES ($1, 0)", "EXECUTE s({k})", "new"),
+    # The floor of a one-row INSERT: the token column set from the setting by a SQL expression,
+    # no check (a one-row DELETE's floor is the plain DELETE: a token column has nothing to do).
+    "insert plain, token from the GUC in SQL": (
+        "PREPARE s(int) AS INSERT INTO plain (id, v, fence_token) "
+        "VALUES ($1, 0, current_setting('pg_fencing.token')::bigint)",
+        "EXECUTE s({k})", "new"),
     "insert per-row": ("PREPARE s(int) AS INSERT INTO prow (id, v) VALUES ($1, 0)", "EXECUTE s({k})", "new"),
     "insert resource": ("PREPARE s(int) AS INSERT INTO pres (id, v) VALUES ($1, 0)", "EXECUTE s({k})", "new"),
     "fenced_insert per-row": (
@@ -105,7 +112,11 @@ PAIRS = [
      "update per-row", "update per-row, jsonb in and out in SQL"),
     ("fenced_update vs that SQL statement", "update per-row, jsonb in and out in SQL", "fenced_update per-row"),
     ("per-row mode INSERT (new key)", "insert plain", "insert per-row"),
+    ("... vs the floor: the token stamped by a SQL expression, no check",
+     "insert plain, token from the GUC in SQL", "insert per-row"),
     ("resource mode INSERT", "insert plain", "insert resource"),
+    ("... vs the floor: the token stamped by a SQL expression, no check",
+     "insert plain, token from the GUC in SQL", "insert resource"),
     ("fenced_insert vs the plain INSERT of the per-row table", "insert per-row", "fenced_insert per-row"),
     ("per-row mode DELETE by key", "delete plain", "delete per-row"),
     ("resource mode DELETE by key", "delete plain", "delete resource"),
@@ -202,11 +213,14 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", help="just the pairs whose label or statements contain this text")
     args = ap.parse_args()
+    pairs = [p for p in PAIRS if not args.only or any(args.only in x for x in p)]
+    needed = {n for _, base, prot in pairs for n in (base, prot)}
     template, args.lease_token = template_cluster(
         args.pgbin, args.work, "template", SETUP, "SELECT token FROM fencing_leases WHERE name = 'bench'")
     per_txn = {}
-    for name in STATEMENTS:
+    for name in (n for n in STATEMENTS if n in needed):
         one = count(args, template, name, args.n)
         two = count(args, template, name, 2 * args.n)
         per_txn[name] = (two - one) / args.n
@@ -216,7 +230,7 @@ def main():
     print()
     print("| path | unprotected | protected | ratio |")
     print("|---|---:|---:|---:|")
-    for label, base, prot in PAIRS:
+    for label, base, prot in pairs:
         b, p = per_txn[base], per_txn[prot]
         print(f"| {label} | {b:,.0f} | {p:,.0f} | {b / p:.2f} |")
 

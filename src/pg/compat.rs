@@ -9,6 +9,7 @@
 //! * 16 replaced `pg_class_ownercheck` by `object_ownercheck`.
 //! * 18 renamed the backend's `pqsignal` to `pqsignal_be`, and pgrx's binding of `proc_exit`
 //!   lost its `noreturn`.
+//! * 18 gave `index_beginscan` an instrumentation argument (NULL: none).
 //! * 17 replaced backend ids by proc numbers: a virtual transaction id names its process by
 //!   `procNumber` (`ProcNumberGetProc`) where 15 has `backendId` (`BackendIdGetProc`).
 
@@ -171,6 +172,59 @@ pub unsafe fn latch_of(vxid: &pg_sys::VirtualTransactionId) -> usize {
             0
         } else {
             std::ptr::addr_of_mut!((*proc).procLatch) as usize
+        }
+    }
+}
+
+// Declared here, not taken from pgrx's bindings, for callers that make several calls under one
+// `pg_guard_ffi_boundary` (each binding of pgrx sets up its own). The signatures are those of
+// access/genam.h on each major.
+// SAFETY: as stated, calls through them follow the C ABI.
+unsafe extern "C-unwind" {
+    #[cfg(feature = "pg15")]
+    #[link_name = "index_beginscan"]
+    fn index_beginscan_raw(
+        heap: pg_sys::Relation,
+        index: pg_sys::Relation,
+        snapshot: pg_sys::Snapshot,
+        nkeys: std::ffi::c_int,
+        norderbys: std::ffi::c_int,
+    ) -> pg_sys::IndexScanDesc;
+    #[cfg(feature = "pg18")]
+    #[link_name = "index_beginscan"]
+    fn index_beginscan_raw(
+        heap: pg_sys::Relation,
+        index: pg_sys::Relation,
+        snapshot: pg_sys::Snapshot,
+        instrument: *mut pg_sys::IndexScanInstrumentation,
+        nkeys: std::ffi::c_int,
+        norderbys: std::ffi::c_int,
+    ) -> pg_sys::IndexScanDesc;
+}
+
+/// `index_beginscan` without instrumentation, not guarded by pgrx: an ERROR jumps to the
+/// caller's `pg_guard_ffi_boundary`.
+///
+/// # Safety
+/// As `index_beginscan` (open relations, `index` an index of `heap`, a snapshot valid for the
+/// scan, `nkeys` keys to come through `index_rescan`), called inside `pg_guard_ffi_boundary`
+/// from frames that hold only plain values.
+pub unsafe fn index_beginscan_unguarded(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    nkeys: i32,
+) -> pg_sys::IndexScanDesc {
+    // SAFETY: per the contract; the two majors differ only in 18's instrumentation pointer,
+    // which may be NULL.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            index_beginscan_raw(heap, index, snapshot, nkeys, 0)
+        }
+        #[cfg(feature = "pg18")]
+        {
+            index_beginscan_raw(heap, index, snapshot, std::ptr::null_mut(), nkeys, 0)
         }
     }
 }

@@ -189,49 +189,215 @@ pub fn read_by_index(
     Some(found)
 }
 
-/// The highest value column of the rows whose leading index columns equal `keys` (as for
-/// [`read_by_index`]), through an index of `which` whose next column is the value column, read
-/// backwards with the latest committed snapshot: the first visible row is the highest. `None` if
-/// the table or index cannot be found this way; `Some(None)` if there is no such row.
-pub fn max_by_index(
+/// An upper bound of the value column over the rows whose leading index columns equal `keys`
+/// (as for [`read_by_index`], an index of `which` whose next column is the value column), read from the index alone: the last entry in the index's order,
+/// whatever the visibility of its row. An entry of a row not yet committed, of an aborted or of a
+/// dead one counts; the index holds an entry of every row, so the answer is never below the
+/// highest committed value (it may be above it). No table lock, no heap access, no snapshot: the
+/// index is locked (AccessShareLock, which also keeps its table from being dropped). `None` if
+/// the index cannot be read this way (missing, not valid, or its next column is not the value
+/// column);
+/// `Some(None)` if there is no entry.
+pub fn upper_bound_by_index(
     which: &UniqueIndex,
     keys: &[(i16, u32, pg_sys::Datum)],
 ) -> Option<Option<i64>> {
     let t = locate(which)?;
-    let mut found = None;
-    // SAFETY: as in `scan` (same relation, snapshot, scan key and lifetime rules), with an
-    // ordered scan: systable_beginscan_ordered requires the index to belong to the table (looked
-    // up together, see `scan`) and raises ERROR otherwise; systable_getnext_ordered returns NULL
-    // or a tuple of `heap` valid until the next call or systable_endscan_ordered. The value
-    // (a bigint) is read by value before the scan moves on.
+    if keys.len() >= MAX_BOUND_KEYS {
+        return None;
+    }
+    let mut attnos = [0i16; MAX_BOUND_KEYS];
+    let mut procs = [pg_sys::Oid::INVALID; MAX_BOUND_KEYS];
+    let mut values = [pg_sys::Datum::from(0usize); MAX_BOUND_KEYS];
+    for (i, (attno, proc_, value)) in keys.iter().enumerate() {
+        attnos[i] = *attno;
+        procs[i] = pg_sys::Oid::from(*proc_);
+        values[i] = *value;
+    }
+    let read = IndexRead {
+        heap: t.heap,
+        index: t.index,
+        value_attnum: t.value_attnum,
+        nkeys: keys.len(),
+        attnos,
+        procs,
+        values,
+    };
+    // SAFETY: `read` holds plain values only, and `last_entry` makes its PostgreSQL calls
+    // (unguarded) from a frame that holds only plain values, so an ERROR may jump over it to the
+    // boundary, which turns it into a Rust panic (see `last_entry` for the calls themselves).
+    match unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| last_entry(&read)) } {
+        Bound::NotReadable => None,
+        Bound::Empty => Some(None),
+        Bound::Entry(v) => Some(Some(v)),
+    }
+}
+
+/// At most this many leading key columns in [`upper_bound_by_index`] (its arrays' length).
+const MAX_BOUND_KEYS: usize = 4;
+
+/// What [`upper_bound_by_index`] reads, as plain values.
+#[derive(Clone, Copy)]
+struct IndexRead {
+    heap: pg_sys::Oid,
+    index: pg_sys::Oid,
+    value_attnum: i32,
+    nkeys: usize,
+    attnos: [i16; MAX_BOUND_KEYS],
+    procs: [pg_sys::Oid; MAX_BOUND_KEYS],
+    values: [pg_sys::Datum; MAX_BOUND_KEYS],
+}
+
+#[derive(Clone, Copy)]
+enum Bound {
+    NotReadable,
+    Empty,
+    Entry(i64),
+}
+
+// Declared here, not taken from pgrx's bindings, so that [`last_entry`]'s calls share one
+// `pg_guard_ffi_boundary` instead of setting up one each. The signatures are those of
+// utils/rel.h, utils/relcache.h, access/genam.h, access/itup.h and access/skey.h.
+// SAFETY: as stated, calls through them follow the C ABI.
+unsafe extern "C-unwind" {
+    #[link_name = "index_open"]
+    fn index_open_raw(relation: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> pg_sys::Relation;
+    #[link_name = "index_close"]
+    fn index_close_raw(relation: pg_sys::Relation, lockmode: pg_sys::LOCKMODE);
+    #[link_name = "RelationIdGetRelation"]
+    fn relation_id_get_relation_raw(relation: pg_sys::Oid) -> pg_sys::Relation;
+    #[link_name = "RelationClose"]
+    fn relation_close_raw(relation: pg_sys::Relation);
+    #[link_name = "index_rescan"]
+    fn index_rescan_raw(
+        scan: pg_sys::IndexScanDesc,
+        keys: pg_sys::ScanKey,
+        nkeys: std::ffi::c_int,
+        orderbys: pg_sys::ScanKey,
+        norderbys: std::ffi::c_int,
+    );
+    #[link_name = "index_getnext_tid"]
+    fn index_getnext_tid_raw(
+        scan: pg_sys::IndexScanDesc,
+        direction: pg_sys::ScanDirection::Type,
+    ) -> pg_sys::ItemPointer;
+    #[link_name = "index_endscan"]
+    fn index_endscan_raw(scan: pg_sys::IndexScanDesc);
+    #[link_name = "index_deform_tuple"]
+    fn index_deform_tuple_raw(
+        tuple: pg_sys::IndexTuple,
+        desc: pg_sys::TupleDesc,
+        values: *mut pg_sys::Datum,
+        isnull: *mut bool,
+    );
+    #[link_name = "ScanKeyEntryInitialize"]
+    fn scan_key_entry_initialize_raw(
+        entry: pg_sys::ScanKey,
+        flags: std::ffi::c_int,
+        attno: pg_sys::AttrNumber,
+        strategy: pg_sys::StrategyNumber,
+        subtype: pg_sys::Oid,
+        collation: pg_sys::Oid,
+        procedure: pg_sys::RegProcedure,
+        argument: pg_sys::Datum,
+    );
+}
+
+/// The body of [`upper_bound_by_index`]: the last entry of `read.index` whose leading columns
+/// equal the keys, whatever its row's visibility.
+///
+/// # Safety
+/// Only inside `pg_guard_ffi_boundary`, on the backend's main thread inside a transaction: every
+/// call below is unguarded and this frame holds plain values only.
+unsafe fn last_entry(read: &IndexRead) -> Bound {
+    // SAFETY: the index is opened with AccessShareLock (kept to the end of the transaction)
+    // before anything of it is read; the heap's relcache entry is pinned by RelationIdGetRelation
+    // only for index_beginscan, which reads its table access method (the heap's, fixed for the
+    // relation's life, which the index lock keeps) and is closed after the scan; no heap tuple is
+    // fetched. Column positions are checked against the index's `indkey` before a key or an entry
+    // is read (`nkeys` key columns, then the value column, within `indnkeyatts`); each scan key
+    // names an index column (1-based) with the index's collation for it. SnapshotAny makes the
+    // scan return every entry (killed ones, dead to everyone, excepted); with `xs_want_itup` set,
+    // the B-tree returns each entry's index tuple in `xs_itup` described by `xs_itupdesc` (at
+    // most INDEX_MAX_KEYS columns, checked: the arrays index_deform_tuple fills are that long),
+    // valid until the next call; the bigint is read by value. An ERROR (a vanished OID) jumps to
+    // the caller's boundary; the resource owner releases the lock, pin and scan at abort.
     unsafe {
-        let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let index = pg_sys::index_open(t.index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let tupdesc = (*heap).rd_att;
-        let mut scankeys = equality_keys(tupdesc, keys, true);
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan = pg_sys::systable_beginscan_ordered(
+        let index = index_open_raw(read.index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let form = (*index).rd_index;
+        let nkey = usize::try_from((*form).indnkeyatts).unwrap_or(0);
+        let indkey = (*form).indkey.values.as_slice(nkey);
+        // An index that is not valid (a failed CREATE INDEX CONCURRENTLY, one being rebuilt by
+        // REINDEX CONCURRENTLY) may lack entries: not read.
+        let mut fits = (*form).indisvalid
+            && (*form).indislive
+            && read.nkeys < nkey
+            && indkey[read.nkeys] as i32 == read.value_attnum;
+        for i in 0..read.nkeys {
+            fits = fits && indkey[i] == read.attnos[i];
+        }
+        if !fits {
+            index_close_raw(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+            return Bound::NotReadable;
+        }
+        // An all-zero ScanKeyData (plain C data) is a valid blank for ScanKeyEntryInitialize.
+        let mut scankeys = [std::mem::zeroed::<pg_sys::ScanKeyData>(); MAX_BOUND_KEYS];
+        for (i, key) in scankeys.iter_mut().enumerate().take(read.nkeys) {
+            scan_key_entry_initialize_raw(
+                key,
+                0,
+                (i + 1) as pg_sys::AttrNumber,
+                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::Oid::INVALID,
+                *(*index).rd_indcollation.add(i),
+                read.procs[i],
+                read.values[i],
+            );
+        }
+        let heap = relation_id_get_relation_raw(read.heap);
+        if heap.is_null() {
+            index_close_raw(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+            return Bound::NotReadable;
+        }
+        let scan = crate::pg::compat::index_beginscan_unguarded(
             heap,
             index,
-            snapshot,
-            scankeys.len() as i32,
-            scankeys.as_mut_ptr(),
+            &raw mut pg_sys::SnapshotAnyData,
+            read.nkeys as i32,
         );
-        let tuple =
-            pg_sys::systable_getnext_ordered(scan, pg_sys::ScanDirection::BackwardScanDirection);
-        if !tuple.is_null() {
-            let mut isnull = false;
-            let d = pg_sys::heap_getattr(tuple, t.value_attnum, tupdesc, &mut isnull);
-            if !isnull {
-                found = Some(d.value() as i64);
+        (*scan).xs_want_itup = true;
+        index_rescan_raw(
+            scan,
+            scankeys.as_mut_ptr(),
+            read.nkeys as i32,
+            std::ptr::null_mut(),
+            0,
+        );
+        let tid = index_getnext_tid_raw(scan, pg_sys::ScanDirection::BackwardScanDirection);
+        let itupdesc = (*scan).xs_itupdesc;
+        let mut found = Bound::Empty;
+        if !tid.is_null()
+            && !(*scan).xs_itup.is_null()
+            && !itupdesc.is_null()
+            && (*itupdesc).natts as usize <= pg_sys::INDEX_MAX_KEYS as usize
+        {
+            let mut values = [pg_sys::Datum::from(0usize); pg_sys::INDEX_MAX_KEYS as usize];
+            let mut nulls = [true; pg_sys::INDEX_MAX_KEYS as usize];
+            index_deform_tuple_raw(
+                (*scan).xs_itup,
+                itupdesc,
+                values.as_mut_ptr(),
+                nulls.as_mut_ptr(),
+            );
+            if !nulls[read.nkeys] {
+                found = Bound::Entry(values[read.nkeys].value() as i64);
             }
         }
-        pg_sys::systable_endscan_ordered(scan);
-        pg_sys::UnregisterSnapshot(snapshot);
-        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
-        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        index_endscan_raw(scan);
+        relation_close_raw(heap);
+        index_close_raw(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        found
     }
-    Some(found)
 }
 
 thread_local! {

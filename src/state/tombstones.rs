@@ -433,12 +433,16 @@ pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
 /// tombstone: the highest of the protection's tombstones (this transaction's pending ones
 /// included) and its tombstone floor. A key's mark is its tombstone or else the floor, so a
 /// token at least this high passes every key's. `None` if it cannot be read this way (the schema
-/// before 0.2.0 has no index for it): then each key is looked up. Read with the latest committed
-/// snapshot, so it is authoritative for rows already in the unique index (see `rule`).
+/// before 0.2.0 has no index for it, or it is not valid): then each key is looked up. The
+/// highest tombstone is the protection's last entry in `row_tombstone_high_water`, whatever its
+/// row's visibility: never below the highest committed tombstone, so it is authoritative for
+/// rows already in the unique index (see `rule`); an entry of an uncommitted, aborted or dead
+/// row can only raise it, and then each key is looked up.
 pub fn new_key_threshold(protection: i64) -> Option<Option<Token>> {
     flush_tombstones();
     let p = pg_sys::Datum::from(protection);
-    let highest = crate::pg::index::max_by_index(&TOMB_HIGH_INDEX, &[(1, pg_sys::F_INT8EQ, p)])?;
+    let highest =
+        crate::pg::index::upper_bound_by_index(&TOMB_HIGH_INDEX, &[(1, pg_sys::F_INT8EQ, p)])?;
     Some(highest.max(tombstone_floor(protection)))
 }
 

@@ -333,9 +333,12 @@ unsafe fn last_entry(read: &IndexRead) -> Bound {
             && (*form).indislive
             && read.nkeys < nkey
             && indkey[read.nkeys] as i32 == read.value_attnum;
-        for i in 0..read.nkeys {
-            fits = fits && indkey[i] == read.attnos[i];
-        }
+        fits = fits
+            && indkey
+                .iter()
+                .zip(&read.attnos)
+                .take(read.nkeys)
+                .all(|(k, a)| k == a);
         if !fits {
             index_close_raw(index, pg_sys::NoLock as pg_sys::LOCKMODE);
             return Bound::NotReadable;

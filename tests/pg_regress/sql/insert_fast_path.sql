@@ -106,6 +106,32 @@ INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(3, 7) g;
 SELECT * FROM ip_calls();
 SELECT count(*) FILTER (WHERE fence_token = 30) FROM ip_row WHERE id BETWEEN 3 AND 7;
 ROLLBACK;
+-- The highest tombstone is read from the high-water index alone, whatever its entries' rows'
+-- visibility: an entry of a tombstone written and rolled back (at 90) counts there, which only
+-- means each key is looked up: a writer at 35 passes for keys whose tombstone is lower or
+-- missing, one at 25 is still refused for key 4 (tombstone 30).
+BEGIN; SET LOCAL pg_fencing.token = '90';
+DELETE FROM ip_row WHERE id = 1;
+INSERT INTO ip_row VALUES (1, 0);
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '35';
+INSERT INTO ip_row VALUES (5, 0), (600, 0);
+SELECT id, fence_token FROM ip_row WHERE id IN (5, 600) ORDER BY id;
+SET LOCAL pg_fencing.token = '25';
+INSERT INTO ip_row VALUES (601, 0), (4, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- A high-water index that is not valid is not read: each key is looked up, with the same
+-- answers.
+BEGIN;
+UPDATE pg_index SET indisvalid = false
+ WHERE indexrelid = '_pg_fencing.row_tombstone_high_water'::regclass;
+SET LOCAL pg_fencing.token = '30';
+INSERT INTO ip_row VALUES (5, 0), (602, 0);
+SELECT id, fence_token FROM ip_row WHERE id IN (5, 602) ORDER BY id;
+SET LOCAL pg_fencing.token = '25';
+INSERT INTO ip_row VALUES (603, 0), (6, 0);
+ROLLBACK;
 -- The tombstone floor (fencing_prune_tombstones) is a mark for every key: a writer below it is
 -- refused, saying so.
 BEGIN;

@@ -233,6 +233,26 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_insert(fcinfo: FunctionCallInfo
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_stamp_insert_key);
+/// `_pg_fencing.stamp_insert_key(value bigint, relation oid, protection bigint, token_column text,
+/// VARIADIC key "any") RETURNS bigint`: a one-row per-row INSERT's row check and key note (see
+/// `guard/fast_path.rs`), made the token column's value by the planner hook.
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_stamp_insert_key(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::fast_path::stamp_insert_key(&call).map(|t| stamp_result(fcinfo, t))
+        })
+    }
+}
+
 /// The bigint result of a stamping call (NULL for `None`).
 ///
 /// # Safety

@@ -2,7 +2,9 @@
 //! DELETE fast path", "The INSERT fast path"). An INSERT into a plain table gets
 //! `_pg_fencing.stamp_insert(…)` as its token column's value (`plan_insert`); per-row mode checks
 //! each key in a hidden RETURNING list (`insert_row`) and, for keys identified by text, when the
-//! statement finished (`finish_write`), resource mode stores the mark then. A DELETE
+//! statement finished (`finish_write`); an INSERT of one row whose key expressions may be
+//! evaluated twice notes its key in the stamp itself (`stamp_insert_key`) for that check.
+//! Resource mode stores the mark when the statement finished. A DELETE
 //! without RETURNING gets `_pg_fencing.drop_row(…)` as its hidden RETURNING list
 //! (per-row mode: each deleted row checked on the version deleted, its tombstone left) or, in
 //! resource mode, nothing per row: the mark is checked when the executor starts and stored when
@@ -83,6 +85,9 @@ struct Functions {
     stamp_insert: Option<pg_sys::Oid>,
     /// The same for per-row INSERTs' key check (then they keep the AFTER INSERT trigger).
     insert_row: Option<pg_sys::Oid>,
+    /// The same for a one-row per-row INSERT's stamp that notes its key (then it takes
+    /// `insert_row`'s way).
+    stamp_insert_key: Option<pg_sys::Oid>,
 }
 
 thread_local! {
@@ -108,6 +113,7 @@ fn functions() -> Option<Functions> {
         drop_row: plan::internal_function(c"drop_row"),
         stamp_insert: plan::internal_function(c"stamp_insert"),
         insert_row: plan::internal_function(c"insert_row"),
+        stamp_insert_key: plan::internal_function(c"stamp_insert_key"),
     };
     FUNCTIONS.with(|c| c.set(Some(f)));
     Some(f)
@@ -245,6 +251,27 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<bool> 
                 // rows it updated), the AFTER INSERT trigger checks the keys.
                 // An INSERT a rule adds (it sets no row count) keeps it too.
                 if !q.returns_or_conflicts() && q.sets_tag() {
+                    // One row whose key the statement gives as expressions that may be
+                    // evaluated twice, identified by text, not stamped nor generated: the stamp
+                    // notes the key (checked when the statement finished, once the row is in
+                    // the unique index), without a RETURNING list (`stamp_insert_key`).
+                    let noted = funcs.stamp_insert_key.filter(|_| {
+                        !pk.contains(&token_attnum)
+                            && !rel.any_generated(&pk)
+                            && q.gives_once(&pk)
+                            && crate::state::tombstones::keys_identified_by_text(args.protection)
+                    });
+                    if let Some(f) = noted {
+                        let column = args.token_column.to_string_lossy().into_owned();
+                        let mut call = vec![
+                            StampArg::Oid(relid),
+                            StampArg::Int8(args.protection),
+                            StampArg::Text(&column),
+                        ];
+                        call.extend(pk.iter().map(|a| StampArg::Given(*a)));
+                        q.stamp_column(rel, token_attnum, f, &call);
+                        return Some(false);
+                    }
                     key_check = funcs.insert_row.map(|f| (f, pk));
                 }
             }
@@ -346,8 +373,14 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
     }
     // The arguments first: which triggers an INSERT replaces depends on the mode.
     let args = trigger::args_of_lazy(guard_oid, || exec.root_trigger_args(GUARD))?;
-    // A per-row INSERT whose plan checks its keys in its hidden RETURNING list (`insert_row`).
-    let new_keys = exec.is_insert() && args.resource.is_none() && exec.has_hidden_check();
+    // A per-row INSERT whose plan checks its keys in its hidden RETURNING list (`insert_row`),
+    // or notes its one row's key when it stamps it (`stamp_insert_key`).
+    let new_keys = exec.is_insert()
+        && args.resource.is_none()
+        && (exec.has_hidden_check()
+            || functions()
+                .and_then(|f| f.stamp_insert_key)
+                .is_some_and(|f| exec.inserts_through(f)));
     let names: &[&CStr] = match (exec.is_insert(), &args.resource) {
         // Resource-mode INSERT: the AFTER INSERT trigger's work (storing a raised mark once a
         // row was written) is done when the executor finished (`finish_write`); per-row mode's
@@ -494,11 +527,11 @@ fn note_stamped(call: &StampCall, token: Token) {
 /// key `key` (identified by text) and token, to be checked when the statement finished. False
 /// if there is no such statement, or it noted as many keys as it may: then the caller checks
 /// the key at once.
-fn note_new_key(call: &StampCall, key: &str, token: Token) -> bool {
+fn note_new_key(call: &StampCall, key: &str, token: Token) -> Noted {
     WRITES.with(|w| {
         let mut w = w.borrow_mut();
         if w.is_empty() {
-            return false;
+            return Noted::NoStatement;
         }
         for cxt in call.contexts() {
             if let Some(r) = w.get_mut(&cxt) {
@@ -506,14 +539,27 @@ fn note_new_key(call: &StampCall, key: &str, token: Token) -> bool {
                     Work::NewKeys { lowest, keys } if keys.len() < NOTED_KEYS => {
                         *lowest = Some(lowest.map_or(token, |l| l.min(token)));
                         keys.push((key.to_string(), token));
-                        true
+                        Noted::Yes
                     }
-                    _ => false,
+                    Work::NewKeys { .. } => Noted::Full,
+                    Work::Mark { .. } => Noted::NoStatement,
                 };
             }
         }
-        false
+        Noted::NoStatement
     })
+}
+
+/// What [`note_new_key`] did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Noted {
+    /// The key waits for `finish_write`.
+    Yes,
+    /// The statement noted as many keys as it may.
+    Full,
+    /// No running per-row INSERT of the call's statement notes keys (its AFTER INSERT trigger
+    /// was not taken out: `start_modify` does both or neither).
+    NoStatement,
 }
 
 /// ExecutorFinish: the statement whose memory context is `statement` wrote `rows` rows. A
@@ -856,6 +902,56 @@ pub fn stamp_insert(call: &StampCall) -> Result<Option<Token>, FenceError> {
     Ok(Some(token))
 }
 
+/// `_pg_fencing.stamp_insert_key(value, table, protection, token_column, key…)`: a one-row
+/// per-row INSERT's token column (see `plan_insert`): `stamp_insert`'s work, and the key the
+/// statement gives the row (its own expressions, evaluated again) is noted with the token, to be
+/// checked when the statement finished, once the row is in the unique index (`finish_write`), as
+/// `insert_row` notes it. A key the statement cannot note (no running statement notes keys: the
+/// executor then kept the AFTER INSERT trigger, which checks it) is also looked up at once.
+pub fn stamp_insert_key(call: &StampCall) -> Result<Option<Token>, FenceError> {
+    let value = call.bigint(0);
+    if crate::pg::process::replica_mode() {
+        return Ok(value);
+    }
+    let (relid, protection) = row_site(call, plan::EVENT_INSERT, plan::may_insert)?;
+    let token = session_token(relid)?;
+    trigger::count_guarded();
+    trigger::count_after_expected();
+    let typed = call.typed(4);
+    let key = crate::pg::trigger_event::key_text_of(&typed);
+    if crate::state::tombstones::key_hash_of_values(protection, &typed).is_some() {
+        // Planned for keys identified by text (`plan_insert`); a change of the key's types
+        // re-plans the statement, so this is not reached; if it were, the key could not be
+        // noted as planned: refused rather than left unchecked.
+        return Err(FenceError::TriggerProtocol(format!(
+            "a one-row INSERT into {} was planned for keys identified by text; run it again",
+            relation_name(relid)
+        )));
+    }
+    match note_new_key(call, &key, token) {
+        Noted::Yes => {
+            trigger::count_after_fired();
+            Ok(Some(token))
+        }
+        Noted::Full => Err(FenceError::TriggerProtocol(format!(
+            "a one-row INSERT into {} noted more than {NOTED_KEYS} keys",
+            relation_name(relid)
+        ))),
+        Noted::NoStatement => {
+            // The executor kept the AFTER INSERT trigger, which checks the key once the row is
+            // in the unique index; it is looked up now too.
+            let not_hashed = |_: &str| false;
+            let tomb = rule::TombKey {
+                text: &key,
+                hash: None,
+                same: &not_hashed,
+            };
+            rule::admit_row_insert(protection, &|| relation_name(relid), &tomb, token, true)?;
+            Ok(Some(token))
+        }
+    }
+}
+
 /// `_pg_fencing.insert_row(new_token, table, protection, token_column, key…)`: the per-row
 /// guard's AFTER INSERT work for one row of a fast-path INSERT (its hidden RETURNING list,
 /// evaluated once the row is in the unique index): the key is checked against its tombstone with
@@ -878,7 +974,7 @@ pub fn insert_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     let typed = call.typed(4);
     let key = crate::pg::trigger_event::key_text_of(&typed);
     let hash = crate::state::tombstones::key_hash_of_values(protection, &typed);
-    if hash.is_none() && note_new_key(call, &key, token) {
+    if hash.is_none() && note_new_key(call, &key, token) == Noted::Yes {
         return Ok(Some(token));
     }
     let same = |text: &str| crate::state::tombstones::equals_text_typed(protection, &typed, text);

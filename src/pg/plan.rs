@@ -236,6 +236,9 @@ pub struct UpdateQuery {
 pub enum StampArg<'s> {
     /// The old row's value of a column of the target table.
     Column(i16),
+    /// What an INSERT gives a column of the target table: its target entry's expression, copied
+    /// (only where [`InsertQuery::gives_once`] holds; NULL if the statement gives it nothing).
+    Given(i16),
     Oid(pg_sys::Oid),
     Int8(i64),
     Text(&'s str),
@@ -284,7 +287,7 @@ impl UpdateQuery {
         // numbers the SET columns in list order).
         unsafe {
             let q = &mut *self.q;
-            let expr = stamp_expr(q.resultRelation, rel, function, args);
+            let expr = stamp_expr(q.resultRelation, rel, function, args, std::ptr::null_mut());
             let name = CString::new(rel.column_name(attnum)).unwrap_or_default();
             let tle =
                 pg_sys::makeTargetEntry(expr.cast(), attnum, pg_sys::pstrdup(name.as_ptr()), false);
@@ -307,6 +310,7 @@ unsafe fn stamp_expr(
     rel: Relation,
     function: pg_sys::Oid,
     args: &[StampArg],
+    given: *mut pg_sys::List,
 ) -> *mut pg_sys::FuncExpr {
     // SAFETY: every node is made by PostgreSQL's constructors in the current memory context
     // (this function's contract). Vars name the result relation's range table index and the
@@ -318,6 +322,18 @@ unsafe fn stamp_expr(
                 StampArg::Column(n) => {
                     let (typid, typmod, coll) = rel.column_type(*n);
                     pg_sys::makeVar(varno, *n, typid, typmod, coll, 0).cast()
+                }
+                StampArg::Given(n) => {
+                    let entry = PgList::<pg_sys::TargetEntry>::from_pg(given)
+                        .iter_ptr()
+                        .find(|t| !(**t).resjunk && (**t).resno == *n);
+                    match entry {
+                        Some(t) => pg_sys::copyObjectImpl((*t).expr.cast()).cast(),
+                        None => {
+                            let (typid, typmod, coll) = rel.column_type(*n);
+                            pg_sys::makeNullConst(typid, typmod, coll).cast()
+                        }
+                    }
                 }
                 StampArg::Oid(o) => pg_sys::makeConst(
                     pg_sys::OIDOID,
@@ -420,7 +436,7 @@ unsafe fn returning_check(
     // SAFETY: per the contract.
     unsafe {
         let q = &mut *q;
-        let expr = stamp_expr(q.resultRelation, rel, function, args);
+        let expr = stamp_expr(q.resultRelation, rel, function, args, std::ptr::null_mut());
         let tle = pg_sys::makeTargetEntry(
             expr.cast(),
             1,
@@ -452,6 +468,35 @@ impl InsertQuery {
     pub fn add_check(&mut self, rel: Relation, function: pg_sys::Oid, args: &[StampArg]) {
         // SAFETY: the planner's Query (`of`); the caller checked it has no RETURNING list.
         unsafe { returning_check(self.q, rel, function, args) }
+    }
+
+    /// Does the INSERT write one row, with values for `columns` that may be evaluated twice
+    /// with the same result: a VALUES list of one row (no FROM item, no WITH, no set-returning
+    /// function) whose expressions for these columns call no volatile function and hold no
+    /// subquery, and a target entry for each column (a default is filled in by the rewriter)?
+    /// Then [`StampArg::Given`] of these columns gives the values the row gets.
+    pub fn gives_once(&self, columns: &[i16]) -> bool {
+        // SAFETY: the planner's Query, valid for the hook's call; its jointree is a FromExpr and
+        // its target list a List of TargetEntry nodes (the rewriter's).
+        unsafe {
+            let q = &*self.q;
+            let from_empty = q.jointree.is_null() || (*q.jointree).fromlist.is_null();
+            if !from_empty || !q.cteList.is_null() || q.hasTargetSRFs || q.hasSubLinks {
+                return false;
+            }
+            let tlist = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList);
+            columns.iter().all(|a| {
+                tlist
+                    .iter_ptr()
+                    .find(|t| !(**t).resjunk && (**t).resno == *a)
+                    .is_some_and(|t| {
+                        let e = (*t).expr.cast::<pg_sys::Node>();
+                        !e.is_null()
+                            && !pg_sys::contain_volatile_functions(e)
+                            && !pg_sys::contain_subplans(e)
+                    })
+            })
+        }
     }
 
     /// Has the INSERT an `ON CONFLICT … DO UPDATE` clause?
@@ -510,7 +555,7 @@ impl InsertQuery {
                 Some(t) => (*t).expr.cast(),
                 None => pg_sys::makeNullConst(pg_sys::INT8OID, -1, pg_sys::Oid::INVALID).cast(),
             };
-            let expr = stamp_expr(q.resultRelation, rel, function, args);
+            let expr = stamp_expr(q.resultRelation, rel, function, args, q.targetList);
             (*expr).args = pg_sys::lcons(value.cast(), (*expr).args);
             match existing {
                 Some(t) => (*t).expr = expr.cast(),
@@ -756,6 +801,29 @@ impl ModifyExecution {
             !(*(*self.qd).plannedstmt).hasReturning
                 && !mt_plan.is_null()
                 && !(*mt_plan).returningLists.is_null()
+        }
+    }
+
+    /// Does the plan give a column of the inserted rows by a call of `function` (a FuncExpr in
+    /// the target list of the ModifyTable's subplan, as `InsertQuery::stamp_column` made it)?
+    pub fn inserts_through(&self, function: pg_sys::Oid) -> bool {
+        // SAFETY: the started executor's ModifyTable state, valid for the call; its plan is a
+        // ModifyTable node whose subplan (lefttree) is NULL or a Plan with a List of TargetEntry
+        // nodes; each node's tag is read before it is treated as a FuncExpr.
+        unsafe {
+            let mt_plan = (*self.mt).ps.plan.cast::<pg_sys::ModifyTable>();
+            if mt_plan.is_null() || (*mt_plan).plan.lefttree.is_null() {
+                return false;
+            }
+            let sub = (*mt_plan).plan.lefttree;
+            PgList::<pg_sys::TargetEntry>::from_pg((*sub).targetlist)
+                .iter_ptr()
+                .any(|t| {
+                    let e = (*t).expr.cast::<pg_sys::Node>();
+                    !e.is_null()
+                        && (*e).type_ == pg_sys::NodeTag::T_FuncExpr
+                        && (*e.cast::<pg_sys::FuncExpr>()).funcid == function
+                })
         }
     }
 

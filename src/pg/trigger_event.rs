@@ -226,6 +226,11 @@ impl<'a> Relation<'a> {
         }
     }
 
+    /// Is any of columns `attnums` generated (stored or virtual)?
+    pub fn any_generated(&self, attnums: &[i16]) -> bool {
+        attnums.iter().any(|a| self.attribute(*a).attgenerated != 0)
+    }
+
     /// Does the table have stored generated columns?
     pub fn has_stored_generated(&self) -> bool {
         // SAFETY: the open relation's descriptor; `constr` is NULL or valid with it.

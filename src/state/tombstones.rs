@@ -499,6 +499,12 @@ pub fn key_hash_of_text(protection: i64, key: &str) -> Option<i64> {
     identity_of(protection)?.hash_of_text(key)
 }
 
+/// Are the keys of protection `protection` identified by their text (not by hash)? False if
+/// it cannot tell (an unknown protection, no primary key).
+pub fn keys_identified_by_text(protection: i64) -> bool {
+    identity_of(protection).is_some_and(|i| !i.is_hashed())
+}
+
 /// `_pg_fencing.tombstone_key_hash_of(protection_id, VARIADIC key)`: the `key_hash` of the key
 /// whose columns have these values (`None`: text identity, an unknown protection, or values not
 /// of the key's column types). No parsing: for TRUNCATE, which has the rows' values.

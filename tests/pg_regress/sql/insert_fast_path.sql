@@ -42,6 +42,11 @@ END
 $$;
 SELECT ip_plan('INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(1, 3) g');
 SELECT ip_plan('INSERT INTO ip_res VALUES (1, 0, 99)');
+-- One row whose key the statement gives by expressions without volatile functions: the stamp
+-- notes the key (stamp_insert_key), no RETURNING list; a volatile key expression keeps
+-- insert_row.
+SELECT ip_plan('INSERT INTO ip_row VALUES (1, 0)');
+SELECT ip_plan('INSERT INTO ip_row VALUES ((random() * 0)::int + 1, 0)');
 
 -- Per-row mode: each row is stamped by the expression; the guard's triggers do not fire, but for
 -- the AFTER INSERT trigger of the INSERT with RETURNING. A value the statement gives the token
@@ -84,6 +89,20 @@ INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(200, 210) g UNION AL
 ROLLBACK TO a;
 INSERT INTO ip_row VALUES (6, 0);
 \echo :LAST_ERROR_SQLSTATE
+ROLLBACK TO a;
+-- The same for one-row INSERTs whose stamp notes the key (prepared, with a volatile key
+-- expression, with a primary key generated from another column).
+PREPARE ip_one(int) AS INSERT INTO ip_row VALUES ($1, 0);
+EXECUTE ip_one(700);
+SAVEPOINT b;
+EXECUTE ip_one(5);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK TO b;
+INSERT INTO ip_row VALUES ((random() * 0)::int + 6, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK TO b;
+SELECT id, fence_token FROM ip_row WHERE id = 700;
+DEALLOCATE ip_one;
 ROLLBACK TO a;
 -- A token that changes during the statement: the row with the lower one is checked as such.
 INSERT INTO ip_row (id, v)
@@ -149,6 +168,17 @@ INSERT INTO ip_src VALUES (5);
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 DROP TABLE ip_src;
+-- A primary key generated from another column is not what the statement gives: its INSERT
+-- keeps insert_row, which reads the row.
+CREATE TABLE ip_gen (a int NOT NULL, id int GENERATED ALWAYS AS (a * 2) STORED PRIMARY KEY);
+SELECT fencing_protect('ip_gen');
+SELECT ip_plan('INSERT INTO ip_gen VALUES (1)');
+BEGIN; SET LOCAL pg_fencing.token = '30'; INSERT INTO ip_gen VALUES (1); DELETE FROM ip_gen; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '25';
+INSERT INTO ip_gen VALUES (1);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP TABLE ip_gen;
 -- A key identified by hash (numeric: 5.0 and 5.00 are one key) is checked by the RETURNING list
 -- at once, against the tombstone of any equal key.
 CREATE TABLE ip_num (id numeric PRIMARY KEY, v int NOT NULL);

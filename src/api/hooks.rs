@@ -5,7 +5,7 @@
 //! trigger, which every DDL command fires); they pass everything on to the previous hook (or
 //! PostgreSQL's own planner and executor) unchanged unless it concerns a protected table.
 
-use crate::guard::fast_path;
+use crate::guard::fast_path::{self, InsertPlan};
 use crate::pg::plan::{self, DeleteQuery, InsertQuery, ModifyExecution, UpdateQuery};
 use crate::pg::report::raise;
 use pgrx::pg_sys;
@@ -86,7 +86,7 @@ unsafe extern "C-unwind" fn planner(
             }),
             None => None,
         };
-        let checked = delete == Some(true) || inserted == Some(true);
+        let checked = delete == Some(true) || inserted == Some(InsertPlan::Checked);
         let prev = PREV_PLANNER.get().copied().flatten();
         let stmt = plan::plan_next(prev, parse, query_string, cursor_options, bound_params);
         if marked || inserted.is_some() || delete.is_some() {
@@ -94,6 +94,9 @@ unsafe extern "C-unwind" fn planner(
         }
         if checked {
             plan::hide_returning(stmt);
+        }
+        if inserted == Some(InsertPlan::KeysNoted) {
+            plan::add_keys_marker(stmt);
         }
         stmt
     }

@@ -219,13 +219,25 @@ fn plan_update_inner(q: &mut UpdateQuery, guard_address: usize) -> Option<()> {
 /// index; its keys are checked against their tombstones when the statement finished
 /// (`finish_write`), in one look at the protection's highest tombstone when every row's token is
 /// at least that (and the floor). Such an INSERT no longer fires the AFTER INSERT trigger.
-/// Returns `None` if it keeps the guard's triggers, else whether the RETURNING list was added
-/// (then it is to be hidden).
-pub fn plan_insert(q: &mut InsertQuery, guard_address: usize) -> Option<bool> {
+/// An INSERT of one row whose key expressions may be evaluated twice gets
+/// `_pg_fencing.stamp_insert_key(…)` instead, which notes the key itself (no RETURNING list).
+/// Returns `None` if it keeps the guard's triggers, else how it was planned.
+pub fn plan_insert(q: &mut InsertQuery, guard_address: usize) -> Option<InsertPlan> {
     plan_insert_inner(q, guard_address)
 }
 
-fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<bool> {
+/// How the planner hook planned an INSERT on the fast path (the plan is marked in each case).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum InsertPlan {
+    /// Stamped only: resource mode, or per-row mode with the AFTER INSERT trigger kept.
+    Stamped,
+    /// Per-row keys checked by the hidden RETURNING list (`insert_row`): hide it.
+    Checked,
+    /// Per-row, one row whose stamp notes its key (`stamp_insert_key`): mark it as such.
+    KeysNoted,
+}
+
+fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<InsertPlan> {
     let relid = q.target()?;
     plan::with_relation(relid, |rel| {
         let guard = rel.trigger_named(GUARD)?;
@@ -270,7 +282,7 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<bool> 
                         ];
                         call.extend(pk.iter().map(|a| StampArg::Given(*a)));
                         q.stamp_column(rel, token_attnum, f, &call);
-                        return Some(false);
+                        return Some(InsertPlan::KeysNoted);
                     }
                     key_check = funcs.insert_row.map(|f| (f, pk));
                 }
@@ -293,7 +305,7 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<bool> 
             ],
         );
         let Some((insert_row, pk)) = key_check else {
-            return Some(false);
+            return Some(InsertPlan::Stamped);
         };
         let mut call = vec![
             StampArg::Column(token_attnum),
@@ -303,7 +315,7 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<bool> 
         ];
         call.extend(pk.iter().map(|a| StampArg::Column(*a)));
         q.add_check(rel, insert_row, &call);
-        Some(true)
+        Some(InsertPlan::Checked)
     })
 }
 
@@ -377,10 +389,7 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
     // or notes its one row's key when it stamps it (`stamp_insert_key`).
     let new_keys = exec.is_insert()
         && args.resource.is_none()
-        && (exec.has_hidden_check()
-            || functions()
-                .and_then(|f| f.stamp_insert_key)
-                .is_some_and(|f| exec.inserts_through(f)));
+        && (exec.has_hidden_check() || exec.notes_keys());
     let names: &[&CStr] = match (exec.is_insert(), &args.resource) {
         // Resource-mode INSERT: the AFTER INSERT trigger's work (storing a raised mark once a
         // row was written) is done when the executor finished (`finish_write`); per-row mode's

@@ -193,8 +193,8 @@ pub fn read_by_index(
 /// (as for [`read_by_index`], an index of `which` whose next column is the value column), read from the index alone: the last entry in the index's order,
 /// whatever the visibility of its row. An entry of a row not yet committed, of an aborted or of a
 /// dead one counts; the index holds an entry of every row, so the answer is never below the
-/// highest committed value (it may be above it). No table lock, no heap access, no snapshot: the
-/// index is locked (AccessShareLock, which also keeps its table from being dropped). `None` if
+/// highest committed value (it may be above it). No heap access, no snapshot: the table and the
+/// index are locked (AccessShareLock), nothing of the table is read. `None` if
 /// the index cannot be read this way (missing, not valid, or its next column is not the value
 /// column);
 /// `Some(None)` if there is no entry.
@@ -260,6 +260,10 @@ enum Bound {
 // utils/rel.h, utils/relcache.h, access/genam.h, access/itup.h and access/skey.h.
 // SAFETY: as stated, calls through them follow the C ABI.
 unsafe extern "C-unwind" {
+    #[link_name = "LockRelationOid"]
+    fn lock_relation_oid_raw(relation: pg_sys::Oid, lockmode: pg_sys::LOCKMODE);
+    #[link_name = "RelationGetIndexPredicate"]
+    fn relation_get_index_predicate_raw(relation: pg_sys::Relation) -> *mut pg_sys::List;
     #[link_name = "index_open"]
     fn index_open_raw(relation: pg_sys::Oid, lockmode: pg_sys::LOCKMODE) -> pg_sys::Relation;
     #[link_name = "index_close"]
@@ -310,12 +314,18 @@ unsafe extern "C-unwind" {
 /// Only inside `pg_guard_ffi_boundary`, on the backend's main thread inside a transaction: every
 /// call below is unguarded and this frame holds plain values only.
 unsafe fn last_entry(read: &IndexRead) -> Bound {
-    // SAFETY: the index is opened with AccessShareLock (kept to the end of the transaction)
-    // before anything of it is read; the heap's relcache entry is pinned by RelationIdGetRelation
-    // only for index_beginscan, which reads its table access method (the heap's, fixed for the
-    // relation's life, which the index lock keeps) and is closed after the scan; no heap tuple is
-    // fetched. Column positions are checked against the index's `indkey` before a key or an entry
-    // is read (`nkeys` key columns, then the value column, within `indnkeyatts`); each scan key
+    // SAFETY: the table, then the index, are locked with AccessShareLock (kept to the end of
+    // the transaction; table first, the order of every other reader, so that a later read of the
+    // table in this transaction cannot deadlock against VACUUM FULL or TRUNCATE of it) before
+    // anything of the index is read; the heap's relcache entry is pinned by
+    // RelationIdGetRelation only for index_beginscan, which reads its table access method (the
+    // heap's, fixed for the relation's life) and is closed after the scan; no heap tuple is
+    // fetched. The index must be a valid, live B-tree of this table without a predicate, whose
+    // value column is ascending in the integer operator family (then its last entry in a
+    // backward scan is its highest). Column positions are checked against the index's `indkey`
+    // before a key or an entry is read (`nkeys` key columns, then the value column, within
+    // `indnkeyatts`; an expression column has 0 there); `rd_indoption` and `rd_opfamily` have
+    // `indnkeyatts` entries; each scan key
     // names an index column (1-based) with the index's collation for it. SnapshotAny makes the
     // scan return every entry (killed ones, dead to everyone, excepted); with `xs_want_itup` set,
     // the B-tree returns each entry's index tuple in `xs_itup` described by `xs_itupdesc` (at
@@ -323,6 +333,7 @@ unsafe fn last_entry(read: &IndexRead) -> Bound {
     // valid until the next call; the bigint is read by value. An ERROR (a vanished OID) jumps to
     // the caller's boundary; the resource owner releases the lock, pin and scan at abort.
     unsafe {
+        lock_relation_oid_raw(read.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let index = index_open_raw(read.index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let form = (*index).rd_index;
         let nkey = usize::try_from((*form).indnkeyatts).unwrap_or(0);
@@ -331,8 +342,13 @@ unsafe fn last_entry(read: &IndexRead) -> Bound {
         // REINDEX CONCURRENTLY) may lack entries: not read.
         let mut fits = (*form).indisvalid
             && (*form).indislive
+            && (*form).indrelid == read.heap
+            && (*(*index).rd_rel).relam == pg_sys::BTREE_AM_OID
             && read.nkeys < nkey
-            && indkey[read.nkeys] as i32 == read.value_attnum;
+            && indkey[read.nkeys] as i32 == read.value_attnum
+            && *(*index).rd_indoption.add(read.nkeys) as u32 & pg_sys::INDOPTION_DESC == 0
+            && *(*index).rd_opfamily.add(read.nkeys) == pg_sys::INTEGER_BTREE_FAM_OID
+            && relation_get_index_predicate_raw(index).is_null();
         fits = fits
             && indkey
                 .iter()

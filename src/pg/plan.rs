@@ -472,8 +472,10 @@ impl InsertQuery {
 
     /// Does the INSERT write one row, with values for `columns` that may be evaluated twice
     /// with the same result: a VALUES list of one row (no FROM item, no WITH, no set-returning
-    /// function) whose expressions for these columns call no volatile function and hold no
-    /// subquery, and a target entry for each column (a default is filled in by the rewriter)?
+    /// function, no subquery) whose expressions for these columns call only immutable functions
+    /// (constants, parameters, casts: not a stable function, whose answer a volatile one
+    /// evaluated between the two, such as `set_config`, may change), and a target entry for each
+    /// column (a default is filled in by the rewriter)?
     /// Then [`StampArg::Given`] of these columns gives the values the row gets.
     pub fn gives_once(&self, columns: &[i16]) -> bool {
         // SAFETY: the planner's Query, valid for the hook's call; its jointree is a FromExpr and
@@ -492,7 +494,7 @@ impl InsertQuery {
                     .is_some_and(|t| {
                         let e = (*t).expr.cast::<pg_sys::Node>();
                         !e.is_null()
-                            && !pg_sys::contain_volatile_functions(e)
+                            && !pg_sys::contain_mutable_functions(e)
                             && !pg_sys::contain_subplans(e)
                     })
             })
@@ -664,6 +666,28 @@ pub unsafe fn add_marker(stmt: *mut pg_sys::PlannedStmt) {
     }
 }
 
+/// The second mark, of a one-row INSERT whose token column's stamp notes its key
+/// (`fast_path::stamp_insert_key`): its executor takes the AFTER INSERT trigger out and sets up
+/// the note. Like [`MARK_HASH`], only the planner hook can put it on a plan (a call of the
+/// function written into a statement marks nothing).
+const KEYS_NOTED_HASH: u32 = 0x7066_6b6e;
+
+/// Mark `stmt` (marked by [`add_marker`]) as an INSERT whose stamp notes its key.
+///
+/// # Safety
+/// As [`add_marker`].
+pub unsafe fn add_keys_marker(stmt: *mut pg_sys::PlannedStmt) {
+    // SAFETY: as in `add_marker`.
+    unsafe {
+        let item = pg_sys::palloc0(std::mem::size_of::<pg_sys::PlanInvalItem>())
+            .cast::<pg_sys::PlanInvalItem>();
+        (*item).type_ = pg_sys::NodeTag::T_PlanInvalItem;
+        (*item).cacheId = MARK_CACHE;
+        (*item).hashValue = KEYS_NOTED_HASH;
+        (*stmt).invalItems = pg_sys::lappend((*stmt).invalItems, item.cast());
+    }
+}
+
 /// An UPDATE or DELETE whose executor has just been started (its ModifyTable state built).
 pub struct ModifyExecution {
     qd: *mut pg_sys::QueryDesc,
@@ -804,26 +828,13 @@ impl ModifyExecution {
         }
     }
 
-    /// Does the plan give a column of the inserted rows by a call of `function` (a FuncExpr in
-    /// the target list of the ModifyTable's subplan, as `InsertQuery::stamp_column` made it)?
-    pub fn inserts_through(&self, function: pg_sys::Oid) -> bool {
-        // SAFETY: the started executor's ModifyTable state, valid for the call; its plan is a
-        // ModifyTable node whose subplan (lefttree) is NULL or a Plan with a List of TargetEntry
-        // nodes; each node's tag is read before it is treated as a FuncExpr.
+    /// Is the plan a one-row INSERT whose stamp notes its key ([`add_keys_marker`])?
+    pub fn notes_keys(&self) -> bool {
+        // SAFETY: as in `has_marker`.
         unsafe {
-            let mt_plan = (*self.mt).ps.plan.cast::<pg_sys::ModifyTable>();
-            if mt_plan.is_null() || (*mt_plan).plan.lefttree.is_null() {
-                return false;
-            }
-            let sub = (*mt_plan).plan.lefttree;
-            PgList::<pg_sys::TargetEntry>::from_pg((*sub).targetlist)
+            PgList::<pg_sys::PlanInvalItem>::from_pg((*(*self.qd).plannedstmt).invalItems)
                 .iter_ptr()
-                .any(|t| {
-                    let e = (*t).expr.cast::<pg_sys::Node>();
-                    !e.is_null()
-                        && (*e).type_ == pg_sys::NodeTag::T_FuncExpr
-                        && (*e.cast::<pg_sys::FuncExpr>()).funcid == function
-                })
+                .any(|i| (*i).cacheId == MARK_CACHE && (*i).hashValue == KEYS_NOTED_HASH)
         }
     }
 

@@ -118,6 +118,33 @@ SET LOCAL pg_fencing.token = '35';
 INSERT INTO ip_row VALUES (3, 0), (8, 0);
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
+-- A key expression that may give another value when evaluated again (a stable function whose
+-- answer a set_config in the same row changes) keeps insert_row, which reads the row: the row
+-- stored is key 5, refused.
+BEGIN; SET LOCAL pg_fencing.token = '25';
+SET LOCAL ip.k = '5';
+INSERT INTO ip_row (id, v, fence_token)
+  VALUES (current_setting('ip.k')::int, 0, set_config('ip.k', '1000000', true)::bigint);
+\echo :ERROR :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- A call of stamp_insert_key written into a statement (here as another bigint column's value,
+-- noting a decoy key) marks nothing: the AFTER INSERT trigger stays and refuses key 5.
+CREATE TABLE ip_atk (id int PRIMARY KEY, b bigint);
+SELECT fencing_protect('ip_atk');
+SELECT id AS atk_prot FROM _pg_fencing.protected_table WHERE relid = 'ip_atk'::regclass \gset
+BEGIN; SET LOCAL pg_fencing.token = '30'; INSERT INTO ip_atk VALUES (5, 0); DELETE FROM ip_atk; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '25';
+INSERT INTO ip_atk (id, b)
+  VALUES (5, _pg_fencing.stamp_insert_key(0, 'ip_atk'::regclass, :atk_prot, 'fence_token', 999))
+  RETURNING id;
+\echo :ERROR :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '25';
+INSERT INTO ip_atk (id, b)
+  VALUES (5, _pg_fencing.stamp_insert_key(0, 'ip_atk'::regclass, :atk_prot, 'fence_token', 999));
+\echo :ERROR :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DROP TABLE ip_atk;
 -- At or above the highest tombstone every key passes in one look; the rows' tokens are stamped.
 BEGIN; SET LOCAL pg_fencing.token = '30';
 SELECT ip_reset();

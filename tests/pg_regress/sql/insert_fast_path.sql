@@ -91,7 +91,7 @@ INSERT INTO ip_row VALUES (6, 0);
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK TO a;
 -- The same for one-row INSERTs whose stamp notes the key (prepared, with a volatile key
--- expression, with a primary key generated from another column).
+-- expression).
 PREPARE ip_one(int) AS INSERT INTO ip_row VALUES ($1, 0);
 EXECUTE ip_one(700);
 SAVEPOINT b;
@@ -195,17 +195,6 @@ INSERT INTO ip_src VALUES (5);
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 DROP TABLE ip_src;
--- A primary key generated from another column is not what the statement gives: its INSERT
--- keeps insert_row, which reads the row.
-CREATE TABLE ip_gen (a int NOT NULL, id int GENERATED ALWAYS AS (a * 2) STORED PRIMARY KEY);
-SELECT fencing_protect('ip_gen');
-SELECT ip_plan('INSERT INTO ip_gen VALUES (1)');
-BEGIN; SET LOCAL pg_fencing.token = '30'; INSERT INTO ip_gen VALUES (1); DELETE FROM ip_gen; COMMIT;
-BEGIN; SET LOCAL pg_fencing.token = '25';
-INSERT INTO ip_gen VALUES (1);
-\echo :LAST_ERROR_SQLSTATE
-ROLLBACK;
-DROP TABLE ip_gen;
 -- A key identified by hash (numeric: 5.0 and 5.00 are one key) is checked by the RETURNING list
 -- at once, against the tombstone of any equal key.
 CREATE TABLE ip_num (id numeric PRIMARY KEY, v int NOT NULL);

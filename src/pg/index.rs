@@ -195,8 +195,8 @@ pub fn read_by_index(
 /// dead one counts; the index holds an entry of every row, so the answer is never below the
 /// highest committed value (it may be above it). No heap access, no snapshot: the table and the
 /// index are locked (AccessShareLock), nothing of the table is read. `None` if
-/// the index cannot be read this way (missing, not valid, or its next column is not the value
-/// column);
+/// the index cannot be read this way (missing, not valid, not a B-tree of the table, partial, or
+/// its next column is not the value column, ascending in the integer operator family);
 /// `Some(None)` if there is no entry.
 pub fn upper_bound_by_index(
     which: &UniqueIndex,

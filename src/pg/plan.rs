@@ -472,10 +472,11 @@ impl InsertQuery {
 
     /// Does the INSERT write one row, with values for `columns` that may be evaluated twice
     /// with the same result: a VALUES list of one row (no FROM item, no WITH, no set-returning
-    /// function, no subquery) whose expressions for these columns call only immutable functions
-    /// (constants, parameters, casts: not a stable function, whose answer a volatile one
-    /// evaluated between the two, such as `set_config`, may change), and a target entry for each
-    /// column (a default is filled in by the rewriter)?
+    /// function, no subquery) whose expressions for these columns call only PostgreSQL's own
+    /// immutable functions (constants, parameters, casts: not a stable function, whose answer a
+    /// volatile one evaluated between the two, such as `set_config`, may change; not a user's
+    /// function, whose declared volatility nothing checks), and a target entry for each column
+    /// (a default is filled in by the rewriter)?
     /// Then [`StampArg::Given`] of these columns gives the values the row gets.
     pub fn gives_once(&self, columns: &[i16]) -> bool {
         // SAFETY: the planner's Query, valid for the hook's call; its jointree is a FromExpr and
@@ -496,6 +497,7 @@ impl InsertQuery {
                         !e.is_null()
                             && !pg_sys::contain_mutable_functions(e)
                             && !pg_sys::contain_subplans(e)
+                            && built_in_only(e, 0)
                     })
             })
         }
@@ -576,6 +578,53 @@ impl InsertQuery {
                     q.targetList = pg_sys::list_insert_nth(q.targetList, pos as c_int, tle.cast());
                 }
             }
+        }
+    }
+}
+
+/// Is `node` made only of constants, parameters, relabellings, domain coercions and calls of
+/// PostgreSQL's own functions and operators (OIDs below `FirstNormalObjectId`), whose declared
+/// volatility can be trusted? A user's function declared IMMUTABLE may still read a setting that
+/// changes between two evaluations ([`InsertQuery::gives_once`]). Any other node: false.
+///
+/// # Safety
+/// `node` must be NULL or a valid expression tree of the planner's Query.
+unsafe fn built_in_only(node: *mut pg_sys::Node, depth: u32) -> bool {
+    const FIRST_NORMAL_OBJECT_ID: u32 = pg_sys::FirstNormalObjectId;
+    if node.is_null() {
+        return true;
+    }
+    if depth > 32 {
+        return false;
+    }
+    let built_in =
+        |oid: pg_sys::Oid| oid != pg_sys::Oid::INVALID && oid.to_u32() < FIRST_NORMAL_OBJECT_ID;
+    // SAFETY: per the contract; each node's tag is read before it is treated as that node type,
+    // and argument lists are Lists of expression nodes.
+    unsafe {
+        let args_ok = |args: *mut pg_sys::List| {
+            PgList::<pg_sys::Node>::from_pg(args)
+                .iter_ptr()
+                .all(|a| built_in_only(a, depth + 1))
+        };
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Const | pg_sys::NodeTag::T_Param => true,
+            pg_sys::NodeTag::T_RelabelType => {
+                built_in_only((*node.cast::<pg_sys::RelabelType>()).arg.cast(), depth + 1)
+            }
+            pg_sys::NodeTag::T_CoerceToDomain => built_in_only(
+                (*node.cast::<pg_sys::CoerceToDomain>()).arg.cast(),
+                depth + 1,
+            ),
+            pg_sys::NodeTag::T_FuncExpr => {
+                let f = node.cast::<pg_sys::FuncExpr>();
+                built_in((*f).funcid) && args_ok((*f).args)
+            }
+            pg_sys::NodeTag::T_OpExpr => {
+                let o = node.cast::<pg_sys::OpExpr>();
+                built_in((*o).opno) && args_ok((*o).args)
+            }
+            _ => false,
         }
     }
 }

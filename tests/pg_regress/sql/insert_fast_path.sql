@@ -42,9 +42,9 @@ END
 $$;
 SELECT ip_plan('INSERT INTO ip_row (id, v) SELECT g, 0 FROM generate_series(1, 3) g');
 SELECT ip_plan('INSERT INTO ip_res VALUES (1, 0, 99)');
--- One row whose key the statement gives by expressions without volatile functions: the stamp
--- notes the key (stamp_insert_key), no RETURNING list; a volatile key expression keeps
--- insert_row.
+-- One row whose key the statement gives by constants, parameters and PostgreSQL's own
+-- immutable functions: the stamp notes the key (stamp_insert_key), no RETURNING list; a volatile
+-- key expression keeps insert_row.
 SELECT ip_plan('INSERT INTO ip_row VALUES (1, 0)');
 SELECT ip_plan('INSERT INTO ip_row VALUES ((random() * 0)::int + 1, 0)');
 
@@ -127,6 +127,21 @@ INSERT INTO ip_row (id, v, fence_token)
   VALUES (current_setting('ip.k')::int, 0, set_config('ip.k', '1000000', true)::bigint);
 \echo :ERROR :LAST_ERROR_SQLSTATE
 ROLLBACK;
+-- The same through a function declared IMMUTABLE that is not (it reads the setting): only
+-- PostgreSQL's own functions are trusted to be what they are declared.
+CREATE FUNCTION ip_k(int) RETURNS int IMMUTABLE LANGUAGE sql
+  AS $$ SELECT $1 + current_setting('ip.k')::int $$;
+SET plan_cache_mode = force_generic_plan;
+PREPARE ip_mislabelled(int) AS INSERT INTO ip_row (id, v, fence_token)
+  VALUES (ip_k($1), 0, set_config('ip.k', '1000000', true)::bigint);
+BEGIN; SET LOCAL pg_fencing.token = '25';
+SET LOCAL ip.k = '0';
+EXECUTE ip_mislabelled(5);
+\echo :ERROR :LAST_ERROR_SQLSTATE
+ROLLBACK;
+DEALLOCATE ip_mislabelled;
+RESET plan_cache_mode;
+DROP FUNCTION ip_k(int);
 -- A call of stamp_insert_key written into a statement (here as another bigint column's value,
 -- noting a decoy key) marks nothing: the AFTER INSERT trigger stays and refuses key 5.
 CREATE TABLE ip_atk (id int PRIMARY KEY, b bigint);

@@ -642,17 +642,28 @@ fn finish_new_keys(
         );
         return Ok(());
     }
-    let not_hashed = |_: &str| false;
     for (key, token) in &keys {
         pgrx::check_for_interrupts!();
-        let tomb = rule::TombKey {
-            text: key,
-            hash: None,
-            same: &not_hashed,
-        };
-        rule::admit_row_insert(protection, &|| relation_name(relid), &tomb, *token, true)?;
+        admit_text_key(protection, relid, key, *token)?;
     }
     Ok(())
+}
+
+/// A new key identified by text (`key`) of table `relid`, looked up against its tombstone and
+/// the floor now: FT001, naming the key, if either is above `token`.
+fn admit_text_key(
+    protection: i64,
+    relid: pg_sys::Oid,
+    key: &str,
+    token: Token,
+) -> Result<(), FenceError> {
+    let not_hashed = |_: &str| false;
+    let tomb = rule::TombKey {
+        text: key,
+        hash: None,
+        same: &not_hashed,
+    };
+    rule::admit_row_insert(protection, &|| relation_name(relid), &tomb, token, true)
 }
 
 thread_local! {
@@ -949,13 +960,7 @@ pub fn stamp_insert_key(call: &StampCall) -> Result<Option<Token>, FenceError> {
         Noted::NoStatement => {
             // The executor kept the AFTER INSERT trigger, which checks the key once the row is
             // in the unique index; it is looked up now too.
-            let not_hashed = |_: &str| false;
-            let tomb = rule::TombKey {
-                text: &key,
-                hash: None,
-                same: &not_hashed,
-            };
-            rule::admit_row_insert(protection, &|| relation_name(relid), &tomb, token, true)?;
+            admit_text_key(protection, relid, &key, token)?;
             Ok(Some(token))
         }
     }

@@ -701,6 +701,15 @@ const MARK_HASH: u32 = 0x7066_6670;
 /// # Safety
 /// `stmt` must be the PlannedStmt the planner just returned, in the current memory context.
 pub unsafe fn add_marker(stmt: *mut pg_sys::PlannedStmt) {
+    // SAFETY: per the contract.
+    unsafe { append_mark(stmt, MARK_HASH) }
+}
+
+/// Append the mark with value `hash` to `stmt`'s dependencies.
+///
+/// # Safety
+/// As [`add_marker`].
+unsafe fn append_mark(stmt: *mut pg_sys::PlannedStmt, hash: u32) {
     // SAFETY: per the contract; the item is a PlanInvalItem node allocated zeroed in the current
     // memory context with its node tag set, appended to the plan's list of dependencies (the plan
     // cache only compares its cache id and hash with invalidations, of which there are none for
@@ -710,7 +719,7 @@ pub unsafe fn add_marker(stmt: *mut pg_sys::PlannedStmt) {
             .cast::<pg_sys::PlanInvalItem>();
         (*item).type_ = pg_sys::NodeTag::T_PlanInvalItem;
         (*item).cacheId = MARK_CACHE;
-        (*item).hashValue = MARK_HASH;
+        (*item).hashValue = hash;
         (*stmt).invalItems = pg_sys::lappend((*stmt).invalItems, item.cast());
     }
 }
@@ -726,15 +735,8 @@ const KEYS_NOTED_HASH: u32 = 0x7066_6b6e;
 /// # Safety
 /// As [`add_marker`].
 pub unsafe fn add_keys_marker(stmt: *mut pg_sys::PlannedStmt) {
-    // SAFETY: as in `add_marker`.
-    unsafe {
-        let item = pg_sys::palloc0(std::mem::size_of::<pg_sys::PlanInvalItem>())
-            .cast::<pg_sys::PlanInvalItem>();
-        (*item).type_ = pg_sys::NodeTag::T_PlanInvalItem;
-        (*item).cacheId = MARK_CACHE;
-        (*item).hashValue = KEYS_NOTED_HASH;
-        (*stmt).invalItems = pg_sys::lappend((*stmt).invalItems, item.cast());
-    }
+    // SAFETY: per the contract.
+    unsafe { append_mark(stmt, KEYS_NOTED_HASH) }
 }
 
 /// An UPDATE or DELETE whose executor has just been started (its ModifyTable state built).
@@ -779,11 +781,16 @@ impl ModifyExecution {
 
     /// Does the plan carry the fast path's mark (see [`add_marker`])?
     pub fn has_marker(&self) -> bool {
+        self.has_mark(MARK_HASH)
+    }
+
+    /// Does the plan carry the mark with value `hash`?
+    fn has_mark(&self, hash: u32) -> bool {
         // SAFETY: the plan's invalItems is a List of PlanInvalItem nodes, valid for the call.
         unsafe {
             PgList::<pg_sys::PlanInvalItem>::from_pg((*(*self.qd).plannedstmt).invalItems)
                 .iter_ptr()
-                .any(|i| (*i).cacheId == MARK_CACHE && (*i).hashValue == MARK_HASH)
+                .any(|i| (*i).cacheId == MARK_CACHE && (*i).hashValue == hash)
         }
     }
 
@@ -879,12 +886,7 @@ impl ModifyExecution {
 
     /// Is the plan a one-row INSERT whose stamp notes its key ([`add_keys_marker`])?
     pub fn notes_keys(&self) -> bool {
-        // SAFETY: as in `has_marker`.
-        unsafe {
-            PgList::<pg_sys::PlanInvalItem>::from_pg((*(*self.qd).plannedstmt).invalItems)
-                .iter_ptr()
-                .any(|i| (*i).cacheId == MARK_CACHE && (*i).hashValue == KEYS_NOTED_HASH)
-        }
+        self.has_mark(KEYS_NOTED_HASH)
     }
 
     /// Is this an INSERT?

@@ -11,7 +11,11 @@
 #   3. no file outside .venv, target and .git names the old specification document (SPEC, its
 #      .md file) or the old shared directory (../shared): the design document is
 #      docs/design.md. Mentions under src/ and fencing-core/ are reported as warnings and only
-#      fail the check with --strict (they are being rewritten); elsewhere they always fail.
+#      fail the check with --strict (they are being rewritten); elsewhere they always fail;
+#   4. every source file of the crate (src/**/*.rs) is in docs/design.md's module map: by its
+#      path (`src/guard/trigger.rs`), or in a row that names its top folder (`src/guard/`) by its
+#      path below that folder (`trigger.rs`, `etcd/client.rs`); a folder's `mod.rs` by the row
+#      that names the folder.
 # Usage: scripts/check-docs.sh [--strict]   (exit status 1 and one line per finding if broken)
 set -euo pipefail
 source "$(dirname "$0")/hermetic.sh" "$@"
@@ -74,7 +78,7 @@ links() {
     ' "$1"
 }
 
-docs=(README.md CHANGELOG.md BENCHMARKS.md)
+docs=(README.md CHANGELOG.md BENCHMARKS.md CONTRIBUTING.md)
 for f in docs/*.md; do docs+=("$f"); done
 nlinks=0
 for f in "${docs[@]}"; do
@@ -117,6 +121,26 @@ if [ "$size" -gt 16000 ]; then
     finding "README.md is $size bytes, more than 16000: move detail into docs/"
 fi
 
+# The module map names every source file.
+map=$(awk '/^## Module map/ { p = 1; next } /^## / { p = 0 } p' docs/design.md)
+nfiles=0
+while IFS= read -r f; do
+    nfiles=$((nfiles + 1))
+    rel=${f#src/}
+    grep -qF "\`$f\`" <<<"$map" && continue
+    case "$rel" in
+        */*) top=${rel%%/*}; below=${rel#*/} ;;
+        *) finding "docs/design.md, \"Module map\": $f is not named (as \`$f\`)"; continue ;;
+    esac
+    rows=$(grep -F "\`src/$top/" <<<"$map" || true)
+    grep -qF "\`$below\`" <<<"$rows" && continue
+    case "$below" in
+        mod.rs) [ -n "$rows" ] && continue ;;
+        */mod.rs) grep -qF "\`${below%mod.rs}\`" <<<"$rows" && continue ;;
+    esac
+    finding "docs/design.md, \"Module map\": $f is not named (its row names \`src/$top/\` and \`$below\`)"
+done < <(find src -name '*.rs' | sort)
+
 # The old specification and the old shared directory, spelled so that this file does not match.
 old_refs='SPEC[.]md|[.][.]/shared|(^|[^A-Za-z0-9_])SPEC([^A-Za-z0-9_]|$)'
 nwarn=0
@@ -141,4 +165,4 @@ if [ "$bad" -ne 0 ]; then
     exit 1
 fi
 warned=; [ "$nwarn" -gt 0 ] && warned=", $nwarn warnings (--strict fails on them)"
-echo "check-docs: ok (${#docs[@]} documents, $nlinks relative links, README.md $size bytes$warned)"
+echo "check-docs: ok (${#docs[@]} documents, $nlinks relative links, README.md $size bytes, $nfiles source files in the module map$warned)"

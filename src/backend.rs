@@ -6,7 +6,7 @@
 
 use crate::api::fenced;
 use crate::guard::trigger;
-use crate::lock_service::{leases, locks, watch};
+use crate::lock_service::{etcd_locks, leases, watch};
 use crate::pg::{index, report, spi};
 use crate::rule;
 use crate::state::{mark_versions, marks, tombstones};
@@ -94,7 +94,7 @@ unsafe extern "C-unwind" fn xact_callback(
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
         || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
     {
-        locks::commit_acquired();
+        etcd_locks::commit_acquired();
     }
     if event == pg_sys::XactEvent::XACT_EVENT_COMMIT {
         // The watches this transaction stopped are gone now that it committed.
@@ -107,7 +107,7 @@ unsafe extern "C-unwind" fn xact_callback(
         trigger::forget_verified();
         rule::forget_activity();
         tombstones::forget_floors();
-        locks::abort_pending(None);
+        etcd_locks::abort_pending(None);
     }
 }
 
@@ -125,7 +125,7 @@ unsafe extern "C-unwind" fn subxact_callback(
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
         // fencing_acquire calls of the subtransaction (a savepoint, a PL/pgSQL EXCEPTION block).
-        locks::abort_pending(Some(my));
+        etcd_locks::abort_pending(Some(my));
         tombstones::forget_tombstones_of(my);
         watch::forget_pending_of(my);
         rule::forget_all();

@@ -431,7 +431,7 @@ pub fn parse_token(text: &str) -> Result<Option<Token>, FenceError> {
 }
 
 /// Check a token that arrived as a bigint (positive).
-pub fn check_token(token: i64) -> Result<Token, FenceError> {
+pub fn token_from_bigint(token: i64) -> Result<Token, FenceError> {
     Ok(pg_fencing_core::token::check_token(token)?)
 }
 
@@ -462,7 +462,7 @@ mod unit {
             assert_eq!(core_code, code);
         }
         assert_eq!(parse_token(" 7 ").unwrap(), Some(7));
-        assert_eq!(check_token(-1).unwrap_err().sqlstate(), "22023");
+        assert_eq!(token_from_bigint(-1).unwrap_err().sqlstate(), "22023");
     }
 
     /// Every SQLSTATE the mapping (`sqlstate()`) can produce is in the SQLSTATE table of

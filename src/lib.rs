@@ -25,6 +25,7 @@ mod pg;
 mod rule;
 mod state;
 mod text;
+mod tombstone_retention;
 
 ::pgrx::pg_module_magic!();
 
@@ -47,9 +48,9 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     state::stats::init_if_preloading();
     state::mark_versions::init_if_preloading();
-    lock_service::locks::init_if_preloading();
+    lock_service::etcd_locks::init_if_preloading();
     lock_service::watch::init_if_preloading();
-    lock_service::pruner::init_if_preloading();
+    tombstone_retention::init_if_preloading();
     backend::init();
     api::hooks::init();
 }

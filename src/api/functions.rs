@@ -6,7 +6,7 @@
 //! The SQL declarations of these functions are in `sql/pg_fencing.sql`.
 
 use crate::api::fenced;
-use crate::error::{self as token, FenceError};
+use crate::error::{self, FenceError};
 use crate::guard::trigger;
 use crate::pg::report::raise;
 use crate::pg::trigger_event::TriggerEvent;
@@ -386,7 +386,7 @@ pub unsafe extern "C-unwind" fn fencing_advance(fcinfo: FunctionCallInfo) -> pg_
                 }
             };
             let tok = match tok {
-                Some(t) => token::check_token(t)?,
+                Some(t) => error::token_from_bigint(t)?,
                 None => {
                     return Err(FenceError::NoToken {
                         target: format!("fencing_advance of resource \"{resource}\""),
@@ -586,7 +586,7 @@ pub unsafe extern "C-unwind" fn fencing_prune_tombstones(
     unsafe {
         run(fcinfo, || {
             let null = |what: &str| {
-                FenceError::NullArgument(token::Text::new(format!("{what} must not be NULL")))
+                FenceError::NullArgument(error::Text::new(format!("{what} must not be NULL")))
             };
             let relid: pg_sys::Oid =
                 pgrx::fcinfo::pg_getarg(fcinfo, 0).ok_or_else(|| null("relation"))?;
@@ -610,7 +610,7 @@ pub unsafe extern "C-unwind" fn fencing_prune_tombstones(
 
 v1_finfo!(pg_finfo_fencing_tombstone_retention);
 /// `fencing_tombstone_retention(relation regclass, retention interval) RETURNS void`: per-row
-/// mode, the automatic tombstone retention the pruner worker applies (`lock_service/pruner.rs`);
+/// mode, the automatic tombstone retention the pruner worker applies (`src/tombstone_retention.rs`);
 /// NULL turns it off. Owner only (`42501`); `FT004` not protected; `22023` resource mode or a
 /// retention that is not positive; `22004` NULL relation.
 ///
@@ -629,7 +629,7 @@ pub unsafe extern "C-unwind" fn fencing_tombstone_retention(
     unsafe {
         run(fcinfo, || {
             let relid: pg_sys::Oid = pgrx::fcinfo::pg_getarg(fcinfo, 0).ok_or_else(|| {
-                FenceError::NullArgument(token::Text::new("relation must not be NULL".to_string()))
+                FenceError::NullArgument(error::Text::new("relation must not be NULL".to_string()))
             })?;
             let retention: Option<pgrx::datum::Interval> = pgrx::fcinfo::pg_getarg(fcinfo, 1);
             if let Some(iv) = retention {
@@ -699,7 +699,7 @@ pub unsafe extern "C-unwind" fn fencing_acquire(fcinfo: FunctionCallInfo) -> pg_
                     "timeout must be between 0 and 1 year".into(),
                 ));
             }
-            let token = crate::lock_service::locks::acquire(
+            let token = crate::lock_service::etcd_locks::acquire(
                 &name,
                 std::time::Duration::from_micros(micros as u64),
             )?;
@@ -727,7 +727,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_reset_lock_service(
     // type of its Rust type. This frame holds nothing but `fcinfo`, as `run` requires.
     unsafe {
         run(fcinfo, || {
-            crate::lock_service::locks::reset_lock_service();
+            crate::lock_service::etcd_locks::reset_lock_service();
             Ok(pgrx::fcinfo::pg_return_void())
         })
     }
@@ -751,7 +751,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_lock_service_problem(
     unsafe {
         run(
             fcinfo,
-            || match crate::lock_service::locks::lock_service_problem() {
+            || match crate::lock_service::etcd_locks::lock_service_problem() {
                 Some(why) => Ok(crate::pg::spi::text_datum(&why)),
                 None => Ok(pgrx::fcinfo::pg_return_null(fcinfo)),
             },
@@ -968,9 +968,9 @@ pub unsafe extern "C-unwind" fn fencing_release(fcinfo: FunctionCallInfo) -> pg_
             let name: Option<String> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
             let name = name
                 .ok_or_else(|| FenceError::InvalidArgument("lock_name must not be NULL".into()))?;
-            Ok(pg_sys::Datum::from(crate::lock_service::locks::release(
-                &name,
-            )?))
+            Ok(pg_sys::Datum::from(
+                crate::lock_service::etcd_locks::release(&name)?,
+            ))
         })
     }
 }
@@ -991,7 +991,7 @@ pub fn fencing_lock_status() -> TableIterator<
         name!(pid, i32),
     ),
 > {
-    TableIterator::new(crate::lock_service::locks::lock_rows())
+    TableIterator::new(crate::lock_service::etcd_locks::lock_rows())
 }
 
 v1_finfo!(pg_finfo_pg_fencing_tombstone_key_hash);
@@ -1127,7 +1127,7 @@ fn interval_argument(
     max_years: i128,
 ) -> Result<i64, FenceError> {
     let iv = iv.ok_or_else(|| {
-        FenceError::NullArgument(token::Text::new(format!("{what} must not be NULL")))
+        FenceError::NullArgument(error::Text::new(format!("{what} must not be NULL")))
     })?;
     let parts = [iv.months() as i128, iv.days() as i128, iv.micros() as i128];
     if parts.iter().any(|p| *p < 0) {
@@ -1153,7 +1153,7 @@ fn interval_argument(
 /// name is the key of a B-tree index, whose entries have a limit of their own).
 fn lease_name_argument(name: Option<String>) -> Result<String, FenceError> {
     match name {
-        None => Err(FenceError::NullArgument(token::Text::new(
+        None => Err(FenceError::NullArgument(error::Text::new(
             "name must not be NULL",
         ))),
         Some(n) if n.is_empty() => Err(FenceError::InvalidArgument(
@@ -1170,10 +1170,10 @@ fn lease_name_argument(name: Option<String>) -> Result<String, FenceError> {
 /// A lease token argument: not NULL (`22004`), positive (`22023`).
 fn lease_token_argument(tok: Option<i64>) -> Result<i64, FenceError> {
     match tok {
-        None => Err(FenceError::NullArgument(token::Text::new(
+        None => Err(FenceError::NullArgument(error::Text::new(
             "token must not be NULL",
         ))),
-        Some(t) => token::check_token(t),
+        Some(t) => error::token_from_bigint(t),
     }
 }
 

@@ -35,7 +35,7 @@
 //! (docs/leases.md states the assumption). Every token is at least [`TOKEN_FLOOR`].
 //!
 //! # The time fence (docs/leases.md, "The time fence")
-//! [`check_token`] is called by the rule's one admission entry point (`rule::admit_token`) for
+//! [`check_lease_live`] is called by the rule's one admission entry point (`rule::admit_token`) for
 //! every write's token and by `fencing_advance`. A token in the lease range — at least
 //! [`TOKEN_FLOOR`] and at most the highest token this database issued or the clock, whichever
 //! is higher, once it issued one — counts only while a live lease holds it: otherwise `FT003`,
@@ -47,7 +47,7 @@
 
 use crate::error::{FenceError, Text, Token};
 use crate::pg::index::{read_by_index, UniqueIndex};
-use crate::pg::locks::{register_lease_waiter, wake_lease_waiters, LeaseHistoryLock};
+use crate::pg::lock_manager::{register_lease_waiter, wake_lease_waiters, LeaseHistoryLock};
 use crate::pg::process::{self, LockWaitBound};
 use crate::pg::spi::{exec_internal, exec_internal_row, text_datum, text_of};
 use pgrx::pg_sys;
@@ -229,7 +229,7 @@ fn in_range(token: Token, now: i64) -> bool {
 
 /// The time fence: `FT003` if `token` is in the lease range and no live lease holds it (see the
 /// module comment). Called through `rule::admit_token` only.
-pub fn check_token(token: Token) -> Result<(), FenceError> {
+pub fn check_lease_live(token: Token) -> Result<(), FenceError> {
     if token < TOKEN_FLOOR {
         return Ok(());
     }

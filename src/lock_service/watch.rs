@@ -28,7 +28,7 @@
 
 use super::shmem_text::ShmemText;
 use crate::error::{FenceError, Token};
-use crate::pg::locks::{lock_resource, LockMode};
+use crate::pg::lock_manager::{lock_resource, LockMode};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -231,7 +231,7 @@ pub(super) fn state_text(sh: &WatchShared) -> String {
 /// registrations change and while the state file is written (backends and the worker are
 /// separate processes), released when dropped.
 ///
-/// Lock order: a resource's heavyweight lock (`pg::locks::lock_resource`) is always taken
+/// Lock order: a resource's heavyweight lock (`pg::lock_manager::lock_resource`) is always taken
 /// before this one, never while holding it (`fencing_reset` and `fencing_unwatch` both need both;
 /// PostgreSQL's deadlock detector cannot see this lock). PostgreSQL processes wait for it on
 /// their latch (`take_interruptible`), so a wait honours cancel and postmaster death.
@@ -276,7 +276,7 @@ impl StateLock {
     pub(crate) fn take_interruptible(dir: &str) -> std::io::Result<StateLock> {
         let f = Self::open(dir)?;
         while !Self::try_take(&f)? {
-            crate::lock_service::locks::nap(1);
+            crate::lock_service::etcd_locks::nap(1);
         }
         Ok(StateLock(f))
     }
@@ -361,7 +361,7 @@ pub(super) fn with_state<T>(
     sh: &WatchShared,
     change: impl FnOnce() -> Result<T, FenceError>,
 ) -> Result<T, FenceError> {
-    let dir = crate::lock_service::locks::data_dir();
+    let dir = crate::lock_service::etcd_locks::data_dir();
     let io = |e: std::io::Error| {
         FenceError::WorkerUnavailable(format!(
             "pg_fencing: could not lock or save {STATE_FILE}: {e}"
@@ -673,7 +673,7 @@ pub fn undo_applied() {
 
 /// Save the state file at the end of a transaction, where no error may be raised.
 fn save_after_commit(sh: &WatchShared) {
-    let dir = crate::lock_service::locks::data_dir();
+    let dir = crate::lock_service::etcd_locks::data_dir();
     let saved = StateLock::take_interruptible(&dir).and_then(|_lock| {
         let tag = format!("backend{}", crate::pg::process::my_pid());
         save_state(sh, &dir, &tag)
@@ -948,7 +948,7 @@ pub fn rows() -> Vec<(
     let Some(sh) = shared() else {
         return Vec::new();
     };
-    let now = crate::lock_service::locks::now_ms();
+    let now = crate::lock_service::etcd_locks::now_ms();
     let db = crate::pg::process::my_database();
     sh.slots
         .iter()
@@ -1009,9 +1009,9 @@ pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
         return Ok(handover);
     }
     let max_lag = crate::gucs::verify_max_lag_ms() as i64;
-    let started = crate::lock_service::locks::now_ms();
+    let started = crate::lock_service::etcd_locks::now_ms();
     loop {
-        let now = crate::lock_service::locks::now_ms();
+        let now = crate::lock_service::etcd_locks::now_ms();
         let confirmed = slot.confirmed_ms.load(Ordering::Acquire);
         let latest = slot.latest.load(Ordering::Acquire);
         let fresh = confirmed > 0 && now - confirmed <= max_lag;
@@ -1042,7 +1042,7 @@ pub fn check(resource: &str, token: Token) -> Result<Token, FenceError> {
         }
         // On the latch: honours query cancel, statement_timeout and termination, and exits at
         // once if the postmaster dies.
-        crate::lock_service::locks::nap(1);
+        crate::lock_service::etcd_locks::nap(1);
     }
 }
 
@@ -1056,15 +1056,15 @@ pub(super) fn wait_until_synced(slot: &WatchSlot, resource: &str) -> Result<(), 
         return Ok(());
     }
     let limit = crate::gucs::watch_sync_timeout_ms() as i64;
-    let started = crate::lock_service::locks::now_ms();
+    let started = crate::lock_service::etcd_locks::now_ms();
     while slot.confirmed_ms.load(Ordering::Acquire) == 0 {
-        if crate::lock_service::locks::now_ms() - started >= limit {
+        if crate::lock_service::etcd_locks::now_ms() - started >= limit {
             return Err(FenceError::LockServiceUnavailable(format!(
                 "the watch of resource \"{resource}\" has not read etcd's state since it started ({}), so its hand-over revision may be behind (waited pg_fencing.watch_sync_timeout = {limit} ms)",
                 slot.message()
             )));
         }
-        crate::lock_service::locks::nap(1);
+        crate::lock_service::etcd_locks::nap(1);
     }
     Ok(())
 }

@@ -9,8 +9,8 @@
 //! fail at once, FT003), then the etcd thread gets a short chance to revoke the leases.
 
 use super::etcd::client::{Config, Security};
-use super::etcd::locks::Cmd;
-use super::locks::*;
+use super::etcd::mutex::Cmd;
+use super::etcd_locks::*;
 use super::{etcd, watch};
 use crate::gucs;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
@@ -167,7 +167,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
                 .enable_all()
                 .build();
             match rt {
-                Ok(rt) => rt.block_on(etcd::locks::run(rx, cfg, sh)),
+                Ok(rt) => rt.block_on(etcd::mutex::run(rx, cfg, sh)),
                 Err(e) => eprintln!("pg_fencing: could not start the etcd runtime: {e}"),
             }
         });
@@ -205,7 +205,7 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
             _ => {}
         }
         // The state file is saved by the etcd thread, off this loop: a save is two fsyncs, and
-        // this loop forwards the requests (see "Revision regression" in locks.rs).
+        // this loop forwards the requests (see "Revision regression" in etcd_locks.rs).
         for (i, s) in sh.slots().iter().enumerate() {
             // The generation is read after the state, never before: a slot freed and taken
             // again between the two reads would otherwise be sent to the etcd thread with its

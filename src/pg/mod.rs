@@ -15,7 +15,7 @@ pub mod event_trigger;
 pub mod guc;
 pub mod index;
 pub mod key_identity;
-pub mod locks;
+pub mod lock_manager;
 pub mod plan;
 pub mod process;
 pub mod report;

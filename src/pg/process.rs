@@ -67,7 +67,7 @@ pub fn monotonic_ms() -> i64 {
     };
     // SAFETY: clock_gettime writes into the timespec we pass; CLOCK_MONOTONIC always exists on
     // Linux. It is async-signal-safe and thread-safe (the etcd thread's copy is in
-    // `lock_service/locks.rs`'s callers through this same function).
+    // `lock_service/etcd_locks.rs`'s callers through this same function).
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }

@@ -31,7 +31,7 @@
 pub mod session_token;
 
 use crate::error::{Domain, FenceError, Token};
-use crate::pg::locks::{lock_resource, LockMode};
+use crate::pg::lock_manager::{lock_resource, LockMode};
 use crate::state::mark_versions;
 use crate::state::marks::{read_resource_mark, store_resource_mark, versions_trusted};
 use crate::state::stats;
@@ -280,8 +280,8 @@ pub fn write_token_if_any() -> Result<Option<Token>, FenceError> {
 /// A token given as an argument (`fencing_advance`): `FT003` if it is the token of a lost lock
 /// or of a PostgreSQL lease that has ended (the time fence, `lock_service/leases.rs`).
 pub fn admit_token(token: Token) -> Result<Token, FenceError> {
-    crate::lock_service::locks::check_token(token)?;
-    crate::lock_service::leases::check_token(token)?;
+    crate::lock_service::etcd_locks::check_lock_not_lost(token)?;
+    crate::lock_service::leases::check_lease_live(token)?;
     Ok(token)
 }
 

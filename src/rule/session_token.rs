@@ -101,7 +101,7 @@ impl TokenSource {
             TokenSource::SetInThisTransaction | TokenSource::ConnectionOption => true,
             TokenSource::SetEarlier => {
                 gucs::token_scope_is_session()
-                    || crate::lock_service::locks::held_by_this_session(token)
+                    || crate::lock_service::etcd_locks::held_by_this_session(token)
             }
             TokenSource::Configuration | TokenSource::FunctionSetClause | TokenSource::Unknown => {
                 false

@@ -27,7 +27,7 @@
 //! transaction reads the mark.
 
 use crate::error::FenceError;
-use crate::pg::locks::{lock_resource, LockMode};
+use crate::pg::lock_manager::{lock_resource, LockMode};
 use crate::pg::trigger_event::{TriggerEvent, TriggerOp};
 use pgrx::pg_sys;
 use pgrx::{pg_guard, pg_shmem_init, PGRXSharedMemory, PgAtomic};

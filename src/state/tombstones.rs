@@ -201,7 +201,7 @@ fn has_key_hash() -> bool {
 /// protected in per-row mode (`FT004` if it does not exist or is not protected, `22023` in
 /// resource mode).
 fn per_row_protection(relid: pg_sys::Oid) -> Result<i64, FenceError> {
-    if !crate::pg::locks::relation_exists(relid) {
+    if !crate::pg::lock_manager::relation_exists(relid) {
         return Err(gone(relid));
     }
     let protection = exec_internal(
@@ -239,8 +239,8 @@ pub fn set_retention(
     retention: Option<pg_sys::Datum>,
 ) -> Result<(), FenceError> {
     // As a DROP TABLE would (its protection goes with it): wait for one in flight.
-    crate::pg::locks::lock_relation_share_update(relid);
-    if !crate::pg::locks::relation_exists(relid) {
+    crate::pg::lock_manager::lock_relation_share_update(relid);
+    if !crate::pg::lock_manager::relation_exists(relid) {
         return Err(gone(relid));
     }
     let protection = pg_sys::Datum::from(per_row_protection(relid)?);
@@ -290,8 +290,8 @@ pub fn prune(
 ) -> Result<Option<i64>, FenceError> {
     let protection = per_row_protection(relid)?;
     let table = || crate::pg::trigger_event::relation_name(relid);
-    if !crate::pg::locks::lock_tree_share_and_invalidate(relid, wait) {
-        if crate::pg::locks::relation_exists(relid) {
+    if !crate::pg::lock_manager::lock_tree_share_and_invalidate(relid, wait) {
+        if crate::pg::lock_manager::relation_exists(relid) {
             return Ok(None);
         }
         return Err(gone(relid));
@@ -357,7 +357,7 @@ pub fn prune(
 
 /// `FT004` unless relation `relid` exists (a regclass argument can name a dropped table by OID).
 pub fn require_table(relid: pg_sys::Oid) -> Result<(), FenceError> {
-    if crate::pg::locks::relation_exists(relid) {
+    if crate::pg::lock_manager::relation_exists(relid) {
         Ok(())
     } else {
         Err(gone(relid))

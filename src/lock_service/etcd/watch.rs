@@ -2,7 +2,7 @@
 #![forbid(unsafe_code)]
 
 use super::client::{connect, Config};
-use crate::lock_service::locks::{
+use crate::lock_service::etcd_locks::{
     etcd_highest_revision, lock_service_problem, now_ms, observe_etcd_answer, observe_etcd_seen,
     report_problem,
 };

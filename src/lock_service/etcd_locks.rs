@@ -1,6 +1,6 @@
 //! Locks taken from SQL (`fencing_acquire` / `fencing_release`): the shared-memory slots, the
 //! backend side of a request, and what etcd has told the worker about itself (revision
-//! regression). The worker's main thread is `worker.rs`, the etcd side `etcd/locks.rs`.
+//! regression). The worker's main thread is `worker.rs`, the etcd side `etcd/mutex.rs`.
 //!
 //! Lock protocol (docs/design.md, "Worker"): the locks of one session share one lease (TTL
 //! `pg_fencing.lease_ttl`, like Go's `concurrency.Session`) kept alive every TTL/3; each lock
@@ -899,7 +899,7 @@ pub fn held_by_this_session(token: i64) -> bool {
 
 /// FT003 if `token` is the token of a lock taken through the worker (by any session) and that lock
 /// is lost: marked lost by the worker, or past the end of its lease as last confirmed by etcd.
-pub fn check_token(token: i64) -> Result<(), FenceError> {
+pub fn check_lock_not_lost(token: i64) -> Result<(), FenceError> {
     if !ENABLED.load(Ordering::Relaxed) {
         return Ok(());
     }

@@ -1,11 +1,11 @@
-//! The etcd thread's lock tasks (see `lock_service/locks.rs` for the slots they serve and the
+//! The etcd thread's lock tasks (see `lock_service/etcd_locks.rs` for the slots they serve and the
 //! lock protocol): the loop that takes the worker's commands, and per lock the acquisition, the
 //! lease keepalive, the watch on the holder's key and the release. Runs on tokio, never calls
 //! PostgreSQL, and only reads and writes the slots' atomics.
 #![forbid(unsafe_code)]
 
 use super::client::{connect, describe, Config};
-use crate::lock_service::locks::*;
+use crate::lock_service::etcd_locks::*;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! database `pg_fencing.tombstone_prune_database` (docs/operations.md, "Tombstone retention").
 //!
 //! Every `pg_fencing.tombstone_prune_interval` it
-//! 1. samples the highest etcd revision the etcd worker has seen (`locks::revision_seen`) into
+//! 1. samples the highest etcd revision the etcd worker has seen (`etcd_locks::revision_seen`) into
 //!    `_pg_fencing.revision_sample` (WAL-logged, so a restart or promotion keeps the history);
 //! 2. for each per-row table with a retention `R`, takes as its floor the highest revision
 //!    sampled at least `R` ago, and prunes the table's tombstones at or below it
@@ -26,7 +26,7 @@
 //! again after the interval.
 
 use crate::gucs;
-use crate::lock_service::locks::revision_seen;
+use crate::lock_service::etcd_locks::revision_seen;
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::prelude::*;
 use std::time::Duration;

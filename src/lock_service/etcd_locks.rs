@@ -30,9 +30,7 @@ use std::sync::atomic::{
 };
 use std::time::Duration;
 
-pub(super) const NAME_LEN: usize = 256;
-pub(super) const KEY_LEN: usize = 320;
-pub(super) const MSG_LEN: usize = 512;
+pub(super) use super::shmem_text::{KEY_LEN, MSG_LEN, NAME_LEN};
 
 // Slot states.
 pub(super) const FREE: u32 = 0;

@@ -15,6 +15,12 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Sizes of the text fields of lock and watch slots, in bytes with the terminating NUL: a lock
+/// or resource name, an etcd key (prefix, name and lease id), a status message.
+pub const NAME_LEN: usize = 256;
+pub const KEY_LEN: usize = 320;
+pub const MSG_LEN: usize = 512;
+
 pub struct ShmemText<const N: usize> {
     busy: AtomicBool,
     bytes: UnsafeCell<[u8; N]>,

@@ -34,9 +34,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 pub const WATCH_SLOTS: usize = 64;
-pub(super) const NAME_LEN: usize = 256;
-pub(super) const KEY_LEN: usize = 320;
-pub(super) const MSG_LEN: usize = 512;
+pub(super) use super::shmem_text::{KEY_LEN, MSG_LEN, NAME_LEN};
 pub(super) const STATE_FILE: &str = "pg_fencing_watches.state";
 
 pub(super) const FREE: u32 = 0;

@@ -89,28 +89,31 @@ impl<T: PGRXSharedMemory + Default + Sync + 'static> Area for ShmemArray<T> {
 }
 
 static AREAS: std::sync::Mutex<Vec<&'static dyn Area>> = std::sync::Mutex::new(Vec::new());
-static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
-static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
+/// The hooks that were installed before ours, called first (set once, as `api/hooks.rs` does).
+static PREV_REQUEST: std::sync::OnceLock<pg_sys::shmem_request_hook_type> =
+    std::sync::OnceLock::new();
+static PREV_STARTUP: std::sync::OnceLock<pg_sys::shmem_startup_hook_type> =
+    std::sync::OnceLock::new();
 
 fn install_hooks() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: _PG_init runs on the postmaster's only thread while it loads the preloaded
-        // libraries, before either hook can run; the previous hooks are kept and called first.
-        unsafe {
-            PREV_REQUEST = pg_sys::shmem_request_hook;
+    // SAFETY: _PG_init runs on the postmaster's only thread while it loads the preloaded
+    // libraries, before either hook can run; the previous hooks are kept and called first. The
+    // OnceLocks make a second call a no-op.
+    unsafe {
+        if PREV_REQUEST.set(pg_sys::shmem_request_hook).is_ok() {
             pg_sys::shmem_request_hook = Some(on_request);
-            PREV_STARTUP = pg_sys::shmem_startup_hook;
+        }
+        if PREV_STARTUP.set(pg_sys::shmem_startup_hook).is_ok() {
             pg_sys::shmem_startup_hook = Some(on_startup);
         }
-    });
+    }
 }
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_request() {
     // SAFETY: the previous hook was installed by another library for this same moment.
     unsafe {
-        if let Some(prev) = PREV_REQUEST {
+        if let Some(prev) = PREV_REQUEST.get().copied().flatten() {
             prev();
         }
     }
@@ -126,7 +129,7 @@ unsafe extern "C-unwind" fn on_startup() {
     // SAFETY: as in on_request. AddinShmemInitLock (MainLWLockArray[21], as pgrx's own
     // `PgAtomic` uses it) serialises the initialisation of add-in shared memory.
     unsafe {
-        if let Some(prev) = PREV_STARTUP {
+        if let Some(prev) = PREV_STARTUP.get().copied().flatten() {
             prev();
         }
         let lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;

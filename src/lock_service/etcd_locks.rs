@@ -31,28 +31,13 @@ use std::sync::atomic::{
 use std::time::Duration;
 
 pub(super) use super::shmem_text::{KEY_LEN, MSG_LEN, NAME_LEN};
-
-// Slot states.
-pub(super) const FREE: u32 = 0;
-pub(super) const RESERVED: u32 = 1; // a backend is filling in a request
-pub(super) const REQUESTED: u32 = 2; // waiting for the worker
-pub(super) const ACQUIRING: u32 = 3; // the etcd thread works on it
-pub(super) const HELD: u32 = 4;
-pub(super) const FAILED: u32 = 5; // see `error`; the requesting backend frees the slot
-pub(super) const CANCELLED: u32 = 6; // the backend gave up; the etcd thread cleans up and frees it
-pub(super) const RELEASE_REQUESTED: u32 = 7;
-pub(super) const RELEASING: u32 = 8;
-pub(super) const LOST: u32 = 9;
-
-// Failure codes.
-pub(super) const ERR_UNREACHABLE: u32 = 1; // FT005
-pub(super) const ERR_TIMEOUT: u32 = 2; // 55P03
-pub(super) const ERR_LEASE: u32 = 3; // FT003
-pub(super) const ERR_OTHER: u32 = 4; // FT005 with the message
+/// A slot's states and their transitions (the protocol's table is in `pg_fencing_core::slot_states`).
+pub(super) use pg_fencing_core::slot_states::{AcquireFailure, LockSlotState, LockSlotState as S};
 
 #[repr(C)]
 pub struct Slot {
-    pub(super) state: AtomicU32,
+    /// A `LockSlotState`, read and changed only through `state`, `transition` and `set_state`.
+    state: AtomicU32,
     pub(super) generation: AtomicU64,
     pub(super) owner_pid: AtomicI32,
     pub(super) token: AtomicI64,
@@ -117,7 +102,7 @@ impl Default for Shared {
 impl Default for Slot {
     fn default() -> Self {
         Slot {
-            state: AtomicU32::new(FREE),
+            state: AtomicU32::new(S::Free as u32),
             generation: AtomicU64::new(0),
             owner_pid: AtomicI32::new(0),
             token: AtomicI64::new(0),
@@ -143,19 +128,19 @@ static SLOTS: crate::pg::shmem::ShmemArray<Slot> =
     crate::pg::shmem::ShmemArray::new(c"pg_fencing lock slots", gucs::max_locks);
 
 impl Shared {
-    /// Every slot that has ever been taken (the rest are FREE and never were).
+    /// Every slot that has ever been taken (the rest are Free and never were).
     pub(super) fn slots(&self) -> &'static [Slot] {
         let all = SLOTS.get();
         &all[..self.slots_used.load(Ordering::Acquire).min(all.len())]
     }
 
-    /// Take a FREE slot (FREE to RESERVED), the lowest one, so that `slots()` stays short.
+    /// Take a Free slot (Free to Reserved), the lowest one, so that `slots()` stays short.
     pub(super) fn reserve_slot(&self) -> Result<(usize, &'static Slot), FenceError> {
         let all = SLOTS.get();
         let (i, s) = all
             .iter()
             .enumerate()
-            .find(|(_, s)| s.transition(FREE, RESERVED))
+            .find(|(_, s)| s.transition(S::Free, S::Reserved))
             .ok_or(FenceError::TooManyLocks(all.len()))?;
         self.slots_used.fetch_max(i + 1, Ordering::AcqRel);
         Ok((i, s))
@@ -191,30 +176,65 @@ impl Slot {
     pub(super) fn set_key(&self, k: &[u8]) {
         self.key.set(&String::from_utf8_lossy(k))
     }
-    pub(super) fn transition(&self, from: u32, to: u32) -> bool {
-        self.state
-            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+    /// The slot's state now (callers then act on it, or `transition` from it).
+    pub(super) fn state(&self) -> LockSlotState {
+        LockSlotState::from_u32(self.state.load(Ordering::Acquire))
+    }
+    /// `from` to `to` if the slot is in `from` (compare-and-swap); only a transition of the
+    /// protocol (`LockSlotState::may_become`) is made, anything else is refused (false) and a
+    /// debug build panics.
+    pub(super) fn transition(&self, from: LockSlotState, to: LockSlotState) -> bool {
+        debug_assert!(
+            from.may_become(to),
+            "lock slot: {from:?} -> {to:?} is no transition"
+        );
+        from.may_become(to)
+            && self
+                .state
+                .compare_exchange(from as u32, to as u32, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+    /// `from` to `to` by a store, for the one side that owns the slot in `from` (no other side
+    /// changes a slot in that state).
+    pub(super) fn set_state(&self, from: LockSlotState, to: LockSlotState) {
+        debug_assert!(
+            from.may_become(to),
+            "lock slot: {from:?} -> {to:?} is no transition"
+        );
+        debug_assert_eq!(self.state(), from);
+        if from.may_become(to) {
+            self.state.store(to as u32, Ordering::Release);
+        }
     }
     /// `transition` with the reason for the new state: whoever sees the new state and then reads
     /// the message gets this one (see `ShmemText::set_with`).
-    pub(super) fn transition_saying(&self, from: u32, to: u32, why: &str) -> bool {
+    pub(super) fn transition_saying(
+        &self,
+        from: LockSlotState,
+        to: LockSlotState,
+        why: &str,
+    ) -> bool {
         self.message.set_with(why, || self.transition(from, to))
     }
-    /// FAILED from one of `from`, with `code` and the reason: state, error code and message
+    /// Failed from one of `from`, with `code` and the reason: state, error code and message
     /// change together under the message's lock (readers read the message, then the code).
-    pub(super) fn fail_from(&self, from: &[u32], code: u32, why: &str) -> bool {
+    pub(super) fn fail_from(
+        &self,
+        from: &[LockSlotState],
+        code: AcquireFailure,
+        why: &str,
+    ) -> bool {
         self.message.set_with(why, || {
-            let failed = from.iter().any(|&f| self.transition(f, FAILED));
+            let failed = from.iter().any(|&f| self.transition(f, S::Failed));
             if failed {
-                self.error.store(code, Ordering::Relaxed);
+                self.error.store(code as u32, Ordering::Relaxed);
             }
             failed
         })
     }
-    pub(super) fn fail(&self, code: u32, msg: &str) {
+    pub(super) fn fail(&self, code: AcquireFailure, msg: &str) {
         // Only a slot still being acquired fails; a cancelled one is freed by its cleanup.
-        let _ = self.fail_from(&[ACQUIRING], code, msg);
+        let _ = self.fail_from(&[S::Acquiring], code, msg);
     }
 }
 
@@ -396,7 +416,7 @@ impl Shared {
         self.etcd_regressed.store(1, Ordering::Release);
         self.mark_dirty(DIRTY_IDENTITY);
         for s in self.slots().iter() {
-            s.transition_saying(HELD, LOST, "etcd's revisions went backwards");
+            s.transition_saying(S::Held, S::Lost, "etcd's revisions went backwards");
         }
         msg
     }
@@ -622,9 +642,9 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
     wait_for_worker(sh)?;
     let me = crate::pg::process::my_pid();
     for s in sh.slots().iter() {
-        let st = s.state.load(Ordering::Acquire);
+        let st = s.state();
         if s.owner_pid.load(Ordering::Relaxed) == me
-            && (st == HELD || st == LOST)
+            && (st == S::Held || st == S::Lost)
             && s.name() == name
         {
             return Err(FenceError::InvalidArgument(format!(
@@ -641,7 +661,7 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
     // deletion could otherwise delete the key of this acquisition.
     while sh.slots().iter().any(|s| {
         s.owner_pid.load(Ordering::Relaxed) == me
-            && !matches!(s.state.load(Ordering::Acquire), FREE | HELD | LOST)
+            && !matches!(s.state(), S::Free | S::Held | S::Lost)
             && s.name() == name
     }) {
         if now_ms() >= deadline {
@@ -665,24 +685,24 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
     slot.name.set(name);
     slot.set_key(lock_key_name(name).as_bytes());
     slot.message.set("");
-    slot.state.store(REQUESTED, Ordering::Release);
+    slot.set_state(S::Reserved, S::Requested);
     register_exit_callback();
     wake_worker(sh);
 
     loop {
-        let st = slot.state.load(Ordering::Acquire);
-        if st == HELD {
+        let st = slot.state();
+        if st == S::Held {
             return Ok(slot.token.load(Ordering::Relaxed));
         }
-        if st == FAILED {
+        if st == S::Failed {
             // The message first: reading it waits for the failing side's lock, after which its
             // error code is visible too (see `Slot::fail_from`).
             let msg = slot.message();
-            let code = slot.error.load(Ordering::Relaxed);
-            slot.state.store(FREE, Ordering::Release);
+            let code = AcquireFailure::from_u32(slot.error.load(Ordering::Relaxed));
+            slot.set_state(S::Failed, S::Free);
             return Err(match code {
-                ERR_TIMEOUT => FenceError::LockTimeout(name.to_string()),
-                ERR_LEASE => FenceError::NotGranted {
+                AcquireFailure::Timeout => FenceError::LockTimeout(name.to_string()),
+                AcquireFailure::Lease => FenceError::NotGranted {
                     lock: name.to_string(),
                     why: msg,
                 },
@@ -693,7 +713,7 @@ pub fn acquire(name: &str, timeout: Duration) -> Result<i64, FenceError> {
             cancel_slot(sh, slot);
             return Err(FenceError::LockTimeout(name.to_string()));
         }
-        if sh.worker_latch.load(Ordering::Acquire) == 0 && slot.transition(REQUESTED, FREE) {
+        if sh.worker_latch.load(Ordering::Acquire) == 0 && slot.transition(S::Requested, S::Free) {
             return Err(FenceError::LockServiceUnavailable(
                 "the pg_fencing worker stopped".into(),
             ));
@@ -718,20 +738,20 @@ pub(super) fn wait_for_worker(sh: &Shared) -> Result<(), FenceError> {
 
 pub(super) fn cancel_slot(sh: &Shared, slot: &Slot) {
     loop {
-        let st = slot.state.load(Ordering::Acquire);
+        let st = slot.state();
         match st {
-            REQUESTED | ACQUIRING | RESERVED => {
-                if slot.transition(st, CANCELLED) {
+            S::Requested | S::Acquiring | S::Reserved => {
+                if slot.transition(st, S::Cancelled) {
                     break;
                 }
             }
-            HELD | LOST => {
-                if slot.transition(st, RELEASE_REQUESTED) {
+            S::Held | S::Lost => {
+                if slot.transition(st, S::ReleaseRequested) {
                     break;
                 }
             }
-            FAILED => {
-                if slot.transition(FAILED, FREE) {
+            S::Failed => {
+                if slot.transition(S::Failed, S::Free) {
                     break;
                 }
             }
@@ -753,20 +773,20 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
         if s.owner_pid.load(Ordering::Relaxed) != me || s.name() != name {
             continue;
         }
-        // The etcd thread may turn HELD into LOST meanwhile: then try again from LOST.
-        let mut st = s.state.load(Ordering::Acquire);
+        // The etcd thread may turn Held into Lost meanwhile: then try again from Lost.
+        let mut st = s.state();
         let mut why = s.message();
-        while (st == HELD || st == LOST) && !s.transition(st, RELEASE_REQUESTED) {
-            st = s.state.load(Ordering::Acquire);
+        while (st == S::Held || st == S::Lost) && !s.transition(st, S::ReleaseRequested) {
+            st = s.state();
             why = s.message();
         }
-        if st != HELD && st != LOST {
+        if st != S::Held && st != S::Lost {
             continue;
         }
         found = true;
         let token = s.token.load(Ordering::Relaxed);
         forget_session_token(token);
-        if st == HELD {
+        if st == S::Held {
             released = true;
         } else {
             pgrx::warning!(
@@ -785,10 +805,7 @@ pub fn release(name: &str) -> Result<bool, FenceError> {
         while now_ms() < deadline
             && sh.slots().iter().any(|s| {
                 s.owner_pid.load(Ordering::Relaxed) == me
-                    && matches!(
-                        s.state.load(Ordering::Acquire),
-                        RELEASE_REQUESTED | RELEASING
-                    )
+                    && matches!(s.state(), S::ReleaseRequested | S::Releasing)
                     && s.name() == name
             })
         {
@@ -863,9 +880,9 @@ pub(super) fn release_all_of_mine(including_held: bool) {
         if s.owner_pid.load(Ordering::Relaxed) != me {
             continue;
         }
-        let st = s.state.load(Ordering::Acquire);
-        let pending = matches!(st, REQUESTED | ACQUIRING | RESERVED | FAILED);
-        if pending || (including_held && matches!(st, HELD | LOST)) {
+        let st = s.state();
+        let pending = matches!(st, S::Requested | S::Acquiring | S::Reserved | S::Failed);
+        if pending || (including_held && matches!(st, S::Held | S::Lost)) {
             cancel_slot(sh, s);
             any = true;
         }
@@ -891,7 +908,7 @@ pub fn held_by_this_session(token: i64) -> bool {
     SHARED.get().slots().iter().any(|s| {
         s.owner_pid.load(Ordering::Relaxed) == me
             && s.token.load(Ordering::Relaxed) == token
-            && matches!(s.state.load(Ordering::Acquire), HELD | LOST)
+            && matches!(s.state(), S::Held | S::Lost)
     })
 }
 
@@ -907,9 +924,9 @@ pub fn check_lock_not_lost(token: i64) -> Result<(), FenceError> {
         if s.token.load(Ordering::Relaxed) != token {
             continue;
         }
-        let st = s.state.load(Ordering::Acquire);
-        let expired = st == HELD && now_ms() >= s.valid_until_ms.load(Ordering::Relaxed);
-        if st == LOST || expired {
+        let st = s.state();
+        let expired = st == S::Held && now_ms() >= s.valid_until_ms.load(Ordering::Relaxed);
+        if st == S::Lost || expired {
             return Err(FenceError::LockLost {
                 lock: s.name(),
                 token,
@@ -953,17 +970,16 @@ pub fn lock_rows() -> Vec<(
     }
     let now = now_ms();
     for s in sh.slots().iter() {
-        let st = s.state.load(Ordering::Acquire);
+        let st = s.state();
         let state = match st {
-            FREE | RESERVED => continue,
-            REQUESTED | ACQUIRING => "acquiring",
-            HELD if now >= s.valid_until_ms.load(Ordering::Relaxed) => "lost",
-            HELD => "held",
-            FAILED => "failed",
-            CANCELLED => "cancelling",
-            RELEASE_REQUESTED | RELEASING => "releasing",
-            LOST => "lost",
-            _ => "unknown",
+            S::Free | S::Reserved => continue,
+            S::Requested | S::Acquiring => "acquiring",
+            S::Held if now >= s.valid_until_ms.load(Ordering::Relaxed) => "lost",
+            S::Held => "held",
+            S::Failed => "failed",
+            S::Cancelled => "cancelling",
+            S::ReleaseRequested | S::Releasing => "releasing",
+            S::Lost => "lost",
         };
         let token = s.token.load(Ordering::Relaxed);
         let lease = s.lease.load(Ordering::Relaxed);
@@ -973,7 +989,7 @@ pub fn lock_rows() -> Vec<(
             s.key(),
             (token > 0).then_some(token),
             (lease != 0).then_some(lease),
-            (st == HELD).then(|| ((valid - now).max(0) as f64) / 1000.0),
+            (st == S::Held).then(|| ((valid - now).max(0) as f64) / 1000.0),
             state.to_string(),
             s.owner_pid.load(Ordering::Relaxed),
         ));

@@ -37,23 +37,15 @@ pub const WATCH_SLOTS: usize = 64;
 pub(super) use super::shmem_text::{KEY_LEN, MSG_LEN, NAME_LEN};
 pub(super) const STATE_FILE: &str = "pg_fencing_watches.state";
 
-pub(super) const FREE: u32 = 0;
-pub(super) const ACTIVE: u32 = 1;
-pub(super) const BUSY: u32 = 2; // a backend is filling the slot in
-pub(super) const DRAINING: u32 = 3; // unwatched: free once the etcd thread has stopped its watch task
-/// Unwatched by a transaction that is committing: still enforced (its hand-over revision fences
-/// like a mark), no longer raised (its task is stopped); DRAINING once the commit is done
-/// (`finish_commit`), ACTIVE again if the commit fails (`undo_applied`).
-pub(super) const STOPPING: u32 = 4;
-
-/// Is a slot in this state enforced by the fencing check (and listed, and saved)?
-pub(super) fn enforced(state: u32) -> bool {
-    state == ACTIVE || state == STOPPING
-}
+/// A watch slot's states and their transitions (the protocol's table is in
+/// `pg_fencing_core::slot_states`; `Stopping` is a slot unwatched by a transaction that is
+/// committing: still enforced, no longer raised).
+pub(super) use pg_fencing_core::slot_states::{WatchSlotState, WatchSlotState as W};
 
 #[repr(C)]
 pub struct WatchSlot {
-    pub(crate) state: AtomicU32,
+    /// A `WatchSlotState`, read and changed only through `state`, `transition` and `set_state`.
+    state: AtomicU32,
     /// The database whose resource this is (marks are per database, and so are watches).
     pub(super) dboid: AtomicU32,
     /// Bumped on every (re-)registration: the etcd thread restarts the slot's watch.
@@ -74,7 +66,7 @@ pub struct WatchSlot {
 
 #[repr(C)]
 pub struct WatchShared {
-    /// Number of enforced (ACTIVE or STOPPING) slots (a fast "nothing is watched" for every write).
+    /// Number of enforced (Active or Stopping) slots (a fast "nothing is watched" for every write).
     pub(super) active: AtomicU32,
     /// The state file has been loaded into the slots (once per server start).
     pub(super) loaded: AtomicU32,
@@ -97,7 +89,7 @@ impl Default for WatchShared {
             loaded: AtomicU32::new(0),
             dirty: AtomicU32::new(0),
             slots: std::array::from_fn(|_| WatchSlot {
-                state: AtomicU32::new(FREE),
+                state: AtomicU32::new(W::Free as u32),
                 dboid: AtomicU32::new(0),
                 generation: AtomicU64::new(0),
                 verify: AtomicBool::new(false),
@@ -119,6 +111,35 @@ static WATCHES: PgAtomic<WatchShared> = unsafe { PgAtomic::new(c"pg_fencing watc
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 impl WatchSlot {
+    /// The slot's state now.
+    pub(crate) fn state(&self) -> WatchSlotState {
+        WatchSlotState::from_u32(self.state.load(Ordering::Acquire))
+    }
+    /// `from` to `to` if the slot is in `from` (compare-and-swap); only a transition of the
+    /// protocol (`WatchSlotState::may_become`) is made, anything else is refused (false) and a
+    /// debug build panics.
+    pub(crate) fn transition(&self, from: WatchSlotState, to: WatchSlotState) -> bool {
+        debug_assert!(
+            from.may_become(to),
+            "watch slot: {from:?} -> {to:?} is no transition"
+        );
+        from.may_become(to)
+            && self
+                .state
+                .compare_exchange(from as u32, to as u32, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+    /// `from` to `to` by a store, for the one side that owns the slot in `from`.
+    pub(super) fn set_state(&self, from: WatchSlotState, to: WatchSlotState) {
+        debug_assert!(
+            from.may_become(to),
+            "watch slot: {from:?} -> {to:?} is no transition"
+        );
+        debug_assert_eq!(self.state(), from);
+        if from.may_become(to) {
+            self.state.store(to as u32, Ordering::Release);
+        }
+    }
     pub(crate) fn resource(&self) -> String {
         self.resource.get()
     }
@@ -194,9 +215,7 @@ pub(crate) fn shared() -> Option<&'static WatchShared> {
 pub(super) fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchSlot> {
     let db = crate::pg::process::my_database();
     sh.slots.iter().find(|s| {
-        enforced(s.state.load(Ordering::Acquire))
-            && s.dboid.load(Ordering::Acquire) == db
-            && s.resource.equals(resource)
+        s.state().enforced() && s.dboid.load(Ordering::Acquire) == db && s.resource.equals(resource)
     })
 }
 
@@ -209,7 +228,7 @@ pub(super) fn find<'a>(sh: &'a WatchShared, resource: &str) -> Option<&'a WatchS
 pub(super) fn state_text(sh: &WatchShared) -> String {
     let mut out = String::new();
     for s in sh.slots.iter() {
-        if !enforced(s.state.load(Ordering::Acquire)) {
+        if !s.state().enforced() {
             continue;
         }
         out.push_str(&format!(
@@ -329,11 +348,7 @@ pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
             bad.push(line.to_string());
             continue;
         };
-        let Some(slot) = sh.slots.iter().find(|s| {
-            s.state
-                .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        }) else {
+        let Some(slot) = sh.slots.iter().find(|s| s.transition(W::Free, W::Busy)) else {
             bad.push(line.to_string());
             continue;
         };
@@ -347,7 +362,7 @@ pub(crate) fn load_state(sh: &WatchShared, dir: &str) -> Vec<String> {
         slot.confirmed_ms.store(0, Ordering::Release);
         slot.set_message("starting");
         slot.generation.fetch_add(1, Ordering::AcqRel);
-        slot.state.store(ACTIVE, Ordering::Release);
+        slot.set_state(W::Busy, W::Active);
         sh.active.fetch_add(1, Ordering::AcqRel);
     }
     bad
@@ -414,12 +429,7 @@ pub fn watch(resource: &str, lock_name: &str, verify: bool) -> Result<(), FenceE
     // One registration change per resource at a time (and the lock order of `StateLock`).
     lock_resource(resource, LockMode::Exclusive);
     // Refuse now rather than at commit when no slot is free (commit checks again).
-    if find(sh, resource).is_none()
-        && !sh
-            .slots
-            .iter()
-            .any(|s| s.state.load(Ordering::Acquire) == FREE)
-    {
+    if find(sh, resource).is_none() && !sh.slots.iter().any(|s| s.state() == W::Free) {
         return Err(slots_full());
     }
     crate::pg::spi::exec_internal(
@@ -474,11 +484,7 @@ pub(super) fn register(
             let s = sh
                 .slots
                 .iter()
-                .find(|s| {
-                    s.state
-                        .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                })
+                .find(|s| s.transition(W::Free, W::Busy))
                 .ok_or_else(slots_full)?;
             s.dboid
                 .store(crate::pg::process::my_database(), Ordering::Release);
@@ -496,11 +502,7 @@ pub(super) fn register(
     slot.confirmed_ms.store(0, Ordering::Release);
     slot.set_message("starting");
     slot.generation.fetch_add(1, Ordering::AcqRel);
-    if slot
-        .state
-        .compare_exchange(BUSY, ACTIVE, Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
+    if slot.transition(W::Busy, W::Active) {
         sh.active.fetch_add(1, Ordering::AcqRel);
     }
     Ok(())
@@ -610,12 +612,7 @@ pub fn finish_commit() {
     let mut stopped = false;
     for (i, undo) in applied {
         let slot = &sh.slots[i];
-        if matches!(undo, Undo::Resume)
-            && slot
-                .state
-                .compare_exchange(STOPPING, DRAINING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
+        if matches!(undo, Undo::Resume) && slot.transition(W::Stopping, W::Draining) {
             sh.active.fetch_sub(1, Ordering::AcqRel);
             stopped = true;
         }
@@ -638,11 +635,7 @@ pub fn undo_applied() {
         slot.generation.fetch_add(1, Ordering::AcqRel);
         match undo {
             Undo::Unregister => {
-                if slot
-                    .state
-                    .compare_exchange(ACTIVE, DRAINING, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
+                if slot.transition(W::Active, W::Draining) {
                     sh.active.fetch_sub(1, Ordering::AcqRel);
                 }
                 continue;
@@ -652,12 +645,7 @@ pub fn undo_applied() {
                 slot.verify.store(verify, Ordering::Release);
             }
             Undo::Resume => {
-                let _ = slot.state.compare_exchange(
-                    STOPPING,
-                    ACTIVE,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
+                let _ = slot.transition(W::Stopping, W::Active);
             }
         }
         // Restarted from its hand-over revision; no write is admitted until it has read etcd.
@@ -737,11 +725,7 @@ pub fn apply_pending() -> Result<Vec<(String, Token)>, FenceError> {
             .iter()
             .filter(|(r, w)| w.is_some() && find(sh, r).is_none())
             .count();
-        let free = sh
-            .slots
-            .iter()
-            .filter(|s| s.state.load(Ordering::Acquire) == FREE)
-            .count();
+        let free = sh.slots.iter().filter(|s| s.state() == W::Free).count();
         if needed > free {
             return Err(slots_full());
         }
@@ -769,11 +753,7 @@ pub fn apply_pending() -> Result<Vec<(String, Token)>, FenceError> {
                 }
                 None => {
                     if let Some(slot) = find(sh, r) {
-                        if slot
-                            .state
-                            .compare_exchange(ACTIVE, STOPPING, Ordering::AcqRel, Ordering::Acquire)
-                            .is_ok()
-                        {
+                        if slot.transition(W::Active, W::Stopping) {
                             // A new generation first: the watch task can no longer raise the
                             // hand-over revision, so the value read next is final.
                             slot.generation.fetch_add(1, Ordering::AcqRel);
@@ -866,7 +846,7 @@ pub(super) fn reconcile() -> Result<(), FenceError> {
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| {
-                    enforced(s.state.load(Ordering::Acquire))
+                    s.state().enforced()
                         && !crate::pg::catalog::database_exists(s.dboid.load(Ordering::Acquire))
                 })
                 .map(|(i, _)| i)
@@ -876,16 +856,9 @@ pub(super) fn reconcile() -> Result<(), FenceError> {
                     for &i in &gone {
                         let s = &sh.slots[i];
                         s.generation.fetch_add(1, Ordering::AcqRel);
-                        let drained = [ACTIVE, STOPPING].iter().any(|&from| {
-                            s.state
-                                .compare_exchange(
-                                    from,
-                                    DRAINING,
-                                    Ordering::AcqRel,
-                                    Ordering::Acquire,
-                                )
-                                .is_ok()
-                        });
+                        let drained = [W::Active, W::Stopping]
+                            .iter()
+                            .any(|&from| s.transition(from, W::Draining));
                         if drained {
                             sh.active.fetch_sub(1, Ordering::AcqRel);
                         }
@@ -950,9 +923,7 @@ pub fn rows() -> Vec<(
     let db = crate::pg::process::my_database();
     sh.slots
         .iter()
-        .filter(|s| {
-            enforced(s.state.load(Ordering::Acquire)) && s.dboid.load(Ordering::Acquire) == db
-        })
+        .filter(|s| s.state().enforced() && s.dboid.load(Ordering::Acquire) == db)
         .map(|s| {
             let h = s.handover.load(Ordering::Acquire);
             let l = s.latest.load(Ordering::Acquire);

@@ -122,11 +122,15 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     // A previous incarnation of the worker died: its leases are no longer kept alive.
     for s in sh.slots().iter() {
         let why = "the pg_fencing worker restarted";
-        let _ = s.transition_saying(HELD, LOST, why);
-        let _ = s.fail_from(&[ACQUIRING, REQUESTED], ERR_UNREACHABLE, why);
-        let _ = s.transition(RELEASE_REQUESTED, FREE);
-        let _ = s.transition(RELEASING, FREE);
-        let _ = s.transition(CANCELLED, FREE);
+        let _ = s.transition_saying(S::Held, S::Lost, why);
+        let _ = s.fail_from(
+            &[S::Acquiring, S::Requested],
+            AcquireFailure::Unreachable,
+            why,
+        );
+        let _ = s.transition(S::ReleaseRequested, S::Free);
+        let _ = s.transition(S::Releasing, S::Free);
+        let _ = s.transition(S::Cancelled, S::Free);
     }
     let dir = data_dir();
     if let Ok(text) = std::fs::read_to_string(std::path::Path::new(&dir).join(STATE_FILE)) {
@@ -211,25 +215,25 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
             // again between the two reads would otherwise be sent to the etcd thread with its
             // previous request's generation, and that request's clean-up would never come (the
             // etcd thread's tasks act only on their own generation). A backend writes the
-            // generation before it publishes REQUESTED (release), and it cannot change while
-            // the slot is not FREE; only this thread sends requests, so a generation newer than
+            // generation before it publishes Requested (release), and it cannot change while
+            // the slot is not Free; only this thread sends requests, so a generation newer than
             // the state that was read has never been sent.
-            match s.state.load(Ordering::Acquire) {
-                REQUESTED if s.transition(REQUESTED, ACQUIRING) => {
+            match s.state() {
+                S::Requested if s.transition(S::Requested, S::Acquiring) => {
                     let generation = s.generation.load(Ordering::Acquire);
                     acquiring[i] = generation;
                     let _ = tx.send(Cmd::Acquire(i, generation));
                 }
-                RELEASE_REQUESTED if s.transition(RELEASE_REQUESTED, RELEASING) => {
+                S::ReleaseRequested if s.transition(S::ReleaseRequested, S::Releasing) => {
                     let generation = s.generation.load(Ordering::Acquire);
                     let _ = tx.send(Cmd::Release(i, generation));
                 }
-                CANCELLED => {
+                S::Cancelled => {
                     let generation = s.generation.load(Ordering::Acquire);
                     if acquiring[i] != generation {
                         // Cancelled before the request reached the etcd thread: nothing to
                         // clean up.
-                        let _ = s.transition(CANCELLED, FREE);
+                        let _ = s.transition(S::Cancelled, S::Free);
                     } else if dispatched[i] != generation {
                         dispatched[i] = generation;
                         let _ = tx.send(Cmd::Cancel(i, generation));
@@ -245,8 +249,12 @@ pub extern "C-unwind" fn pg_fencing_worker_main(_arg: pg_sys::Datum) {
     sh.worker_latch.store(0, Ordering::Release);
     for s in sh.slots().iter() {
         let why = "the pg_fencing worker stopped";
-        let _ = s.transition_saying(HELD, LOST, why);
-        let _ = s.fail_from(&[ACQUIRING, REQUESTED], ERR_UNREACHABLE, why);
+        let _ = s.transition_saying(S::Held, S::Lost, why);
+        let _ = s.fail_from(
+            &[S::Acquiring, S::Requested],
+            AcquireFailure::Unreachable,
+            why,
+        );
     }
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     if tx.send(Cmd::Shutdown(done_tx)).is_ok() {

@@ -129,3 +129,39 @@ pub(crate) fn describe(e: &etcd_client::Error) -> String {
     }
     text
 }
+
+/// What an etcd request's failure means to its caller, from etcd-client's error variant and the
+/// gRPC status code etcd answered with (etcd's `rpctypes`: a compacted revision is
+/// `OUT_OF_RANGE`, an unknown lease `NOT_FOUND`), not from the message's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EtcdFailure {
+    /// No answer from etcd: the connection failed or broke (transport, I/O, endpoints), or gRPC
+    /// gave up on the call (`UNAVAILABLE`, `DEADLINE_EXCEEDED`, `CANCELLED`, `UNKNOWN`).
+    Connection,
+    /// etcd answered that the revision asked for was compacted away.
+    Compacted,
+    /// etcd answered that something the request names does not exist (for a request under a
+    /// lease: the lease).
+    NotFound,
+    /// Any other answer of etcd, or a client-side error.
+    Refused,
+}
+
+pub(crate) fn classify(e: &etcd_client::Error) -> EtcdFailure {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        E::TransportError(_) | E::IoError(_) | E::EndpointError(_) | E::EndpointsNotManaged => {
+            EtcdFailure::Connection
+        }
+        E::GRpcStatus(status) => match status.code() {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+                EtcdFailure::Connection
+            }
+            Code::OutOfRange => EtcdFailure::Compacted,
+            Code::NotFound => EtcdFailure::NotFound,
+            _ => EtcdFailure::Refused,
+        },
+        _ => EtcdFailure::Refused,
+    }
+}

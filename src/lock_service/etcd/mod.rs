@@ -8,4 +8,5 @@
 
 pub(crate) mod client;
 pub(crate) mod mutex;
+pub(crate) mod session;
 pub(crate) mod watch;

@@ -1,10 +1,14 @@
 //! The etcd thread's lock tasks (see `lock_service/etcd_locks.rs` for the slots they serve and the
-//! lock protocol): the loop that takes the worker's commands, and per lock the acquisition, the
-//! lease keepalive, the watch on the holder's key and the release. Runs on tokio, never calls
-//! PostgreSQL, and only reads and writes the slots' atomics.
+//! lock protocol): the loop that takes the worker's commands, and per lock the acquisition (etcd's
+//! concurrency mutex), the watch on the holder's key and the release. The sessions' shared
+//! leases and their keepalives are in `session.rs`. Runs on tokio, never calls PostgreSQL, and
+//! only reads and writes the slots' atomics.
 #![forbid(unsafe_code)]
 
-use super::client::{connect, describe, Config};
+use super::client::{classify, connect, describe, Config, EtcdFailure};
+use super::session::{
+    fail_or_free, observe, retire_lease, session_lease, Session, Sessions, RECONNECT,
+};
 use crate::lock_service::etcd_locks::*;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -18,42 +22,11 @@ pub(crate) enum Cmd {
     Shutdown(std::sync::mpsc::Sender<()>),
 }
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, LeaseTimeToLiveOptions, LockOptions,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    Client, Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use tokio::sync::mpsc::UnboundedReceiver;
 
-/// The lease a session's locks share (like Go's `concurrency.Session`): granted by the
-/// session's first `fencing_acquire`, kept alive by one task (`keep_session_alive`), revoked
-/// when the session has held no lock for one TTL (or at shutdown). Keyed by the backend's pid.
-type Sessions = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<i32, Arc<Session>>>>;
-
-struct Session {
-    pid: i32,
-    /// The current lease (`None`: none yet, or given up); held while a slot is attached to it,
-    /// so that the keepalive task never revokes a lease a new lock is being put under.
-    lease: tokio::sync::Mutex<Option<Lease>>,
-    /// Removed from `Sessions`: a new acquisition takes the map's entry instead.
-    retired: std::sync::atomic::AtomicBool,
-    /// When a lock of the session was last acquired or released (CLOCK_MONOTONIC ms): the lease
-    /// goes once the session has held no lock for one TTL since.
-    last_used: AtomicI64,
-}
-
-#[derive(Clone)]
-struct Lease {
-    id: i64,
-    ttl: i64,
-    client: Client,
-    /// CLOCK_MONOTONIC ms before which etcd cannot have expired the lease (last confirmation's
-    /// send time plus the remaining TTL etcd reported then).
-    valid_until: Arc<AtomicI64>,
-    /// Given up (`retire_lease`): no lock may become held under it, and no confirmation may
-    /// raise its locks' validity again.
-    retired: Arc<std::sync::atomic::AtomicBool>,
-}
-
-use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
 /// The client each held lock was taken with: a release must reach the etcd cluster that
@@ -112,7 +85,7 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                         // Between attempts (at most a second apart): fail with the last
                         // attempt's reason rather than hold up this loop, which must take the
                         // other commands (a reload with fixed settings among them) meanwhile.
-                        fail_or_free(slot, ERR_UNREACHABLE, &last_failure);
+                        fail_or_free(slot, AcquireFailure::Unreachable, &last_failure);
                         continue;
                     }
                     match connect(&cfg).await {
@@ -131,13 +104,13 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                             report_problem("locks", Some(why.clone()));
                             last_failure = why.clone();
                             // No task will serve it: a request cancelled meanwhile is freed here.
-                            fail_or_free(slot, ERR_UNREACHABLE, &why);
+                            fail_or_free(slot, AcquireFailure::Unreachable, &why);
                             continue;
                         }
                     }
                 }
                 let Some(c) = client.clone() else {
-                    fail_or_free(slot, ERR_UNREACHABLE, "no connection to etcd");
+                    fail_or_free(slot, AcquireFailure::Unreachable, "no connection to etcd");
                     continue;
                 };
                 if !current(slot, generation) {
@@ -162,11 +135,11 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                 } else {
                     // Without a connection the key cannot be deleted; it goes with the
                     // session's lease, which nobody keeps alive without a connection.
-                    let _ = sh.slots()[i].transition(RELEASING, FREE);
+                    let _ = sh.slots()[i].transition(S::Releasing, S::Free);
                 }
             }
             Cmd::Cancel(i, generation) => {
-                // The acquire task sees CANCELLED and cleans up; if none serves the request
+                // The acquire task sees Cancelled and cleans up; if none serves the request
                 // (it ended without freeing the slot), free the slot here.
                 let slot = &sh.slots()[i];
                 let served = in_flight
@@ -174,7 +147,7 @@ pub(crate) async fn run(mut rx: UnboundedReceiver<Cmd>, mut cfg: Config, sh: &'s
                     .map(|f| f.contains(&(i, generation)))
                     .unwrap_or(true);
                 if !served && current(slot, generation) {
-                    let _ = slot.transition(CANCELLED, FREE);
+                    let _ = slot.transition(S::Cancelled, S::Free);
                 }
             }
             Cmd::Shutdown(done) => {
@@ -253,7 +226,7 @@ fn owned_at_once(resp: &TxnResponse) -> Option<i64> {
 /// Why an acquisition gives up: the slot's failure code and reason (set by `give_up` after it
 /// has deleted our key, so that the backend, which frees a failed slot at once and may ask for
 /// the same lock again, never races that deletion); `None` when the backend cancelled.
-type Failure = Option<(u32, String)>;
+type Failure = Option<(AcquireFailure, String)>;
 
 /// One etcd request of an acquisition, until it is answered, the request's deadline passes, or
 /// the backend cancels the request (checked every 5 ms). `Err`: no answer to go on with (an
@@ -266,7 +239,7 @@ async fn step<T>(
     match step_result(request, slot, generation).await? {
         Ok(answer) => Ok(answer),
         Err(e) => Err(Some((
-            ERR_OTHER,
+            AcquireFailure::Other,
             format!("etcd lock failed: {}", describe(&e)),
         ))),
     }
@@ -283,7 +256,7 @@ async fn step_result<T>(
     let cancelled = async {
         loop {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            if !current(slot, generation) || slot.state.load(Ordering::Acquire) == CANCELLED {
+            if !current(slot, generation) || slot.state() == S::Cancelled {
                 return;
             }
         }
@@ -291,7 +264,7 @@ async fn step_result<T>(
     tokio::select! {
         r = tokio::time::timeout(remaining, request) => match r {
             Ok(answer) => Ok(answer),
-            Err(_) => Err(Some((ERR_TIMEOUT, "timed out".to_string()))),
+            Err(_) => Err(Some((AcquireFailure::Timeout, "timed out".to_string()))),
         },
         _ = cancelled => Err(None),
     }
@@ -299,19 +272,6 @@ async fn step_result<T>(
 
 fn current(slot: &Slot, generation: u64) -> bool {
     slot.generation.load(Ordering::Acquire) == generation
-}
-
-/// Check a write's response header against what we know of etcd (see "Revision
-/// regression"); what changed is saved by `save_state_periodically`.
-fn observe(
-    sh: &'static Shared,
-    header: Option<&etcd_client::ResponseHeader>,
-    floor: i64,
-) -> Result<(), String> {
-    match header {
-        Some(h) => sh.observe_etcd(h.cluster_id(), h.revision(), floor),
-        None => Ok(()),
-    }
 }
 
 /// Save what the state file misses, off the lock requests' path, whoever raised it (lock
@@ -339,118 +299,6 @@ async fn save_state_periodically(sh: &'static Shared, state_dir: String) {
             })
             .await;
         }
-    }
-}
-
-/// The session's lease for a new lock in `slot` (granted if the session has none that is
-/// confirmed alive), attached to the slot (`lease`, `ttl`, `valid_until_ms`) before the session's
-/// lease lock is let go, so that the keepalive task counts the slot as a user. `None`: the slot
-/// failed (or was freed) with the reason.
-async fn session_lease(
-    c: &mut Client,
-    sh: &'static Shared,
-    slot: &'static Slot,
-    ttl: i64,
-    sessions: &Sessions,
-) -> Option<(Arc<Session>, Lease)> {
-    let pid = slot.owner_pid.load(Ordering::Relaxed);
-    loop {
-        let entry = sessions.lock().ok().map(|mut map| {
-            map.entry(pid)
-                .or_insert_with(|| {
-                    Arc::new(Session {
-                        pid,
-                        lease: tokio::sync::Mutex::new(None),
-                        retired: std::sync::atomic::AtomicBool::new(false),
-                        last_used: AtomicI64::new(now_ms()),
-                    })
-                })
-                .clone()
-        });
-        let Some(session) = entry else {
-            fail_or_free(slot, ERR_OTHER, "the worker's session table is unusable");
-            return None;
-        };
-        let mut current = session.lease.lock().await;
-        if session.retired.load(Ordering::Acquire) {
-            continue; // removed from the map meanwhile: take the entry that replaced it
-        }
-        let usable = current
-            .as_ref()
-            .filter(|l| now_ms() < l.valid_until.load(Ordering::Acquire))
-            .cloned();
-        let lease = match usable {
-            Some(l) => l,
-            None => {
-                let sent = now_ms();
-                let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
-                let granted =
-                    match tokio::time::timeout(Duration::from_secs(3), c.lease_grant(ttl, None))
-                        .await
-                    {
-                        Ok(Ok(r)) => r,
-                        Ok(Err(e)) => {
-                            fail_or_free(
-                                slot,
-                                ERR_UNREACHABLE,
-                                &format!("lease grant failed: {}", describe(&e)),
-                            );
-                            return None;
-                        }
-                        Err(_) => {
-                            fail_or_free(slot, ERR_UNREACHABLE, "lease grant timed out");
-                            return None;
-                        }
-                    };
-                if let Err(why) = observe(sh, granted.header(), floor) {
-                    fail_or_free(slot, ERR_OTHER, &why);
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(granted.id()))
-                            .await;
-                    return None;
-                }
-                let l = Lease {
-                    id: granted.id(),
-                    ttl: granted.ttl(),
-                    client: c.clone(),
-                    valid_until: Arc::new(AtomicI64::new(
-                        sent + granted.ttl() * 1000 - clock_margin(granted.ttl(), granted.ttl()),
-                    )),
-                    retired: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-                };
-                if let Some(old) = current.replace(l.clone()) {
-                    old.retired.store(true, Ordering::Release);
-                    // Not confirmed within its TTL: its locks are lost (their tokens are refused
-                    // already), and it goes.
-                    lose_all(
-                        sh,
-                        pid,
-                        old.id,
-                        "the session's lease was not confirmed by etcd within its TTL",
-                    );
-                    let mut oc = old.client.clone();
-                    tokio::spawn(async move {
-                        let _ =
-                            tokio::time::timeout(Duration::from_secs(2), oc.lease_revoke(old.id))
-                                .await;
-                    });
-                }
-                tokio::spawn(keep_session_alive(
-                    sh,
-                    session.clone(),
-                    l.clone(),
-                    sessions.clone(),
-                ));
-                l
-            }
-        };
-        session.last_used.store(now_ms(), Ordering::Release);
-        slot.lease.store(lease.id, Ordering::Relaxed);
-        slot.ttl.store(lease.ttl, Ordering::Relaxed);
-        slot.valid_until_ms
-            .store(lease.valid_until.load(Ordering::Acquire), Ordering::Relaxed);
-        drop(current);
-        return Some((session, lease));
     }
 }
 
@@ -486,7 +334,7 @@ async fn acquire(
             Ok(Ok(r)) => break (session, lease, my_key, r, floor),
             // The session's lease ended before its keepalive noticed (revoked from outside,
             // say): give it up and try once more with a new one.
-            Ok(Err(e)) if attempts == 0 && describe(&e).contains("requested lease not found") => {
+            Ok(Err(e)) if attempts == 0 && classify(&e) == EtcdFailure::NotFound => {
                 attempts += 1;
                 retire_lease(&session, lease.id, "etcd no longer has it").await;
             }
@@ -499,7 +347,7 @@ async fn acquire(
                     &session,
                     lease.id,
                     &my_key,
-                    Some((ERR_OTHER, why)),
+                    Some((AcquireFailure::Other, why)),
                 )
                 .await;
             }
@@ -514,7 +362,7 @@ async fn acquire(
             &session,
             lease_id,
             &my_key,
-            Some((ERR_OTHER, why)),
+            Some((AcquireFailure::Other, why)),
         )
         .await;
     }
@@ -544,7 +392,7 @@ async fn acquire(
                 &session,
                 lease_id,
                 &my_key,
-                Some((ERR_OTHER, why)),
+                Some((AcquireFailure::Other, why)),
             )
             .await;
         }
@@ -559,7 +407,7 @@ async fn acquire(
                     &session,
                     lease_id,
                     &my_key,
-                    Some((ERR_OTHER, why.to_string())),
+                    Some((AcquireFailure::Other, why.to_string())),
                 )
                 .await;
             }
@@ -583,9 +431,9 @@ async fn acquire(
         };
         if !still {
             let code = if matches!(read, Ok(Ok(_))) {
-                ERR_LEASE
+                AcquireFailure::Lease
             } else {
-                ERR_OTHER
+                AcquireFailure::Other
             };
             let why = match read {
                 Ok(Ok(_)) => "etcd granted the lock after the request's key was deleted (its lease expired or was revoked, or the key deleted)".to_string(),
@@ -613,7 +461,7 @@ async fn acquire(
             &session,
             lease_id,
             &my_key,
-            Some((ERR_LEASE, why.to_string())),
+            Some((AcquireFailure::Lease, why.to_string())),
         )
         .await;
     }
@@ -622,7 +470,7 @@ async fn acquire(
     if let Ok(mut o) = owners.lock() {
         o.insert(index, c.clone());
     }
-    if !slot.transition(ACQUIRING, HELD) {
+    if !slot.transition(S::Acquiring, S::Held) {
         // Cancelled meanwhile: undo.
         if let Ok(mut o) = owners.lock() {
             o.remove(&index);
@@ -652,7 +500,7 @@ async fn acquire(
 
 async fn watch_key(mut stream: etcd_client::WatchStream, slot: &'static Slot, generation: u64) {
     loop {
-        if !current(slot, generation) || !matches!(slot.state.load(Ordering::Acquire), HELD) {
+        if !current(slot, generation) || !matches!(slot.state(), S::Held) {
             return;
         }
         match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
@@ -677,11 +525,6 @@ async fn watch_key(mut stream: etcd_client::WatchStream, slot: &'static Slot, ge
             Ok(_) => return,
         }
     }
-}
-
-fn fail_or_free(slot: &Slot, code: u32, msg: &str) {
-    slot.fail(code, msg);
-    let _ = slot.transition(CANCELLED, FREE);
 }
 
 /// Delete our key `my_key` (a cancelled or failed acquisition may have created it; etcd's Lock
@@ -713,7 +556,7 @@ async fn give_up(
         slot.fail(code, &why);
     }
     if current(slot, generation) {
-        let _ = slot.transition(CANCELLED, FREE);
+        let _ = slot.transition(S::Cancelled, S::Free);
     }
 }
 
@@ -756,318 +599,12 @@ async fn release(
     }
     if current(slot, generation) {
         slot.token.store(0, Ordering::Relaxed);
-        let _ = slot.transition(RELEASING, FREE);
+        let _ = slot.transition(S::Releasing, S::Free);
     }
 }
 
 fn mark_lost(slot: &Slot, generation: u64, why: &str) {
     if current(slot, generation) {
-        let _ = slot.transition_saying(HELD, LOST, why);
-    }
-}
-
-/// The slots whose lock is under `lease` of the session `pid`: being acquired, held, being
-/// released or cleaned up. Not a lost one: its key has no use any more (the keepalive round
-/// deletes it) and it keeps no lease alive.
-fn users(sh: &'static Shared, pid: i32, lease: i64) -> impl Iterator<Item = &'static Slot> {
-    sh.slots().iter().filter(move |s| {
-        s.lease.load(Ordering::Relaxed) == lease
-            && s.owner_pid.load(Ordering::Relaxed) == pid
-            && !matches!(
-                s.state.load(Ordering::Acquire),
-                FREE | RESERVED | REQUESTED | LOST
-            )
-    })
-}
-
-/// The lease is gone or given up: every lock under it is lost (a held one LOST with `why`, one
-/// being acquired no longer counts as confirmed, so its acquisition reads the lease).
-fn lose_all(sh: &'static Shared, pid: i32, lease: i64, why: &str) {
-    for s in users(sh, pid, lease) {
-        s.valid_until_ms.store(0, Ordering::Relaxed);
-        let _ = s.transition_saying(HELD, LOST, why);
-    }
-}
-
-/// Stop using `lease` for the session: no new lock is put under it, its keepalive stops (it
-/// expires within its TTL unless the revoke gets through first), and its locks are lost.
-async fn retire_lease(session: &Arc<Session>, lease: i64, why: &str) {
-    let client = {
-        let mut current = session.lease.lock().await;
-        match current.as_ref() {
-            Some(l) if l.id == lease => current.take().map(|l| {
-                l.retired.store(true, Ordering::Release);
-                l.client
-            }),
-            _ => None,
-        }
-    };
-    if let Some(sh) = shared_if_enabled() {
-        lose_all(
-            sh,
-            session.pid,
-            lease,
-            &format!("the session's lease was given up: {why}"),
-        );
-    }
-    if let Some(mut c) = client {
-        let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(lease)).await;
-    }
-}
-
-fn shared_if_enabled() -> Option<&'static Shared> {
-    shared().ok()
-}
-
-/// Keep a session's lease alive every TTL/3; revoke it once no lock of the session has used it
-/// for one TTL, or once the session has ended and none uses it. Each round sends a keepalive on the lease's stream and then reads
-/// the lease's remaining TTL: its send time plus that TTL is when etcd can expire the lease at
-/// the earliest (`valid_until` of the lease and of its locks). The read, not the keepalive's
-/// answer, confirms the lease: through etcd's gRPC proxy a keepalive is answered by the
-/// proxy's own renewals, at its own pace, so an answer cannot be matched with a request. The
-/// locks are lost when etcd says the lease is gone, or when it could not be confirmed in time.
-async fn keep_session_alive(
-    sh: &'static Shared,
-    session: Arc<Session>,
-    lease: Lease,
-    sessions: Sessions,
-) {
-    let pid = session.pid;
-    let id = lease.id;
-    let mut c = lease.client.clone();
-    let period = Duration::from_millis((lease.ttl.max(1) * 1000 / 3) as u64);
-    let source = format!("lease {id:x}");
-    let mut stream = None;
-    let stop = |why: Option<&str>| {
-        report_problem(&source, None);
-        if let Some(why) = why {
-            lose_all(sh, pid, id, why);
-        }
-    };
-    loop {
-        // Every TTL/3, and sooner while the lease is confirmed for less than two of those: the
-        // remaining TTL etcd reports is in whole seconds, and through a proxy the lease is
-        // renewed at the proxy's pace, so a confirmation may reach only a second ahead.
-        let ahead = lease.valid_until.load(Ordering::Acquire) - now_ms();
-        let pause = period.min(Duration::from_millis((ahead / 2).max(50) as u64));
-        tokio::time::sleep(pause).await;
-        // Still the session's lease?
-        let mine = session
-            .lease
-            .lock()
-            .await
-            .as_ref()
-            .is_some_and(|l| l.id == id);
-        if !mine {
-            return stop(None);
-        }
-        if users(sh, pid, id).next().is_none() {
-            // Unused for one TTL, or its session has ended (the backend's process is gone; its
-            // locks were released when it exited).
-            let since = session.last_used.load(Ordering::Acquire);
-            let ended = !std::path::Path::new(&format!("/proc/{pid}")).exists();
-            if ended || now_ms() - since >= lease.ttl * 1000 {
-                let mut current = session.lease.lock().await;
-                if users(sh, pid, id).next().is_none() {
-                    if current.as_ref().is_some_and(|l| l.id == id) {
-                        *current = None;
-                    }
-                    session.retired.store(true, Ordering::Release);
-                    if let Ok(mut m) = sessions.lock() {
-                        if m.get(&pid).is_some_and(|s| Arc::ptr_eq(s, &session)) {
-                            m.remove(&pid);
-                        }
-                    }
-                    drop(current);
-                    let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(id)).await;
-                    return stop(None);
-                }
-            }
-            // Unused for less than a TTL: kept alive all the same, so that the session's next
-            // acquisition finds it confirmed.
-        }
-        if stream.is_none() {
-            stream =
-                match tokio::time::timeout(Duration::from_secs(2), c.lease_keep_alive(id)).await {
-                    Ok(Ok(s)) => Some(s),
-                    _ => None,
-                };
-        }
-        // The keepalive; its answer is awaited briefly (etcd answers at once, a proxy maybe not).
-        let mut gone = false;
-        if let Some((keeper, responses)) = stream.as_mut() {
-            let answer = tokio::time::timeout(Duration::from_millis(100), async {
-                keeper.keep_alive().await.map_err(|e| describe(&e))?;
-                responses.message().await.map_err(|e| describe(&e))
-            })
-            .await;
-            match answer {
-                Ok(Ok(Some(r))) => gone = r.ttl() <= 0,
-                Ok(Err(_)) | Ok(Ok(None)) => stream = None, // reopened next round
-                Err(_) => {}                                // no answer yet: see the read
-            }
-        }
-        // The locks held before the read is sent: only their keys must be in its answer (etcd
-        // may list a lease's keys before it stamps the answer's revision).
-        let held_before: std::collections::HashSet<(usize, u64)> = users(sh, pid, id)
-            .filter(|s| s.state.load(Ordering::Acquire) == HELD)
-            .map(|s| {
-                (
-                    s as *const Slot as usize,
-                    s.generation.load(Ordering::Acquire),
-                )
-            })
-            .collect();
-        let sent = now_ms();
-        let read = if gone {
-            None
-        } else {
-            let opts = LeaseTimeToLiveOptions::new().with_keys();
-            Some(
-                tokio::time::timeout(Duration::from_secs(2), c.lease_time_to_live(id, Some(opts)))
-                    .await,
-            )
-        };
-        match read {
-            // etcd says the lease is gone (-1), or the keepalive's answer did.
-            None => {
-                retire(&session, id).await;
-                return stop(Some(
-                    "etcd reports the session's lease expired or was revoked",
-                ));
-            }
-            Some(Ok(Ok(r))) if r.ttl() < 0 => {
-                retire(&session, id).await;
-                return stop(Some(
-                    "etcd reports the session's lease expired or was revoked",
-                ));
-            }
-            Some(Ok(Ok(r)))
-                if r.ttl() > 0 && now_ms() >= lease.valid_until.load(Ordering::Acquire) =>
-            {
-                // Alive after all, but its validity lapsed before the answer came, so writes
-                // with its locks' tokens may have been refused (FT003): a lost lock stays lost,
-                // and the lease is given up.
-                retire(&session, id).await;
-                let _ = tokio::time::timeout(Duration::from_secs(1), c.lease_revoke(id)).await;
-                return stop(Some(
-                    "the session's lease was not confirmed by etcd within its TTL",
-                ));
-            }
-            Some(Ok(Ok(r))) if r.ttl() > 0 => {
-                // Never beyond the TTL the lease was granted with: an etcd leader that has just
-                // taken over may report a remaining TTL of "forever" for a while.
-                let remaining = r.ttl().min(r.granted_ttl()).min(lease.ttl);
-                let until = sent + remaining * 1000 - clock_margin(lease.ttl, remaining);
-                lease.valid_until.store(until, Ordering::Release);
-                let read_revision = r.header().map(|h| h.revision()).unwrap_or(0);
-                let attached: std::collections::HashSet<&[u8]> =
-                    r.keys().iter().map(|k| k.as_slice()).collect();
-                let mut expected = std::collections::HashSet::new();
-                for s in users(sh, pid, id) {
-                    s.valid_until_ms.store(until, Ordering::Relaxed);
-                    let key = s.key();
-                    // A held lock whose key is gone (deleted from outside while the watch on it
-                    // was not running): lost. Only for a key etcd had created by the read.
-                    let token = s.token.load(Ordering::Relaxed);
-                    let was_held = held_before.contains(&(
-                        s as *const Slot as usize,
-                        s.generation.load(Ordering::Acquire),
-                    ));
-                    if was_held
-                        && s.state.load(Ordering::Acquire) == HELD
-                        && token > 0
-                        && token <= read_revision
-                        && !attached.contains(key.as_bytes())
-                    {
-                        let _ = s.transition_saying(
-                            HELD,
-                            LOST,
-                            "its etcd key is gone (deleted, or never kept by etcd)",
-                        );
-                        continue;
-                    }
-                    // Held or being released: the full key; being acquired or cleaned up: the key
-                    // it has or may have made (a cancelled one may have the full key already).
-                    expected.insert(format!("{key}/{id:x}"));
-                    expected.insert(key);
-                }
-                // A retirement meanwhile (`retire_lease`) must not see its zero overwritten.
-                if lease.retired.load(Ordering::Acquire) {
-                    lose_all(sh, pid, id, "the session's lease was given up");
-                }
-                // Keys under the lease that no lock of the session uses (a transaction answered
-                // after its acquisition gave up, a lost lock's key): deleted, unless created
-                // after the read (a new acquisition's).
-                for orphan in attached
-                    .iter()
-                    .filter(|k| !expected.contains(&*String::from_utf8_lossy(k)))
-                {
-                    let delete = Txn::new()
-                        .when([Compare::create_revision(
-                            orphan.to_vec(),
-                            CompareOp::Less,
-                            read_revision + 1,
-                        )])
-                        .and_then([TxnOp::delete(orphan.to_vec(), None)]);
-                    let _ = tokio::time::timeout(Duration::from_secs(2), c.txn(delete)).await;
-                }
-                report_problem(&source, None);
-            }
-            Some(failed) => {
-                let why = match failed {
-                    Ok(Err(e)) => describe(&e),
-                    Ok(Ok(_)) => "etcd reported less than a second left".to_string(),
-                    Err(_) => "no answer within 2 s".to_string(),
-                };
-                if matches!(failed_kind(&why), RoundFailure::Connection) {
-                    RECONNECT.store(true, Ordering::Release);
-                }
-                report_problem(
-                    &source,
-                    Some(format!("lease keepalives are not confirmed by etcd: {why}")),
-                );
-                if now_ms() >= lease.valid_until.load(Ordering::Acquire) {
-                    retire(&session, id).await;
-                    let _ = tokio::time::timeout(Duration::from_secs(1), c.lease_revoke(id)).await;
-                    return stop(Some(
-                        "the session's lease could not be kept alive within its TTL",
-                    ));
-                }
-            }
-        }
-    }
-}
-
-/// What is taken off a lease's validity (ms): 1 % of its TTL, as etcd's leader times the lease
-/// with its own clock, whose rate may differ a little from this machine's; never more than half
-/// of what is left (`remaining`, seconds).
-fn clock_margin(ttl: i64, remaining: i64) -> i64 {
-    (ttl * 10).min(remaining * 500)
-}
-
-/// Set when etcd did not answer a lease's keepalive round in time: the lock loop makes a new
-/// connection for the next acquisition (the old one may be half-open: HTTP/2 pings are rare).
-static RECONNECT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-enum RoundFailure {
-    Connection,
-    Answer,
-}
-
-fn failed_kind(why: &str) -> RoundFailure {
-    if why.starts_with("no answer") || why.contains("transport") || why.contains("connection") {
-        RoundFailure::Connection
-    } else {
-        RoundFailure::Answer
-    }
-}
-
-/// Forget `id` as the session's lease (a new acquisition grants another).
-async fn retire(session: &Arc<Session>, id: i64) {
-    let mut current = session.lease.lock().await;
-    if let Some(l) = current.as_ref().filter(|l| l.id == id) {
-        l.retired.store(true, Ordering::Release);
-        *current = None;
+        let _ = slot.transition_saying(S::Held, S::Lost, why);
     }
 }

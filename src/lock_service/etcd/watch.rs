@@ -25,13 +25,13 @@ pub(crate) async fn supervise(cfg: Arc<Mutex<Config>>) {
         let current_cfg = cfg.lock().map(|c| c.clone()).ok();
         let settings = current_cfg.clone().unwrap_or_default();
         for (i, s) in sh.slots.iter().enumerate() {
-            let state = s.state.load(Ordering::Acquire);
+            let state = s.state();
             let generation = s.generation.load(Ordering::Acquire);
             let same = running[i]
                 .as_ref()
                 .map(|(g, c, _)| *g == generation && c.same_connection(&settings))
                 .unwrap_or(false);
-            if state == ACTIVE && !same {
+            if state == W::Active && !same {
                 // A new registration, or new endpoints after a reload: start over.
                 if let Some((_, _, h)) = running[i].take() {
                     h.abort();
@@ -44,7 +44,7 @@ pub(crate) async fn supervise(cfg: Arc<Mutex<Config>>) {
                         tokio::spawn(watch_slot(s, generation, c)),
                     ));
                 }
-            } else if state != ACTIVE {
+            } else if state != W::Active {
                 if let Some((_, _, h)) = running[i].take() {
                     h.abort();
                     let _ = h.await;
@@ -52,9 +52,7 @@ pub(crate) async fn supervise(cfg: Arc<Mutex<Config>>) {
                     report_problem(&format!("watch {}", s.prefix()), None);
                 }
                 // The task is gone: the slot may be reused.
-                let _ =
-                    s.state
-                        .compare_exchange(DRAINING, FREE, Ordering::AcqRel, Ordering::Acquire);
+                let _ = s.transition(W::Draining, W::Free);
             }
         }
         if sh.dirty.swap(0, Ordering::AcqRel) != 0 {
@@ -129,8 +127,8 @@ async fn keys_at(
         .await
         .map_err(|_| (false, "reading the lock's keys timed out".to_string()))?
         .map_err(|e| {
-            let text = super::client::describe(&e);
-            (text.contains("compacted"), text)
+            let compacted = super::client::classify(&e) == super::client::EtcdFailure::Compacted;
+            (compacted, super::client::describe(&e))
         })?;
     let keys = resp
         .kvs()

@@ -9,7 +9,10 @@ Each file's dependencies are the `crate::` paths it names (in `use` lines and in
     instead of through the rule layer's one entry point (`rule::write_token`,
     `rule::write_token_if_any`, `rule::admit_token`): it may not name `session_token::current_token`,
     `lock_service::etcd_locks::check_lock_not_lost`, `lock_service::leases::check_lease_live` or
-    `lock_service::watch::check`.
+    `lock_service::watch::check`, or
+  * a file keeps per-backend state (a `thread_local!`) without a line of its own in `STATEFUL` in
+    src/backend.rs (`file: "src/..."`) and a `pub fn on_event(` that says what each backend event
+    clears, or `STATEFUL` names a file without per-backend state or without that function.
 
 Usage: check_layers.py [SRC_DIR]   (default: src)
 """
@@ -26,7 +29,7 @@ LAYERS = [
     ["lock_service"],
     ["state"],
     ["pg"],
-    ["gucs.rs", "error.rs", "cache.rs", "text.rs"],
+    ["gucs.rs", "error.rs", "cache.rs", "text.rs", "backend_event.rs"],
 ]
 
 
@@ -87,6 +90,24 @@ def main():
                 problems.append(f"{rel}: the etcd thread's code names pgrx or pg_sys")
             if "#![forbid(unsafe_code)]" not in text:
                 problems.append(f"{rel}: lacks #![forbid(unsafe_code)]")
+    # Per-backend state: one line in backend.rs's STATEFUL per file that keeps it.
+    listed = re.findall(r'file:\s*"src/([^"]+)"', files.get("backend.rs", ""))
+    def code_of(text):
+        return "\n".join(l for l in text.split("\n") if not l.lstrip().startswith("//"))
+    stateful = sorted(rel for rel, text in files.items() if "thread_local!" in code_of(text))
+    for rel in stateful:
+        if rel not in listed:
+            problems.append(f"{rel}: keeps per-backend state (thread_local!) but is not in STATEFUL "
+                            "of src/backend.rs; add it there with its on_event")
+    for rel in listed:
+        if rel not in files:
+            problems.append(f"src/backend.rs: STATEFUL names src/{rel}, which does not exist")
+        elif "thread_local!" not in code_of(files[rel]):
+            problems.append(f"src/backend.rs: STATEFUL names src/{rel}, which keeps no per-backend state")
+        elif not re.search(r"(?m)^pub fn on_event\(", files[rel]):
+            problems.append(f"src/{rel}: in STATEFUL of src/backend.rs but has no `pub fn on_event(`")
+    if len(set(listed)) != len(listed):
+        problems.append("src/backend.rs: STATEFUL names a file twice")
     # A parent module file (`mod.rs`) declaring its children is not a dependency on them.
     for rel in deps:
         me = module_of(rel)
@@ -130,7 +151,8 @@ def main():
     if problems:
         return 1
     print(f"check_layers: {len(files)} files, {sum(len(d) for d in deps.values())} dependencies, "
-          "no cycle, every dependency points down or sideways")
+          f"no cycle, every dependency points down or sideways; {len(stateful)} files with "
+          "per-backend state, each in backend.rs's STATEFUL")
     return 0
 
 

@@ -1,16 +1,105 @@
-//! The life cycle of per-backend state, in one place: PostgreSQL's transaction, subtransaction
-//! and relcache callbacks are registered here, and each calls the resets of the modules that keep
-//! state (`rule`'s held locks, `state/tombstones.rs`'s pending batch, `pg/spi.rs`'s internal
-//! statement depth, `lock_service/watch.rs`'s pending registrations, `guard/trigger.rs`'s and
-//! `api/fenced.rs`'s caches, `pg/index.rs`'s table locations).
+//! The life cycle of per-backend state, in one place. PostgreSQL's transaction,
+//! subtransaction, relcache and `pg_subscription_rel` callbacks are registered here; each turns
+//! its event into a `BackendEvent` and hands it to every module that keeps per-backend state,
+//! in the order of `STATEFUL`. Each of those modules says in its own `on_event` what each event
+//! clears (its `thread_local!`s are private to it), so adding a cache means writing that
+//! function and one line here; `scripts/check_layers.py` fails when a file has a
+//! `thread_local!` and no line here.
+//!
+//! Before that, at pre-commit (and pre-prepare), the transaction's own work that must be done
+//! inside it: its per-row tombstones are written out, then its watch registrations applied
+//! (the tombstones first: applying a stopped watch raises a mark, which must not be counted
+//! against a batch that is still pending).
 
 use crate::api::fenced;
-use crate::guard::trigger;
+use crate::backend_event::BackendEvent;
+use crate::guard::{fast_path, trigger};
 use crate::lock_service::{etcd_locks, leases, watch};
-use crate::pg::{index, report, spi};
-use crate::rule;
-use crate::state::{mark_versions, marks, tombstones};
+use crate::pg::{index, report, session, spi};
+use crate::rule::{self, session_token};
+use crate::state::{mark_versions, marks, protections, tombstones};
 use pgrx::prelude::*;
+
+/// A module with per-backend state: its file (as `scripts/check_layers.py` finds it) and what
+/// each event does to its state.
+struct Stateful {
+    #[expect(dead_code, reason = "read by scripts/check_layers.py, not by the code")]
+    file: &'static str,
+    on_event: fn(BackendEvent),
+}
+
+/// Every module that keeps per-backend state, in the order their `on_event` runs for every
+/// event. The order matters only where one module's reset reads another's state; none does
+/// today, so the order is that of the layers, top down (a module may still read state of the
+/// layers below while it forgets its own).
+const STATEFUL: &[Stateful] = &[
+    Stateful {
+        file: "src/api/fenced.rs",
+        on_event: fenced::on_event,
+    },
+    Stateful {
+        file: "src/guard/fast_path.rs",
+        on_event: fast_path::on_event,
+    },
+    Stateful {
+        file: "src/guard/trigger.rs",
+        on_event: trigger::on_event,
+    },
+    Stateful {
+        file: "src/rule/mod.rs",
+        on_event: rule::on_event,
+    },
+    Stateful {
+        file: "src/rule/session_token.rs",
+        on_event: session_token::on_event,
+    },
+    Stateful {
+        file: "src/lock_service/etcd_locks.rs",
+        on_event: etcd_locks::on_event,
+    },
+    Stateful {
+        file: "src/lock_service/leases.rs",
+        on_event: leases::on_event,
+    },
+    Stateful {
+        file: "src/lock_service/watch.rs",
+        on_event: watch::on_event,
+    },
+    Stateful {
+        file: "src/state/tombstones.rs",
+        on_event: tombstones::on_event,
+    },
+    Stateful {
+        file: "src/state/mark_versions.rs",
+        on_event: mark_versions::on_event,
+    },
+    Stateful {
+        file: "src/state/marks.rs",
+        on_event: marks::on_event,
+    },
+    Stateful {
+        file: "src/state/protections.rs",
+        on_event: protections::on_event,
+    },
+    Stateful {
+        file: "src/pg/index.rs",
+        on_event: index::on_event,
+    },
+    Stateful {
+        file: "src/pg/spi.rs",
+        on_event: spi::on_event,
+    },
+    Stateful {
+        file: "src/pg/session.rs",
+        on_event: session::on_event,
+    },
+];
+
+fn dispatch(ev: BackendEvent) {
+    for m in STATEFUL {
+        (m.on_event)(ev);
+    }
+}
 
 /// Register the callbacks (from `_PG_init`, once per backend).
 pub fn init() {
@@ -68,47 +157,12 @@ unsafe extern "C-unwind" fn xact_callback(
         }
         return;
     }
-    rule::forget_all();
-    spi::forget_internal_write();
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT {
-        // Waiters for the leases this transaction released look again, now that it is visible.
-        leases::wake_released();
-    }
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
-        || event == pg_sys::XactEvent::XACT_EVENT_ABORT
-        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
-    {
-        leases::forget_transaction();
-    }
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
-        || event == pg_sys::XactEvent::XACT_EVENT_ABORT
-        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
-    {
-        fenced::free_stale_plans();
-        rule::session_token::forget_fenced(None);
-        crate::guard::fast_path::forget_authorized();
-        tombstones::forget_tombstones();
-        mark_versions::forget_changes();
-        crate::state::protections::forget_dropping();
-    }
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
-        || event == pg_sys::XactEvent::XACT_EVENT_PREPARE
-    {
-        etcd_locks::commit_acquired();
-    }
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT {
-        // The watches this transaction stopped are gone now that it committed.
-        watch::finish_commit();
-    }
-    if event == pg_sys::XactEvent::XACT_EVENT_ABORT {
-        // A commit that failed after PRE_COMMIT: take back its registration changes.
-        watch::undo_applied();
-        watch::forget_pending();
-        trigger::forget_verified();
-        rule::forget_activity();
-        tombstones::forget_floors();
-        etcd_locks::abort_pending(None);
-    }
+    dispatch(match event {
+        pg_sys::XactEvent::XACT_EVENT_COMMIT => BackendEvent::Commit,
+        pg_sys::XactEvent::XACT_EVENT_PREPARE => BackendEvent::Prepare,
+        pg_sys::XactEvent::XACT_EVENT_ABORT => BackendEvent::Abort,
+        _ => BackendEvent::ParallelWorkerEnd,
+    });
 }
 
 /// A subtransaction abort releases the locks it took and undoes the marks it wrote.
@@ -124,22 +178,7 @@ unsafe extern "C-unwind" fn subxact_callback(
     _arg: *mut std::ffi::c_void,
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        // fencing_acquire calls of the subtransaction (a savepoint, a PL/pgSQL EXCEPTION block).
-        etcd_locks::abort_pending(Some(my));
-        tombstones::forget_tombstones_of(my);
-        watch::forget_pending_of(my);
-        rule::forget_all();
-        trigger::forget_verified();
-        tombstones::forget_floors();
-        crate::guard::fast_path::forget_checked();
-        crate::guard::fast_path::forget_writes_of(my);
-        rule::session_token::forget_fenced(Some(my));
-        rule::forget_activity();
-        // Leases the subtransaction granted, renewed or read are read again (its grants and
-        // renewals were rolled back).
-        leases::forget_seen();
-        // (the floors raised for them were rolled back too)
-        crate::state::protections::forget_dropping();
+        dispatch(BackendEvent::SubAbort(my));
     }
 }
 
@@ -154,7 +193,7 @@ unsafe extern "C-unwind" fn subscription_rel_callback(
     _cacheid: std::ffi::c_int,
     _hash: u32,
 ) {
-    rule::forget_activity();
+    dispatch(BackendEvent::Subscriptions);
 }
 
 /// A relation changed (or every relation, `relid` invalid): cached trigger arguments, table
@@ -165,13 +204,7 @@ unsafe extern "C-unwind" fn subscription_rel_callback(
 /// thread.
 #[pg_guard]
 unsafe extern "C-unwind" fn relcache_callback(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    fenced::invalidate();
-    index::forget_located();
-    marks::forget();
-    tombstones::forget_floors();
-    rule::forget_seen_marks();
-    rule::forget_activity();
-    trigger::forget_relation((relid != pg_sys::Oid::INVALID).then_some(relid));
-    crate::guard::fast_path::forget_functions();
-    crate::guard::fast_path::forget_checked();
+    dispatch(BackendEvent::Relcache(
+        (relid != pg_sys::Oid::INVALID).then_some(relid),
+    ));
 }

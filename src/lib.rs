@@ -14,6 +14,7 @@
 
 mod api;
 mod backend;
+mod backend_event;
 mod cache;
 mod error;
 mod guard;

@@ -15,6 +15,7 @@
 //! `finish` (guarded: collects the returned row, ends the token's scope, checks that every row
 //! written went through the guard).
 
+use crate::backend_event::BackendEvent;
 use crate::error::{FenceError, Text};
 use crate::guard::trigger;
 use crate::pg::spi::KeptPlans;
@@ -80,13 +81,13 @@ thread_local! {
 
 /// Relcache invalidation (any relation: a partition's trigger, an attached partition or a
 /// renamed column can change what a cached fact or statement means).
-pub fn invalidate() {
+fn invalidate() {
     TARGETS.with(|t| t.borrow_mut().clear());
     PLANS.with(|p| p.borrow_mut().invalidate());
 }
 
 /// End of the top-level transaction: free the plans invalidated during it.
-pub fn free_stale_plans() {
+fn free_stale_plans() {
     PLANS.with(|p| p.borrow_mut().free_stale());
 }
 
@@ -698,4 +699,15 @@ fn plan_for(key: (u32, Op, Vec<String>), t: &Target, cols: &[String]) -> pg_sys:
     let generation = PLANS.with(|p| p.borrow().generation());
     let plan = crate::pg::spi::prepare_kept(&sql, &types[..nargs]);
     PLANS.with(|p| p.borrow_mut().keep(key, plan, generation))
+}
+
+/// Per-backend state's life (`backend.rs`): cached `fenced_*` plans that went stale are freed
+/// when a transaction ends, and every target is looked up again when a relation changed.
+pub fn on_event(ev: BackendEvent) {
+    if ev.ends_transaction() {
+        free_stale_plans();
+    }
+    if let BackendEvent::Relcache(_) = ev {
+        invalidate();
+    }
 }

@@ -45,6 +45,7 @@
 
 #![forbid(unsafe_code)]
 
+use crate::backend_event::BackendEvent;
 use crate::error::{FenceError, Text, Token};
 use crate::guard::trigger::{self, Args};
 use crate::pg::plan::{
@@ -99,7 +100,7 @@ thread_local! {
 }
 
 /// Relcache invalidation: the extension's functions may have been dropped or re-created.
-pub fn forget_functions() {
+fn forget_functions() {
     FUNCTIONS.with(|f| f.set(None));
 }
 
@@ -509,7 +510,7 @@ thread_local! {
 
 /// Subtransaction `sub` aborted: the fast-path statements it (or a subtransaction inside it)
 /// started failed with it; those of the statements around it run on.
-pub fn forget_writes_of(sub: pg_sys::SubTransactionId) {
+fn forget_writes_of(sub: pg_sys::SubTransactionId) {
     WRITES.with(|w| w.borrow_mut().retain(|_, r| r.subxact < sub));
 }
 
@@ -701,13 +702,13 @@ pub fn end_update(statement: usize) {
 }
 
 /// Relcache invalidation, subtransaction abort: privileges or protections may have changed.
-pub fn forget_checked() {
+fn forget_checked() {
     CHECKED.with(|c| c.borrow_mut().clear());
     AUTHORIZED.with(|a| a.borrow_mut().clear());
 }
 
 /// End of the transaction.
-pub fn forget_authorized() {
+fn forget_authorized() {
     AUTHORIZED.with(|a| a.borrow_mut().clear());
     WRITES.with(|w| w.borrow_mut().clear());
 }
@@ -999,4 +1000,22 @@ pub fn insert_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     };
     rule::admit_row_insert(protection, &|| relation_name(relid), &tomb, token, true)?;
     Ok(Some(token))
+}
+
+/// Per-backend state's life (`backend.rs`): the statements authorized in the transaction end
+/// with it; a rolled-back savepoint forgets the keys it checked and the writes it noted; a
+/// changed relation forgets the stamping functions' and the checked tables' information.
+pub fn on_event(ev: BackendEvent) {
+    match ev {
+        BackendEvent::SubAbort(sub) => {
+            forget_checked();
+            forget_writes_of(sub);
+        }
+        BackendEvent::Relcache(_) => {
+            forget_functions();
+            forget_checked();
+        }
+        ev if ev.ends_transaction() => forget_authorized(),
+        _ => {}
+    }
 }

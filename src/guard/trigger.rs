@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+use crate::backend_event::BackendEvent;
 use crate::error::{FenceError, Token};
 use crate::pg::key_identity::{KeyColumn, KeyIdentity};
 use crate::pg::spi;
@@ -160,7 +161,7 @@ fn record_delete(protection: i64, key: &KeyOf, token: Token) {
 
 /// Relcache invalidation of `relid` (`None`: of every relation): its cached trigger arguments
 /// and table information are stale (called by `backend.rs`).
-pub fn forget_relation(relid: Option<pg_sys::Oid>) {
+fn forget_relation(relid: Option<pg_sys::Oid>) {
     ARGS.with(|a| a.borrow_mut().clear());
     RELINFO.with(|r| {
         let mut r = r.borrow_mut();
@@ -260,7 +261,7 @@ fn relinfo(
 
 /// Forget the verified relations (subtransaction abort: a check may have read rows that are
 /// now rolled back).
-pub fn forget_verified() {
+fn forget_verified() {
     VERIFIED.with(|v| v.borrow_mut().clear());
 }
 
@@ -662,4 +663,15 @@ fn truncate(rel: Relation, args: &Args, table: &str, token: Token) -> Result<(),
         &token_col,
         token,
     )
+}
+
+/// Per-backend state's life (`backend.rs`): the protections verified in the transaction are
+/// verified again after an abort or a rolled-back savepoint; a changed relation's cached trigger
+/// arguments are dropped.
+pub fn on_event(ev: BackendEvent) {
+    match ev {
+        BackendEvent::Abort | BackendEvent::SubAbort(_) => forget_verified(),
+        BackendEvent::Relcache(relid) => forget_relation(relid),
+        _ => {}
+    }
 }

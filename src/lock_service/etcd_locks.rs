@@ -20,6 +20,7 @@
 //! the worker is frozen, so it fails before etcd can have given the lock to anyone else.
 
 use super::shmem_text::ShmemText;
+use crate::backend_event::BackendEvent;
 use crate::error::FenceError;
 use crate::gucs;
 use pgrx::bgworkers::BackgroundWorkerBuilder;
@@ -839,7 +840,7 @@ unsafe extern "C-unwind" fn on_backend_exit(_code: i32, _arg: pg_sys::Datum) {
 ///
 /// `subxact`: the aborting subtransaction (`None`: the whole transaction); the requests of its
 /// calls, and of its children's, are cancelled.
-pub fn abort_pending(subxact: Option<pg_sys::SubTransactionId>) {
+fn abort_pending(subxact: Option<pg_sys::SubTransactionId>) {
     let undone: Vec<(usize, u64)> = IN_TRANSACTION.with(|t| {
         let mut t = t.borrow_mut();
         let (undo, keep): (Vec<_>, Vec<_>) = t
@@ -865,7 +866,7 @@ pub fn abort_pending(subxact: Option<pg_sys::SubTransactionId>) {
 
 /// The end of a transaction that committed (or was prepared): its `fencing_acquire` locks are
 /// the session's now.
-pub fn commit_acquired() {
+fn commit_acquired() {
     IN_TRANSACTION.with(|t| t.borrow_mut().clear());
 }
 
@@ -995,4 +996,16 @@ pub fn lock_rows() -> Vec<(
         ));
     }
     out
+}
+
+/// Per-backend state's life (`backend.rs`): locks acquired in the transaction are kept when it
+/// commits (or is prepared) and released when it, or the savepoint they were acquired in, is
+/// rolled back.
+pub fn on_event(ev: BackendEvent) {
+    match ev {
+        BackendEvent::Commit | BackendEvent::Prepare => commit_acquired(),
+        BackendEvent::Abort => abort_pending(None),
+        BackendEvent::SubAbort(sub) => abort_pending(Some(sub)),
+        _ => {}
+    }
 }

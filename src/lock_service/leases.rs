@@ -45,6 +45,7 @@
 //! that expires during a transaction refuses that transaction's next write.
 #![forbid(unsafe_code)]
 
+use crate::backend_event::BackendEvent;
 use crate::error::{FenceError, Text, Token};
 use crate::pg::index::{read_by_index, UniqueIndex};
 use crate::pg::lock_manager::{register_lease_waiter, wake_lease_waiters, LeaseHistoryLock};
@@ -138,7 +139,7 @@ thread_local! {
 }
 
 /// The transaction ended: what it saw of leases is forgotten (`backend.rs`).
-pub fn forget_transaction() {
+fn forget_transaction() {
     LIVE.with(|l| l.borrow_mut().clear());
     FOREIGN.with(|f| f.borrow_mut().clear());
     RELEASED.with(|r| r.borrow_mut().clear());
@@ -146,13 +147,13 @@ pub fn forget_transaction() {
 
 /// A subtransaction aborted: what it may have seen (its own grants and renewals, now rolled
 /// back) is read again by the next write (`backend.rs`).
-pub fn forget_seen() {
+fn forget_seen() {
     LIVE.with(|l| l.borrow_mut().clear());
     FOREIGN.with(|f| f.borrow_mut().clear());
 }
 
 /// The transaction committed: wake the waiters of the leases it released (`backend.rs`).
-pub fn wake_released() {
+fn wake_released() {
     let names = RELEASED.with(|r| std::mem::take(&mut *r.borrow_mut()));
     for name in names {
         wake_lease_waiters(&name);
@@ -596,5 +597,21 @@ pub fn notify_mark_raised(resource: &str, previous: Token, token: Token) {
             false,
             |_| (),
         );
+    }
+}
+
+/// Per-backend state's life (`backend.rs`): at commit, waiters for the leases the transaction
+/// released look again (now that it is visible); the leases it granted, renewed or read are
+/// forgotten when it ends, and read again after a rolled-back savepoint (its grants and
+/// renewals were rolled back).
+pub fn on_event(ev: BackendEvent) {
+    if ev == BackendEvent::Commit {
+        wake_released();
+    }
+    if ev.ends_transaction() {
+        forget_transaction();
+    }
+    if let BackendEvent::SubAbort(_) = ev {
+        forget_seen();
     }
 }

@@ -27,6 +27,7 @@
 //! that passes stores its own token as usual, which is at least the hand-over revision.
 
 use super::shmem_text::ShmemText;
+use crate::backend_event::BackendEvent;
 use crate::error::{FenceError, Token};
 use crate::pg::lock_manager::{lock_resource, LockMode};
 use pgrx::prelude::*;
@@ -579,12 +580,12 @@ pub fn queue_change(resource: &str, watch: Option<(String, bool)>) {
 }
 
 /// An aborted transaction changes no registration.
-pub fn forget_pending() {
+fn forget_pending() {
     PENDING.with(|p| p.borrow_mut().clear());
 }
 
 /// An aborted subtransaction: drop what it (and its children, whose ids are higher) queued.
-pub fn forget_pending_of(sub: pg_sys::SubTransactionId) {
+fn forget_pending_of(sub: pg_sys::SubTransactionId) {
     PENDING.with(|p| p.borrow_mut().retain(|(s, _, _)| *s < sub));
 }
 
@@ -606,7 +607,7 @@ thread_local! {
 /// After COMMIT: the watches this transaction stopped are gone for good (DRAINING, freed once
 /// the etcd thread has stopped their tasks). Cannot fail; a state file that cannot be saved now
 /// keeps a stopped watch, which comes back after a restart (a watch too many, never too few).
-pub fn finish_commit() {
+fn finish_commit() {
     let applied = APPLIED.with(|a| std::mem::take(&mut *a.borrow_mut()));
     let Some(sh) = shared() else { return };
     let mut stopped = false;
@@ -623,7 +624,7 @@ pub fn finish_commit() {
 }
 
 /// After a failed commit (ABORT following PRE_COMMIT): take back what `apply_pending` did.
-pub fn undo_applied() {
+fn undo_applied() {
     let applied = APPLIED.with(|a| std::mem::take(&mut *a.borrow_mut()));
     let Some(sh) = shared() else { return };
     if applied.is_empty() {
@@ -1036,4 +1037,20 @@ pub(super) fn wait_until_synced(slot: &WatchSlot, resource: &str) -> Result<(), 
         crate::lock_service::etcd_locks::nap(1);
     }
     Ok(())
+}
+
+/// Per-backend state's life (`backend.rs`): at commit the watches the transaction stopped are
+/// gone; an abort (also of a commit that failed after its pre-commit step) takes back the
+/// registration changes it applied and forgets the pending ones; a rolled-back savepoint forgets
+/// its own.
+pub fn on_event(ev: BackendEvent) {
+    match ev {
+        BackendEvent::Commit => finish_commit(),
+        BackendEvent::Abort => {
+            undo_applied();
+            forget_pending();
+        }
+        BackendEvent::SubAbort(sub) => forget_pending_of(sub),
+        _ => {}
+    }
 }

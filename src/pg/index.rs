@@ -2,6 +2,7 @@
 //! tombstones on every write), without SPI: open the table, scan the index with the latest
 //! committed snapshot, read one bigint column.
 
+use crate::backend_event::BackendEvent;
 use pgrx::pg_sys;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
@@ -33,7 +34,7 @@ thread_local! {
 }
 
 /// Relcache invalidation: the extension (and its tables) may have been dropped and re-created.
-pub fn forget_located() {
+fn forget_located() {
     LOCATED.with(|m| m.borrow_mut().clear());
     ATTNUMS.with(|m| m.borrow_mut().clear());
 }
@@ -725,5 +726,13 @@ pub fn has_always_trigger(which: &UniqueIndex, name: &CStr) -> bool {
         }
         pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
         found
+    }
+}
+
+/// Per-backend state's life (`backend.rs`): the located tables and indexes are looked up again
+/// when a relation changed.
+pub fn on_event(ev: BackendEvent) {
+    if let BackendEvent::Relcache(_) = ev {
+        forget_located();
     }
 }

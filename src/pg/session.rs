@@ -1,5 +1,6 @@
 //! Who the current session is, for the rejection log line and the views' last rejection.
 
+use crate::backend_event::BackendEvent;
 use pgrx::pg_sys;
 
 /// Where a refused write came from: the session's `application_name`, its client address
@@ -71,3 +72,7 @@ fn client_address() -> String {
         }
     }
 }
+
+/// Per-backend state's life (`backend.rs`): the client's origin is read once and holds for the
+/// backend's life; no event clears it.
+pub fn on_event(_ev: BackendEvent) {}

@@ -4,6 +4,7 @@
 //! and operators qualified, so a role's own objects are never picked up) or statements built
 //! from quoted identifiers.
 
+use crate::backend_event::BackendEvent;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::ffi::CString;
@@ -256,7 +257,7 @@ pub fn internal_write() -> bool {
 }
 
 /// Transaction end: no internal statement is running any more (also after an error in one).
-pub fn forget_internal_write() {
+fn forget_internal_write() {
     INTERNAL.with(|d| d.set(0));
 }
 
@@ -382,5 +383,13 @@ pub fn prepare(sql: &str, types: &[pg_sys::Oid]) -> pg_sys::SPIPlanPtr {
             )));
         }
         plan
+    }
+}
+
+/// Per-backend state's life (`backend.rs`): the depth of internal statements ends with any
+/// transaction.
+pub fn on_event(ev: BackendEvent) {
+    if ev.ends_any_transaction() {
+        forget_internal_write();
     }
 }

@@ -30,6 +30,7 @@
 
 pub mod session_token;
 
+use crate::backend_event::BackendEvent;
 use crate::error::{Domain, FenceError, Token};
 use crate::pg::lock_manager::{lock_resource, LockMode};
 use crate::state::mark_versions;
@@ -86,12 +87,12 @@ struct Seen {
 
 /// Forget the marks read in earlier transactions (relcache invalidation: the marks table may
 /// have been dropped, re-created or had its trigger disabled).
-pub fn forget_seen_marks() {
+fn forget_seen_marks() {
     LAST_SEEN.with(|l| l.borrow_mut().clear());
 }
 
 /// Forget all cached lock and mark state (end of transaction, subtransaction abort, reset).
-pub fn forget_all() {
+fn forget_all() {
     HELD.with(|h| h.borrow_mut().clear());
 }
 
@@ -216,7 +217,7 @@ thread_local! {
 }
 
 /// Forget what is known about the protections' activity (see `ACTIVITY`; called by `backend.rs`).
-pub fn forget_activity() {
+fn forget_activity() {
     ACTIVITY.with(|a| a.borrow_mut().clear());
 }
 
@@ -385,6 +386,28 @@ pub fn raise_mark(resource: &str, token: Token) {
     if current.is_none_or(|m| m < token) {
         store_resource_mark(resource, token);
         forget(resource);
+    }
+}
+
+/// Per-backend state's life (`backend.rs`): the resource locks held and the marks read end with
+/// any transaction and with a rolled-back savepoint; which protections are active is read again
+/// after an abort, a rolled-back savepoint, a changed relation or subscription; marks read in
+/// earlier transactions are dropped when a relation changed.
+pub fn on_event(ev: BackendEvent) {
+    if ev.ends_any_transaction() || matches!(ev, BackendEvent::SubAbort(_)) {
+        forget_all();
+    }
+    if let BackendEvent::Relcache(_) = ev {
+        forget_seen_marks();
+    }
+    if matches!(
+        ev,
+        BackendEvent::Abort
+            | BackendEvent::SubAbort(_)
+            | BackendEvent::Relcache(_)
+            | BackendEvent::Subscriptions
+    ) {
+        forget_activity();
     }
 }
 

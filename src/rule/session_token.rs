@@ -15,6 +15,7 @@
 //! A running `fenced_*` call's token argument counts for the writes of its statement.
 #![forbid(unsafe_code)]
 
+use crate::backend_event::BackendEvent;
 use crate::error::Token;
 use crate::gucs;
 use crate::pg::guc::{token_origin, TokenOrigin, UndoEntry};
@@ -67,7 +68,7 @@ pub fn pop_fenced() {
 
 /// Subtransaction `subxact` aborted: the calls that began in it (or in its children, which have
 /// higher ids) are over. `None`: the transaction ended.
-pub fn forget_fenced(subxact: Option<pg_sys::SubTransactionId>) {
+fn forget_fenced(subxact: Option<pg_sys::SubTransactionId>) {
     FENCED.with(|f| match subxact {
         None => f.borrow_mut().clear(),
         Some(s) => f.borrow_mut().retain(|e| e.began_in < s),
@@ -173,5 +174,15 @@ pub fn ignored_token() -> Option<&'static str> {
             let source = token_source();
             (!source.counts(t)).then(|| source.why_ignored())
         }
+    }
+}
+
+/// Per-backend state's life (`backend.rs`): a `fenced_*` call's token ends with the transaction,
+/// or with the savepoint rolled back around it.
+pub fn on_event(ev: BackendEvent) {
+    match ev {
+        BackendEvent::SubAbort(sub) => forget_fenced(Some(sub)),
+        ev if ev.ends_transaction() => forget_fenced(None),
+        _ => {}
     }
 }

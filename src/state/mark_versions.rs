@@ -26,6 +26,7 @@
 //! backend before its next transaction); without preloading there are no versions and every
 //! transaction reads the mark.
 
+use crate::backend_event::BackendEvent;
 use crate::error::FenceError;
 use crate::pg::lock_manager::{lock_resource, LockMode};
 use crate::pg::trigger_event::{TriggerEvent, TriggerOp};
@@ -93,7 +94,7 @@ pub fn changed_here(resource: &str) -> bool {
 }
 
 /// The end of the top-level transaction (commit or abort; called by `backend.rs`).
-pub fn forget_changes() {
+fn forget_changes() {
     CHANGED.with(|c| c.borrow_mut().clear());
 }
 
@@ -139,4 +140,12 @@ pub fn on_mark_row(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
         .or(old)
         .map(|r| r.datum())
         .unwrap_or(pg_sys::Datum::from(0usize)))
+}
+
+/// Per-backend state's life (`backend.rs`): the marks the transaction changed (never kept across
+/// transactions) are forgotten when it ends.
+pub fn on_event(ev: BackendEvent) {
+    if ev.ends_transaction() {
+        forget_changes();
+    }
 }

@@ -3,6 +3,7 @@
 //! extension's owner. Tombstones (per-row mode) are in `tombstones.rs`.
 #![forbid(unsafe_code)]
 
+use crate::backend_event::BackendEvent;
 use crate::error::Token;
 use crate::pg::index::{has_always_trigger, read_by_index, UniqueIndex};
 use crate::pg::spi::{exec_internal, text_datum};
@@ -46,7 +47,7 @@ pub fn versions_trusted() -> bool {
 
 /// Relcache invalidation (of any relation: the marks table may have changed, been dropped or
 /// re-created).
-pub fn forget() {
+fn forget() {
     TRUSTED.with(|t| t.set(None));
 }
 
@@ -82,4 +83,12 @@ pub fn store_resource_mark(resource: &str, token: Token) {
         false,
         as_token,
     );
+}
+
+/// Per-backend state's life (`backend.rs`): the cached location of the marks' table is looked
+/// up again when a relation changed.
+pub fn on_event(ev: BackendEvent) {
+    if let BackendEvent::Relcache(_) = ev {
+        forget();
+    }
 }

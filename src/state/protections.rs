@@ -6,6 +6,7 @@
 //! (`pg/event_trigger.rs`), and every relation dropped by any command (`before_relation_drop`).
 #![forbid(unsafe_code)]
 
+use crate::backend_event::BackendEvent;
 use crate::error::FenceError;
 use crate::pg::spi::{exec_internal, text_of};
 use pgrx::pg_sys;
@@ -76,7 +77,7 @@ thread_local! {
 
 /// Transaction end, or a subtransaction's abort: nothing is accounted for any more (a later DROP
 /// accounts again).
-pub fn forget_dropping() {
+fn forget_dropping() {
     DROPPING.with(|d| d.borrow_mut().clear());
 }
 
@@ -234,4 +235,13 @@ pub fn feed_protection(relation: pg_sys::Oid) {
         false,
         text_of,
     );
+}
+
+/// Per-backend state's life (`backend.rs`): the tables being dropped in the transaction (and the
+/// floors raised for them) are forgotten when it ends or the savepoint around them is rolled
+/// back.
+pub fn on_event(ev: BackendEvent) {
+    if ev.ends_transaction() || matches!(ev, BackendEvent::SubAbort(_)) {
+        forget_dropping();
+    }
 }

@@ -3,6 +3,7 @@
 //! read through the unique index, and carried to logical-replication subscribers by table name
 //! (`_pg_fencing.tombstone_feed`).
 
+use crate::backend_event::BackendEvent;
 use crate::error::{Domain, FenceError, Token};
 use crate::pg::index::{read_by_index, UniqueIndex};
 use crate::pg::key_identity::{key_columns_of, KeyIdentity};
@@ -185,7 +186,7 @@ pub fn tombstone_floor(protection: i64) -> Option<Token> {
 
 /// Relcache invalidation (`backend.rs`): floors, tables' keys, and whether the tombstone feed is
 /// published may have changed.
-pub fn forget_floors() {
+fn forget_floors() {
     FEED_PUBLISHED.with(|f| f.set(None));
     PROTECTIONS_SEEN.with(|m| m.borrow_mut().clear());
     FLOORS.with(|m| m.borrow_mut().clear());
@@ -780,7 +781,7 @@ fn store_batch(rows: &[(i64, &str, Token, Option<i64>)], published: bool) {
 /// Subtransaction abort: its rows were not deleted after all, and tombstones it wrote for older
 /// subtransactions' deletes are gone, so those are pending again. (Subtransaction ids grow, and
 /// every subtransaction younger than `subxact` that exists when it aborts is inside it.)
-pub fn forget_tombstones_of(subxact: pg_sys::SubTransactionId) {
+fn forget_tombstones_of(subxact: pg_sys::SubTransactionId) {
     let requeue: Vec<PendingTombstone> = FLUSHED_LATER.with(|f| {
         let mut f = f.borrow_mut();
         let mut back = Vec::new();
@@ -803,7 +804,7 @@ pub fn forget_tombstones_of(subxact: pg_sys::SubTransactionId) {
 }
 
 /// Transaction end (commit after the pre-commit flush, or abort).
-pub fn forget_tombstones() {
+fn forget_tombstones() {
     PENDING_TOMBSTONES.with(|p| p.borrow_mut().clear());
     FLUSHED_LATER.with(|f| f.borrow_mut().clear());
 }
@@ -905,4 +906,25 @@ pub fn truncate_rows(
         );
     }
     Ok(())
+}
+
+/// Per-backend state's life (`backend.rs`): a transaction's end drops its pending tombstones
+/// (flushed at pre-commit); an abort, a rolled-back savepoint or a changed relation drops the
+/// cached floors (and the feed's publication state); a rolled-back savepoint drops its own
+/// pending tombstones.
+pub fn on_event(ev: BackendEvent) {
+    match ev {
+        BackendEvent::SubAbort(sub) => {
+            forget_tombstones_of(sub);
+            forget_floors();
+        }
+        BackendEvent::Relcache(_) => forget_floors(),
+        _ => {}
+    }
+    if ev.ends_transaction() {
+        forget_tombstones();
+    }
+    if ev == BackendEvent::Abort {
+        forget_floors();
+    }
 }

@@ -97,8 +97,10 @@ stage_checks() {
         step "formatting: skipped (rustfmt is not installed: rustup component add rustfmt)"
     fi
 
-    step "structure: layers without import cycles (scripts/check_layers.py), clippy (documented unsafe), documents' links (scripts/check-docs.sh)"
+    step "structure: layers without import cycles and per-backend state listed (scripts/check_layers.py), the SQL surface against the code (scripts/check_sql_surface.py), clippy (documented unsafe), documents' links (scripts/check-docs.sh)"
     "$PY" scripts/check_layers.py src
+    "$PY" scripts/check_sql_surface.py --self-test
+    "$PY" scripts/check_sql_surface.py   # the SQL scripts' C functions against the Rust entry points
     cargo clippy -- -D warnings   # the library as built for release
     cargo clippy --features "pg15 pg_test" --tests -- -D warnings
     CARGO_TARGET_DIR=target/pg18 cargo clippy --no-default-features --features pg18 -- -D warnings  # PostgreSQL 18's build

@@ -55,6 +55,8 @@ v1_finfo!(pg_finfo_pg_fencing_ddl_start);
 /// high-water mark and tombstone); raises the tombstone floor of per-row protections whose
 /// partitions are dropped; refuses retyping a token column (`55000`).
 ///
+/// SQL: `_pg_fencing.on_ddl_start() RETURNS event_trigger VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -120,6 +122,8 @@ pub unsafe extern "C-unwind" fn pg_fencing_ddl_start(fcinfo: FunctionCallInfo) -
 v1_finfo!(pg_finfo_fencing_guard);
 /// `fencing_guard() RETURNS trigger`: the guard trigger of protected tables (see `guard/trigger.rs`).
 ///
+/// SQL: `@extschema@.fencing_guard() RETURNS trigger VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -144,6 +148,8 @@ v1_finfo!(pg_finfo_pg_fencing_stamp_row);
 /// VARIADIC key "any") RETURNS bigint`: the UPDATE fast path's per-row check (see
 /// `guard/fast_path.rs`), placed in an UPDATE's SET list by the planner hook.
 ///
+/// SQL: `_pg_fencing.stamp_row(old_token bigint, relation oid, protection bigint, token_column text, VARIADIC key "any") RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention) on the backend's main thread, with
 /// the call's own `fcinfo` for the signature declared in `sql/pg_fencing.sql`.
@@ -163,6 +169,8 @@ v1_finfo!(pg_finfo_pg_fencing_stamp_resource);
 /// `_pg_fencing.stamp_resource(old_token bigint, relation oid, protection bigint, resource text,
 /// token_column text) RETURNS bigint`: the UPDATE fast path's resource-mode row check (see
 /// `guard/fast_path.rs`).
+///
+/// SQL: `_pg_fencing.stamp_resource(old_token bigint, relation oid, protection bigint, resource text, token_column text) RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// As `pg_fencing_stamp_row`.
@@ -184,6 +192,8 @@ v1_finfo!(pg_finfo_pg_fencing_drop_row);
 /// VARIADIC key "any") RETURNS bigint`: the DELETE fast path's per-row check (see
 /// `guard/fast_path.rs`), made a DELETE's RETURNING list by the planner hook.
 ///
+/// SQL: `_pg_fencing.drop_row(old_token bigint, relation oid, protection bigint, token_column text, VARIADIC key "any") RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// As `pg_fencing_stamp_row`.
 #[unsafe(no_mangle)]
@@ -201,6 +211,8 @@ v1_finfo!(pg_finfo_pg_fencing_insert_row);
 /// `_pg_fencing.insert_row(new_token bigint, relation oid, protection bigint, token_column text,
 /// VARIADIC key "any") RETURNS bigint`: the INSERT fast path's per-row key check (see
 /// `guard/fast_path.rs`), made an INSERT's RETURNING list by the planner hook.
+///
+/// SQL: `_pg_fencing.insert_row(new_token bigint, relation oid, protection bigint, token_column text, VARIADIC key "any") RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// As `pg_fencing_stamp_row`.
@@ -220,6 +232,8 @@ v1_finfo!(pg_finfo_pg_fencing_stamp_insert);
 /// token_column text) RETURNS bigint`: the INSERT fast path's row check (see
 /// `guard/fast_path.rs`), made the token column's value by the planner hook.
 ///
+/// SQL: `_pg_fencing.stamp_insert(value bigint, relation oid, protection bigint, resource text, token_column text) RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// As `pg_fencing_stamp_row`.
 #[unsafe(no_mangle)]
@@ -237,6 +251,8 @@ v1_finfo!(pg_finfo_pg_fencing_stamp_insert_key);
 /// `_pg_fencing.stamp_insert_key(value bigint, relation oid, protection bigint, token_column text,
 /// VARIADIC key "any") RETURNS bigint`: a one-row per-row INSERT's row check and key note (see
 /// `guard/fast_path.rs`), made the token column's value by the planner hook.
+///
+/// SQL: `_pg_fencing.stamp_insert_key(value bigint, relation oid, protection bigint, token_column text, VARIADIC key "any") RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// As `pg_fencing_stamp_row`.
@@ -269,6 +285,8 @@ v1_finfo!(pg_finfo_pg_fencing_mark_changed);
 /// `_pg_fencing.mark_changed() RETURNS trigger`: the row trigger of
 /// `_pg_fencing.resource_high_water` that bumps the versions of changed marks (see
 /// `state/mark_versions.rs`).
+///
+/// SQL: `_pg_fencing.mark_changed() RETURNS trigger VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -316,6 +334,8 @@ unsafe fn fenced_call(fcinfo: FunctionCallInfo, op: fenced::Op) -> pg_sys::Datum
 v1_finfo!(pg_finfo_fenced_update);
 /// `fenced_update(relation regclass, key jsonb, changes jsonb, token bigint) RETURNS jsonb`.
 ///
+/// SQL: `@extschema@.fenced_update(relation regclass, key jsonb, changes jsonb, token bigint) RETURNS jsonb VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -329,6 +349,8 @@ pub unsafe extern "C-unwind" fn fenced_update(fcinfo: FunctionCallInfo) -> pg_sy
 v1_finfo!(pg_finfo_fenced_insert);
 /// `fenced_insert(relation regclass, new_row jsonb, token bigint) RETURNS jsonb`.
 ///
+/// SQL: `@extschema@.fenced_insert(relation regclass, new_row jsonb, token bigint) RETURNS jsonb VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -341,6 +363,8 @@ pub unsafe extern "C-unwind" fn fenced_insert(fcinfo: FunctionCallInfo) -> pg_sy
 
 v1_finfo!(pg_finfo_fenced_delete);
 /// `fenced_delete(relation regclass, key jsonb, token bigint) RETURNS jsonb`.
+///
+/// SQL: `@extschema@.fenced_delete(relation regclass, key jsonb, token bigint) RETURNS jsonb VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -362,6 +386,8 @@ v1_finfo!(pg_finfo_fencing_advance);
 /// for a NULL token, `22023` for a token <= 0 or an empty or NULL resource, `42501` unless the
 /// caller is a superuser or may write (INSERT, UPDATE or DELETE) a table protected with
 /// `resource`: advancing is as powerful as writing, since it fences off every older writer.
+///
+/// SQL: `@extschema@.fencing_advance(resource text, token bigint) RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -414,6 +440,8 @@ v1_finfo!(pg_finfo_pg_fencing_lock_resource);
 /// `_pg_fencing.lock_resource(resource text) RETURNS bigint`: takes the resource's exclusive lock
 /// until the end of the transaction and returns its current mark (NULL if none). Used by
 /// `fencing_reset`; not granted to PUBLIC.
+///
+/// SQL: `_pg_fencing.lock_resource(resource text) RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -470,6 +498,8 @@ v1_finfo!(pg_finfo_pg_fencing_register);
 /// `_pg_fencing.register(relation regclass, resource text, token_column text) RETURNS bigint`:
 /// records (or updates) a protection and returns its id. Owner only (`42501`); writes the
 /// internal table as the extension owner.
+///
+/// SQL: `_pg_fencing.register(relation regclass, resource text, token_column text) RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -538,6 +568,8 @@ v1_finfo!(pg_finfo_pg_fencing_unregister);
 /// `_pg_fencing.unregister(relation regclass) RETURNS boolean`: marks a protection as removed
 /// (its id, and so its tombstones, are kept for a later `fencing_protect`). Owner only (`42501`).
 ///
+/// SQL: `_pg_fencing.unregister(relation regclass) RETURNS boolean VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -571,6 +603,8 @@ v1_finfo!(pg_finfo_fencing_prune_tombstones);
 /// tombstones at or below it (at most `max_tombstones`; NULL: all); returns how many were
 /// deleted (`state::tombstones::prune`). Owner only (`42501`); `FT004` not protected; `22023`
 /// resource mode, `floor <= 0` or `max_tombstones < 0`; `22004` NULL relation or floor.
+///
+/// SQL: `@extschema@.fencing_prune_tombstones(relation regclass, floor bigint, max_tombstones bigint DEFAULT NULL) RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -613,6 +647,8 @@ v1_finfo!(pg_finfo_fencing_tombstone_retention);
 /// mode, the automatic tombstone retention the pruner worker applies (`src/tombstone_retention.rs`);
 /// NULL turns it off. Owner only (`42501`); `FT004` not protected; `22023` resource mode or a
 /// retention that is not positive; `22004` NULL relation.
+///
+/// SQL: `@extschema@.fencing_tombstone_retention(relation regclass, retention interval) RETURNS void VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -667,6 +703,8 @@ v1_finfo!(pg_finfo_fencing_acquire);
 /// lease lost before the grant, `55000` worker not available (not preloaded, no endpoints),
 /// `22023` bad name or timeout.
 ///
+/// SQL: `@extschema@.fencing_acquire(lock_name text, timeout interval DEFAULT '10s') RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -714,6 +752,8 @@ v1_finfo!(pg_finfo_pg_fencing_reset_lock_service);
 /// (cluster id, highest revision, a revision regression); called by `fencing_reset`, not granted
 /// to PUBLIC.
 ///
+/// SQL: `_pg_fencing.reset_lock_service() RETURNS void VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -736,6 +776,8 @@ pub unsafe extern "C-unwind" fn pg_fencing_reset_lock_service(
 v1_finfo!(pg_finfo_pg_fencing_lock_service_problem);
 /// `_pg_fencing.lock_service_problem() RETURNS text`: why the worker no longer hands out tokens
 /// (etcd's revisions went backwards), or NULL.
+///
+/// SQL: `_pg_fencing.lock_service_problem() RETURNS text VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -765,6 +807,8 @@ v1_finfo!(pg_finfo_fencing_watch);
 /// the resource's mark to the revision of every hand-over (see `lock_service/watch.rs`). Errors: `42501`
 /// unless superuser or allowed to write a table protected with the resource, `55000` without the
 /// worker, `22023` bad names, `53400` all 64 watch slots in use.
+///
+/// SQL: `@extschema@.fencing_watch(resource text, lock_name text DEFAULT NULL, verify boolean DEFAULT false) RETURNS void VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -796,6 +840,8 @@ v1_finfo!(pg_finfo_fencing_unwatch);
 /// says (`pg::process::make_commit_durable`), since the watch itself is gone at once. Error: `42501` as for
 /// `fencing_watch`.
 ///
+/// SQL: `@extschema@.fencing_unwatch(resource text) RETURNS boolean VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -824,6 +870,8 @@ v1_finfo!(pg_finfo_pg_fencing_watch_changed);
 /// called by the row trigger of `_pg_fencing.watch` for each changed row (`lock_key_prefix` NULL:
 /// the row is gone); the change reaches the worker when the transaction commits. Not granted to
 /// PUBLIC.
+///
+/// SQL: `_pg_fencing.watch_changed(resource text, lock_key_prefix text, verify boolean) RETURNS void VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -858,6 +906,8 @@ v1_finfo!(pg_finfo_pg_fencing_replicated_row);
 /// triggers on `_pg_fencing`'s tables use it to tell rows that a subscription applies from the
 /// subscriber's own bookkeeping (and from a superuser's session in replica mode).
 ///
+/// SQL: `_pg_fencing.replicated_row() RETURNS boolean VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -881,6 +931,8 @@ pub unsafe extern "C-unwind" fn pg_fencing_replicated_row(
 v1_finfo!(pg_finfo_pg_fencing_reset_watch);
 /// `_pg_fencing.reset_watch(resource text, token bigint) RETURNS void`: `fencing_reset` of a
 /// watched resource also sets its hand-over revision. Not granted to PUBLIC.
+///
+/// SQL: `_pg_fencing.reset_watch(resource text, token bigint) RETURNS void VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -906,6 +958,8 @@ pub unsafe extern "C-unwind" fn pg_fencing_reset_watch(fcinfo: FunctionCallInfo)
 v1_finfo!(pg_finfo_pg_fencing_watch_handover);
 /// `_pg_fencing.watch_handover(resource text) RETURNS bigint`: the last hand-over revision of a
 /// watched resource, NULL if none.
+///
+/// SQL: `_pg_fencing.watch_handover(resource text) RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -954,6 +1008,8 @@ v1_finfo!(pg_finfo_fencing_release);
 /// WARNING then says why; the lock's slot is freed either way). Clears `pg_fencing.token` if it
 /// was this lock's token. Error: `55000` worker not available.
 ///
+/// SQL: `@extschema@.fencing_release(lock_name text) RETURNS boolean VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -1001,6 +1057,8 @@ v1_finfo!(pg_finfo_pg_fencing_tombstone_key_hash);
 /// of the table's key types (`pg/key_identity.rs`). For the SQL paths that write tombstones
 /// (TRUNCATE, logical replication's apply, recomputation after a change of key types).
 ///
+/// SQL: `_pg_fencing.tombstone_key_hash(protection_id bigint, key text) RETURNS bigint VOLATILE STRICT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -1034,6 +1092,8 @@ v1_finfo!(pg_finfo_pg_fencing_tombstone_key_hash_of);
 /// (checked, so no hash function sees a value of another type). For TRUNCATE's tombstones, which
 /// would otherwise parse each key's text (`state/tombstones.rs`, `truncate_rows`).
 ///
+/// SQL: `_pg_fencing.tombstone_key_hash_of(protection_id bigint, VARIADIC key "any") RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -1065,6 +1125,8 @@ v1_finfo!(pg_finfo_pg_fencing_tombstone_key_text);
 /// a change of the key's types, `numeric` 5.0 is `int` 5); NULL for an unknown protection or
 /// text that is no key of those types. For `_pg_fencing.rehash_tombstones`.
 ///
+/// SQL: `_pg_fencing.tombstone_key_text(protection_id bigint, key text) RETURNS text VOLATILE STRICT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -1095,6 +1157,8 @@ v1_finfo!(pg_finfo_pg_fencing_tombstone_key_signature);
 /// hashes of the table's tombstones depend on (its key columns' types and collations; NULL
 /// without a primary key or table), compared with `protected_table.tombstone_key_signature` by
 /// `_pg_fencing.rehash_tombstones`. Writes this transaction's pending tombstones first.
+///
+/// SQL: `_pg_fencing.tombstone_key_signature(relation regclass) RETURNS text VOLATILE STRICT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -1187,6 +1251,8 @@ v1_finfo!(pg_finfo_fencing_lease_acquire);
 /// `ttl` that is not positive or longer than 100 years, a negative `wait` or one longer than a
 /// year; `25006` during recovery (lock_service/leases.rs).
 ///
+/// SQL: `@extschema@.fencing_lease_acquire(name text, ttl interval, wait interval DEFAULT '0') RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -1216,6 +1282,8 @@ v1_finfo!(pg_finfo_fencing_lease_renew);
 /// and returns the new expiry. Any session of a member of the acquiring role may renew. Errors: `FT003` the
 /// lease expired, was released or was taken over; `42501` not a member of the acquiring role;
 /// `22004`/`22023` as for acquire; `25006` during recovery.
+///
+/// SQL: `@extschema@.fencing_lease_renew(token bigint, ttl interval DEFAULT NULL) RETURNS timestamptz VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
@@ -1250,6 +1318,8 @@ v1_finfo!(pg_finfo_fencing_lease_release);
 /// Errors: `42501` not a member of the acquiring role; `22004`/`22023` a NULL or non-positive
 /// token; `25006` during recovery.
 ///
+/// SQL: `@extschema@.fencing_lease_release(token bigint) RETURNS boolean VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's
 /// main thread, with the call's own `fcinfo` for the signature declared in
@@ -1272,6 +1342,8 @@ v1_finfo!(pg_finfo_fencing_lease_check);
 /// `fencing_lease_check(token bigint) RETURNS void`: `FT003` unless `token` is the token of a
 /// live PostgreSQL lease (Chubby's CheckSequencer, for storage outside PostgreSQL). Errors also
 /// `22004`/`22023` for a NULL or non-positive token.
+///
+/// SQL: `@extschema@.fencing_lease_check(token bigint) RETURNS void VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// Called by PostgreSQL's function manager (V1 convention, see `pg_finfo_*`) on the backend's

@@ -354,104 +354,12 @@ async fn acquire(
         }
     };
     let lease_id = lease.id;
-    if let Err(why) = observe(sh, first.header(), floor) {
-        return give_up(
-            c,
-            slot,
-            generation,
-            &session,
-            lease_id,
-            &my_key,
-            Some((AcquireFailure::Other, why)),
-        )
-        .await;
-    }
-    // When our key was created: by this transaction, or before (it found the key in place).
-    let created = key_created(&first);
-    let (token, key, waited) = if let Some(token) = owned_at_once(&first) {
-        (token, my_key.clone().into_bytes(), false)
-    } else {
-        // Somebody holds the lock: queue behind them with etcd's Lock service, which finds our
-        // key (the same name) and waits for every key of the lock created before it.
-        let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
-        let lock = c.lock(
-            name.as_bytes(),
-            Some(LockOptions::new().with_lease(lease_id)),
-        );
-        let resp = match step(lock, slot, generation).await {
-            Ok(resp) => resp,
-            Err(why) => {
-                return give_up(c, slot, generation, &session, lease_id, &my_key, why).await
-            }
-        };
-        if let Err(why) = observe(sh, resp.header(), floor) {
-            return give_up(
-                c,
-                slot,
-                generation,
-                &session,
-                lease_id,
-                &my_key,
-                Some((AcquireFailure::Other, why)),
-            )
-            .await;
-        }
-        match resp.header().map(|h| h.revision()) {
-            Some(rev) if rev > 0 => (rev, resp.key().to_vec(), true),
-            _ => {
-                let why = "etcd granted the lock without a revision in its response header";
-                return give_up(
-                    c,
-                    slot,
-                    generation,
-                    &session,
-                    lease_id,
-                    &my_key,
-                    Some((AcquireFailure::Other, why.to_string())),
-                )
-                .await;
-            }
-        }
+    let (token, key) = match grant(&mut c, sh, slot, generation, &name, lease_id, &first, floor)
+        .await
+    {
+        Ok(granted) => granted,
+        Err(why) => return give_up(c, slot, generation, &session, lease_id, &my_key, why).await,
     };
-    // etcd 3.4 can grant the lock to a waiter whose key was deleted while it waited (its lease
-    // expired or was revoked, or the key deleted), before the revision it gets as token, so the
-    // watch below cannot see it: after a wait, read our key. If it is still the key created at
-    // `created` under our lease, it has existed all along (a key deleted and made again has a
-    // newer creation), so it was the oldest at the token's revision and still holds the lock.
-    // Without a wait there is nothing to check: our key was created at the token's revision
-    // under the lease (etcd refuses a put under a lease it no longer has); a deletion after that
-    // revision is seen by the watch (mark_lost) and by the keepalive rounds.
-    if waited {
-        let read = tokio::time::timeout(Duration::from_secs(2), c.get(key.clone(), None)).await;
-        let still = match &read {
-            Ok(Ok(r)) => r.kvs().first().is_some_and(|kv| {
-                created.is_some_and(|cr| kv.create_revision() == cr) && kv.lease() == lease_id
-            }),
-            _ => false,
-        };
-        if !still {
-            let code = if matches!(read, Ok(Ok(_))) {
-                AcquireFailure::Lease
-            } else {
-                AcquireFailure::Other
-            };
-            let why = match read {
-                Ok(Ok(_)) => "etcd granted the lock after the request's key was deleted (its lease expired or was revoked, or the key deleted)".to_string(),
-                Ok(Err(e)) => format!("the lock's key could not be read after the wait: {}", describe(&e)),
-                Err(_) => "the lock's key could not be read after the wait: no answer within 2 s".to_string(),
-            };
-            return give_up(
-                c,
-                slot,
-                generation,
-                &session,
-                lease_id,
-                &my_key,
-                Some((code, why)),
-            )
-            .await;
-        }
-    }
     if lease.retired.load(Ordering::Acquire) {
         let why = "the session's lease was given up while the lock was being taken";
         return give_up(
@@ -496,6 +404,67 @@ async fn acquire(
     if let Ok(Ok(stream)) = watch {
         watch_key(stream, slot, generation).await;
     }
+}
+/// The lock for our key, once `enqueue` answered (`first`, with `floor` the highest revision
+/// known when it was sent): the token and the key that holds the lock, or why to give up. Ours
+/// at once if our key is the oldest (the token is the transaction's revision); else queued
+/// behind the holders with etcd's Lock service, and after that wait our key read back.
+#[allow(clippy::too_many_arguments)]
+async fn grant(
+    c: &mut Client,
+    sh: &'static Shared,
+    slot: &Slot,
+    generation: u64,
+    name: &str,
+    lease_id: i64,
+    first: &TxnResponse,
+    floor: i64,
+) -> Result<(i64, Vec<u8>), Failure> {
+    observe(sh, first.header(), floor).map_err(|why| Some((AcquireFailure::Other, why)))?;
+    // When our key was created: by this transaction, or before (it found the key in place).
+    let created = key_created(first);
+    if let Some(token) = owned_at_once(first) {
+        // Our key was created at the token's revision under the lease (etcd refuses a put under
+        // a lease it no longer has); a deletion after that revision is seen by the watch
+        // (mark_lost) and by the keepalive rounds.
+        return Ok((token, format!("{name}/{lease_id:x}").into_bytes()));
+    }
+    // Somebody holds the lock: queue behind them with etcd's Lock service, which finds our key
+    // (the same name) and waits for every key of the lock created before it.
+    let floor = sh.etcd_highest_revision.load(Ordering::Acquire);
+    let lock = c.lock(
+        name.as_bytes(),
+        Some(LockOptions::new().with_lease(lease_id)),
+    );
+    let resp = step(lock, slot, generation).await?;
+    observe(sh, resp.header(), floor).map_err(|why| Some((AcquireFailure::Other, why)))?;
+    let (token, key) = match resp.header().map(|h| h.revision()) {
+        Some(rev) if rev > 0 => (rev, resp.key().to_vec()),
+        _ => {
+            let why = "etcd granted the lock without a revision in its response header";
+            return Err(Some((AcquireFailure::Other, why.to_string())));
+        }
+    };
+    // etcd 3.4 can grant the lock to a waiter whose key was deleted while it waited (its lease
+    // expired or was revoked, or the key deleted), before the revision it gets as token, so the
+    // watch cannot see it: after a wait, read our key. If it is still the key created at
+    // `created` under our lease, it has existed all along (a key deleted and made again has a
+    // newer creation), so it was the oldest at the token's revision and still holds the lock.
+    let read = tokio::time::timeout(Duration::from_secs(2), c.get(key.clone(), None)).await;
+    let still = match &read {
+        Ok(Ok(r)) => r.kvs().first().is_some_and(|kv| {
+            created.is_some_and(|cr| kv.create_revision() == cr) && kv.lease() == lease_id
+        }),
+        _ => false,
+    };
+    if still {
+        return Ok((token, key));
+    }
+    Err(Some(match read {
+        Ok(Ok(_)) => (AcquireFailure::Lease, "etcd granted the lock after the request's key was deleted (its lease expired or was revoked, or the key deleted)".to_string()),
+        Ok(Err(e)) => (AcquireFailure::Other, format!("the lock's key could not be read after the wait: {}", describe(&e))),
+        Err(_) => (AcquireFailure::Other, "the lock's key could not be read after the wait: no answer within 2 s".to_string()),
+    }))
 }
 
 async fn watch_key(mut stream: etcd_client::WatchStream, slot: &'static Slot, generation: u64) {

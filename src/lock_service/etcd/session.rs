@@ -256,30 +256,10 @@ pub(super) async fn keep_session_alive(
         if !mine {
             return stop(None);
         }
-        if users(sh, pid, id).next().is_none() {
-            // Unused for one TTL, or its session has ended (the backend's process is gone; its
-            // locks were released when it exited).
-            let since = session.last_used.load(Ordering::Acquire);
-            let ended = !std::path::Path::new(&format!("/proc/{pid}")).exists();
-            if ended || now_ms() - since >= lease.ttl * 1000 {
-                let mut current = session.lease.lock().await;
-                if users(sh, pid, id).next().is_none() {
-                    if current.as_ref().is_some_and(|l| l.id == id) {
-                        *current = None;
-                    }
-                    session.retired.store(true, Ordering::Release);
-                    if let Ok(mut m) = sessions.lock() {
-                        if m.get(&pid).is_some_and(|s| Arc::ptr_eq(s, &session)) {
-                            m.remove(&pid);
-                        }
-                    }
-                    drop(current);
-                    let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(id)).await;
-                    return stop(None);
-                }
-            }
-            // Unused for less than a TTL: kept alive all the same, so that the session's next
-            // acquisition finds it confirmed.
+        if users(sh, pid, id).next().is_none()
+            && revoke_if_unused(sh, &session, &sessions, &lease).await
+        {
+            return stop(None);
         }
         if stream.is_none() {
             stream =
@@ -350,63 +330,7 @@ pub(super) async fn keep_session_alive(
                 ));
             }
             Some(Ok(Ok(r))) if r.ttl() > 0 => {
-                // Never beyond the TTL the lease was granted with: an etcd leader that has just
-                // taken over may report a remaining TTL of "forever" for a while.
-                let remaining = r.ttl().min(r.granted_ttl()).min(lease.ttl);
-                let until = sent + remaining * 1000 - clock_margin(lease.ttl, remaining);
-                lease.valid_until.store(until, Ordering::Release);
-                let read_revision = r.header().map(|h| h.revision()).unwrap_or(0);
-                let attached: std::collections::HashSet<&[u8]> =
-                    r.keys().iter().map(|k| k.as_slice()).collect();
-                let mut expected = std::collections::HashSet::new();
-                for s in users(sh, pid, id) {
-                    s.valid_until_ms.store(until, Ordering::Relaxed);
-                    let key = s.key();
-                    // A held lock whose key is gone (deleted from outside while the watch on it
-                    // was not running): lost. Only for a key etcd had created by the read.
-                    let token = s.token.load(Ordering::Relaxed);
-                    let was_held = held_before.contains(&(
-                        s as *const Slot as usize,
-                        s.generation.load(Ordering::Acquire),
-                    ));
-                    if was_held
-                        && s.state() == S::Held
-                        && token > 0
-                        && token <= read_revision
-                        && !attached.contains(key.as_bytes())
-                    {
-                        let _ = s.transition_saying(
-                            S::Held,
-                            S::Lost,
-                            "its etcd key is gone (deleted, or never kept by etcd)",
-                        );
-                        continue;
-                    }
-                    // Held or being released: the full key; being acquired or cleaned up: the key
-                    // it has or may have made (a cancelled one may have the full key already).
-                    expected.insert(format!("{key}/{id:x}"));
-                    expected.insert(key);
-                }
-                // A retirement meanwhile (`retire_lease`) must not see its zero overwritten.
-                if lease.retired.load(Ordering::Acquire) {
-                    lose_all(sh, pid, id, "the session's lease was given up");
-                }
-                // Keys under the lease that no lock of the session uses (a transaction answered
-                // after its acquisition gave up, a lost lock's key): deleted, unless created
-                // after the read (a new acquisition's).
-                for orphan in attached
-                    .iter()
-                    .filter(|k| !expected.contains(&*String::from_utf8_lossy(k)))
-                {
-                    let delete = Txn::new()
-                        .when([Compare::create_revision(
-                            orphan.to_vec(),
-                            CompareOp::Less,
-                            read_revision + 1,
-                        )])
-                        .and_then([TxnOp::delete(orphan.to_vec(), None)]);
-                    let _ = tokio::time::timeout(Duration::from_secs(2), c.txn(delete)).await;
-                }
+                confirmed(sh, pid, &lease, &r, sent, &held_before, &mut c).await;
                 report_problem(&source, None);
             }
             Some(failed) => {
@@ -431,6 +355,113 @@ pub(super) async fn keep_session_alive(
                 }
             }
         }
+    }
+}
+
+/// A lease no lock of the session uses: revoked (true) once it has been unused for one TTL or
+/// the session has ended (the backend's process is gone; its locks were released when it
+/// exited); until then kept alive all the same, so that the session's next acquisition finds it
+/// confirmed (false).
+async fn revoke_if_unused(
+    sh: &'static Shared,
+    session: &Arc<Session>,
+    sessions: &Sessions,
+    lease: &Lease,
+) -> bool {
+    let (pid, id) = (session.pid, lease.id);
+    let since = session.last_used.load(Ordering::Acquire);
+    let ended = !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    if !ended && now_ms() - since < lease.ttl * 1000 {
+        return false;
+    }
+    let mut current = session.lease.lock().await;
+    if users(sh, pid, id).next().is_some() {
+        return false;
+    }
+    if current.as_ref().is_some_and(|l| l.id == id) {
+        *current = None;
+    }
+    session.retired.store(true, Ordering::Release);
+    if let Ok(mut m) = sessions.lock() {
+        if m.get(&pid).is_some_and(|s| Arc::ptr_eq(s, session)) {
+            m.remove(&pid);
+        }
+    }
+    drop(current);
+    let mut c = lease.client.clone();
+    let _ = tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(id)).await;
+    true
+}
+
+/// A round's read confirmed the lease (`r`, sent at `sent`): its validity and its locks' move
+/// on; a lock that was held before the read and whose key etcd no longer lists is lost; keys
+/// under the lease that no lock of the session uses are deleted.
+async fn confirmed(
+    sh: &'static Shared,
+    pid: i32,
+    lease: &Lease,
+    r: &etcd_client::LeaseTimeToLiveResponse,
+    sent: i64,
+    held_before: &std::collections::HashSet<(usize, u64)>,
+    c: &mut Client,
+) {
+    let id = lease.id;
+    // Never beyond the TTL the lease was granted with: an etcd leader that has just
+    // taken over may report a remaining TTL of "forever" for a while.
+    let remaining = r.ttl().min(r.granted_ttl()).min(lease.ttl);
+    let until = sent + remaining * 1000 - clock_margin(lease.ttl, remaining);
+    lease.valid_until.store(until, Ordering::Release);
+    let read_revision = r.header().map(|h| h.revision()).unwrap_or(0);
+    let attached: std::collections::HashSet<&[u8]> =
+        r.keys().iter().map(|k| k.as_slice()).collect();
+    let mut expected = std::collections::HashSet::new();
+    for s in users(sh, pid, id) {
+        s.valid_until_ms.store(until, Ordering::Relaxed);
+        let key = s.key();
+        // A held lock whose key is gone (deleted from outside while the watch on it
+        // was not running): lost. Only for a key etcd had created by the read.
+        let token = s.token.load(Ordering::Relaxed);
+        let was_held = held_before.contains(&(
+            s as *const Slot as usize,
+            s.generation.load(Ordering::Acquire),
+        ));
+        if was_held
+            && s.state() == S::Held
+            && token > 0
+            && token <= read_revision
+            && !attached.contains(key.as_bytes())
+        {
+            let _ = s.transition_saying(
+                S::Held,
+                S::Lost,
+                "its etcd key is gone (deleted, or never kept by etcd)",
+            );
+            continue;
+        }
+        // Held or being released: the full key; being acquired or cleaned up: the key
+        // it has or may have made (a cancelled one may have the full key already).
+        expected.insert(format!("{key}/{id:x}"));
+        expected.insert(key);
+    }
+    // A retirement meanwhile (`retire_lease`) must not see its zero overwritten.
+    if lease.retired.load(Ordering::Acquire) {
+        lose_all(sh, pid, id, "the session's lease was given up");
+    }
+    // Keys under the lease that no lock of the session uses (a transaction answered
+    // after its acquisition gave up, a lost lock's key): deleted, unless created
+    // after the read (a new acquisition's).
+    for orphan in attached
+        .iter()
+        .filter(|k| !expected.contains(&*String::from_utf8_lossy(k)))
+    {
+        let delete = Txn::new()
+            .when([Compare::create_revision(
+                orphan.to_vec(),
+                CompareOp::Less,
+                read_revision + 1,
+            )])
+            .and_then([TxnOp::delete(orphan.to_vec(), None)]);
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.txn(delete)).await;
     }
 }
 

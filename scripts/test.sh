@@ -58,6 +58,22 @@ need_python
 STAGE="setup and the checks before stage 1"
 step() { STAGE=$*; printf '\n\033[1m== [%5ss] %s\033[0m\n' "$SECONDS" "$*"; }
 
+# The options, before anything is started (a bad one only prints the usage).
+ALL_STAGES="checks unit package regress bypass isolation leases pg18 demo stress crash unfenced standby
+            worker pooler upgrade observability clients fuzz lifecycle partition pg18_suites remove"
+QUICK_STAGES="checks unit install regress isolation"
+STAGES=$ALL_STAGES
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-setup) shift ;;
+        --quick) STAGES=$QUICK_STAGES; shift ;;
+        --only) [ $# -ge 2 ] || { echo "--only needs a list of stages (--list shows them)" >&2; exit 2; }
+                STAGES=$(echo "$2" | tr ',-' ' _'); shift 2 ;;
+        --list) echo "stages: $(echo $ALL_STAGES) install"; echo "--quick: $QUICK_STAGES"; exit 0 ;;
+        -h|--help) sed -n '/^# Usage:/,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+        *) echo "unknown option $1 (usage: scripts/test.sh [--no-setup] [--quick | --only STAGE[,STAGE...]] [--list])" >&2; exit 2 ;;
+    esac
+done
 CHILD_PIDS=""
 fresh_workdir
 # The suites listen on fixed ports (docs/testing.md) inside Linux's ephemeral range, where an
@@ -172,7 +188,7 @@ stage_regress() {
 }
 
 stage_bypass() {
-    echo "-- the bypass hunter (tests/bypass): token sources x write paths x protection states against a model of the contract"
+    step "2/19 the bypass hunter (tests/bypass): token sources x write paths x protection states against a model of the contract"
     tests/bypass/run.sh --seed 1 --sequences 60 --steps 60
 }
 
@@ -376,25 +392,11 @@ stage_remove() {
     done <"$WORK/deb-files.txt"
     [ $left -eq 0 ] || exit 1
     echo "  removed: none of the $(grep -c . "$WORK/deb-files.txt") paths dpkg -L listed is left (dpkg status: ${status:-none})"
-    # Leave the machine as scripts/setup.sh left it: the release build installed by copying files.
+    # Leave a working pg_fencing in place: the release build, each file unlinked and written anew.
     $SUDO cp -r --remove-destination target/release/pg_fencing-pg15/usr/. /usr/
-    echo "  the release build is back in place by copying files (as scripts/setup.sh installs it)"
+    echo "  the release build is back in place (copied, as the install stage does)"
 }
 
-ALL_STAGES="checks unit package regress bypass isolation leases pg18 demo stress crash unfenced standby
-            worker pooler upgrade observability clients fuzz lifecycle partition pg18_suites remove"
-QUICK_STAGES="checks unit install regress isolation"
-STAGES=$ALL_STAGES
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --no-setup) shift ;;
-        --quick) STAGES=$QUICK_STAGES; shift ;;
-        --only) [ $# -ge 2 ] || { echo "--only needs a list of stages (--list shows them)" >&2; exit 2; }
-                STAGES=$(echo "$2" | tr ',-' ' _'); shift 2 ;;
-        --list) echo "stages: $(echo $ALL_STAGES) install"; echo "--quick: $QUICK_STAGES"; exit 0 ;;
-        *) echo "unknown option $1 (usage: scripts/test.sh [--no-setup] [--quick | --only STAGE[,STAGE...]] [--list])" >&2; exit 2 ;;
-    esac
-done
 for s in $STAGES; do
     declare -F "stage_$s" >/dev/null || { echo "unknown stage $s (--list shows them)" >&2; exit 2; }
 done

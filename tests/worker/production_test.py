@@ -25,7 +25,10 @@ Scenarios:
          without FT006, status stays 'watching', the worker keeps its connections (no "too many
          pings" cycle, nothing logged); etcd restarted behind the proxy: the lock still held and
          writes accepted, or lost and writes refused (FT003), never accepted while etcd has no
-         such lease; a new fencing_acquire of the same lock afterwards
+         such lease; a new fencing_acquire of the same lock afterwards; etcd's errors as the
+         proxy passes them on (gRPC code UNKNOWN, etcd's text): the session's lease revoked
+         behind its back, the next fencing_acquire takes a new one (not FT005); a watch started
+         after a compaction of the history since the lock's grant syncs
 """
 import os
 import re
@@ -684,6 +687,31 @@ def scenario_proxy():
         ok(wait_for(lambda: healthy(watch_status(cur, "pjobs"))
                     and write_with(cur, "pjobs_t", t2) == "ok", 15) is not None,
            f"the verify watch is back and the holder's writes pass ({watch_status(cur, 'pjobs')!r})")
+        print("== etcd's errors through the proxy (it passes them on as UNKNOWN, with etcd's text)")
+        # The session's lease revoked behind its back: the next acquisition meets "requested
+        # lease not found" and takes a new lease (not FT005).
+        cur.execute("SELECT fencing_acquire('pn1')")
+        cur.execute("SELECT lease_id FROM fencing_locks WHERE lock = 'pn1'")
+        revoked = cur.fetchone()[0]
+        etcd.ctl("lease", "revoke", format(revoked, "x"))
+        st, tok, msg = try_acquire(cur, "pn2", "10s")
+        ok(st == "ok" and tok > 0, f"after the session's lease was revoked, the next fencing_acquire takes a new "
+                                   f"lease and the lock ({st} {msg} {tok})")
+        for name in ("pn1", "pn2"):
+            sqlstate(cur, f"SELECT fencing_release('{name}')")
+        # A watch that starts after etcd compacted the history since the lock's grant: it reads
+        # "required revision has been compacted" and starts from what etcd still has.
+        h3 = holder(etcd, "pcomp", 60, 300)
+        token_of(h3)
+        for i in range(20):
+            etcd.ctl("put", f"pcomp-filler-{i}", "x")
+        rev = int(re.search(r'"revision":(\d+)', etcd.ctl("get", "pcomp-filler-0", "-w", "json").stdout).group(1))
+        etcd.ctl("compact", str(rev))
+        cur.execute("SELECT fencing_watch('pcomp', NULL, false)")
+        ok(watch_fresh(cur, "pcomp", within=15),
+           f"a watch started after a compaction syncs through the proxy ({watch_status(cur, 'pcomp')!r})")
+        cur.execute("SELECT fencing_unwatch('pcomp')")
+        kill_group(h3)
         kill_group(h1)
         kill_group(h2)
         cur.execute("SELECT fencing_unwatch('pjobs')")

@@ -132,11 +132,15 @@ pub(crate) fn describe(e: &etcd_client::Error) -> String {
 
 /// What an etcd request's failure means to its caller, from etcd-client's error variant and the
 /// gRPC status code etcd answered with (etcd's `rpctypes`: a compacted revision is
-/// `OUT_OF_RANGE`, an unknown lease `NOT_FOUND`), not from the message's words.
+/// `OUT_OF_RANGE`, an unknown lease `NOT_FOUND`). One exception reads the message: etcd 3.4's
+/// `grpc-proxy` passes etcd's errors on as `UNKNOWN` with etcd's own text, and tonic reports some
+/// transport failures as `UNKNOWN` too, so for that code alone the text decides (etcd's fixed
+/// error strings, or a transport failure; anything else is an answer, `Refused`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum EtcdFailure {
     /// No answer from etcd: the connection failed or broke (transport, I/O, endpoints), or gRPC
-    /// gave up on the call (`UNAVAILABLE`, `DEADLINE_EXCEEDED`, `CANCELLED`, `UNKNOWN`).
+    /// gave up on the call (`UNAVAILABLE`, `DEADLINE_EXCEEDED`, `CANCELLED`, `INTERNAL`, a
+    /// transport failure reported as `UNKNOWN`).
     Connection,
     /// etcd answered that the revision asked for was compacted away.
     Compacted,
@@ -155,11 +159,23 @@ pub(crate) fn classify(e: &etcd_client::Error) -> EtcdFailure {
             EtcdFailure::Connection
         }
         E::GRpcStatus(status) => match status.code() {
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Internal => {
                 EtcdFailure::Connection
             }
             Code::OutOfRange => EtcdFailure::Compacted,
             Code::NotFound => EtcdFailure::NotFound,
+            Code::Unknown => {
+                let text = status.message();
+                if text.contains("required revision has been compacted") {
+                    EtcdFailure::Compacted
+                } else if text.contains("requested lease not found") {
+                    EtcdFailure::NotFound
+                } else if text.contains("transport") || text.contains("connection") {
+                    EtcdFailure::Connection
+                } else {
+                    EtcdFailure::Refused
+                }
+            }
             _ => EtcdFailure::Refused,
         },
         _ => EtcdFailure::Refused,

@@ -16,7 +16,9 @@
 #              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv, valgrind (bench
 #                   --instructions), iproute2 (ss, ip netns), zookeeper, redis-server, redis-tools,
 #                   golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev (the Go example),
-#                   openssl (certificates for the worker's TLS test)
+#                   openssl (certificates for the worker's TLS test), openjdk-17-jdk-headless
+#                   libcurator-recipes-java libpostgresql-jdbc-java (the Curator holder of
+#                   tests/zookeeper)
 #              npm ci in examples/job-queues/node (pg-boss and pg as its package-lock.json pins
 #                   them, for tests/jobqueue), with the machine's Node.js (20 or later) and npm
 #              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
@@ -72,9 +74,9 @@ cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
 if [ "$PROFILE" = test ]; then
     pkgs+=(pgbouncer procps git python3-venv valgrind iproute2
            zookeeper redis-server redis-tools golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev
-           openssl)
+           openssl openjdk-17-jdk-headless libcurator-recipes-java libpostgresql-jdbc-java)
     cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps java redis-server redis-cli go
-           openssl node npm)
+           openssl node npm javac)
 fi
 # The demo's other lock services (scripts/demo.sh --lock-service): ZooKeeper's holder is the
 # Python example examples/zookeeper/holder.py (kazoo, from the project's virtualenv).

@@ -22,7 +22,8 @@
 #  12. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
 #  13. observability                      (tests/observability: rejection log, views, pg_stat_statements)
 #  14. the client examples                (examples/rust-client and examples/go-client against real
-#                                          etcd, tests/client; ZooKeeper with kazoo, tests/zookeeper;
+#                                          etcd, tests/client; ZooKeeper with kazoo and Curator,
+#                                          tests/zookeeper;
 #                                          job queues pgqueuer and pg-boss with PostgreSQL leases,
 #                                          tests/jobqueue)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
@@ -296,7 +297,7 @@ stage_observability() {
 }
 
 stage_clients() {
-    step "14/19 the client examples against real etcd: Rust (etcd-client + tokio-postgres) and Go (etcd concurrency + pgx) (tests/client); ZooKeeper's lock recipe (tests/zookeeper)"
+    step "14/19 the client examples against real etcd: Rust (etcd-client + tokio-postgres) and Go (etcd concurrency + pgx) (tests/client); ZooKeeper's lock recipe with kazoo and Curator (tests/zookeeper)"
     for client in rust go; do
         tests/client/run.sh --client "$client"
         # Negative control: without fencing_protect the same scenario must let the zombie's write land.

@@ -23,7 +23,8 @@
 #  13. observability                      (tests/observability: rejection log, views, pg_stat_statements)
 #  14. the client examples                (examples/rust-client and examples/go-client against real
 #                                          etcd, tests/client; ZooKeeper with kazoo and Curator,
-#                                          tests/zookeeper;
+#                                          tests/zookeeper; Redis tokens across a failover,
+#                                          tests/redis;
 #                                          job queues pgqueuer and pg-boss with PostgreSQL leases,
 #                                          tests/jobqueue)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
@@ -309,6 +310,8 @@ stage_clients() {
         echo "$out" | grep -m2 "FAIL" | sed "s/^/  $client, expected with --unfenced: /"
     done
     tests/zookeeper/run.sh
+    step "14/19 Redis fencing tokens (INCR beside the lock, as Redisson's): ordered without a failover, the same token for two holders after one (tests/redis)"
+    tests/redis/run.sh
     step "14/19 zombie job workers in real job queues with PostgreSQL leases: pgqueuer (PyPI) and pg-boss (npm), each with its negative control (tests/jobqueue)"
     tests/jobqueue/run.sh
 }

@@ -8,17 +8,25 @@
 #   pg_fencing-<version>-pg15.tar.gz               the same files, to unpack at / on a server
 #   pg_fencing-<version>-pg18.tar.gz               PostgreSQL 18, the same layout with 18 for 15
 #                                                  (usr/lib/postgresql/18/lib, usr/share/postgresql/18/extension)
+#   pg_fencing-<version>-pg18.oci.tar              (`image` only) the extension image for
+#                                                  CloudNativePG's image volumes: an OCI image
+#                                                  (layout, tarred) from scratch holding only
+#                                                  lib/pg_fencing.so, share/extension/ (control file
+#                                                  and SQL scripts) and licenses/pg_fencing/, built
+#                                                  offline with umoci; its control file names the
+#                                                  library without $libdir, so that PostgreSQL 18
+#                                                  finds it through dynamic_library_path
 # The build for 18 uses PostgreSQL 18 for building (scripts/pg18.sh; scripts/setup.sh --test
 # installs it) and its own target directory.
 #
-# Usage: scripts/package.sh [15|18|all]   (default all)
+# Usage: scripts/package.sh [15|18|all|image]   (default all: 15 and 18; image: 18 and its image)
 set -euo pipefail
 source "$(dirname "$0")/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 WHICH=${1:-all}
-case "$WHICH" in 15|18|all) ;; *) echo "usage: scripts/package.sh [15|18|all]" >&2; exit 2 ;; esac
+case "$WHICH" in 15|18|all|image) ;; *) echo "usage: scripts/package.sh [15|18|all|image]" >&2; exit 2 ;; esac
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 OUT=target/packages
 mkdir -p "$OUT"
@@ -52,7 +60,7 @@ tarball() {  # tarball <major> <root>
     echo "  $OUT/pg_fencing-$VERSION-pg$1.tar.gz"
 }
 
-if [ "$WHICH" != 18 ]; then
+if [ "$WHICH" = all ] || [ "$WHICH" = 15 ]; then
     PGC=/usr/lib/postgresql/15/bin/pg_config
     rm -rf target/release/pg_fencing-pg15
     cargo pgrx package --pg-config "$PGC" >"$WORK/package-15.log" 2>&1 || { tail -30 "$WORK/package-15.log"; exit 1; }
@@ -104,4 +112,34 @@ if [ "$WHICH" != 15 ]; then
         >"$WORK/package-18.log" 2>&1 || { tail -30 "$WORK/package-18.log"; exit 1; }
     root=$(stage 18 "$PGC" target/pg18/release/pg_fencing-pg18)
     tarball 18 "$root"
+fi
+
+if [ "$WHICH" = image ]; then
+    # The layout of CloudNativePG's extension images (docs/operations.md, "CloudNativePG"): the
+    # operator mounts the image at /extensions/<name> and adds its share/ to
+    # extension_control_path and its lib/ to dynamic_library_path.
+    img="$WORK/image-root"
+    mkdir -p "$img/lib" "$img/share/extension" "$img/licenses/pg_fencing"
+    install -m 0644 "$root/usr/lib/postgresql/18/lib/pg_fencing.so" "$img/lib/"
+    install -m 0644 "$root"/usr/share/postgresql/18/extension/* "$img/share/extension/"
+    install -m 0644 LICENSE "$img/licenses/pg_fencing/"
+    sed -i "s|^module_pathname = '\$libdir/pg_fencing'\$|module_pathname = 'pg_fencing'|" "$img/share/extension/pg_fencing.control"
+    grep -qx "module_pathname = 'pg_fencing'" "$img/share/extension/pg_fencing.control" \
+        || { echo "package.sh image: the control file's module_pathname was not rewritten" >&2; exit 1; }
+    tag="$VERSION-pg18"
+    umoci init --layout "$WORK/oci"
+    umoci new --image "$WORK/oci:$tag"
+    rootless=()
+    [ "$(id -u)" -eq 0 ] || rootless=(--rootless)
+    umoci unpack "${rootless[@]}" --image "$WORK/oci:$tag" "$WORK/bundle" >/dev/null
+    cp -a "$img/." "$WORK/bundle/rootfs/"
+    umoci repack --image "$WORK/oci:$tag" "$WORK/bundle"
+    umoci config --image "$WORK/oci:$tag" --os linux --architecture amd64 \
+        --config.label "org.opencontainers.image.title=pg_fencing" \
+        --config.label "org.opencontainers.image.version=$VERSION" \
+        --config.label "org.opencontainers.image.licenses=PostgreSQL" \
+        --config.label "io.cloudnativepg.image.postgresql.major=18"
+    umoci gc --layout "$WORK/oci"
+    tar -C "$WORK/oci" --owner=0 --group=0 -cf "$OUT/pg_fencing-$VERSION-pg18.oci.tar" .
+    echo "  $OUT/pg_fencing-$VERSION-pg18.oci.tar (OCI layout, tag $tag)"
 fi

@@ -18,7 +18,8 @@
 #                   golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev (the Go example),
 #                   openssl (certificates for the worker's TLS test), openjdk-17-jdk-headless
 #                   libcurator-recipes-java libpostgresql-jdbc-java (the Curator holder of
-#                   tests/zookeeper)
+#                   tests/zookeeper), umoci skopeo (the CloudNativePG image, scripts/package.sh
+#                   image, tests/image)
 #              npm ci in examples/job-queues/node (pg-boss and pg as its package-lock.json pins
 #                   them, for tests/jobqueue), with the machine's Node.js (20 or later) and npm
 #              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
@@ -74,9 +75,9 @@ cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
 if [ "$PROFILE" = test ]; then
     pkgs+=(pgbouncer procps git python3-venv valgrind iproute2
            zookeeper redis-server redis-tools golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev
-           openssl openjdk-17-jdk-headless libcurator-recipes-java libpostgresql-jdbc-java)
+           openssl openjdk-17-jdk-headless libcurator-recipes-java libpostgresql-jdbc-java umoci skopeo)
     cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps java redis-server redis-cli go
-           openssl node npm javac)
+           openssl node npm javac umoci skopeo)
 fi
 # The demo's other lock services (scripts/demo.sh --lock-service): ZooKeeper's holder is the
 # Python example examples/zookeeper/holder.py (kazoo, from the project's virtualenv).

@@ -9,7 +9,8 @@
 #   3. isolation specs                    (tests/isolation, concurrent interleavings); PostgreSQL
 #                                          leases under concurrency (tests/leases)
 #   4. PostgreSQL 18                      (cargo pgrx test pg18; the release tarball for 18 installed;
-#                                          pg_regress and isolation on 18.6)
+#                                          pg_regress and isolation on 18.6; the CloudNativePG
+#                                          extension image mounted as an image volume, tests/image)
 #   5. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock; then
 #                                          with ZooKeeper's lock recipe, a Redis lock and PostgreSQL
 #                                          leases)
@@ -205,7 +206,7 @@ stage_leases() {
 }
 
 stage_pg18() {
-    step "4/19 PostgreSQL 18: #[pg_test] tests (cargo pgrx test pg18), the release tarball for 18 (scripts/package.sh 18) installed, pg_regress and isolation specs on 18.6"
+    step "4/19 PostgreSQL 18: #[pg_test] tests (cargo pgrx test pg18), the release tarball for 18 (scripts/package.sh 18) installed, pg_regress and isolation specs on 18.6; the CloudNativePG extension image (scripts/package.sh image) mounted as an image volume, pg_regress against it (tests/image)"
     # The same suites on PostgreSQL 18 (scripts/pg18.sh), built into its own target directory so
     # that the builds for 15 stay as they are. Its build has no ICU: tombstone_equality_icu skips
     # itself there (its alternative output, tombstone_equality_icu_1.out).
@@ -236,6 +237,9 @@ stage_pg18() {
     echo "  installed pg_fencing $VERSION for $("$PG18_BIN/pg_config" --version) from $TARBALL"
     PGF_PG_MAJOR=18 tests/pg_regress/run.sh
     PGF_PG_MAJOR=18 tests/isolation/run.sh
+    # The CloudNativePG extension image (the same build), mounted into 18 as an image volume.
+    scripts/package.sh image
+    tests/image/run.sh
 }
 
 stage_demo() {

@@ -19,14 +19,15 @@
 # The build for 18 uses PostgreSQL 18 for building (scripts/pg18.sh; scripts/setup.sh --test
 # installs it) and its own target directory.
 #
-# Usage: scripts/package.sh [15|18|all|image]   (default all: 15 and 18; image: 18 and its image)
+# Usage: scripts/package.sh [15|18|all|image|pgxn]   (default all: 15 and 18; image: 18 and its
+# image; pgxn: the source archive PGXN takes, pg_fencing-<version>.zip, from the committed HEAD)
 set -euo pipefail
 source "$(dirname "$0")/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 WHICH=${1:-all}
-case "$WHICH" in 15|18|all|image) ;; *) echo "usage: scripts/package.sh [15|18|all|image]" >&2; exit 2 ;; esac
+case "$WHICH" in 15|18|all|image|pgxn) ;; *) echo "usage: scripts/package.sh [15|18|all|image|pgxn]" >&2; exit 2 ;; esac
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 OUT=target/packages
 mkdir -p "$OUT"
@@ -59,6 +60,15 @@ tarball() {  # tarball <major> <root>
     tar -C "$2" --owner=0 --group=0 -czf "$OUT/pg_fencing-$VERSION-pg$1.tar.gz" usr
     echo "  $OUT/pg_fencing-$VERSION-pg$1.tar.gz"
 }
+
+if [ "$WHICH" = pgxn ]; then
+    # PGXN's release format: a zip of the source with META.json at the top of one directory
+    # named <name>-<version>; the build goes through the Makefile (PGXN's client runs make).
+    grep -q "\"version\": \"$VERSION\"" META.json || { echo "META.json's version is not $VERSION" >&2; exit 1; }
+    git archive --format=zip --prefix="pg_fencing-$VERSION/" -o "$OUT/pg_fencing-$VERSION.zip" HEAD
+    echo "  $OUT/pg_fencing-$VERSION.zip (PGXN, from $(git rev-parse --short HEAD))"
+    exit 0
+fi
 
 if [ "$WHICH" = all ] || [ "$WHICH" = 15 ]; then
     PGC=/usr/lib/postgresql/15/bin/pg_config

@@ -19,7 +19,8 @@
 #                   openssl (certificates for the worker's TLS test), openjdk-17-jdk-headless
 #                   libcurator-recipes-java libpostgresql-jdbc-java (the Curator holder of
 #                   tests/zookeeper), umoci skopeo (the CloudNativePG image, scripts/package.sh
-#                   image, tests/image)
+#                   image, tests/image), pgxnclient unzip (tests/pgxn)
+#              cargo install pgxn_meta 0.7.0 (PGXN's META.json validator, tests/pgxn)
 #              npm ci in examples/job-queues/node (pg-boss and pg as its package-lock.json pins
 #                   them, for tests/jobqueue), with the machine's Node.js (20 or later) and npm
 #              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
@@ -75,9 +76,10 @@ cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
 if [ "$PROFILE" = test ]; then
     pkgs+=(pgbouncer procps git python3-venv valgrind iproute2
            zookeeper redis-server redis-tools golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev
-           openssl openjdk-17-jdk-headless libcurator-recipes-java libpostgresql-jdbc-java umoci skopeo)
+           openssl openjdk-17-jdk-headless libcurator-recipes-java libpostgresql-jdbc-java umoci skopeo
+           pgxnclient unzip)
     cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps java redis-server redis-cli go
-           openssl node npm javac umoci skopeo)
+           openssl node npm javac umoci skopeo pgxn unzip)
 fi
 # The demo's other lock services (scripts/demo.sh --lock-service): ZooKeeper's holder is the
 # Python example examples/zookeeper/holder.py (kazoo, from the project's virtualenv).
@@ -114,6 +116,11 @@ if [ "$PROFILE" = test ]; then
     if ! cargo fuzz --version >/dev/null 2>&1; then
         log "cargo install cargo-fuzz (about 2 minutes)"
         cargo install cargo-fuzz --locked
+    fi
+    # PGXN's validator of META.json (tests/pgxn), as the pgxn_meta crate ships it.
+    if ! "${CARGO_HOME:-$HOME/.cargo}/bin/pgxn_meta" --version >/dev/null 2>&1; then
+        log "cargo install pgxn_meta 0.7.0 (about 1 minute)"
+        cargo install pgxn_meta --version 0.7.0 --locked
     fi
     if ! rustup run nightly rustc --version >/dev/null 2>&1; then
         log "rustup toolchain install nightly (for the fuzz targets)"
@@ -201,6 +208,7 @@ done
 cargo pgrx --version 2>/dev/null | grep -q "0.18.1" || problems+=("cargo pgrx 0.18.1 is missing")
 if [ "$PROFILE" = test ]; then
     cargo fuzz --version >/dev/null 2>&1 || problems+=("cargo fuzz is missing")
+    "${CARGO_HOME:-$HOME/.cargo}/bin/pgxn_meta" --version >/dev/null 2>&1 || problems+=("pgxn_meta is missing")
     rustup run nightly rustc --version >/dev/null 2>&1 || problems+=("the nightly toolchain is missing")
     cargo clippy --version >/dev/null 2>&1 || problems+=("cargo clippy is missing")
     cargo fmt --version >/dev/null 2>&1 || problems+=("cargo fmt is missing")

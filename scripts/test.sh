@@ -10,7 +10,8 @@
 #                                          leases under concurrency (tests/leases)
 #   4. PostgreSQL 18                      (cargo pgrx test pg18; the release tarball for 18 installed;
 #                                          pg_regress and isolation on 18.6; the CloudNativePG
-#                                          extension image mounted as an image volume, tests/image)
+#                                          extension image mounted as an image volume, tests/image;
+#                                          the PGXN archive installed with pgxn install, tests/pgxn)
 #   5. the zombie-client demo as a check  (scripts/demo.sh with the real etcd and etcdctl lock; then
 #                                          with ZooKeeper's lock recipe, a Redis lock and PostgreSQL
 #                                          leases)
@@ -206,7 +207,7 @@ stage_leases() {
 }
 
 stage_pg18() {
-    step "4/19 PostgreSQL 18: #[pg_test] tests (cargo pgrx test pg18), the release tarball for 18 (scripts/package.sh 18) installed, pg_regress and isolation specs on 18.6; the CloudNativePG extension image (scripts/package.sh image) mounted as an image volume, pg_regress against it (tests/image)"
+    step "4/19 PostgreSQL 18: #[pg_test] tests (cargo pgrx test pg18), the release tarball for 18 (scripts/package.sh 18) installed, pg_regress and isolation specs on 18.6; the CloudNativePG extension image (scripts/package.sh image) mounted as an image volume, pg_regress against it (tests/image); the PGXN archive validated and installed into 18 with pgxn install (tests/pgxn)"
     # The same suites on PostgreSQL 18 (scripts/pg18.sh), built into its own target directory so
     # that the builds for 15 stay as they are. Its build has no ICU: tombstone_equality_icu skips
     # itself there (its alternative output, tombstone_equality_icu_1.out).
@@ -240,6 +241,9 @@ stage_pg18() {
     # The CloudNativePG extension image (the same build), mounted into 18 as an image volume.
     scripts/package.sh image
     tests/image/run.sh
+    # PGXN: the archive PGXN takes, validated, and installed into 18 by PGXN's client.
+    scripts/package.sh pgxn
+    tests/pgxn/run.sh
 }
 
 stage_demo() {

@@ -23,7 +23,10 @@ BUILT = $(TARGET)/release/pg_fencing-pg$(PG_MAJOR)
 all:
 	CARGO_TARGET_DIR=$(TARGET) cargo pgrx package $(FEATURES) --pg-config $(PG_CONFIG)
 
-install: all
+# Only copies what `make` built (PGXN's client runs it with --sudo as root, where cargo may not
+# be on PATH and a build would leave root-owned files).
+install:
+	@test -f $(BUILT)$(PKGLIBDIR)/pg_fencing.so || { echo "nothing built for PostgreSQL $(PG_MAJOR): run make first" >&2; exit 1; }
 	mkdir -p $(DESTDIR)$(PKGLIBDIR) $(DESTDIR)$(EXTDIR)
 	for f in $(BUILT)$(PKGLIBDIR)/pg_fencing.so $(BUILT)$(EXTDIR)/pg_fencing*; do \
 	    case "$$f" in *.so) d=$(DESTDIR)$(PKGLIBDIR) ;; *) d=$(DESTDIR)$(EXTDIR) ;; esac; \

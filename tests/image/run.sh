@@ -43,7 +43,9 @@ expect "the image holds exactly the library, the control file and SQL scripts of
 expect "its control file names the library without \$libdir" "module_pathname = 'pg_fencing'" \
     "$(grep '^module_pathname' "$EXT/share/extension/pg_fencing.control")"
 config=$(skopeo inspect --config "oci:$WORK/oci:$VERSION-pg18")
-expect "the image is for linux/amd64" "linux amd64" \
+arch=$(readelf -h "$EXT/lib/pg_fencing.so" | sed -n 's/^ *Machine: *//p')
+case "$arch" in *X86-64*) arch=amd64 ;; *AArch64*) arch=arm64 ;; esac
+expect "the image's platform is its library's (linux/$arch)" "linux $arch" \
     "$(echo "$config" | sed -n 's/^ *"os": "\(.*\)",*$/\1/p;' | head -1) $(echo "$config" | sed -n 's/^ *"architecture": "\(.*\)",*$/\1/p' | head -1)"
 chmod -R a+rX "$WORK/bundle"
 

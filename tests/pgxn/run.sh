@@ -5,7 +5,7 @@
 #      pgxn_meta`, scripts/setup.sh --test), first shown to refuse a META.json with a wrong
 #      license; the archive holds one directory pg_fencing-<version> with META.json, whose
 #      version is Cargo.toml's and whose provided file is in the archive;
-#   2. `pgxn install ./pg_fencing-<version>.zip --pg_config <18's pg_config> --make make`, as
+#   2. `pgxn install ./pg_fencing-<version>.zip --pg_config <18's pg_config>` (as root: no --sudo), as
 #      docs/operations.md ("Install", PGXN) tells a PGXN user: PGXN's client unpacks it and runs
 #      the Makefile (cargo pgrx package, then the files renamed into pg_config's directories);
 #      cargo's target directory is this checkout's target/pg18 (TARGET), so only pg_fencing
@@ -23,7 +23,7 @@ source scripts/lib.sh
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 ARCHIVE=${1:-target/packages/pg_fencing-$VERSION.zip}
 [ -f "$ARCHIVE" ] || { echo "no archive $ARCHIVE: run scripts/package.sh pgxn" >&2; exit 1; }
-PGXN_META=$(command -v pgxn_meta || echo "$HOME/.cargo/bin/pgxn_meta")
+PGXN_META=$(command -v pgxn_meta || echo "${CARGO_HOME:-$HOME/.cargo}/bin/pgxn_meta")
 PGPORT_TEST=${PGPORT_PGXN:-54477}
 CHILD_PIDS=""
 fresh_workdir
@@ -46,7 +46,7 @@ expect "the file META.json provides ($provided) is in the archive" yes "$([ -f "
 echo "== pgxn install from the archive into PostgreSQL 18 ($PGBIN)"
 LIB="$("$PGBIN/pg_config" --pkglibdir)/pg_fencing.so"
 before=$(stat -c %i "$LIB" 2>/dev/null || echo none)
-if ! (cd "$WORK" && TARGET="$ROOT/target/pg18" pgxn install --yes --make make --pg_config "$PGBIN/pg_config" \
+if ! (cd "$WORK" && TARGET="$ROOT/target/pg18" pgxn install --yes --pg_config "$PGBIN/pg_config" \
         "$ROOT/$ARCHIVE" >"$WORK/pgxn-install.log" 2>&1); then
     tail -30 "$WORK/pgxn-install.log"
     echo "FAIL: pgxn install" >&2

@@ -9,7 +9,7 @@
 # 127.0.0.1:${ZK_TEST_PORT:-24182} and a throwaway cluster on 127.0.0.1:${PGPORT_ZOOKEEPER:-54469}.
 # Checks, for each holder, for table settlement (protected, resource mode, resource 'settlement')
 # and then for settlement_unprotected (the negative control: the same story must corrupt it):
-#   1. holder A (session timeout 2 s) takes lock /locks/<table> and is frozen with SIGSTOP
+#   1. holder A (session timeout 2 s) takes lock /locks/<table>-<kazoo|curator> and is frozen with SIGSTOP
 #      between taking the lock and writing; ZooKeeper expires its session and deletes its node;
 #   2. holder B takes the lock (a higher czxid) and writes;
 #   3. A is resumed and writes with its old czxid: refused with FT001 on the protected table (the
@@ -61,17 +61,18 @@ wait_line() {  # wait_line <file> <pattern>: up to 30 s
 }
 
 story() {  # story <table> [kazoo|curator]
-    local table=$1 kind=${2:-kazoo} lock="/locks/$1-${2:-kazoo}" sql
+    local table=$1 kind=${2:-kazoo} lock="/locks/$1-${2:-kazoo}" sql a_name=A b_name=B
     sql="UPDATE $table SET holder = %(name)s WHERE id = 1"
     if [ "$kind" = curator ]; then
         HOLDER=("${CURATOR[@]}")
         sql="UPDATE $table SET holder = ? WHERE id = 1"
+        a_name=CA b_name=CB   # the rows then show Curator's holders wrote, not kazoo's before
     else
         HOLDER=("${KAZOO[@]}")
     fi
     echo "== the zombie story on $table ($lock), holders with $kind"
     mkfifo "$WORK/a-$table-$kind.go"
-    "${HOLDER[@]}" --name A --lock "$lock" --sql "$sql" --session-timeout 2 --wait-for-go \
+    "${HOLDER[@]}" --name "$a_name" --lock "$lock" --sql "$sql" --session-timeout 2 --wait-for-go \
         <"$WORK/a-$table-$kind.go" >"$WORK/a-$table-$kind.out" 2>&1 &
     local a=$!
     CHILD_PIDS="$CHILD_PIDS $a"
@@ -82,7 +83,7 @@ story() {  # story <table> [kazoo|curator]
     echo "  holder A took the lock: czxid $ta; frozen with SIGSTOP before writing"
     # ZooKeeper expires A's session after 2 s without heartbeats and deletes its ephemeral node;
     # B is granted the lock then.
-    "${HOLDER[@]}" --name B --lock "$lock" --sql "$sql" --session-timeout 2 >"$WORK/b-$table-$kind.out" 2>&1 || true
+    "${HOLDER[@]}" --name "$b_name" --lock "$lock" --sql "$sql" --session-timeout 2 >"$WORK/b-$table-$kind.out" 2>&1 || true
     local tb; tb=$(field czxid "$WORK/b-$table-$kind.out")
     echo "  holder B took the lock after A's session expired: czxid $tb; $(grep -m1 '^write' "$WORK/b-$table-$kind.out")"
     expect "$table ($kind): B's token is above A's" yes "$([ -n "$ta" ] && [ -n "$tb" ] && [ "$tb" -gt "$ta" ] && echo yes || echo "no ($ta, $tb)")"
@@ -96,10 +97,10 @@ story() {  # story <table> [kazoo|curator]
     if [ "$table" = settlement ]; then
         expect "$table ($kind): A's write (a zombie's)" FT001 "$(grep -m1 '^write' "$WORK/a-$table-$kind.out" | awk '{print $2}')"
         expect "$table ($kind): A stops (exit 3) after FT001" 3 "$rc"
-        expect "$table ($kind): the row keeps B's write" B "$("${PSQL[@]}" -Atc "SELECT holder FROM $table")"
+        expect "$table ($kind): the row keeps B's write" "$b_name" "$("${PSQL[@]}" -Atc "SELECT holder FROM $table")"
     else
         expect "negative control, $table ($kind): A's write (a zombie's) lands" "write ok" "$(grep -m1 '^write' "$WORK/a-$table-$kind.out")"
-        expect "negative control, $table ($kind): the row ends with the zombie's write" A "$("${PSQL[@]}" -Atc "SELECT holder FROM $table")"
+        expect "negative control, $table ($kind): the row ends with the zombie's write" "$a_name" "$("${PSQL[@]}" -Atc "SELECT holder FROM $table")"
     fi
 }
 story settlement

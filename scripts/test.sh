@@ -58,7 +58,6 @@ source "$(dirname "$0")/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 source scripts/lib.sh
-need_python
 STAGE="setup and the checks before stage 1"
 step() { STAGE=$*; printf '\n\033[1m== [%5ss] %s\033[0m\n' "$SECONDS" "$*"; }
 
@@ -78,6 +77,7 @@ while [ $# -gt 0 ]; do
         *) echo "unknown option $1 (usage: scripts/test.sh [--no-setup] [--quick | --only STAGE[,STAGE...]] [--list])" >&2; exit 2 ;;
     esac
 done
+need_python   # after the options: --list and --help work before setup made .venv
 CHILD_PIDS=""
 fresh_workdir
 # The suites listen on fixed ports (docs/testing.md) inside Linux's ephemeral range, where an

@@ -28,10 +28,10 @@ if [ -z "${PGF_HERMETIC:-}" ] && [[ " $* " != *" --no-setup "* ]]; then
 fi
 source "$(dirname "$0")/../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/.."
-echo "building the release build of pg_fencing"
-cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
-
 source scripts/lib.sh
+echo "building the release build of pg_fencing"
+pkg_run cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
+
 need_python
 CHILD_PIDS=""
 fresh_workdir

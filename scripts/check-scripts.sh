@@ -8,6 +8,9 @@
 #      caller's registry settings) sources scripts/hermetic.sh "$@" before its first cd (it
 #      starts the script again with a clean environment) and then scripts/lib.sh.
 #   3. Python files are not entry points: no shebang, no execute bit; their run.sh starts them.
+#   4. Package managers (apt-get, apt, dpkg -i/-r, cargo install, cargo pgrx init/install, rustup
+#      toolchain/component, pip install/download, npm ci/install) run through apt_run or pkg_run
+#      (scripts/pkg-env.sh): a clean environment, whatever the caller exported.
 # Usage: scripts/check-scripts.sh [--self-test]   (exit status 1 and one line per finding if a
 #        rule is broken; --self-test runs rule 1 on lines it must and must not catch)
 set -euo pipefail
@@ -113,6 +116,20 @@ for f in "${pys[@]}"; do
     while IFS= read -r hit; do
         finding "$f:${hit%%:*}: names a Python interpreter (use sys.executable): ${hit#*:}"
     done < <(grep -nE "$py_in_py" "$f" | grep -vE '^[0-9]+:[[:space:]]*#' || true)
+done
+
+# 4. Package managers in a clean environment (scripts/pkg-env.sh).
+pkg_word='(^|[^[:alnum:]_./-])(apt-get|apt|dpkg[[:space:]]+-(i|r|P|-install|-remove|-purge)|cargo[[:space:]]+install|cargo[[:space:]]+pgrx[[:space:]]+(init|install)|rustup[[:space:]]+(toolchain|component)|pip[[:space:]]+(install|download)|npm[[:space:]]+(ci|install|i))([^[:alnum:]_-]|$)'
+unclean_pkg() {  # FILE: its lines (NUMBER:TEXT) that run a package manager without apt_run/pkg_run
+    grep -nE "$pkg_word" "$1" | grep -vE '^[0-9]+:[[:space:]]*#' \
+        | grep -vE '(apt_run|pkg_run)[[:space:]]' | grep -vE '^[0-9]+:[[:space:]]*(log|echo|step|printf)[[:space:]]' \
+        | grep -vE '# not run: ' || true
+}
+for f in "${shells[@]}"; do
+    case "$f" in scripts/check-scripts.sh | scripts/pkg-env.sh) continue ;; esac
+    while IFS= read -r hit; do
+        [ -n "$hit" ] && finding "$f:${hit%%:*}: runs a package manager outside apt_run/pkg_run (scripts/pkg-env.sh): ${hit#*:}"
+    done < <(unclean_pkg "$f")
 done
 
 # 3. Python files are started by their run.sh.

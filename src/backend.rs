@@ -153,7 +153,7 @@ unsafe extern "C-unwind" fn xact_callback(
             // requires, this is the body of a #[pg_guard] callback that PostgreSQL called, on
             // the main thread, and nothing in it (or in the guard's frames) needs dropping:
             // `applied` was moved into `e`, which `raise` consumes.
-            unsafe { report::raise(e) };
+            unsafe { report::raise(e, report::Raiser::Hook("pg_fencing pre-commit callback")) };
         }
         return;
     }

@@ -195,11 +195,17 @@ pub enum FenceError {
     #[error("lock \"{lock}\" was not granted: its lease ended while the request waited")]
     NotGranted { lock: String, why: String },
 
-    /// FT003: the token is in the range of PostgreSQL lease tokens (`lock_service/leases.rs`) but
-    /// no live lease holds it: the lease expired, was released or was taken over (or the token
-    /// was never granted).
+    /// FT003: the token is in the range of PostgreSQL lease tokens (from 2^48 up,
+    /// `lock_service/leases.rs`) but no live lease holds it: the lease expired, was released or
+    /// was taken over, or the token was granted in a history this database lost or never granted.
     #[error("fencing token {token} is not the token of a live PostgreSQL lease")]
-    LeaseEnded { token: Token, why: String },
+    /// `write`: refused as a write's token (the time fence; logged at
+    /// `pg_fencing.log_rejections`), not as an argument of `fencing_lease_renew`/`_check`.
+    LeaseEnded {
+        token: Token,
+        why: String,
+        write: bool,
+    },
 
     /// 55P03: `fencing_lease_acquire` found the lease held and its `wait` ran out.
     #[error("{}", .0.message)]
@@ -208,6 +214,12 @@ pub enum FenceError {
     /// 25006: a lease cannot be granted, renewed or released on a server in recovery.
     #[error("{}", .0.message)]
     ReadOnly(Text),
+
+    /// 25000: pg_fencing was asked to check or record a write during a parallel operation (a
+    /// function wrongly declared `PARALLEL SAFE` writes under a parallel plan): PostgreSQL's own
+    /// answer for such a write (`pg::process::latest_snapshot`).
+    #[error("{}", .0.message)]
+    ParallelMode(Text),
 
     /// FT005: the lock service is unreachable (or answered with an error).
     #[error("the lock service is unavailable: {0}")]
@@ -269,6 +281,7 @@ impl FenceError {
             FenceError::LeaseEnded { .. } => sqlstate!("FT003"),
             FenceError::LeaseNotFree(_) => sqlstate!("55P03"),
             FenceError::ReadOnly(_) => sqlstate!("25006"),
+            FenceError::ParallelMode(_) => sqlstate!("25000"),
             FenceError::LockServiceUnavailable(_) => sqlstate!("FT005"),
             FenceError::LockTimeout(_) => sqlstate!("55P03"),
             FenceError::WorkerUnavailable(_) => sqlstate!("55000"),
@@ -295,7 +308,8 @@ impl FenceError {
             | FenceError::ExtensionNotUpdated(t)
             | FenceError::WatchSlotsFull(t)
             | FenceError::LeaseNotFree(t)
-            | FenceError::ReadOnly(t) => Some(t),
+            | FenceError::ReadOnly(t)
+            | FenceError::ParallelMode(t) => Some(t),
             _ => None,
         }
     }

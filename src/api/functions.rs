@@ -8,7 +8,7 @@
 use crate::api::fenced;
 use crate::error::{self, FenceError};
 use crate::guard::trigger;
-use crate::pg::report::raise;
+use crate::pg::report::{raise, Raiser};
 use crate::pg::trigger_event::TriggerEvent;
 use crate::rule;
 use pgrx::pg_sys::{self, FunctionCallInfo};
@@ -20,11 +20,11 @@ use pgrx::prelude::*;
 /// Call only from the frame of a C entry point that PostgreSQL's function manager called, on
 /// the backend's main thread, with nothing that needs dropping alive in the calling frames (an
 /// ERROR leaves them by longjmp; see `pgrx_extern_c_guard` and `raise`).
+#[track_caller]
 unsafe fn run(
     fcinfo: FunctionCallInfo,
     body: impl FnOnce() -> Result<pg_sys::Datum, FenceError>,
 ) -> pg_sys::Datum {
-    let _ = fcinfo;
     // SAFETY: our caller's frames are plain (this function's contract) and `body` is moved into
     // the guard, so only trivially-deallocated frames lie above it; main thread.
     let outcome = unsafe { pg_sys::submodules::panic::pgrx_extern_c_guard(body) };
@@ -33,7 +33,7 @@ unsafe fn run(
         // SAFETY: we are outside the guard again, in the entry point's frame; `outcome` was
         // moved into `e`, which `raise` consumes, so no value with a destructor is left here or
         // in the callers (this function's contract).
-        Err(e) => unsafe { raise(e) },
+        Err(e) => unsafe { raise(e, Raiser::Function(fcinfo)) },
     }
 }
 
@@ -312,6 +312,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_mark_changed(fcinfo: FunctionCallInfo
 ///
 /// # Safety
 /// As for `run`: only from a `fenced_*` C entry point, with that call's own `fcinfo`.
+#[track_caller]
 unsafe fn fenced_call(fcinfo: FunctionCallInfo, op: fenced::Op) -> pg_sys::Datum {
     // SAFETY: the calling entry point's frame holds only `fcinfo` (this function's contract), and
     // this one only `Copy` data (`Prepared` is plain data by design) and `c_int`s, so every
@@ -324,7 +325,7 @@ unsafe fn fenced_call(fcinfo: FunctionCallInfo, op: fenced::Op) -> pg_sys::Datum
             pg_sys::submodules::panic::pgrx_extern_c_guard(|| fenced::prepare(fcinfo, op));
         let mut prepared = match prepared {
             Ok(p) => p,
-            Err(e) => raise(e),
+            Err(e) => raise(e, Raiser::Function(fcinfo)),
         };
         let rc = fenced::execute(&mut prepared);
         run(fcinfo, || fenced::finish(fcinfo, op, prepared, rc))

@@ -7,7 +7,7 @@
 
 use crate::guard::fast_path::{self, InsertPlan};
 use crate::pg::plan::{self, DeleteQuery, InsertQuery, ModifyExecution, UpdateQuery};
-use crate::pg::report::raise;
+use crate::pg::report::{raise, Raiser};
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
 use std::sync::OnceLock;
@@ -122,7 +122,7 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
             fast_path::start_modify(exec, guard_address())
         });
         if let Err(e) = outcome {
-            raise(e);
+            raise(e, Raiser::Hook("pg_fencing ExecutorStart hook"));
         }
     }
 }
@@ -176,7 +176,7 @@ unsafe extern "C-unwind" fn executor_finish(query_desc: *mut pg_sys::QueryDesc) 
             fast_path::finish_write(statement, rows)
         });
         if let Err(e) = outcome {
-            raise(e);
+            raise(e, Raiser::Hook("pg_fencing ExecutorFinish hook"));
         }
     }
 }
@@ -224,7 +224,7 @@ unsafe extern "C-unwind" fn object_access(
             crate::state::protections::before_relation_drop(object_id)
         });
         if let Err(e) = outcome {
-            raise(e);
+            raise(e, Raiser::Hook("pg_fencing object access hook"));
         }
     }
 }

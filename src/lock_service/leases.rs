@@ -37,10 +37,10 @@
 //! # The time fence (docs/leases.md, "The time fence")
 //! [`check_lease_live`] is called by the rule's one admission entry point (`rule::admit_token`) for
 //! every write's token and by `fencing_advance`. A token in the lease range — at least
-//! [`TOKEN_FLOOR`] and at most the highest token this database issued or the clock, whichever
-//! is higher, once it issued one — counts only while a live lease holds it: otherwise `FT003`,
-//! also before any newer holder wrote. Tokens outside the range (etcd revisions, ZooKeeper
-//! zxids) are never looked up. A live lease is probed once per transaction through the token's
+//! [`TOKEN_FLOOR`], whatever this database granted — counts only while a live lease holds it:
+//! otherwise `FT003`, also before any newer holder wrote, and also for a token this database
+//! cannot place (granted in a history it lost, or never granted: unknown never means admitted).
+//! Tokens below the range (etcd revisions, ZooKeeper zxids) are never looked up. A live lease is probed once per transaction through the token's
 //! unique index and its expiry kept; each later write compares the clock with it, so a lease
 //! that expires during a transaction refuses that transaction's next write.
 #![forbid(unsafe_code)]
@@ -52,7 +52,7 @@ use crate::pg::lock_manager::{register_lease_waiter, wake_lease_waiters, LeaseHi
 use crate::pg::process::{self, LockWaitBound};
 use crate::pg::spi::{exec_internal, exec_internal_row, text_datum, text_of};
 use pgrx::pg_sys;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 
 /// The lowest lease token (2^48, about 2008-12-01 as microseconds since 2000): tokens below it
@@ -116,8 +116,6 @@ const SQL_SET_HISTORY: &str =
     "SELECT pg_catalog.setval('_pg_fencing.lease_history_seq'::pg_catalog.regclass, $1, true)";
 const SQL_NEXT: &str =
     "SELECT pg_catalog.nextval('_pg_fencing.lease_token_seq'::pg_catalog.regclass)";
-const SQL_TOP: &str =
-    "SELECT CASE WHEN is_called THEN last_value END FROM _pg_fencing.lease_token_seq";
 const SQL_NOTIFY_TAKE_OVER: &str = "SELECT pg_catalog.pg_notify('pg_fencing', \
      pg_catalog.json_build_object('event', 'lease_taken_over', 'lease', $1, 'token', $2, \
      'previous_token', $3)::text)";
@@ -132,8 +130,6 @@ thread_local! {
     /// grant or renewal rolled back); an entry is dropped when this session renews or releases
     /// the lease, so that the next write reads what it did.
     static LIVE: RefCell<FxHashMap<Token, i64>> = RefCell::new(FxHashMap::default());
-    /// Tokens found outside the lease range in this transaction.
-    static FOREIGN: RefCell<FxHashSet<Token>> = RefCell::new(FxHashSet::default());
     /// Names of the leases this transaction released: their waiters are woken after the commit.
     static RELEASED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
 }
@@ -141,7 +137,6 @@ thread_local! {
 /// The transaction ended: what it saw of leases is forgotten (`backend.rs`).
 fn forget_transaction() {
     LIVE.with(|l| l.borrow_mut().clear());
-    FOREIGN.with(|f| f.borrow_mut().clear());
     RELEASED.with(|r| r.borrow_mut().clear());
 }
 
@@ -149,7 +144,6 @@ fn forget_transaction() {
 /// back) is read again by the next write (`backend.rs`).
 fn forget_seen() {
     LIVE.with(|l| l.borrow_mut().clear());
-    FOREIGN.with(|f| f.borrow_mut().clear());
 }
 
 /// The transaction committed: wake the waiters of the leases it released (`backend.rs`).
@@ -210,26 +204,16 @@ fn why_not_live(token: Token) -> String {
         Some((Some(name), Some(at))) => {
             format!("Lease \"{name}\" with this token expired at {at} (database clock)")
         }
-        _ => "No lease holds this token: it was released or taken over by a newer holder (or \
-              never granted)"
+        _ => "No lease of this database holds this token: it was released, taken over by a \
+              newer holder, granted in a history this database lost (a promoted standby that \
+              missed the grant, a recovery to an earlier point, a dump taken before it) or never \
+              granted. Every token from 2^48 (281474976710656) up is a PostgreSQL lease token"
             .into(),
     }
 }
 
-/// Is `token` in this database's lease range (see the module comment)?
-fn in_range(token: Token, now: i64) -> bool {
-    if token < TOKEN_FLOOR {
-        return false;
-    }
-    let top = exec_internal(SQL_TOP, true, &[], &mut [], true, |d| d.value() as i64);
-    match top {
-        None => false,
-        Some(top) => token <= top.max(now),
-    }
-}
-
-/// The time fence: `FT003` if `token` is in the lease range and no live lease holds it (see the
-/// module comment). Called through `rule::admit_token` only.
+/// The time fence: `FT003` if `token` is in the lease range (at least [`TOKEN_FLOOR`]) and no
+/// live lease holds it (see the module comment). Called through `rule::admit_token` only.
 pub fn check_lease_live(token: Token) -> Result<(), FenceError> {
     if token < TOKEN_FLOOR {
         return Ok(());
@@ -238,28 +222,30 @@ pub fn check_lease_live(token: Token) -> Result<(), FenceError> {
     if LIVE.with(|l| l.borrow().get(&token).is_some_and(|exp| now < *exp)) {
         return Ok(());
     }
-    if FOREIGN.with(|f| f.borrow().contains(&token)) {
-        return Ok(());
-    }
     match probe(token) {
-        // The extension's SQL has no leases yet (ALTER EXTENSION pg_fencing UPDATE adds them).
-        None => Ok(()),
         Some(Some(exp)) if now < exp => {
             LIVE.with(|l| l.borrow_mut().insert(token, exp));
             Ok(())
         }
-        Some(Some(_)) => Err(FenceError::LeaseEnded {
+        // Unknown never means admitted (SPEC, "Leases inside PostgreSQL"): a token no lease holds
+        // was released, taken over, granted in a history this database lost (a promoted
+        // standby that missed the grant, a recovery to an earlier point, a dump taken before
+        // it) or never granted, also in a database that never granted a lease.
+        Some(_) => Err(FenceError::LeaseEnded {
             token,
             why: why_not_live(token),
+            write: true,
         }),
-        Some(None) if in_range(token, now) => Err(FenceError::LeaseEnded {
+        // The extension's SQL has no leases yet (a 0.1.0 schema before ALTER EXTENSION
+        // pg_fencing UPDATE): no token of the range can be placed, so none is admitted.
+        None => Err(FenceError::LeaseEnded {
             token,
-            why: why_not_live(token),
+            why: "This database's pg_fencing schema has no leases yet (ALTER EXTENSION \
+                  pg_fencing UPDATE adds them), so no token of the lease range can be a live \
+                  lease's"
+                .into(),
+            write: true,
         }),
-        Some(None) => {
-            FOREIGN.with(|f| f.borrow_mut().insert(token));
-            Ok(())
-        }
     }
 }
 
@@ -271,6 +257,7 @@ pub fn check_live(token: Token) -> Result<(), FenceError> {
         _ => Err(FenceError::LeaseEnded {
             token,
             why: why_not_live(token),
+            write: false,
         }),
     }
 }
@@ -519,6 +506,7 @@ pub fn renew(token: Token, ttl: Option<pg_sys::Datum>) -> Result<i64, FenceError
     let ended = || FenceError::LeaseEnded {
         token,
         why: why_not_live(token),
+        write: false,
     };
     match owned_lease(token, "renew")? {
         Some((_, true)) => {}

@@ -145,7 +145,7 @@ fn scan(
         let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let tupdesc = (*heap).rd_att;
         let mut scankeys = equality_keys(tupdesc, keys, false);
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let snapshot = pg_sys::RegisterSnapshot(crate::pg::process::latest_snapshot());
         let scan = pg_sys::systable_beginscan(
             heap,
             t.index,

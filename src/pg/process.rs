@@ -296,3 +296,38 @@ impl Drop for LockWaitBound {
         unsafe { pg_sys::LockTimeout = self.0 };
     }
 }
+
+/// The latest snapshot, for reading the extension's state as committed by now (marks,
+/// tombstones, leases). The one place pg_fencing takes it: during a parallel operation (a write
+/// from a function wrongly declared `PARALLEL SAFE`, run under a parallel plan) PostgreSQL has
+/// no such snapshot (`GetLatestSnapshot` raises `XX000`), so the write is refused with
+/// PostgreSQL's own answer for writes during a parallel operation, `25000`, as on an unprotected
+/// table. Called inside pgrx's guard.
+pub fn latest_snapshot() -> pg_sys::Snapshot {
+    // SAFETY: backend main thread (this module's callers); IsInParallelMode reads a global
+    // flag, GetLatestSnapshot is called only outside parallel mode, where it returns a valid
+    // snapshot owned by the snapshot manager until the transaction's next snapshot.
+    unsafe {
+        if pg_sys::IsInParallelMode() {
+            crate::pg::report::raise_in_guard(crate::error::FenceError::ParallelMode(
+                crate::error::Text {
+                    message: "cannot write to a table protected by pg_fencing during a parallel \
+                              operation"
+                        .into(),
+                    detail: Some(
+                        "A write ran inside a parallel plan, e.g. from a function declared \
+                         PARALLEL SAFE that writes; checking its fencing token needs the latest \
+                         snapshot, which a parallel operation does not have."
+                            .into(),
+                    ),
+                    hint: Some(
+                        "Declare a function that writes PARALLEL UNSAFE (PostgreSQL refuses \
+                         such writes on any table)."
+                            .into(),
+                    ),
+                },
+            ));
+        }
+        pg_sys::GetLatestSnapshot()
+    }
+}

@@ -82,6 +82,14 @@ fn rejection_log_line(err: &FenceError) -> Option<(c_int, String)> {
             quoted(lock),
             escaped(why)
         ),
+        FenceError::LeaseEnded {
+            token,
+            why,
+            write: true,
+        } => format!(
+            "fencing token {token}, which no live PostgreSQL lease holds: {}",
+            escaped(why)
+        ),
         FenceError::NotVerified {
             resource,
             token,
@@ -119,7 +127,42 @@ fn to_pg_cstr(s: &str) -> *mut c_char {
     unsafe { pgrx::pg_sys::pstrdup(c.as_ptr()) }
 }
 
-/// Raise `err` as a PostgreSQL ERROR with its own SQLSTATE. Never returns.
+/// What raised an error, for its LOCATION (psql's `\set VERBOSITY verbose`): the SQL function
+/// PostgreSQL called (its name read from the catalog, on the error path only) or a hook's name.
+#[derive(Clone, Copy)]
+pub enum Raiser {
+    /// A V1 C function called through the function manager (also a trigger function).
+    Function(pgrx::pg_sys::FunctionCallInfo),
+    /// A hook or callback of ours, by name.
+    Hook(&'static str),
+}
+
+impl Raiser {
+    /// The raiser's name. Runs inside pgrx's guard (a catalog lookup may raise).
+    fn name(self) -> String {
+        match self {
+            Raiser::Hook(name) => name.to_string(),
+            Raiser::Function(fcinfo) => {
+                // SAFETY: `fcinfo` is the function manager's for the current call (the
+                // contract of `raise`), so `flinfo` points to its FmgrInfo; get_func_name
+                // returns a palloc'd C string or NULL for an unknown OID, read once here.
+                let name = unsafe {
+                    let oid = (*(*fcinfo).flinfo).fn_oid;
+                    let p = pgrx::pg_sys::get_func_name(oid);
+                    if p.is_null() {
+                        None
+                    } else {
+                        Some(std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+                    }
+                };
+                name.unwrap_or_else(|| "pg_fencing".into())
+            }
+        }
+    }
+}
+
+/// Raise `err` as a PostgreSQL ERROR with its own SQLSTATE. Never returns. Its LOCATION names
+/// `by` and the Rust file and line that called `raise` (`#[track_caller]`).
 ///
 /// A refused write (FT001, FT003, FT006) is first logged once at `pg_fencing.log_rejections`
 /// (see `rejection_log_line`): this is the only place such an error is raised, and an error
@@ -131,7 +174,10 @@ fn to_pg_cstr(s: &str) -> *mut c_char {
 /// `pg_guard_ffi_boundary`. Every Rust frame between this call and PostgreSQL's C caller must
 /// hold no value that still needs dropping: the ERROR leaves by `siglongjmp` to PostgreSQL's
 /// handler, which skips destructors (`err` itself is consumed before that).
-pub unsafe fn raise(err: FenceError) -> ! {
+#[track_caller]
+pub unsafe fn raise(err: FenceError, by: Raiser) -> ! {
+    let at = std::panic::Location::caller();
+    let (file, lineno) = (at.file(), at.line() as c_int);
     // Everything that owns Rust memory or calls PostgreSQL (the log line reads the client
     // address; pstrdup may fail) is done inside the guard, which also drops `err`: an error
     // there is raised by pgrx with nothing left to drop in this frame. What comes out is plain
@@ -140,20 +186,20 @@ pub unsafe fn raise(err: FenceError) -> ! {
     // SAFETY: our caller's frames hold nothing to drop (this function's contract), and the
     // closure owns everything it uses, so pgrx_extern_c_guard's requirement of
     // trivially-deallocated frames above it holds; main thread per the contract.
-    let (log, code, msg, detail, hint) = unsafe {
+    let (log, code, msg, detail, hint, file, func) = unsafe {
         pgrx::pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+            let file = to_pg_cstr(file);
+            let func = to_pg_cstr(&by.name());
             let log = rejection_log_line(&err).map(|(level, line)| (level, to_pg_cstr(&line)));
             let code = make_sqlstate(err.sqlstate());
             let msg = to_pg_cstr(&err.to_string());
             let detail = err.detail().map(|d| to_pg_cstr(&d));
             let hint = err.hint().map(|h| to_pg_cstr(&h));
             drop(err);
-            (log, code, msg, detail, hint)
+            (log, code, msg, detail, hint, file, func)
         })
     };
     const PERCENT_S: &std::ffi::CStr = c"%s";
-    const FILE: &std::ffi::CStr = c"pg_fencing";
-    const FUNC: &std::ffi::CStr = c"pg_fencing";
     // SAFETY: errstart/errcode/errmsg/errdetail/errhint/errfinish are called in the order
     // elog.h's ereport() uses, on the main thread, with "%s" as the format and NUL-terminated
     // palloc'd strings (valid until errfinish copies them into ErrorContext) as its one
@@ -168,7 +214,7 @@ pub unsafe fn raise(err: FenceError) -> ! {
                 errmsg(PERCENT_S.as_ptr(), line);
                 errhidestmt(true);
                 errhidecontext(true);
-                errfinish(FILE.as_ptr(), 0, FUNC.as_ptr());
+                errfinish(file, lineno, func);
             }
         }
         if errstart(pgrx::PgLogLevel::ERROR as c_int, std::ptr::null()) {
@@ -180,7 +226,7 @@ pub unsafe fn raise(err: FenceError) -> ! {
             if let Some(h) = hint {
                 errhint(PERCENT_S.as_ptr(), h);
             }
-            errfinish(FILE.as_ptr(), 0, FUNC.as_ptr());
+            errfinish(file, lineno, func);
         }
         std::hint::unreachable_unchecked()
     }

@@ -326,7 +326,7 @@ fn exec_internal_pinned<T>(
             plan,
             args.as_mut_ptr(),
             nulls.as_ptr(),
-            pg_sys::GetLatestSnapshot(),
+            crate::pg::process::latest_snapshot(),
             std::ptr::null_mut(),
             read_only,
             false,

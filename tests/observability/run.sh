@@ -48,6 +48,18 @@ GRANT SELECT ON ALL TABLES IN SCHEMA public TO observer;
 GRANT INSERT ON ledger TO observer;
 SQL
 
+# reloaded <setting> <value>: after ALTER SYSTEM and pg_reload_conf(), waits (up to 30 s) until a
+# new session has the value, i.e. until the postmaster has read the file again (a new backend
+# takes its settings from it).
+reloaded() {
+    local got=""
+    for _ in $(seq 1 300); do
+        got=$(psql -X -Atc "SHOW $1" 2>/dev/null || true)
+        [ "$got" = "$2" ] && return 0
+        sleep 0.1
+    done
+    bad "$1 is still '$got' 30 s after the reload, not '$2'"
+}
 # Lines our rejection log wrote so far.
 log_lines() { grep -F "pg_fencing refused a write" "$LOG" || true; }
 count_lines() { log_lines | grep -cF "$1" || true; }
@@ -64,6 +76,27 @@ if [ "$(grep -c . <<<"$line")" = 1 ] && grep -qF "$want" <<<"$line" && grep -qE 
 else
     bad "expected exactly one log line with '$want…, backend pid $pid', got: '$line'"
 fi
+
+echo "-- an expired PostgreSQL lease's token (FT003): one line; fencing_lease_check and _renew, not writes: none"
+lt=$(q -c "SELECT fencing_lease_acquire('obs-lease', '1 millisecond')")
+until [ "$(q -c "SELECT count(*) FROM fencing_leases WHERE name = 'obs-lease' AND NOT live")" = 1 ]; do sleep 0.05; done
+PGAPPNAME=zombie-lease psql -X -q -c "BEGIN" -c "SET LOCAL pg_fencing.token = '$lt'" -c "UPDATE ledger SET amount = 1" -c "COMMIT" >/dev/null 2>&1 || true
+PGAPPNAME=zombie-check psql -X -q -c "SELECT fencing_lease_check($lt)" -c "SELECT fencing_lease_renew($lt)" >/dev/null 2>&1 || true
+nl=$(count_lines 'application_name "zombie-lease"'); nc=$(count_lines 'application_name "zombie-check"')
+if [ "$nl" = 1 ] && [ "$nc" = 0 ] && log_lines | grep -F zombie-lease | grep -qF "pg_fencing refused a write (FT003): fencing token $lt, which no live PostgreSQL lease holds: Lease "'\"obs-lease\"'" with this token expired at"; then
+    ok "logged once: $(log_lines | grep -F zombie-lease | sed 's/.* LOG:  //')"
+else
+    bad "expected one FT003 line for zombie-lease and none for zombie-check, got $nl and $nc: $(log_lines | grep -F zombie- | grep -v zombie-1)"
+fi
+
+echo "-- verbose errors name the function, the source file and the line (LOCATION)"
+q -c "CREATE TABLE loc_t (id int PRIMARY KEY, v int)" -c "SELECT fencing_protect('loc_t', 'loc')" -c "SELECT fencing_advance('loc', 5)" >/dev/null
+out=$(psql -X -q -v VERBOSITY=verbose -c "BEGIN" -c "SET LOCAL pg_fencing.token = '1'" -c "INSERT INTO loc_t VALUES (9, 9)" 2>&1 || true)
+loc=$(grep '^LOCATION:' <<<"$out" || true)
+grep -qE '^LOCATION:  [a-z_ A-Za-z]+, [a-z_]+\.rs:[1-9][0-9]*$' <<<"$loc" && ok "INSERT: $loc" || bad "INSERT: expected 'LOCATION:  FUNCTION, FILE.rs:LINE', got: $(tr "\n" "|" <<<"$out")"
+out=$(psql -X -q -v VERBOSITY=verbose -c "SELECT fencing_protect('loc_t')" -c "BEGIN" -c "SET LOCAL pg_fencing.token = '7'" -c "INSERT INTO loc_t VALUES (9, 9)" -c "COMMIT" -c "SELECT fenced_update('loc_t', '{\"id\": 9}', '{\"v\": 1}', 6)" 2>&1 || true)
+loc=$(grep '^LOCATION:' <<<"$out" | tail -1 || true)
+grep -qE '^LOCATION:  [a-z_]+, [a-z_]+\.rs:[1-9][0-9]*$' <<<"$loc" && ok "fenced_update (per-row mode): $loc" || bad "fenced_update: expected 'LOCATION:  FUNCTION, FILE.rs:LINE', got: $out"
 
 echo "-- a stale multi-row UPDATE and a stale fenced_update (per-row mode, nested statement): one line each"
 before=$(log_lines | grep -c . || true)
@@ -88,16 +121,17 @@ after=$(log_lines | grep -c . || true)
 
 echo "-- pg_fencing.log_rejections"
 q -c "ALTER SYSTEM SET pg_fencing.log_rejections = off" -c "SELECT pg_reload_conf()" >/dev/null
-sleep 0.5
+reloaded pg_fencing.log_rejections off
 before=$(log_lines | grep -c . || true)
 PGAPPNAME=quiet psql -X -q -c "BEGIN" -c "SET LOCAL pg_fencing.token = '1'" -c "UPDATE ledger SET amount = 1" -c "COMMIT" >/dev/null 2>&1 || true
 after=$(log_lines | grep -c . || true)
 [ "$before" = "$after" ] && ok "off: the rejection is not logged" || bad "off: $((after - before)) lines were logged"
 q -c "ALTER SYSTEM SET pg_fencing.log_rejections = warning" -c "SELECT pg_reload_conf()" >/dev/null
-sleep 0.5
+reloaded pg_fencing.log_rejections warning
 out=$(psql -X -q -c "BEGIN" -c "SET LOCAL pg_fencing.token = '1'" -c "UPDATE ledger SET amount = 1" -c "COMMIT" 2>&1 || true)
 grep -q "^WARNING:  pg_fencing refused a write (FT001)" <<<"$out" && ok "warning: the client is told too" || bad "warning: client got: $out"
 q -c "ALTER SYSTEM RESET pg_fencing.log_rejections" -c "SELECT pg_reload_conf()" >/dev/null
+reloaded pg_fencing.log_rejections log
 out=$(psql -X -q -U observer -c "SET pg_fencing.log_rejections = off" 2>&1 || true)
 grep -q "permission denied to set parameter" <<<"$out" && ok "an ordinary role cannot silence the log: $out" \
     || bad "an ordinary role could set pg_fencing.log_rejections: $out"

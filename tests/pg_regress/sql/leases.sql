@@ -108,14 +108,40 @@ SELECT count(*) AS rows_left FROM fencing_leases WHERE name = 'settle';
 -- A released name is free again.
 SELECT fencing_lease_acquire('settle', '30s') > :t2 AS free_again;
 
--- The lease range: a token above every lease token and the clock is not a lease's (etcd-style
--- tokens too, below 2^48); neither is refused for being unknown to the leases.
+-- The lease range is every token from 2^48 up (SPEC: unknown never means admitted): a token
+-- above every lease token and the clock, never granted, is refused (FT003) like one below them;
+-- etcd-style tokens below 2^48 are never looked up.
 BEGIN; SET LOCAL pg_fencing.token = '9223372036854775000'; INSERT INTO lease_row VALUES (10, 1); ROLLBACK;
 BEGIN; SET LOCAL pg_fencing.token = '12'; INSERT INTO lease_row VALUES (11, 1); ROLLBACK;
 -- A token in the range that no lease was granted (one below the current one) is refused.
 SELECT token - 1 AS never FROM fencing_leases WHERE name = 'settle' \gset
 BEGIN; SELECT set_config('pg_fencing.token', :'never', true) IS NOT NULL AS set; INSERT INTO lease_row VALUES (12, 1); ROLLBACK;
 SELECT fencing_lease_check(12);
+-- A database that never granted a lease (a copy that lost the history holding the database's
+-- first grant: a promoted standby, a recovery to a restore point, a dump taken before the grant):
+-- a lease-range token is refused there too, on every write path and by fencing_advance; 2^48 - 1
+-- is below the range and counts. tests/lifecycle/lost_history.sh runs those copies for real.
+CREATE DATABASE pg_fencing_never_granted;
+\c pg_fencing_never_granted
+\set SHOW_CONTEXT never
+\set VERBOSITY sqlstate
+CREATE EXTENSION pg_fencing;
+CREATE TABLE ng_res (id int PRIMARY KEY, v int);
+SELECT fencing_protect('ng_res', 'ng-res');
+CREATE TABLE ng_row (id int PRIMARY KEY, v int);
+SELECT fencing_protect('ng_row');
+SELECT count(*) AS leases_ever FROM fencing_leases;
+BEGIN; SET LOCAL pg_fencing.token = '281474976710656'; INSERT INTO ng_res VALUES (1, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '281474976710656'; INSERT INTO ng_row VALUES (1, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '849632510721426'; COPY ng_row (id, v) FROM PROGRAM 'printf "2\t5\n"'; ROLLBACK;
+SELECT fenced_insert('ng_row', '{"id": 3, "v": 1}', 849632510721426);
+SELECT fencing_advance('ng-res', 849632510721426);
+BEGIN; SET LOCAL pg_fencing.token = '281474976710655'; INSERT INTO ng_row VALUES (4, 1); ROLLBACK;
+SELECT count(*) AS rows_written FROM ng_row;
+\c pg_fencing_regress
+DROP DATABASE pg_fencing_never_granted;
+\set SHOW_CONTEXT never
+\set VERBOSITY sqlstate
 
 -- Arguments.
 SELECT fencing_lease_acquire(NULL, '1s');

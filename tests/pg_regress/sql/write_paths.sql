@@ -16,9 +16,8 @@ WHEN MATCHED THEN UPDATE SET qty = v.qty WHEN NOT MATCHED THEN INSERT VALUES (v.
 COMMIT;
 SELECT * FROM stock ORDER BY sku;
 
--- COPY FROM (psql does not set LAST_ERROR_SQLSTATE for COPY, so show the SQLSTATE inline;
--- for pg_fencing's own errors the LOCATION line is stable)
-\set VERBOSITY verbose
+-- COPY FROM (psql does not set LAST_ERROR_SQLSTATE for COPY, so show the SQLSTATE inline)
+\set VERBOSITY sqlstate
 BEGIN; SET LOCAL pg_fencing.token = '50';
 COPY stock (sku, qty) FROM stdin;
 4	40

@@ -166,8 +166,15 @@ BEGIN
                 OR (tg.tgname IN ('zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
                                   'zz_pg_fencing_truncate', 'zz_pg_fencing_stmt', 'zz_pg_fencing_replica')
                     AND tg.tgenabled IN ('D', 'R') AND NOT (tg.tgname = 'zz_pg_fencing_replica' AND tg.tgenabled = 'R'))
+                -- The marks table's trigger fires ALWAYS (the mark cache trusts it): put back
+                -- from ordinary (ENABLE TRIGGER ALL ends a --disable-triggers load), replica-only
+                -- or disabled, except while a restore has it disabled around its load.
+                OR (tg.tgname = 'pg_fencing_mark_changed' AND c.relnamespace = '_pg_fencing'::regnamespace
+                    AND tg.tgenabled <> 'A' AND NOT (restoring AND tg.tgenabled = 'D'))
     LOOP
-        IF trg.tgenabled IN ('O', 'A') THEN
+        IF trg.tgname = 'pg_fencing_mark_changed' THEN
+            EXECUTE 'ALTER TABLE _pg_fencing.resource_high_water ENABLE ALWAYS TRIGGER pg_fencing_mark_changed';
+        ELSIF trg.tgenabled IN ('O', 'A') THEN
             EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', trg.rel, trg.tgname);
         ELSIF NOT restoring AND NOT trg.own AND trg.rel IN (
                   SELECT pt.relid FROM pg_event_trigger_ddl_commands() d,

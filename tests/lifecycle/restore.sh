@@ -42,7 +42,7 @@ SELECT fencing_advance('settlement', 50);
 BEGIN; SET LOCAL pg_fencing.token = '60'; DELETE FROM job WHERE id = 2; COMMIT;
 SQL
 STATE="SELECT (SELECT count(*) FROM ledger) || '/' || (SELECT count(*) FROM job) || '/' || coalesce(fencing_high_water('settlement'), 0) || '/' || (SELECT string_agg(active::text, ',' ORDER BY relation::text) FROM fencing_protected_tables)"
-TRIGGERS="SELECT string_agg(tgname || '=' || tgenabled::text, ',' ORDER BY tgrelid::regclass::text, tgname) FROM pg_trigger WHERE tgname LIKE 'zz_pg_fencing%'"
+TRIGGERS="SELECT string_agg(tgname || '=' || tgenabled::text, ',' ORDER BY tgrelid::regclass::text, tgname) FROM pg_trigger WHERE tgname LIKE 'zz_pg_fencing%' OR tgname = 'pg_fencing_mark_changed'"
 expect "source: rows, mark, active" "2/1/50/true,true" "$(q src "$STATE")"
 triggers_src=$(q src "$TRIGGERS")
 

@@ -214,6 +214,18 @@ $fn$;
 -- session_replication_role; or, on a logical replication subscriber, a table that a subscription
 -- writes while pg_fencing's own tables that carry the publisher's marks and tombstones are not
 -- subscribed.
+-- Is relation's primary key a temporal one (PostgreSQL 18's WITHOUT OVERLAPS: an exclusion
+-- check on a GiST index rather than a B-tree's equality)? Per-row mode is refused for such a key
+-- (docs/guarantees.md, "Per-row mode"): overlapping keys are the same key to it without being
+-- equal, and tombstones fence equal keys only. Read from pg_index, so the same on 15 and 18.
+CREATE FUNCTION _pg_fencing.key_without_overlaps(relation regclass) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                   JOIN pg_catalog.pg_class ic ON ic.oid OPERATOR(pg_catalog.=) i.indexrelid
+                   JOIN pg_catalog.pg_am am ON am.oid OPERATOR(pg_catalog.=) ic.relam
+                   WHERE i.indrelid OPERATOR(pg_catalog.=) relation AND i.indisprimary
+                     AND (i.indisexclusion OR am.amname OPERATOR(pg_catalog.<>) 'btree'))
+$$;
 CREATE FUNCTION _pg_fencing.inactive_reason(relation regclass, resource text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -237,6 +249,9 @@ BEGIN
     IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_index i
                                     WHERE i.indrelid = relation AND i.indisprimary AND NOT i.indimmediate) THEN
         RETURN format('the primary key of %s is DEFERRABLE; per-row writes are refused', relation);
+    END IF;
+    IF resource IS NULL AND _pg_fencing.key_without_overlaps(relation) THEN
+        RETURN format('the primary key of %s has WITHOUT OVERLAPS (changed after fencing_protect): a tombstone fences equal keys only, not overlapping ones; per-row writes are refused', relation);
     END IF;
     IF resource IS NULL AND _pg_fencing.rekey_form(relation) = 'column'
        AND _pg_fencing.other_before_update_triggers(relation) THEN
@@ -494,6 +509,12 @@ BEGIN
             MESSAGE = format('the primary key of %s is DEFERRABLE', relation),
             DETAIL = 'Per-row mode relies on the primary key being checked when each row is written.',
             HINT = 'Make the primary key NOT DEFERRABLE, or protect the table in resource mode.';
+    END IF;
+    IF resource IS NULL AND _pg_fencing.key_without_overlaps(relation) THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('the primary key of %s has WITHOUT OVERLAPS', relation),
+            DETAIL = 'Such a primary key treats overlapping ranges as the same key without calling them equal; a tombstone fences only the keys the primary key calls equal, so a stale writer could re-insert an overlapping key (docs/guarantees.md, "Per-row mode").',
+            HINT = 'Protect the table in resource mode: fencing_protect(table, ''resource-name'').';
     END IF;
     IF resource IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
                                     WHERE a.attrelid = relation AND a.attname = ANY (pk) AND a.attgenerated <> '') THEN

@@ -1472,6 +1472,20 @@ BEGIN
     FROM unnest(ARRAY['resource_high_water', 'tombstone_feed']) t
     WHERE NOT EXISTS (SELECT 1 FROM pg_publication_tables pt
                       WHERE pt.pubname = pub_name AND pt.schemaname = '_pg_fencing' AND pt.tablename = t);
+    -- Only what the caller could do itself (docs/security.md): this function runs as the
+    -- extension's owner, so the login role (session_user: SET ROLE cannot give it more) must own
+    -- the publication or be a superuser. Otherwise the publication stays as it is, and its
+    -- subscribers refuse writes to the protected tables it publishes (FT004) until its owner adds
+    -- the tables (or runs any ALTER PUBLICATION, whose event trigger calls this again).
+    IF missing IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM pg_roles r, pg_publication p
+        WHERE r.rolname = session_user AND p.oid = publication
+          AND (r.rolsuper OR pg_has_role(r.oid, p.pubowner, 'USAGE'))) THEN
+        RAISE WARNING 'pg_fencing: publication % of another owner does not publish %', pub_name, missing
+            USING DETAIL = 'Its subscribers refuse writes to the protected tables it publishes (FT004) until it does.',
+                  HINT = format('Its owner runs ALTER PUBLICATION %I ADD TABLE %s.', pub_name, missing);
+        RETURN;
+    END IF;
     IF missing IS NOT NULL THEN
         EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', pub_name, missing);
         RAISE NOTICE 'pg_fencing: publication % now also publishes %', pub_name, missing

@@ -757,10 +757,17 @@ fn check_site(
                 .any(|cxt| a.get(&(relid.to_u32(), user, cxt)) == Some(&event))
     });
     if !authorized && !may(relid) {
-        return Err(FenceError::NotAllowed(Text::new(format!(
-            "permission denied for table {}",
-            relation_name(relid)
-        ))));
+        let detail = plan::row_security_applies(relid).then(|| {
+            "Row-level security applies to this role on the table: a call of pg_fencing's \
+             stamping and checking functions outside the statement they belong to would not \
+             pass its policies (docs/security.md). Write with the statement itself."
+                .to_string()
+        });
+        return Err(FenceError::NotAllowed(Text {
+            message: format!("permission denied for table {}", relation_name(relid)),
+            detail,
+            hint: None,
+        }));
     }
     Ok(())
 }

@@ -1174,10 +1174,30 @@ pub fn may_delete(relid: pg_sys::Oid) -> bool {
     may(relid, pg_sys::ACL_DELETE as pg_sys::AclMode)
 }
 
+/// Does row-level security apply to the current user on table `relid` (its policies filter the
+/// user's statements)?
+pub fn row_security_applies(relid: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog lookup by value on the main thread inside a transaction; with noError =
+    // true check_enable_rls returns a code instead of raising.
+    unsafe {
+        pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true)
+            == pg_sys::CheckEnableRlsResult::RLS_ENABLED as std::ffi::c_int
+    }
+}
+
+/// A hand-made call of a stamping or checking function (`_pg_fencing.stamp_row`, `drop_row`, …:
+/// not part of a running fast-path statement, whose executor checked the statement) does no more
+/// than the caller's own statement could (docs/security.md): it needs the privilege, and it is
+/// refused where row-level security applies to the caller on the table, since the call names a
+/// row by its key without the policies' filter (a role whose policy hides a row could otherwise
+/// plant a tombstone on its key).
 fn may(relid: pg_sys::Oid, mode: pg_sys::AclMode) -> bool {
     // SAFETY: catalog privilege checks by value on the main thread inside a transaction.
     unsafe {
         let user = pg_sys::GetUserId();
+        if row_security_applies(relid) {
+            return false;
+        }
         if mode == pg_sys::ACL_DELETE as pg_sys::AclMode {
             return pg_sys::pg_class_aclcheck(relid, user, mode) == pg_sys::AclResult::ACLCHECK_OK;
         }

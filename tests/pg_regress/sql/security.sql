@@ -68,3 +68,62 @@ CREATE EXTENSION pg_fencing;
 \echo :LAST_ERROR_SQLSTATE
 \c pg_fencing_regress
 DROP DATABASE fencing_latin1;
+-- Row-level security (issue 42, item 6): a role whose policy hides a row deletes nothing with
+-- its own DELETE; a hand-made call of the DELETE fast path's function on that row's key would
+-- plant a tombstone the owner's re-insert is then refused by. Refused (42501), as is every
+-- stamping function called by hand where a policy applies; the owner's delete and re-insert work.
+\set VERBOSITY default
+CREATE TABLE rls_jobs (id int PRIMARY KEY, owner_name text);
+SELECT fencing_protect('rls_jobs');
+BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO rls_jobs VALUES (1, 'other'), (2, 'rls_role'); COMMIT;
+CREATE ROLE rls_role;
+GRANT SELECT, INSERT, UPDATE, DELETE ON rls_jobs TO rls_role;
+ALTER TABLE rls_jobs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_rows ON rls_jobs USING (owner_name = current_user);
+SELECT id AS pid FROM _pg_fencing.protected_table WHERE relid = 'rls_jobs'::regclass \gset
+SET ROLE rls_role;
+BEGIN; SET LOCAL pg_fencing.token = '500'; DELETE FROM rls_jobs WHERE id = 1; COMMIT;
+-- its own statements on its own row still take the fast paths
+BEGIN; SET LOCAL pg_fencing.token = '12'; UPDATE rls_jobs SET owner_name = owner_name WHERE id = 2; DELETE FROM rls_jobs WHERE id = 2; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '500';
+SELECT _pg_fencing.drop_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1);
+COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '500';
+SELECT _pg_fencing.stamp_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1);
+COMMIT;
+RESET ROLE;
+SELECT count(*) AS tombstones_of_rls_jobs FROM _pg_fencing.row_tombstone t
+JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'rls_jobs'::regclass;
+-- the owner (no policy applies) deletes and re-creates the row with its own token
+BEGIN; SET LOCAL pg_fencing.token = '11'; DELETE FROM rls_jobs WHERE id = 1; INSERT INTO rls_jobs VALUES (1, 'other'); COMMIT;
+SELECT id, owner_name, fence_token FROM rls_jobs ORDER BY id;
+DROP TABLE rls_jobs;
+DROP ROLE rls_role;
+-- A SECURITY DEFINER function of the schema called by hand does only what the caller could do:
+-- publish_feeds adds pg_fencing's tables to a publication only for its owner or a superuser
+-- (the login role); for anyone else it warns and leaves the publication as it is. (In a
+-- database of its own: a published feed is filled with every tombstone of the database.)
+CREATE DATABASE fencing_pub;
+\c fencing_pub
+\set SHOW_CONTEXT never
+CREATE EXTENSION pg_fencing;
+CREATE TABLE pub_t (id int PRIMARY KEY);
+SELECT fencing_protect('pub_t');
+SET client_min_messages = error;  -- (15 and 18 word wal_level's warning differently)
+CREATE PUBLICATION pub_other FOR TABLE pub_t;
+SET session_replication_role = replica;
+ALTER PUBLICATION pub_other DROP TABLE _pg_fencing.resource_high_water, _pg_fencing.tombstone_feed;
+RESET session_replication_role;
+RESET client_min_messages;
+CREATE ROLE pub_stranger LOGIN;
+SET SESSION AUTHORIZATION pub_stranger;
+SELECT _pg_fencing.publish_feeds((SELECT oid FROM pg_publication WHERE pubname = 'pub_other'));
+RESET SESSION AUTHORIZATION;
+SELECT count(*) AS feeds_published FROM pg_publication_tables WHERE pubname = 'pub_other' AND schemaname = '_pg_fencing';
+SELECT _pg_fencing.publish_feeds((SELECT oid FROM pg_publication WHERE pubname = 'pub_other'));
+SELECT count(*) AS feeds_published FROM pg_publication_tables WHERE pubname = 'pub_other' AND schemaname = '_pg_fencing';
+DROP PUBLICATION pub_other;
+DROP TABLE pub_t;
+\c pg_fencing_regress
+DROP DATABASE fencing_pub;
+DROP ROLE pub_stranger;

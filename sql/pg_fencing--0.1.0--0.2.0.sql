@@ -1493,3 +1493,104 @@ FROM _pg_fencing.lease l;
 COMMENT ON VIEW @extschema@.fencing_leases IS
 'PostgreSQL leases: name, token, acquired_at, expires_at (database clock), acquired_by (the role that acquired it; its members may renew and release), holder_pid (the backend that acquired or took it over), ttl (of the last grant or renewal), live (expires_at is still ahead). Expired leases stay until taken over or released.';
 GRANT SELECT ON @extschema@.fencing_leases TO PUBLIC;
+
+-- fencing_reset refuses a resource nothing uses (42704); per-row tables get fencing_reset_rows.
+CREATE OR REPLACE FUNCTION @extschema@.fencing_reset(resource text, token bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    old bigint;
+    tbl regclass;
+BEGIN
+    IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'permission denied for fencing_reset',
+            DETAIL = 'Only a superuser may lower or reset a high-water mark.';
+    END IF;
+    IF resource IS NULL OR resource = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = 'resource must be a non-empty name';
+    END IF;
+    IF token IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'token must not be NULL';
+    ELSIF token <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('fencing token %s is not positive', token);
+    END IF;
+    old := _pg_fencing.lock_resource(resource);
+    -- A reset of a resource nothing uses (no mark, no table protected in resource mode with it,
+    -- no watch) would only create an unrelated resource: refused, naming a per-row table of that
+    -- name, whose marks fencing_reset_rows lowers.
+    IF old IS NULL AND NOT EXISTS (SELECT 1 FROM _pg_fencing.protected_table pt WHERE pt.resource = fencing_reset.resource)
+       AND NOT EXISTS (SELECT 1 FROM _pg_fencing.watch w WHERE w.resource = fencing_reset.resource) THEN
+        SELECT pt.relid INTO tbl FROM _pg_fencing.protected_table pt
+        JOIN pg_class c ON c.oid = pt.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE pt.resource IS NULL AND pt.protected
+          AND fencing_reset.resource IN (c.relname::text, format('%I.%I', n.nspname, c.relname), format('%s.%s', n.nspname, c.relname))
+        ORDER BY pt.relid LIMIT 1;
+        IF tbl IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '42704', MESSAGE = format('resource "%s" does not exist', resource),
+                DETAIL = format('No table is protected in resource mode with it and it has no high-water mark; %s is a per-row protected table, whose rows and deleted keys carry their own marks.', tbl),
+                HINT = format('To lower the marks of its rows and tombstones, run SELECT fencing_reset_rows(%L, %s).', tbl::text, token);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = '42704', MESSAGE = format('resource "%s" does not exist', resource),
+            DETAIL = 'No table is protected in resource mode with it, it is not watched, and it has no high-water mark: a reset would only create it.',
+            HINT = 'Check the name (fencing_resources lists the resources); to give a new resource a first mark, use fencing_advance.';
+    END IF;
+    -- Recovery after an etcd restore: the worker forgets etcd's old revisions and cluster id.
+    PERFORM _pg_fencing.reset_lock_service();
+    PERFORM _pg_fencing.reset_watch(resource, token);
+    INSERT INTO _pg_fencing.resource_high_water AS h (resource, high_water, updated_at)
+    VALUES (resource, token, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT resource_high_water_pkey
+    DO UPDATE SET high_water = excluded.high_water, updated_at = excluded.updated_at;
+    INSERT INTO _pg_fencing.reset_log (resource, old_high_water, new_high_water) VALUES (resource, old, token);
+    RAISE LOG 'pg_fencing: fencing_reset of resource "%" from % to % by role % (session user %)',
+        resource, coalesce(old::text, 'none'), token, current_user, session_user;
+END
+$fn$;
+COMMENT ON FUNCTION @extschema@.fencing_reset(text, bigint) IS
+'Superuser only (42501): sets a resource''s high-water mark to token, even lower, for recovery (e.g. an etcd restored from an old snapshot). Logged to the server log and _pg_fencing.reset_log. Errors: 42704 a resource nothing uses (no mark, no table protected with it, no watch; for a per-row table: fencing_reset_rows); 22023 empty name or token not positive; 22004 NULL token.';
+
+-- Per-row mode's way back (docs/operations.md, "Lowering marks"): a per-row table written once
+-- with tokens of another source (a PostgreSQL lease's, far above etcd revisions) locks the other
+-- source's holders out of those rows and deleted keys. Superuser only; the whole table is locked
+-- (ACCESS EXCLUSIVE) until the transaction ends, so no write sees a half-lowered table.
+CREATE FUNCTION @extschema@.fencing_reset_rows(relation regclass, token bigint) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    p record;
+    rows_lowered bigint;
+    tombs_lowered bigint;
+BEGIN
+    IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'permission denied for fencing_reset_rows',
+            DETAIL = 'Only a superuser may lower high-water marks.';
+    END IF;
+    IF relation IS NULL OR token IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation and token must not be NULL';
+    ELSIF token <= 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('fencing token %s is not positive', token);
+    END IF;
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', relation);
+    SELECT pt.id, pt.resource, pt.token_column, pt.tombstone_floor INTO p
+    FROM _pg_fencing.protected_table pt WHERE pt.relid = relation AND pt.protected;
+    IF NOT FOUND OR p.resource IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('table %s is not protected in per-row mode', relation),
+            HINT = 'A resource-mode table''s mark is its resource''s: fencing_reset(resource, token).';
+    END IF;
+    -- The guard would refuse lowering a row's mark: the table's triggers are dropped and made
+    -- again inside this transaction (nobody else can write it meanwhile: the lock above).
+    PERFORM @extschema@.fencing_unprotect(relation);
+    EXECUTE format('UPDATE %s SET %I = $1 WHERE %I > $1', relation, p.token_column, p.token_column) USING token;
+    GET DIAGNOSTICS rows_lowered = ROW_COUNT;
+    UPDATE _pg_fencing.row_tombstone t SET high_water = token WHERE t.protection_id = p.id AND t.high_water > token;
+    GET DIAGNOSTICS tombs_lowered = ROW_COUNT;
+    UPDATE _pg_fencing.protected_table pt SET tombstone_floor = token WHERE pt.id = p.id AND pt.tombstone_floor > token;
+    PERFORM @extschema@.fencing_protect(relation, NULL, p.token_column);
+    INSERT INTO _pg_fencing.reset_log (resource, old_high_water, new_high_water)
+    VALUES (format('table %s', relation), NULL, token);
+    RAISE LOG 'pg_fencing: fencing_reset_rows of table % to % (% rows, % tombstones lowered) by role % (session user %)',
+        relation, token, rows_lowered, tombs_lowered, current_user, session_user;
+    RETURN rows_lowered + tombs_lowered;
+END
+$fn$;
+COMMENT ON FUNCTION @extschema@.fencing_reset_rows(regclass, bigint) IS
+'Superuser only (42501), per-row mode: lowers every row token, tombstone and the tombstone floor of the table that is above token to token, for recovery (a table written with tokens of two sources, docs/operations.md "Lowering marks"); returns how many rows and tombstones were lowered. Locks the table ACCESS EXCLUSIVE until the transaction ends; the UPDATE of the token column fires the table''s own triggers. Logged to the server log and _pg_fencing.reset_log (resource "table <name>"). A logical-replication subscriber keeps its own marks: run it there too. Errors: 22023 not a per-row protected table or token not positive; 22004 NULL argument.';
+REVOKE ALL ON FUNCTION @extschema@.fencing_reset_rows(regclass, bigint) FROM PUBLIC;

@@ -40,6 +40,7 @@ set -euo pipefail
 unset CDPATH  # its own cd must not depend on the caller's CDPATH
 cd "$(dirname "$0")/.."
 source scripts/pkg-env.sh
+source scripts/system-install.sh
 
 PROFILE=demo
 LOCK_SERVICE=etcd
@@ -194,6 +195,7 @@ UNZIP
     fi
 fi
 
+replaced_install_backup "$PG_CONFIG"   # a pg_fencing of another origin: kept, and said so
 log "building and installing pg_fencing into $($PG_CONFIG --pkglibdir)"
 if [ -n "$SUDO" ]; then
     pkg_run cargo pgrx install --pg-config "$PG_CONFIG" --sudo

@@ -51,6 +51,9 @@ set -euo pipefail
 # Setup runs with the caller's environment (apt, pip and cargo need the machine's registry
 # settings); everything after it is hermetic.
 if [ -z "${PGF_HERMETIC:-}" ] && [ $# -eq 0 ]; then
+    # What setup replaces in the system PostgreSQL, it keeps and names (scripts/system-install.sh);
+    # the note is repeated at the end (target/.test-started: when this run began).
+    mkdir -p "$(dirname "$0")/../target" && touch "$(dirname "$0")/../target/.test-started"
     "$(dirname "$0")/setup.sh" --test
     set -- --no-setup
 fi
@@ -413,6 +416,11 @@ for s in $STAGES; do
     declare -F "stage_$s" >/dev/null || { echo "unknown stage $s (--list shows them)" >&2; exit 2; }
 done
 for s in $STAGES; do "stage_$s"; done
+source scripts/system-install.sh
+if [ -f "$REPLACED_DIR/LAST" ] && [ "$REPLACED_DIR/LAST" -nt target/.test-started ]; then
+    read -r replaced_dir replaced_owner <"$REPLACED_DIR/LAST"
+    replaced_install_say "$replaced_dir" "${replaced_owner:-}" "(see above)" "the system PostgreSQL 15"
+fi
 if [ "$STAGES" = "$ALL_STAGES" ]; then
     step "all tests passed"
 else

@@ -384,6 +384,8 @@ stage_pg18_suites() {
     tests/upgrade/run.sh
     step "18/19 on PostgreSQL 18: observability (tests/observability)"
     tests/observability/run.sh
+    step "18/19 on PostgreSQL 18: the bypass hunter, with the temporal-key state (tests/bypass)"
+    tests/bypass/run.sh --seed 2 --sequences 20 --steps 40
     step "18/19 on PostgreSQL 18: PostgreSQL leases under concurrency (tests/leases)"
     tests/leases/run.sh
     step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, lease tokens carried, logical replication, backup and restore)"

@@ -65,6 +65,12 @@ STATES = ["active", "after_disabled", "replica_trigger_ordinary", "disable_attem
 # again empty, raises the protection's tombstone floor to the highest token of the rows that
 # left, so those keys cannot come back below their marks.
 SCHEMA_CHANGES = ["retype_attempt"]
+# PostgreSQL 18 only (SPEC, "Lifecycle guarantees"): the per-row table's primary key made
+# temporal, (id, during WITHOUT OVERLAPS), after fencing_protect. A tombstone fences equal keys
+# only, so the protection is inactive from then on: every write FT004, and fencing_protect of
+# the table (the other states' first step) is refused with 42P16. setup_once checks that a
+# table whose key is temporal from the start is refused per-row protection too (42P16).
+TEMPORAL = "temporal_key"
 PARTITION_CHANGES = ["drop_partition", "detach_partition"]
 SPLIT = 5  # pp's partitions: keys below SPLIT in pp_a, the others in pp_b
 # PostgreSQL leases (docs/leases.md): steps that grant a lease (live for an hour), grant one that
@@ -317,8 +323,16 @@ class Server:
     def set_state(self, name, state):
         """Bring table `name` into `state`; the SQLSTATE of the state's own DDL, or 'ok'."""
         cur = self.admin.cursor()
-        cur.execute("SELECT fencing_protect(%s, (SELECT resource FROM _pg_fencing.protected_table WHERE relid = %s::regclass))",
-                    (name, name))
+        if state == TEMPORAL:
+            cur.execute(f"ALTER TABLE {name} ADD COLUMN during int4range NOT NULL DEFAULT '[1,2)'")
+            cur.execute(f"ALTER TABLE {name} DROP CONSTRAINT {name}_pkey, "
+                        f"ADD CONSTRAINT {name}_pkey PRIMARY KEY (id, during WITHOUT OVERLAPS)")
+            return "ok"
+        try:
+            cur.execute("SELECT fencing_protect(%s, (SELECT resource FROM _pg_fencing.protected_table WHERE relid = %s::regclass))",
+                        (name, name))
+        except psycopg2.Error as e:
+            return e.pgcode
         # Disabling is refused outside a restore (check_function_bodies = off), and ENABLE
         # TRIGGER ALL is repaired by the DDL event trigger unless that is off: the states a
         # restore stopped half-way, or a superuser, can leave.
@@ -355,12 +369,35 @@ def q(s):
     return "'" + s.replace("'", "''") + "'"
 
 
+def server_major(dsn):
+    c = psycopg2.connect(dsn, user="postgres")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT current_setting('server_version_num')::int / 10000")
+        return cur.fetchone()[0]
+    finally:
+        c.close()
+
+
 def setup_once(dsn, pub_dsn):
     """Roles, helper functions, and two tables written by a subscription whose publication
     lacks pg_fencing's tables (a publisher without the extension): inactive for good."""
     a = psycopg2.connect(dsn, user="postgres")
     a.autocommit = True
     cur = a.cursor()
+    if server_major(dsn) >= 18:
+        cur.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
+        cur.execute("CREATE TABLE IF NOT EXISTS hunt_temporal (id int, during int4range, v int, "
+                    "PRIMARY KEY (id, during WITHOUT OVERLAPS))")
+        try:
+            cur.execute("SELECT fencing_protect('hunt_temporal')")
+            got = "ok"
+        except psycopg2.Error as e:
+            got = e.pgcode
+        if got != "42P16":
+            print(f"hunt: per-row protection of a table with a temporal key: the contract says 42P16, "
+                  f"the server answered {got}")
+            sys.exit(1)
     for r in ("hunt_app", "hunt_sess", "hunt_low"):
         cur.execute(f"DROP ROLE IF EXISTS {r}")
         cur.execute(f"CREATE ROLE {r} LOGIN")
@@ -392,7 +429,7 @@ def setup_once(dsn, pub_dsn):
     p.close()
 
 
-def gen_sequence(rng, steps, tables, states):
+def gen_sequence(rng, steps, tables, states, temporal=False):
     seq = []
     for _ in range(steps):
         table = rng.choice(tables)
@@ -401,7 +438,8 @@ def gen_sequence(rng, steps, tables, states):
             continue
         if states and rng.random() < 0.12 and table in ("r", "p", "pp"):
             seq.append(("state", table, rng.choice(STATES + SCHEMA_CHANGES
-                                                   + (PARTITION_CHANGES if table == "pp" else []))))
+                                                   + (PARTITION_CHANGES if table == "pp" else [])
+                                                   + ([TEMPORAL] if temporal and table == "p" else []))))
             continue
         source = rng.choice(list(SOURCES))
         path = rng.choice(sorted(SQL_ONLY) if source in IN_FUNCTION else PATHS)
@@ -438,6 +476,12 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
             continue
         if step[0] == "state":
             name = name_of[step[1]]
+            if model.t[name]["state"] == TEMPORAL:
+                # fencing_protect (each state's first step) refuses a temporal key: 42P16.
+                got = srv.set_state(name, step[2]) if step[2] != TEMPORAL else "42P16"
+                if got != "42P16":
+                    return i, f"step {i}: state {step[2]} of {name} with a temporal key: the contract says 42P16, the server answered {got}"
+                continue
             got = srv.set_state(name, step[2])
             refused = step[2] in ("disable_attempt", "retype_attempt")
             want = "55000" if refused else "ok"
@@ -451,6 +495,7 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
             if step[2] in PARTITION_CHANGES:
                 model.partition_gone(name)
             model.t[name]["state"] = "active" if refused or step[2] in PARTITION_CHANGES else step[2]
+
             continue
         _, table, path, source, key, new_key, delta, kind = step
         name = name_of[table]
@@ -485,6 +530,10 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
             lease["ended"].append(srv.last_lease)
         if verbose:
             print(f"  step {i}: {name} {path} key={key} token={token} via {source}: model {want}, server {got}")
+        # A temporal key has no unique constraint on id alone: PostgreSQL refuses ON CONFLICT (id)
+        # while planning (42P10), before any trigger; nothing is written either way.
+        if t["state"] == TEMPORAL and path == "upsert" and got == "42P10":
+            want = got
         if got != want:
             return i, (f"step {i}: {path} of {name} (key {key}{', new key ' + str(new_key) if path == 'update_key' else ''}) "
                        f"with token {token} via {source}: the contract says {want}, the server answered {got}")
@@ -507,11 +556,12 @@ def main():
     ap.add_argument("--no-states", action="store_true", help="no DDL: the tables stay as protected")
     args = ap.parse_args()
     setup_once(args.dsn, args.pub_dsn)
+    temporal = server_major(args.dsn) >= 18  # the temporal_key state (PostgreSQL 18)
     rng = random.Random(args.seed)
     replay = 0
     writes = 0
     for n in range(args.sequences):
-        seq = gen_sequence(rng, args.steps, args.tables.split(","), not args.no_states)
+        seq = gen_sequence(rng, args.steps, args.tables.split(","), not args.no_states, temporal)
         replay += 1
         bad, why = run(args.dsn, seq, replay)
         writes += sum(1 for s in seq if s[0] == "write")

@@ -227,7 +227,7 @@ pub fn check_lease_live(token: Token) -> Result<(), FenceError> {
             LIVE.with(|l| l.borrow_mut().insert(token, exp));
             Ok(())
         }
-        // Unknown never means admitted (SPEC, "Leases inside PostgreSQL"): a token no lease holds
+        // Unknown never means admitted (docs/leases.md, "The time fence"): a token no lease holds
         // was released, taken over, granted in a history this database lost (a promoted
         // standby that missed the grant, a recovery to an earlier point, a dump taken before
         // it) or never granted, also in a database that never granted a lease.

@@ -65,7 +65,7 @@ STATES = ["active", "after_disabled", "replica_trigger_ordinary", "disable_attem
 # again empty, raises the protection's tombstone floor to the highest token of the rows that
 # left, so those keys cannot come back below their marks.
 SCHEMA_CHANGES = ["retype_attempt"]
-# PostgreSQL 18 only (SPEC, "Lifecycle guarantees"): the per-row table's primary key made
+# PostgreSQL 18 only (docs/guarantees.md, "Per-row mode"): the per-row table's primary key made
 # temporal, (id, during WITHOUT OVERLAPS), after fencing_protect. A tombstone fences equal keys
 # only, so the protection is inactive from then on: every write FT004, and fencing_protect of
 # the table (the other states' first step) is refused with 42P16. setup_once checks that a
@@ -78,7 +78,7 @@ SPLIT = 5  # pp's partitions: keys below SPLIT in pp_a, the others in pp_b
 # one's, or a token of the lease range that no grant of this database can place ("unplaced": one
 # it never granted, as a copy sees the tokens of a history it lost, also before this database's
 # first grant: the first replays run before any), instead of the usual token near the marks. The
-# contract (SPEC, "Leases inside PostgreSQL": unknown never means admitted): a token in the lease
+# contract (docs/leases.md, "The time fence": unknown never means admitted): a token in the lease
 # range (every token from 2^48 up) that no live lease holds is refused with FT003 wherever a
 # token that counts would be admitted (after FT004 and FT002).
 LEASE_OPS = ["grant", "grant_expired", "release"]

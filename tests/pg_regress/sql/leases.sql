@@ -108,7 +108,7 @@ SELECT count(*) AS rows_left FROM fencing_leases WHERE name = 'settle';
 -- A released name is free again.
 SELECT fencing_lease_acquire('settle', '30s') > :t2 AS free_again;
 
--- The lease range is every token from 2^48 up (SPEC: unknown never means admitted): a token
+-- The lease range is every token from 2^48 up (docs/leases.md: unknown never means admitted): a token
 -- above every lease token and the clock, never granted, is refused (FT003) like one below them;
 -- etcd-style tokens below 2^48 are never looked up.
 BEGIN; SET LOCAL pg_fencing.token = '9223372036854775000'; INSERT INTO lease_row VALUES (10, 1); ROLLBACK;

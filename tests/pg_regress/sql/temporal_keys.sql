@@ -1,6 +1,6 @@
 -- Temporal primary keys (PostgreSQL 18's WITHOUT OVERLAPS): the key calls overlapping ranges the
 -- same key without calling them equal, while a tombstone fences equal keys only, so per-row
--- protection of such a table is refused (42P16; SPEC, "Lifecycle guarantees"); a key made
+-- protection of such a table is refused (42P16; docs/guarantees.md); a key made
 -- temporal after fencing_protect makes the protection inactive (FT004). Resource mode holds.
 -- On 15 there is no WITHOUT OVERLAPS: the statements fail to parse (temporal_keys_1.out).
 \set SHOW_CONTEXT never

@@ -95,14 +95,15 @@ wait_for "the standby replayed lease 'seen_by_standby'" 1 "$STANDBY_PORT" postgr
 
 echo "== 2. the standby stops; the primary grants more; the standby is promoted without them"
 as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m fast -w stop >/dev/null
-"${PSQL[@]}" -c "SELECT pg_create_restore_point('before_last_grants')" >/dev/null
+# The segment holding the restore point, which recovery needs (archived once pg_switch_wal below
+# closed it, or an earlier one).
+seg=$("${PSQL[@]}" -c "SELECT pg_walfile_name(pg_create_restore_point('before_last_grants'))")
 # More grants than a sequence logs ahead of itself in WAL (32), so that no replayed sequence can
 # be ahead of them by chance.
 MISSED=$("${PSQL[@]}" -c "SELECT max(fencing_lease_acquire('missed_' || g, '1 hour')) FROM generate_series(1, 40) g")
 grant "$PGPORT_TEST" missed_by_copies primary
 MISSED=$TOK
 "${PSQL[@]}" -o /dev/null -c "SELECT pg_switch_wal()"
-seg=$("${PSQL[@]}" -c "SELECT pg_walfile_name(pg_current_wal_lsn() - 1)")
 # No more streaming: pg_basebackup -R put primary_conninfo into postgresql.auto.conf.
 sed -i '/primary_conninfo/d' "$STANDBY/postgresql.auto.conf"
 pg_ctl_start "$STANDBY" "$WORK/standby.log" 60
@@ -116,10 +117,12 @@ expect "promoted: a write with a lease it replayed" ok "$(write "$STANDBY_PORT" 
 as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m fast -w stop >/dev/null
 
 echo "== 3. point-in-time recovery to the restore point before the last grants"
-for _ in $(seq 1 100); do
+# Recovery needs the segment with the restore point in the archive: waited for (up to 60 s).
+for _ in $(seq 1 600); do
     [ -f "$WORK/archive/$seg" ] && break
     sleep 0.1
 done
+expect "the segment with the restore point is archived" yes "$([ -f "$WORK/archive/$seg" ] && echo yes || echo no)"
 cat >>"$PITR/postgresql.conf" <<CONF
 port = $PITR_PORT
 restore_command = 'cp $WORK/archive/%f %p'
@@ -160,9 +163,14 @@ expect "restored_here: a write with the source's token granted after the dump" F
 "${PSQL[@]}" -o /dev/null -c "SELECT fencing_lease_acquire('before_template_' || g, '1 hour') FROM generate_series(1, 40) g"
 PRIMARY_MAX=$("${PSQL[@]}" -c "SELECT max(token) FROM fencing_leases")
 [ "$PRIMARY_MAX" -gt "$MAX" ] && MAX=$PRIMARY_MAX
-"${PSQL[@]}" -c "CREATE DATABASE copied TEMPLATE postgres" 2>/dev/null || {
-    # A template must have no other connections; wait for the last psql to leave.
-    sleep 1; "${PSQL[@]}" -c "CREATE DATABASE copied TEMPLATE postgres"; }
+# A template must have no other connections: the backend of the last psql may still be on its
+# way out (CREATE DATABASE waits 5 s for that itself); tried again for up to 60 s.
+for _ in $(seq 1 12); do
+    "${PSQL[@]}" -c "CREATE DATABASE copied TEMPLATE postgres" 2>/dev/null && break
+    sleep 0.5
+done
+"${PSQL[@]}" -Atc "SELECT 1 FROM pg_database WHERE datname = 'copied'" | grep -q 1 \
+    || "${PSQL[@]}" -c "CREATE DATABASE copied TEMPLATE postgres"
 grant "$PGPORT_TEST" after_template primary
 grant_in copied on_copied
 RESTORED="$WORK/restored"

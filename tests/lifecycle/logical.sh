@@ -170,6 +170,11 @@ sub -c "CREATE DATABASE late"
 "${PSQL[@]}" -p "$SUB" -d late -c "CREATE SUBSCRIPTION late CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION named"
 wait_for "initial sync done" 0 "$SUB" late "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
 "${PSQL[@]}" -p "$SUB" -d late -c "ALTER SUBSCRIPTION late DISABLE"
+# Its apply worker stops by itself (exit 0, not logged) once it sees the subscription disabled;
+# dropped while still running, it would be terminated and logged as an exit with code 1, maybe
+# after part 3 below has started counting such lines.
+wait_for "the disabled subscription's worker stopped" 0 "$SUB" late \
+    "SELECT count(pid) FROM pg_stat_subscription WHERE subname = 'late'"
 "${PSQL[@]}" -p "$SUB" -d late -o /dev/null -c "SELECT fencing_protect('items')"
 expect "fencing_protect after the copy takes its tombstones and floor" "(11) 55,(2) 40,(4) 16,(5) 25 floor 26" \
     "$("${PSQL[@]}" -p "$SUB" -d late -Atc "SELECT string_agg(t.key || ' ' || t.high_water, ',' ORDER BY t.key) || ' floor ' || min(p.tombstone_floor) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass")"

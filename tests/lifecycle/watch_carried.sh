@@ -82,7 +82,7 @@ setsid etcdctl lock jobs -- sleep 600 >"$WORK/z.out" 2>&1 &
 Z_PID=$!
 CHILD_PIDS="$Z_PID"
 H=""
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
     H=$(etcdctl get --prefix jobs/ -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | head -1)
     [ -n "$H" ] && break
     sleep 0.1
@@ -112,15 +112,16 @@ expect "promoted: watch listed" jobs "$("${PSQL[@]}" -p "$PORT2" -Atc "SELECT re
 as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m fast -w stop >/dev/null
 
 echo "== point-in-time recovery from the base backup to a restore point after the hand-over"
-"${PSQL[@]}" -Atc "SELECT pg_create_restore_point('after_handover')" >/dev/null
+seg=$("${PSQL[@]}" -Atc "SELECT pg_walfile_name(pg_create_restore_point('after_handover'))")
 "${PSQL[@]}" -Atc "SELECT pg_switch_wal()" >/dev/null
 "${PSQL[@]}" -Atc "CHECKPOINT" >/dev/null
-# The segment holding the restore point was closed by pg_switch_wal; wait until it is archived.
-seg=$("${PSQL[@]}" -Atc "SELECT pg_walfile_name(pg_current_wal_lsn() - 1)")
-for _ in $(seq 1 100); do
+# The segment holding the restore point was closed by pg_switch_wal; wait (up to 60 s) until it
+# is archived (recovery needs it to reach the restore point).
+for _ in $(seq 1 600); do
     [ -f "$WORK/archive/$seg" ] && break
     sleep 0.1
 done
+expect "the segment with the restore point is archived" yes "$([ -f "$WORK/archive/$seg" ] && echo yes || echo no)"
 cat >>"$PITR/postgresql.conf" <<CONF
 port = $PORT2
 restore_command = 'cp $WORK/archive/%f %p'
@@ -167,7 +168,7 @@ setsid etcdctl lock jobs -- sleep 600 >"$WORK/a.out" 2>&1 &
 A_PID=$!
 CHILD_PIDS="$A_PID"
 A=""
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
     A=$(etcdctl get --prefix jobs/ -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | head -1)
     [ -n "$A" ] && [ "$A" != "$H" ] && break
     sleep 0.1

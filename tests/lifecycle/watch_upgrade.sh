@@ -67,15 +67,33 @@ echo "  holder Z's token (hand-over revision) H = $H"
 # (src/watch.rs of 0.1.0, state_text: database oid, resource, prefix, verify, hand-over).
 printf '%s\tjobs\tjobs/\t0\t%s\n' "$DBOID" "$H" >"$PGDATA_TEST/pg_fencing_watches.state"
 chown postgres:postgres "$PGDATA_TEST/pg_fencing_watches.state" 2>/dev/null || true
-# The worker is slow to read the state file this time (its lock is held for 3 s): the first
-# session's write must not be admitted on the stored mark alone meanwhile.
-as_pg flock -x "$PGDATA_TEST/pg_fencing_watches.lock" sleep 3 &
+# The worker is slow to read the state file this time (its lock is held, by a process of ours,
+# from before the start until the first session's write waits for it): that write must not be
+# admitted on the stored mark alone meanwhile.
+LOCKFILE="$PGDATA_TEST/pg_fencing_watches.lock"
+as_pg touch "$LOCKFILE"
+setsid flock -x "$LOCKFILE" sleep 600 &
 FLOCK_PID=$!
-sleep 0.3
+disown "$FLOCK_PID"   # killed on purpose below: no job-control message
+CHILD_PIDS="$CHILD_PIDS $FLOCK_PID"
+for _ in $(seq 1 300); do flock -n "$LOCKFILE" true || break; sleep 0.1; done
+expect "the state file's lock is held before the start" held "$(flock -n "$LOCKFILE" true && echo free || echo held)"
 pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log" 60
+stale_write 31 >"$WORK/first-write.out" &
+WRITE_PID=$!
+# Let go once the write waits (or, what must not happen, has ended), up to 30 s.
+for _ in $(seq 1 300); do
+    kill -0 "$WRITE_PID" 2>/dev/null || break
+    [ "$(psql -X -Atc "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND state = 'active'
+                       AND wait_event_type IS NOT NULL AND query LIKE '%UPDATE jobs%'" 2>/dev/null)" = 1 ] && break
+    sleep 0.1
+done
+expect "the first session's write waits while the state file's lock is held" waiting \
+    "$(kill -0 "$WRITE_PID" 2>/dev/null && echo waiting || echo "ended: $(cat "$WORK/first-write.out")")"
+kill -KILL -- "-$FLOCK_PID" 2>/dev/null || true
+wait "$WRITE_PID" || true
 expect "0.1.0's SQL, right after the start, before the worker read the state file: a write with 31 (stored mark 30)" \
-    FT001 "$(stale_write 31)"
-wait "$FLOCK_PID" 2>/dev/null || true
+    FT001 "$(cat "$WORK/first-write.out")"
 wait_for "0.1.0's SQL: the state file's watch sees the hand-over to Z" "$H" "$PGPORT_TEST" postgres \
     "SELECT handover_revision FROM fencing_watches WHERE resource = 'jobs'"
 expect "0.1.0's SQL: a write with H - 1" FT001 "$(stale_write $((H - 1)))"

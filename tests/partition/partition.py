@@ -34,8 +34,10 @@ import os
 import random
 import re
 import select
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -223,10 +225,15 @@ class SqlClient(Client):
 
 class EtcdctlClient(Client):
     def round(self, resource):
+        # etcdctl runs its command with stdin closed: the command holds the lock until a gate file
+        # appears, made once the transaction is done (then etcdctl unlocks).
+        self.rounds = getattr(self, "rounds", 0) + 1
+        gate = os.path.join(self.args.gates, f"{self.name}-{self.rounds}")
         p = subprocess.Popen(
             ["etcdctl", "--endpoints", self.args.endpoints, "--dial-timeout=1s", "--command-timeout=5s",
-             "lock", f"--ttl={TTL}", resource, "--", "sh", "-c", "echo $ETCD_LOCK_REV; read x"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=etcdctl_env())
+             "lock", f"--ttl={TTL}", resource, "--", "sh", "-c",
+             'echo $ETCD_LOCK_REV; while [ ! -e "$0" ]; do sleep 0.05; done', gate],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=etcdctl_env())
         try:
             ready, _, _ = select.select([p.stdout], [], [], 5)
             line = p.stdout.readline() if ready else ""
@@ -235,16 +242,13 @@ class EtcdctlClient(Client):
             token = int(line)
             self.log.emit({"ev": "grant", "resource": resource, "token": token, "t": time.time(), "client": self.name})
             self.transaction(resource, token, p)
-            try:
-                p.stdin.write("\n")
-                p.stdin.flush()
-            except OSError:
-                pass
+            open(gate, "w").close()
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
         finally:
+            open(gate, "w").close()   # the command ends in any case
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
                 p.kill()
@@ -338,6 +342,7 @@ class Nemesis(threading.Thread):
 
 
 def run(args):
+    args.gates = tempfile.mkdtemp(prefix="pg_fencing_partition_gates.")
     conn = psycopg2.connect(args.dsn)
     conn.autocommit = True
     cur = conn.cursor()
@@ -359,6 +364,7 @@ def run(args):
     nemesis.heal()
     if args.etcd_history:
         dump_etcd_history(args.endpoints, args.etcd_history)
+    shutil.rmtree(args.gates, ignore_errors=True)
     faults = ", ".join(f"{k} {v}" for k, v in sorted(nemesis.counts.items()))
     print(f"partition: {args.seconds:.0f} s, {len(clients)} clients, faults: {faults or 'none'}"
           f" (slow links by {'netem' if nemesis.netem else 'tbf'})")

@@ -79,7 +79,7 @@ for m in $MEMBERS; do
         --heartbeat-interval 100 --election-timeout 1000 >"$WORK/etcd-e$m.log" 2>&1 &
     ETCD_PIDS="$ETCD_PIDS $!"
 done
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do   # up to 60 s
     etcdctl --endpoints "$ENDPOINTS" endpoint health >/dev/null 2>&1 && break
     sleep 0.2
 done

@@ -46,7 +46,7 @@ printf '"postgres" ""\n"pool_user" ""\n' >"$WORK/userlist.txt"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgbouncer.ini" "$WORK/userlist.txt"
 as_pg pgbouncer "$WORK/pgbouncer.ini" >/dev/null 2>&1 &
 CHILD_PIDS="$!"
-for _ in $(seq 1 50); do
+for _ in $(seq 1 300); do   # up to 30 s
     psql -X -q -h 127.0.0.1 -p "$BOUNCER_PORT" -c 'SELECT 1' >/dev/null 2>&1 && break
     sleep 0.1
 done

@@ -39,7 +39,7 @@ redis_at() {  # redis_at <port> [replicaof port]: a throwaway Redis, nothing sav
         "${extra[@]}" >"$WORK/redis-$1.log" 2>&1 &
     CHILD_PIDS="$CHILD_PIDS $!"
     disown "$!"   # killed on purpose below: no job-control message
-    for _ in $(seq 1 100); do
+    for _ in $(seq 1 600); do
         [ "$(redis-cli -p "$1" ping 2>/dev/null)" = PONG ] && return 0
         sleep 0.05
     done
@@ -48,8 +48,8 @@ redis_at() {  # redis_at <port> [replicaof port]: a throwaway Redis, nothing sav
 }
 pid_of() { redis-cli -p "$1" info server | sed -n 's/^process_id:\([0-9]*\).*/\1/p' | tr -d '\r'; }
 rcli() { redis-cli -p "$@" | tr -d '\r'; }
-synced() {  # synced <replica port> <key> <value>: wait until the replica has key = value
-    for _ in $(seq 1 100); do
+synced() {  # synced <replica port> <key> <value>: wait (up to 30 s) until the replica has key = value
+    for _ in $(seq 1 600); do
         [ "$(rcli "$1" get "$2")" = "$3" ] && return 0
         sleep 0.05
     done
@@ -57,8 +57,10 @@ synced() {  # synced <replica port> <key> <value>: wait until the replica has ke
 }
 # A holder's lock and token, as Redisson's fenced lock takes them: the lock (SET NX PX), then
 # INCR of the counter, both on the current primary. Prints the token, or nothing without the lock.
-take() {  # take <port> <holder>
-    [ "$(rcli "$1" set lock:settlement "$2" NX PX 1500)" = OK ] || return 0
+# The lock's expiry (PX, 1500 ms unless given) is what the stories wait out with a sleep, which
+# can only last longer than asked; a lock that must still be held later is taken for long.
+take() {  # take <port> <holder> [px in ms]
+    [ "$(rcli "$1" set lock:settlement "$2" NX PX "${3:-1500}")" = OK ] || return 0
     rcli "$1" incr token:settlement
 }
 write() {  # write <holder> <token>: the holder's write, the token set for its transaction; ok or SQLSTATE
@@ -69,7 +71,7 @@ write() {  # write <holder> <token>: the holder's write, the token set for its t
 echo "== Redis $(redis-server --version | sed 's/.* v=\([^ ]*\).*/\1/') primary on 127.0.0.1:$PRIMARY, replica on $REPLICA"
 redis_at "$PRIMARY"
 redis_at "$REPLICA" "$PRIMARY"
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do
     rcli "$REPLICA" info replication | grep -q '^master_link_status:up' && break
     sleep 0.05
 done
@@ -107,7 +109,7 @@ while redis-cli -p "$PRIMARY" ping >/dev/null 2>&1; do sleep 0.05; done
 kill -CONT "$rpid"
 rcli "$REPLICA" replicaof no one >/dev/null   # promoted (as Sentinel would)
 expect "the promoted replica's counter is the one before A's INCR" "$tb" "$(rcli "$REPLICA" get token:settlement)"
-tb2=$(take "$REPLICA" B)
+tb2=$(take "$REPLICA" B 60000)   # held until after A's write below, however slow the machine
 echo "  B takes the lock on the promoted replica (A's lock key never got there): token $tb2"
 expect "B got the same token as A (two holders, one token)" "yes $ta2" "$([ -n "$ta2" ] && echo yes) $tb2"
 expect "B's write with that token" ok "$(write B "$tb2")"

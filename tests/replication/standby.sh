@@ -47,7 +47,7 @@ pg_ctl_start "$STANDBY" "$WORK/standby.log" 60
 # Written after the standby started: must arrive by streaming.
 "${P[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '25'; UPDATE ledger SET v = 25 WHERE id = 1; COMMIT;"
 target=$("${P[@]}" -Atc "SELECT pg_current_wal_lsn()")
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do   # up to 60 s
     caught=$("${S[@]}" -Atc "SELECT pg_last_wal_replay_lsn() >= '$target'::pg_lsn")
     [ "$caught" = t ] && break
     sleep 0.1

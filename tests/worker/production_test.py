@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -62,6 +63,7 @@ PGBIN = wt.PGBIN
 PGPORT = int(os.environ.get("PGPORT_PRODUCTION", "54380"))
 ETCD_BASE = int(os.environ.get("ETCD_PRODUCTION_PORT", "24110"))
 TTL = 3
+LONG = wt.LONG   # a generous bound for waits on what a loaded machine may delay (issue 42)
 PROCS = []      # etcd, grpc-proxy: killed at exit
 GROUPS = []     # etcdctl lock holders, each in a process group of its own: killed at exit
 CERT_WORDS = r"certif|x509|issuer|tls|ssl|handshake|unknown ca|verify"
@@ -183,10 +185,15 @@ def start_proxy(etcd, port):
 
 
 def holder(etcd, lock, ttl, hold_s, **flags):
-    """`etcdctl lock --ttl TTL LOCK` holding for hold_s seconds, in a process group of its own."""
+    """`etcdctl lock --ttl TTL LOCK` holding for hold_s seconds, in a process group of its own;
+    hold_s None: until release(p) (etcdctl does not pass its stdin on: the command waits for a
+    file to appear)."""
+    gate = os.path.join(WORK, f"gate-{len(GROUPS)}")
+    hold = f"sleep {hold_s}" if hold_s is not None else f'while [ ! -e "{gate}" ]; do sleep 0.05; done'
     p = subprocess.Popen(["etcdctl", *etcd.flags(**flags), "lock", f"--ttl={ttl}", lock, "--",
-                          "sh", "-c", f"echo $ETCD_LOCK_REV; sleep {hold_s}"],
+                          "sh", "-c", f"echo $ETCD_LOCK_REV; {hold}"],
                          stdout=subprocess.PIPE, text=True, env=wt.etcdctl_env(), start_new_session=True)
+    p.gate = gate
     GROUPS.append(p)
     return p
 
@@ -274,7 +281,7 @@ def healthy(status):
     return status.startswith("watching") or status.startswith("lock changed hands")
 
 
-def watch_fresh(cur, resource, within=10):
+def watch_fresh(cur, resource, within=LONG):
     def fresh():
         cur.execute("SELECT status, view_age_ms FROM fencing_watches WHERE resource = %s", (resource,))
         r = cur.fetchone()
@@ -309,7 +316,7 @@ def failure_phase(pg, cur, what, words, resource, settle=12):
     ok(st == "FT005" and re.search(words, msg, re.I) is not None,
        f"{what}: fencing_acquire fails with FT005 saying why, after {took:.1f} s ({st}: {msg!r})")
     ok(wait_for(lambda: re.search(words, watch_status(cur, resource), re.I) is not None
-                and not healthy(watch_status(cur, resource)), 10) is not None,
+                and not healthy(watch_status(cur, resource)), LONG) is not None,
        f"{what}: fencing_watches.status says why ({watch_status(cur, resource)!r})")
     # The worker keeps retrying (and a few more acquisitions make it try): still one line.
     while time.time() - t0 < took + settle:
@@ -325,12 +332,13 @@ def failure_phase(pg, cur, what, words, resource, settle=12):
 
 def recovery_phase(cur, what, resource, **settings):
     """A reload with working settings again: the worker reconnects within a few seconds (it
-    reconnects when its settings change) and the watch of resource is fresh again."""
+    reconnects when its settings change; its backoff is 1 s at most, and a loaded machine may add
+    some) and the watch of resource is fresh again."""
     reload_with(cur, **settings)
     t0 = time.time()
     st = acquire_works(cur, within=25)
     took = time.time() - t0
-    ok(st[0] == "ok" and took <= 5, f"{what}: fencing_acquire works again {took:.1f} s after the reload ({st})")
+    ok(st[0] == "ok" and took <= 10, f"{what}: fencing_acquire works again {took:.1f} s after the reload ({st})")
     ok(watch_fresh(cur, resource), f"{what}: the watch is fresh again ({watch_status(cur, resource)!r})")
 
 
@@ -385,7 +393,7 @@ def scenario_tls():
         ok(len(keys) == 1, f"fencing_acquire over TLS: token {tok}, the lock key in etcd ({keys})")
         ok(sqlstate(cur, "UPDATE orders_t SET v = v + 1") == "ok", "a write with its token is accepted")
         cur.execute("SELECT fencing_release('orders')")
-        ok(cur.fetchone()[0] is True and wait_for(lambda: etcd.keys("orders/") == [], 5) is not None,
+        ok(cur.fetchone()[0] is True and wait_for(lambda: etcd.keys("orders/") == [], LONG) is not None,
            "fencing_release returns true and deletes the key")
 
         print("== TLS: a verify watch and a hand-over by etcdctl lock over TLS")
@@ -397,7 +405,7 @@ def scenario_tls():
         h2 = holder(etcd, "tjobs", 10, 8)
         t2 = token_of(h2)
         ok(t1 > 0 and t2 > t1, f"etcdctl lock hands the lock from {t1} to {t2}")
-        ok(wait_for(lambda: wt.high_water(cur, "tjobs") > t1, 5) is not None,
+        ok(wait_for(lambda: wt.high_water(cur, "tjobs") > t1, LONG) is not None,
            f"the mark moves past the old holder ({wt.high_water(cur, 'tjobs')})")
         ok(write_with(cur, "tjobs_t", t1) == "FT001", "the old holder's token is refused (FT001)")
         st = write_with(cur, "tjobs_t", t2)
@@ -410,7 +418,7 @@ def scenario_tls():
         cur.execute("SELECT lease_id FROM fencing_locks WHERE lock = 'orders'")
         lease = cur.fetchone()[0]
         etcd.ctl("lease", "revoke", format(lease, "x"))
-        ok(wait_for(lambda: (wt.lock_state(cur, "orders") or ("",))[0] == "lost", TTL + 2) is not None,
+        ok(wait_for(lambda: (wt.lock_state(cur, "orders") or ("",))[0] == "lost", LONG) is not None,
            f"fencing_locks says lost ({wt.lock_state(cur, 'orders')})")
         st = sqlstate(cur, "UPDATE orders_t SET v = v + 1")
         ok(st == "FT003", f"a write with the lost lock's token gets FT003 ({st})")
@@ -497,13 +505,20 @@ def scenario_auth():
         ok(len(keys) == 1, f"fencing_acquire as pgf: token {tok}, key {keys}")
         ok(sqlstate(cur, "UPDATE orders_t SET v = v + 1") == "ok", "a write with its token is accepted")
         cur.execute("SELECT fencing_release('orders')")
-        ok(cur.fetchone()[0] is True and wait_for(lambda: etcd.keys("pgf/orders/") == [], 5) is not None,
+        ok(cur.fetchone()[0] is True and wait_for(lambda: etcd.keys("pgf/orders/") == [], LONG) is not None,
            "fencing_release returns true and deletes the key")
-        h = holder(etcd, "pgf/orders", 10, 2, **as_pgf)
+        # etcdctl holds the lock until the request is in etcd's queue behind it (two keys).
+        h = holder(etcd, "pgf/orders", 10, None, **as_pgf)
         th = token_of(h)
-        st, tq, msg = try_acquire(cur, "orders", "10s")
-        ok(st == "ok" and tq > th > 0,
-           f"a lock held by etcdctl (as pgf): fencing_acquire queues (etcd's Lock service), then gets "
+        got = {}
+        t = threading.Thread(target=lambda: got.update(r=try_acquire(cur, "orders", "60s")))
+        t.start()
+        queued = wait_for(lambda: len(etcd.keys("pgf/orders/")) == 2, LONG) is not None
+        open(h.gate, "w").close()   # etcdctl unlocks once its command has ended
+        t.join(LONG)
+        st, tq, msg = got.get("r", ("no answer", None, ""))
+        ok(queued and st == "ok" and tq > th > 0,
+           f"a lock held by etcdctl (as pgf): fencing_acquire queues (etcd's Lock service: {queued}), then gets "
            f"a higher token ({st} {msg} {tq} > {th})")
         kill_group(h)
         if st == "ok":
@@ -520,7 +535,7 @@ def scenario_auth():
         h2 = holder(etcd, "pgf/ajobs", 10, 8, **as_pgf)
         t2 = token_of(h2)
         ok(t1 > 0 and t2 > t1, f"etcdctl lock (as pgf) hands the lock from {t1} to {t2}")
-        ok(wait_for(lambda: wt.high_water(cur, "ajobs") > t1, 5) is not None,
+        ok(wait_for(lambda: wt.high_water(cur, "ajobs") > t1, LONG) is not None,
            f"the mark moves past the old holder ({wt.high_water(cur, 'ajobs')})")
         ok(write_with(cur, "ajobs_t", t1) == "FT001", "the old holder's token is refused (FT001)")
         st = write_with(cur, "ajobs_t", t2)
@@ -586,7 +601,7 @@ def scenario_proxy():
         t2 = token_of(h2)
         handover = time.time()
         ok(t1 > 0 and t2 > t1, f"etcdctl lock (directly against etcd) hands the lock from {t1} to {t2}")
-        ok(wait_for(lambda: wt.high_water(cur, "pjobs") > t1, 5) is not None,
+        ok(wait_for(lambda: wt.high_water(cur, "pjobs") > t1, LONG) is not None,
            f"the mark moves past the old holder ({wt.high_water(cur, 'pjobs')})")
         ok(write_with(cur, "pjobs_t", t1) == "FT001", "the old holder's token is refused (FT001)")
 
@@ -685,7 +700,7 @@ def scenario_proxy():
         if st == "ok":
             cur.execute("SELECT fencing_release('held')")
         ok(wait_for(lambda: healthy(watch_status(cur, "pjobs"))
-                    and write_with(cur, "pjobs_t", t2) == "ok", 15) is not None,
+                    and write_with(cur, "pjobs_t", t2) == "ok", LONG) is not None,
            f"the verify watch is back and the holder's writes pass ({watch_status(cur, 'pjobs')!r})")
         print("== etcd's errors through the proxy (it passes them on as UNKNOWN, with etcd's text)")
         # The session's lease revoked behind its back: the next acquisition meets "requested
@@ -708,7 +723,7 @@ def scenario_proxy():
         rev = int(re.search(r'"revision":(\d+)', etcd.ctl("get", "pcomp-filler-0", "-w", "json").stdout).group(1))
         etcd.ctl("compact", str(rev))
         cur.execute("SELECT fencing_watch('pcomp', NULL, false)")
-        ok(watch_fresh(cur, "pcomp", within=15),
+        ok(watch_fresh(cur, "pcomp"),
            f"a watch started after a compaction syncs through the proxy ({watch_status(cur, 'pcomp')!r})")
         cur.execute("SELECT fencing_unwatch('pcomp')")
         kill_group(h3)

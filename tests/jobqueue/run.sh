@@ -12,10 +12,13 @@
 #   1. a job is sent; worker A picks it, takes the job's lease and is frozen with SIGSTOP before it
 #      writes (it printed "leased");
 #   2. worker B, another process, gets the job through the library's own stalled-job retry
-#      (pgqueuer: A's heartbeats stop and B re-picks the job after --heartbeat-timeout 2 s;
-#      pg-boss: the job's expireInSeconds 3 s passes, B's maintenance fails it and retries it,
+#      (pgqueuer: A's heartbeats stop and B re-picks the job after --heartbeat-timeout 8 s;
+#      pg-boss: the job's expireInSeconds 8 s passes, B's maintenance fails it and retries it,
 #      retryLimit 2), takes the lease once A's ran out (a higher token) and writes;
 #   3. A is resumed with SIGCONT and writes its result with its old token.
+# The handler works 3 s between its lease and its write (the time the test has to freeze A), and
+# the lease lasts 8 s (the heartbeat timeout, the job's expiry): B writes 3 s into its 8 s lease,
+# so a slow machine does not make B's own lease run out before its write.
 # In `fenced` A's write must be refused with FT003 or FT001 and the row must hold B's result;
 # in `unfenced` (the negative control) A's write must land and the row hold A's result: the
 # zombie is real, so the checks of the fenced run can fail.
@@ -51,6 +54,8 @@ need_python
 
 PYDIR=examples/job-queues/python  # other python: a directory of the examples
 NODEDIR=examples/job-queues/node
+WORK_SECONDS=3   # the handler's work between its lease and its write
+JOB_TTL=8        # the lease's TTL = pgqueuer's heartbeat timeout = pg-boss's job expiry
 if ! "$PY" -c 'import pgqueuer, asyncpg' 2>/dev/null; then
     echo "pgqueuer is missing from $PY: run scripts/setup.sh --test (tests/requirements.txt)" >&2
     exit 1
@@ -108,13 +113,13 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2" | head -1; }
 start_worker() {
     local out="$WORK/$1-$2-$3.out"
     if [ "$1" = node ]; then
-        WORKER_NAME=$3 DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT_TEST/$2" \
+        WORKER_NAME=$3 DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT_TEST/$2" JOB_EXPIRE_SECONDS=$JOB_TTL \
             node "$NODEDIR/worker.js" >"$out" 2>&1 &
     else
         # pgqueuer's own command, `pgq run MODULE:FACTORY` (run where the module is);
         # JOB_LEASE_TTL = the heartbeat timeout: the lease runs out when pgqueuer gives up on A.
-        (cd "$PYDIR" && WORKER_NAME=$3 PGDATABASE=$2 JOB_LEASE_TTL=2 \
-            exec "$PY" -m pgqueuer run worker:main --heartbeat-timeout 2 --dequeue-timeout 0.5) >"$out" 2>&1 &
+        (cd "$PYDIR" && WORKER_NAME=$3 PGDATABASE=$2 JOB_LEASE_TTL=$JOB_TTL \
+            exec "$PY" -m pgqueuer run worker:main --heartbeat-timeout "$JOB_TTL" --dequeue-timeout 0.5) >"$out" 2>&1 &
     fi
     WORKER_PID=$!
     CHILD_PIDS="$CHILD_PIDS $WORKER_PID"
@@ -135,7 +140,7 @@ stop_worker() {
 # scenario <lib> <db> <expect: fenced|zombie>
 scenario() {
     local lib=$1 db=$2 expect=$3 job a b la lb ta tb wa wb state row
-    local payload='{"order": 7, "amount": 100, "work_seconds": 1}'
+    local payload="{\"order\": 7, \"amount\": 100, \"work_seconds\": $WORK_SECONDS}"
     case "$lib" in
         python) echo "== pgqueuer: zombie worker on database '$db' ($([ "$db" = fenced ] && echo "results protected by pg_fencing" || echo "results NOT protected"))" ;;  # other python: the scenario's name
         node) echo "== pg-boss: zombie worker on database '$db' ($([ "$db" = fenced ] && echo "results protected by pg_fencing" || echo "results NOT protected"))" ;;
@@ -145,24 +150,25 @@ scenario() {
     fi
     t0=$(date +%s.%N)
     if [ "$lib" = node ]; then
-        job=$(DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT_TEST/$db" node "$NODEDIR/enqueue.js" "$payload")
+        job=$(DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT_TEST/$db" JOB_EXPIRE_SECONDS=$JOB_TTL \
+              node "$NODEDIR/enqueue.js" "$payload")
     else
         job=$(PGDATABASE=$db "$PY" -m pgqueuer queue charge_order "$payload" | sed -n 's/^Enqueued job \([0-9]*\)\.$/\1/p')
     fi
     [ -n "$job" ] || { echo "  FAIL: no job id from the enqueue"; fail=1; return; }
-    say "job $job sent: charge order 7, amount 100 (the handler works 1 s before it writes)"
+    say "job $job sent: charge order 7, amount 100 (the handler works $WORK_SECONDS s before it writes)"
 
     start_worker "$lib" "$db" A; a=$WORKER_PID
     la=$(wait_line "$WORK/$lib-$db-A.out" "^worker=A job=$job leased ") || { fail=1; stop_worker "$a"; return; }
     kill -STOP "$a"
     ta=$(field token "$la")
     say "worker A (pid $a) picked job $job and took lease 'job:$job': token $ta; frozen with SIGSTOP before writing"
-    # A works 1 s between its lease and its write: the freeze must have come first.
+    # A works $WORK_SECONDS s between its lease and its write: the freeze must have come first.
     expect "$lib/$db: A was frozen before it wrote (rows of the job)" 0 \
         "$("${PSQL[@]}" -d "$db" -Atc "SELECT count(*) FROM results WHERE job_id = '$job'")"
 
     start_worker "$lib" "$db" B; b=$WORKER_PID
-    say "worker B (pid $b) started; the job comes back only through $([ "$lib" = node ] && echo "pg-boss's expiry (expireInSeconds 3) and retry (retryLimit 2)" || echo "pgqueuer's stale-heartbeat re-pick (--heartbeat-timeout 2)")"
+    say "worker B (pid $b) started; the job comes back only through $([ "$lib" = node ] && echo "pg-boss's expiry (expireInSeconds $JOB_TTL) and retry (retryLimit 2)" || echo "pgqueuer's stale-heartbeat re-pick (--heartbeat-timeout $JOB_TTL)")"
     lb=$(wait_line "$WORK/$lib-$db-B.out" "^worker=B job=$job leased ") || { fail=1; stop_worker "$a" "$b"; return; }
     tb=$(field token "$lb")
     say "worker B got job $job from the library's retry and took lease 'job:$job' (A's had run out): token $tb"

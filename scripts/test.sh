@@ -27,8 +27,8 @@
 #                                          etcd, tests/client; ZooKeeper with kazoo and Curator,
 #                                          tests/zookeeper; Redis tokens across a failover,
 #                                          tests/redis;
-#                                          job queues pgqueuer and pg-boss with PostgreSQL leases,
-#                                          tests/jobqueue)
+#                                          job queues pgqueuer, procrastinate, pg-boss and
+#                                          graphile-worker with PostgreSQL leases, tests/jobqueue)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
@@ -323,7 +323,7 @@ stage_clients() {
     tests/zookeeper/run.sh
     step "14/19 Redis fencing tokens (INCR beside the lock, as Redisson's): ordered without a failover, the same token for two holders after one (tests/redis)"
     tests/redis/run.sh
-    step "14/19 zombie job workers in real job queues with PostgreSQL leases: pgqueuer (PyPI) and pg-boss (npm), each with its negative control (tests/jobqueue)"
+    step "14/19 zombie job workers in real job queues with PostgreSQL leases: pgqueuer and procrastinate (PyPI), pg-boss and graphile-worker (npm), each with its negative control (tests/jobqueue)"
     tests/jobqueue/run.sh
 }
 

@@ -196,7 +196,7 @@ echo "== 1. an asynchronous standby stopped; the primary's first grant; the prim
 wait_for "the standby replayed the new primary's lease in 'split'" 1 "$PRIMARY_PORT" split \
     "SELECT count(*) FROM fencing_leases"
 as_pg "$PGBIN/pg_ctl" -D "$PRIMARY" -m fast -w stop >/dev/null
-first_grant "primary, database 'promoted'" "$STANDBY_PORT" promoted '2 seconds'
+first_grant "primary, database 'promoted'" "$STANDBY_PORT" promoted '1 hour'
 as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m immediate -w stop >/dev/null
 sed -i '/primary_conninfo/d' "$PRIMARY/postgresql.auto.conf"
 pg_ctl_start "$PRIMARY" "$WORK/postgres.log" 60

@@ -199,11 +199,11 @@ pub enum FenceError {
     /// `lock_service/leases.rs`) but no live lease holds it: the lease expired, was released or
     /// was taken over, or the token was granted in a history this database lost or never granted.
     #[error("fencing token {token} is not the token of a live PostgreSQL lease")]
-    /// `write`: refused as a write's token (the time fence; logged at
-    /// `pg_fencing.log_rejections`), not as an argument of `fencing_lease_renew`/`_check`.
     LeaseEnded {
         token: Token,
         why: String,
+        /// Refused as a write's token (the time fence; logged at `pg_fencing.log_rejections`),
+        /// not as an argument of `fencing_lease_renew` or `fencing_lease_check`.
         write: bool,
     },
 

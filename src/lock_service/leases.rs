@@ -40,9 +40,10 @@
 //! [`TOKEN_FLOOR`], whatever this database granted — counts only while a live lease holds it:
 //! otherwise `FT003`, also before any newer holder wrote, and also for a token this database
 //! cannot place (granted in a history it lost, or never granted: unknown never means admitted).
-//! Tokens below the range (etcd revisions, ZooKeeper zxids) are never looked up. A live lease is probed once per transaction through the token's
-//! unique index and its expiry kept; each later write compares the clock with it, so a lease
-//! that expires during a transaction refuses that transaction's next write.
+//! Tokens below the range (etcd revisions, ZooKeeper zxids) are never looked up. A live lease is
+//! probed once per transaction through the token's unique index and its expiry kept; each later
+//! write compares the clock with it, so a lease that expires during a transaction refuses that
+//! transaction's next write.
 #![forbid(unsafe_code)]
 
 use crate::backend_event::BackendEvent;

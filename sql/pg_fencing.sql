@@ -794,10 +794,15 @@ BEGIN
                 -- or disabled, except while a restore has it disabled around its load.
                 OR (tg.tgname = 'pg_fencing_mark_changed' AND c.relnamespace = '_pg_fencing'::regnamespace
                     AND tg.tgenabled <> 'A' AND NOT (restoring AND tg.tgenabled = 'D'))
+                -- pg_fencing's own tables' REPLICA trigger disabled outside a restore (a subscriber
+                -- would then apply the publisher's rows as they come instead of merging them):
+                -- put back too.
+                OR (tg.tgname = 'zz_pg_fencing_replicated' AND c.relnamespace = '_pg_fencing'::regnamespace
+                    AND tg.tgenabled = 'D' AND NOT restoring)
     LOOP
         IF trg.tgname = 'pg_fencing_mark_changed' THEN
             EXECUTE 'ALTER TABLE _pg_fencing.resource_high_water ENABLE ALWAYS TRIGGER pg_fencing_mark_changed';
-        ELSIF trg.tgenabled IN ('O', 'A') THEN
+        ELSIF trg.tgenabled IN ('O', 'A') OR (trg.own AND trg.tgname = 'zz_pg_fencing_replicated') THEN
             EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER %I', trg.rel, trg.tgname);
         ELSIF NOT restoring AND NOT trg.own AND trg.rel IN (
                   SELECT pt.relid FROM pg_event_trigger_ddl_commands() d,
@@ -1318,6 +1323,7 @@ DECLARE
     p record;
     rows_lowered bigint;
     tombs_lowered bigint;
+    feed text;
 BEGIN
     IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user) THEN
         RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'permission denied for fencing_reset_rows',
@@ -1342,6 +1348,16 @@ BEGIN
     GET DIAGNOSTICS rows_lowered = ROW_COUNT;
     UPDATE _pg_fencing.row_tombstone t SET high_water = token WHERE t.protection_id = p.id AND t.high_water > token;
     GET DIAGNOSTICS tombs_lowered = ROW_COUNT;
+    -- The tombstone feed of logical replication (filled once any publication carries it) holds
+    -- the table's tombstones and floor too, and fencing_protect below takes them up again from
+    -- it: lowered the same way.
+    SELECT format('%I.%I', n.nspname, c.relname) INTO feed FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = relation;
+    WITH gone AS (DELETE FROM _pg_fencing.tombstone_feed f
+                  WHERE f.relation = feed AND f.high_water > token RETURNING f.key)
+    INSERT INTO _pg_fencing.tombstone_feed (relation, key, high_water)
+    SELECT DISTINCT feed, g.key, token FROM gone g
+    ON CONFLICT DO NOTHING;
     UPDATE _pg_fencing.protected_table pt SET tombstone_floor = token WHERE pt.id = p.id AND pt.tombstone_floor > token;
     PERFORM @extschema@.fencing_protect(relation, NULL, p.token_column);
     INSERT INTO _pg_fencing.reset_log (resource, old_high_water, new_high_water)

@@ -302,7 +302,8 @@ impl Drop for LockWaitBound {
 /// from a function wrongly declared `PARALLEL SAFE`, run under a parallel plan) PostgreSQL has
 /// no such snapshot (`GetLatestSnapshot` raises `XX000`), so the write is refused with
 /// PostgreSQL's own answer for writes during a parallel operation, `25000`, as on an unprotected
-/// table. Called inside pgrx's guard.
+/// table. Called inside pgrx's guard; the error's LOCATION is the caller's.
+#[track_caller]
 pub fn latest_snapshot() -> pg_sys::Snapshot {
     // SAFETY: backend main thread (this module's callers); IsInParallelMode reads a global
     // flag, GetLatestSnapshot is called only outside parallel mode, where it returns a valid
@@ -311,18 +312,19 @@ pub fn latest_snapshot() -> pg_sys::Snapshot {
         if pg_sys::IsInParallelMode() {
             crate::pg::report::raise_in_guard(crate::error::FenceError::ParallelMode(
                 crate::error::Text {
-                    message: "cannot write to a table protected by pg_fencing during a parallel \
+                    message: "pg_fencing cannot check or record fencing state during a parallel \
                               operation"
                         .into(),
                     detail: Some(
-                        "A write ran inside a parallel plan, e.g. from a function declared \
-                         PARALLEL SAFE that writes; checking its fencing token needs the latest \
-                         snapshot, which a parallel operation does not have."
+                        "A write to a protected table, or a call of a pg_fencing function, ran \
+                         inside a parallel plan (e.g. from a function wrongly declared PARALLEL \
+                         SAFE); reading marks, tombstones and leases as committed needs the \
+                         latest snapshot, which a parallel operation does not have."
                             .into(),
                     ),
                     hint: Some(
-                        "Declare a function that writes PARALLEL UNSAFE (PostgreSQL refuses \
-                         such writes on any table)."
+                        "Declare the function PARALLEL UNSAFE (PostgreSQL refuses writes during \
+                         a parallel operation on any table)."
                             .into(),
                     ),
                 },

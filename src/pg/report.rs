@@ -235,7 +235,9 @@ pub unsafe fn raise(err: FenceError, by: Raiser) -> ! {
 /// Raise `err` from inside a pgrx-guarded function (a `#[pg_extern]`, whose Rust frames must
 /// unwind): through pgrx's own error report, with the same SQLSTATE, message, detail and hint
 /// as `raise`. Only for errors whose SQLSTATE PostgreSQL itself defines (pgrx turns an unknown
-/// class such as `FTxxx` into `XX000`); the C entry points raise ours with `raise`.
+/// class such as `FTxxx` into `XX000`); the C entry points raise ours with `raise`. Its LOCATION
+/// is the caller's file and line (`#[track_caller]`).
+#[track_caller]
 pub fn raise_in_guard(err: FenceError) -> ! {
     let code = pgrx::PgSqlErrorCode::from(make_sqlstate(err.sqlstate()));
     debug_assert!(

@@ -90,6 +90,8 @@ SELECT fencing_unwatch('rm_keep');
 -- mark cache honest) an ordinary one: the DDL event trigger puts it back to ALWAYS, as it puts
 -- the REPLICA triggers back (issue 42, item 4). Disabled by hand outside a restore: back too.
 ALTER TABLE _pg_fencing.resource_high_water DISABLE TRIGGER ALL;
+-- (disabled outside a restore: both put back, the REPLICA one to replica-only firing)
+SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = '_pg_fencing.resource_high_water'::regclass ORDER BY 1;
 ALTER TABLE _pg_fencing.resource_high_water ENABLE TRIGGER ALL;
 SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = '_pg_fencing.resource_high_water'::regclass ORDER BY 1;
 ALTER TABLE _pg_fencing.resource_high_water ENABLE REPLICA TRIGGER pg_fencing_mark_changed;

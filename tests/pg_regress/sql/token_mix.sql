@@ -41,3 +41,29 @@ SELECT id, state, fence_token FROM mix_job ORDER BY id;
 SELECT fencing_reset_rows('fencing_protected_tables', 1);
 DROP TABLE mix_job;
 DROP ROLE mix_owner;
+-- Where a publication carries the tombstone feed (logical replication), the feed holds the
+-- table's tombstones and floor too, and protecting the table again takes them up from it:
+-- fencing_reset_rows lowers them there as well. (In a database of its own: the feed, once
+-- published, is filled with every tombstone of the database.)
+CREATE DATABASE fencing_mix_pub;
+\c fencing_mix_pub
+\set SHOW_CONTEXT never
+\set VERBOSITY sqlstate
+CREATE EXTENSION pg_fencing;
+CREATE TABLE mp (id int PRIMARY KEY, v text);
+SELECT fencing_protect('mp');
+SET client_min_messages = error;
+CREATE PUBLICATION mp_pub FOR TABLE mp;
+RESET client_min_messages;
+BEGIN; SET LOCAL pg_fencing.token = '100'; INSERT INTO mp VALUES (1, 'a'), (2, 'b'); DELETE FROM mp WHERE id = 2; COMMIT;
+SELECT fencing_prune_tombstones('mp', 50, 0);
+SELECT fencing_reset_rows('mp', 10) AS lowered;
+SELECT key, high_water FROM _pg_fencing.row_tombstone ORDER BY key;
+SELECT relation, key, high_water FROM _pg_fencing.tombstone_feed ORDER BY 1, 2, 3;
+SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'mp'::regclass;
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO mp VALUES (2, 'back'); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '9'; INSERT INTO mp VALUES (3, 'below the floor'); ROLLBACK;
+SELECT id, v, fence_token FROM mp ORDER BY id;
+DROP PUBLICATION mp_pub;
+\c pg_fencing_regress
+DROP DATABASE fencing_mix_pub;

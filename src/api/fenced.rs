@@ -379,12 +379,7 @@ fn target(relid: pg_sys::Oid) -> Result<Rc<Target>, FenceError> {
         )
     })?;
     if let Some(why) = &t.inactive {
-        return Err(call_error(
-            FenceError::NotProtected,
-            format!("protection of table {} is not active", regclass_text(relid)),
-            Some(why.clone()),
-            Some("Fix what the detail names (e.g. re-enable the trigger, reset session_replication_role), then retry; fencing_protect re-creates missing triggers.".into()),
-        ));
+        return Err(crate::rule::inactive(&regclass_text(relid), why));
     }
     Ok(t)
 }

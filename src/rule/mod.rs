@@ -240,17 +240,24 @@ pub fn require_active(protection: i64, table: &dyn Fn() -> String) -> Result<(),
     };
     match reason {
         None => Ok(()),
-        Some(why) => Err(FenceError::NotProtected(crate::error::Text {
-            message: format!("protection of table {} is not active", table()),
-            detail: Some(format!("{why}.")),
-            hint: Some(
-                "Writes are refused until the protection can hold: fix what the detail names \
-                 (fencing_protect on the table re-creates missing triggers and repairs their \
-                 firing modes; docs/guarantees.md, \"When a protection is not active\")."
-                    .into(),
-            ),
-        })),
+        Some(why) => Err(inactive(&table(), &why)),
     }
+}
+
+/// `FT004` for a write to `table`, whose protection is not active because of `why` (the
+/// `inactive_reason` of `fencing_protected_tables`): the one wording of every path that refuses
+/// it (the guard, the fast paths, `fenced_*`).
+pub fn inactive(table: &str, why: &str) -> FenceError {
+    FenceError::NotProtected(crate::error::Text {
+        message: format!("protection of table {table} is not active"),
+        detail: Some(format!("{}.", why.trim_end_matches('.'))),
+        hint: Some(
+            "Writes are refused until the protection can hold: fix what the detail names \
+             (fencing_protect on the table re-creates missing triggers and repairs their \
+             firing modes; docs/guarantees.md, \"When a protection is not active\")."
+                .into(),
+        ),
+    })
 }
 
 /// The token a write carries, admitted as a token: step one of every write's admission, the one

@@ -35,8 +35,10 @@ replaced_install_backup() {
 # replaced_install_say DIR OWNER VERSION LIBDIR: the message (also repeated by the test command
 # at its end).
 replaced_install_say() {
+    local dir=$1
+    case "$dir" in /*) ;; *) dir="$(pwd)/$dir" ;; esac
     printf '\033[1mnote:\033[0m pg_fencing %s installed in %s%s is being replaced by this checkout'"'"'s build.\n' \
         "$3" "$4" "${2:+ (package $2)}"
     printf '      Its files are kept in %s. To put it back:%s sudo cp -a %s/. / (then restart the servers that load it).\n' \
-        "$(pwd)/$1" "${2:+ sudo apt-get install --reinstall $2 (from its .deb), or}" "$(pwd)/$1"  # not run: text
+        "$dir" "${2:+ sudo apt-get install --reinstall $2 (from its .deb), or}" "$dir"  # not run: text
 }

@@ -129,8 +129,9 @@ stage_checks() {
     CARGO_TARGET_DIR=target/pg18 cargo clippy --no-default-features --features pg18 -- -D warnings  # PostgreSQL 18's build
     scripts/check-docs.sh --strict
 
-    step "released SQL scripts unchanged (scripts/check-sql-releases.sh)"
+    step "released SQL scripts unchanged (scripts/check-sql-releases.sh); what setup replaces in the system PostgreSQL is kept and named (tests/setup/replaced_install.sh)"
     scripts/check-sql-releases.sh
+    tests/setup/replaced_install.sh
 }
 
 stage_unit() {

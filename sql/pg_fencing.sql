@@ -184,6 +184,69 @@ RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fen
 COMMENT ON FUNCTION _pg_fencing.stamp_insert_key(bigint, oid, bigint, text, "any") IS
 'Internal (INSERT fast path, per-row mode, an INSERT of one row whose key the statement gives by constants, parameters and PostgreSQL''s own immutable functions: the value the planner gives its token column; key is those expressions again): returns the session''s pg_fencing.token to stamp into the new row and notes the key with it, checked against its tombstone when the statement finished (once the row is in the unique index); in replica mode returns value. Errors: FT001 (when the statement finished) the key has a tombstone above the token; FT002 no token; FT003 the token''s lock was lost; FT004 the protection is not active; FT006 refused by a watch in verify mode; 42501 the constants do not name the table''s protection, or the caller may not INSERT into the table; 39P01 the statement was planned for another key identity (run it again).';
 
+-- The set-based shape (docs/design.md, "The set-based shape"; src/guard/copy_from.rs).
+CREATE FUNCTION _pg_fencing.stamp_default(protection bigint) RETURNS bigint
+LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_default';
+COMMENT ON FUNCTION _pg_fencing.stamp_default(bigint) IS
+'Internal (the token column''s default on a table of the set-based shape): the fencing token of the COPY that pg_fencing admitted into the table of protection (a bigint id of _pg_fencing.protected_table), else NULL (an INSERT''s token column is stamped by the planner hook; a write no hook admitted is refused by the table''s statement trigger before any row). STABLE, so that COPY keeps its multi-row inserts. Raises nothing.';
+CREATE FUNCTION _pg_fencing.insert_check_due(protection bigint) RETURNS boolean
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_insert_check_due';
+COMMENT ON FUNCTION _pg_fencing.insert_check_due(bigint) IS
+'Internal (the WHEN clause of zz_pg_fencing_after on a table of the set-based shape): false only for the rows of the COPY that pg_fencing admitted into the table of protection, whose keys and mark it checks when the COPY finished; true for every other inserted row. Raises nothing.';
+CREATE FUNCTION _pg_fencing.copy_key(VARIADIC key "any") RETURNS boolean
+LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_copy_key';
+COMMENT ON FUNCTION _pg_fencing.copy_key("any") IS
+'Internal (added to the WHERE clause of a COPY into a per-row table of the set-based shape; key: the row''s primary key columns in key order): notes the key, which is checked against its tombstone when the COPY finished (FT001 then). Always true; a call outside such a COPY notes nothing.';
+CREATE FUNCTION _pg_fencing.copy_token(value bigint) RETURNS boolean
+LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_copy_token';
+COMMENT ON FUNCTION _pg_fencing.copy_token(bigint) IS
+'Internal (added to the WHERE clause of a COPY that gives the token column of a table of the set-based shape values itself): true if value is the writer''s fencing token; 22023 otherwise (pg_fencing cannot overwrite what COPY gives). True outside such a COPY.';
+CREATE FUNCTION _pg_fencing.preloaded() RETURNS boolean
+LANGUAGE c STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_fencing_preloaded';
+COMMENT ON FUNCTION _pg_fencing.preloaded() IS
+'Was the library preloaded into this backend (shared_preload_libraries = ''pg_fencing'')? The set-based shape needs it in every backend that writes its tables.';
+-- The shape of a protected table, as its guard row trigger says: ''set-based'' without a BEFORE
+-- INSERT row trigger, ''row-trigger'' with one; NULL without a guard trigger.
+CREATE FUNCTION _pg_fencing.table_shape(relation regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE WHEN tg.tgtype::int & 4 = 0 THEN 'set-based' ELSE 'row-trigger' END
+    FROM pg_catalog.pg_trigger tg
+    WHERE tg.tgrelid OPERATOR(pg_catalog.=) relation AND tg.tgname OPERATOR(pg_catalog.=) 'zz_pg_fencing_guard'
+$fn$;
+-- Why a table of the set-based shape cannot be fenced by it in this backend (NULL: it can).
+CREATE FUNCTION _pg_fencing.set_based_problem(relation regclass, pid bigint, resource text, token_column name) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    trig text;
+BEGIN
+    IF NOT _pg_fencing.preloaded() THEN
+        RETURN format('%s has the set-based shape, which needs pg_fencing in shared_preload_libraries, and this backend did not preload it; preload it, or run fencing_protect on the table again in such a backend to give it the row-trigger shape, which needs no preloading', relation);
+    END IF;
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = relation) <> 'r' THEN
+        RETURN format('%s has the set-based shape, which only plain tables can have; run fencing_protect again', relation);
+    END IF;
+    IF (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+        WHERE d.adrelid = relation AND a.attname = token_column) IS DISTINCT FROM format('_pg_fencing.stamp_default(%L::bigint)', pid) THEN
+        RETURN format('the default of token column %I of %s is not _pg_fencing.stamp_default(%s), which stamps its COPYs (the set-based shape); run fencing_protect again', token_column, relation, pid);
+    END IF;
+    IF (SELECT substring(pg_get_triggerdef(tg.oid) FROM ' WHEN \((.*)\) EXECUTE ') FROM pg_trigger tg
+        WHERE tg.tgrelid = relation AND tg.tgname = 'zz_pg_fencing_after') IS DISTINCT FROM format('_pg_fencing.insert_check_due(%L::bigint)', pid) THEN
+        RETURN format('trigger zz_pg_fencing_after of %s does not have the WHEN clause of the set-based shape; run fencing_protect again', relation);
+    END IF;
+    SELECT tg.tgname INTO trig FROM pg_trigger tg
+    WHERE tg.tgrelid = relation AND tg.tgtype::int & 71 = 7 AND tg.tgenabled <> 'D'
+      AND NOT (tg.tgname LIKE 'zz\_pg\_fencing\_%' AND tg.tgfoid = '@extschema@.fencing_guard()'::regprocedure)
+    ORDER BY tg.tgname LIMIT 1;
+    IF FOUND THEN
+        RETURN format('BEFORE INSERT row trigger %s on %s runs after the set-based shape stamps a row and could change it; run fencing_protect again (it gives such a table the row-trigger shape)', trig, relation);
+    END IF;
+    IF resource IS NULL AND _pg_fencing.tombstone_key_signature(relation) ~ '^hash' THEN
+        RETURN format('the primary key of %s is identified by hash (its equal values may print differently), which the set-based shape''s COPY does not check; run fencing_protect again (it gives such a table the row-trigger shape)', relation);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
 CREATE FUNCTION @extschema@.fencing_advance(resource text, token bigint) RETURNS bigint
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_advance';
 COMMENT ON FUNCTION @extschema@.fencing_advance(text, bigint) IS
@@ -264,9 +327,12 @@ BEGIN
         IF (SELECT c.relkind FROM pg_class c WHERE c.oid = part) = 'f' THEN
             RETURN format('%s is a foreign partition: it cannot carry a TRUNCATE trigger, so TRUNCATE of it is not fenced', part);
         END IF;
-        FOREACH trig IN ARRAY CASE WHEN resource IS NULL
+        FOREACH trig IN ARRAY CASE WHEN resource IS NULL AND _pg_fencing.table_shape(part) IS DISTINCT FROM 'set-based'
                                    THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
                                               'zz_pg_fencing_truncate', 'zz_pg_fencing_replica']
+                                   WHEN resource IS NULL
+                                   THEN ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_rekey',
+                                              'zz_pg_fencing_truncate', 'zz_pg_fencing_stmt', 'zz_pg_fencing_replica']
                                    ELSE ARRAY['zz_pg_fencing_guard', 'zz_pg_fencing_after', 'zz_pg_fencing_truncate',
                                               'zz_pg_fencing_stmt', 'zz_pg_fencing_replica'] END
         LOOP
@@ -296,6 +362,13 @@ BEGIN
             RETURN format('BEFORE row trigger %s on %s fires after zz_pg_fencing_guard and could change a row after its check', trig, part);
         END IF;
     END LOOP;
+    IF _pg_fencing.table_shape(relation) = 'set-based' THEN
+        trig := _pg_fencing.set_based_problem(relation, (SELECT p.id FROM _pg_fencing.protected_table p WHERE p.relid = relation),
+                                              resource, (SELECT p.token_column FROM _pg_fencing.protected_table p WHERE p.relid = relation));
+        IF trig IS NOT NULL THEN
+            RETURN trig;
+        END IF;
+    END IF;
     -- A subscriber: rows of this table arrive by logical replication. Their tokens raise the
     -- marks (zz_pg_fencing_replica), but the publisher's marks and tombstones that no row carries
     -- (fencing_advance, the token of a DELETE or TRUNCATE) arrive only through pg_fencing's tables.
@@ -437,6 +510,21 @@ BEGIN
 END
 $fn$;
 
+-- Drop the set-based shape's default of relation's token column (_pg_fencing.stamp_default of any
+-- protection), unless it is that of protection keep.
+CREATE FUNCTION _pg_fencing.drop_own_default(relation regclass, keep bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    col name;
+BEGIN
+    FOR col IN SELECT a.attname FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+               WHERE d.adrelid = relation AND pg_get_expr(d.adbin, d.adrelid) LIKE '\_pg\_fencing.stamp\_default(%'
+                 AND pg_get_expr(d.adbin, d.adrelid) IS DISTINCT FROM format('_pg_fencing.stamp_default(%L::bigint)', keep) LOOP
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I DROP DEFAULT', relation, col);
+    END LOOP;
+END
+$fn$;
+
 CREATE FUNCTION @extschema@.fencing_protect(relation regclass, resource text DEFAULT NULL,
                                             token_column name DEFAULT 'fence_token')
 RETURNS void
@@ -451,6 +539,8 @@ DECLARE
     prev record;
     carried bigint;
     prev_max bigint;
+    shape text := 'row-trigger';
+    own_default text;
 BEGIN
     IF relation IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
@@ -588,19 +678,41 @@ BEGIN
     END LOOP;
     args := format('%L, %L, %L', pid, coalesce(resource, ''), token_column);
 
+    -- The shape (docs/design.md, "The set-based shape"): set-based (no BEFORE INSERT row trigger,
+    -- so that COPY keeps its multi-row inserts; COPY and INSERT are checked once per statement by
+    -- the hooks of the preloaded library) where this backend preloaded the library and
+    -- pg_fencing.set_based_shape is on, for a plain table whose token column has no default of
+    -- its own and that has no other BEFORE INSERT row trigger (it would run after the stamp), in
+    -- per-row mode with a key identified by its text; else the row-trigger shape.
+    own_default := format('_pg_fencing.stamp_default(%L::bigint)', pid);
+    IF _pg_fencing.preloaded() AND current_setting('pg_fencing.set_based_shape', true) = 'on' AND rel.relkind = 'r'
+       AND coalesce((SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid) FROM pg_catalog.pg_attrdef d
+                     JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                     WHERE d.adrelid = relation AND a.attname = token_column), own_default) = own_default
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg WHERE tg.tgrelid = relation AND tg.tgtype::int & 71 = 7
+                       AND NOT (tg.tgname LIKE 'zz\_pg\_fencing\_%' AND tg.tgfoid = '@extschema@.fencing_guard()'::regprocedure))
+       AND (resource IS NOT NULL OR coalesce(_pg_fencing.tombstone_key_signature(relation), '') !~ '^hash') THEN
+        shape := 'set-based';
+    END IF;
     -- Row triggers on a partitioned table are cloned to its partitions, present and future.
     -- They are named to sort after triggers with ordinary names (BEFORE triggers fire in name order).
-    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_guard BEFORE %s ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
+                   CASE shape WHEN 'set-based' THEN 'UPDATE OR DELETE' ELSE 'INSERT OR UPDATE OR DELETE' END, relation, args);
     -- AFTER INSERT: resource mode stores a raised mark once a row really was inserted (not for
     -- ON CONFLICT DO NOTHING); per-row mode checks the key's tombstone once the row is in the
-    -- unique index. Per-row mode also re-checks a key that an UPDATE changed.
-    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON %s '
-                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    -- unique index. Per-row mode also re-checks a key that an UPDATE changed. The set-based
+    -- shape's skips the rows of a COPY that pg_fencing admitted, which it checks itself.
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON %s FOR EACH ROW %s'
+                   'EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation,
+                   CASE shape WHEN 'set-based' THEN format('WHEN (_pg_fencing.insert_check_due(%L::bigint)) ', pid) ELSE '' END, args);
     -- Logical replication applies changes in replica mode, where the triggers above do not
-    -- fire: this one fires only there, and records what is applied instead of refusing it.
-    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_replica BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+    -- fire: this one fires only there, and records what is applied instead of refusing it (the
+    -- set-based shape records no INSERT: its subscribers take the publisher's marks from
+    -- _pg_fencing.resource_high_water, and per-row mode records nothing on INSERT).
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_replica BEFORE %s ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
+                   CASE shape WHEN 'set-based' THEN 'UPDATE OR DELETE' ELSE 'INSERT OR UPDATE OR DELETE' END, relation, args);
     EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER zz_pg_fencing_replica', relation);
     IF resource IS NULL THEN
         PERFORM _pg_fencing.set_rekey_trigger(relation, pid, token_column);
@@ -618,6 +730,21 @@ BEGIN
         PERFORM _pg_fencing.add_statement_triggers(part, pid, resource, token_column);
         PERFORM _pg_fencing.repair_firing_modes(part);
     END LOOP;
+    -- The set-based shape: the token column's default stamps a COPY's rows, and (per-row mode;
+    -- resource mode has it already) a statement trigger refuses an INSERT or COPY that no hook
+    -- admitted. The row-trigger shape drops that default.
+    IF shape = 'set-based' THEN
+        IF resource IS NULL THEN
+            EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_stmt BEFORE INSERT ON %s '
+                           'FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation, args);
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attrdef d JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                       WHERE d.adrelid = relation AND a.attname = token_column
+                         AND pg_catalog.pg_get_expr(d.adbin, d.adrelid) = own_default) THEN
+            EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT %s', relation, token_column, own_default);
+        END IF;
+    END IF;
+    PERFORM _pg_fencing.drop_own_default(relation, CASE shape WHEN 'set-based' THEN pid END);
     IF carried IS NOT NULL THEN
         IF resource IS NOT NULL THEN
             IF coalesce(@extschema@.fencing_high_water(resource), 0) < carried THEN
@@ -652,6 +779,7 @@ BEGIN
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_after');
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_replica');
+    PERFORM _pg_fencing.drop_own_default(relation, NULL);
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_truncate');
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_stmt');
@@ -1452,12 +1580,13 @@ SELECT p.relid AS relation,
        s.last_rejection_application_name,
        s.last_rejection_client_addr,
        p.tombstone_floor,
-       p.tombstone_retention
+       p.tombstone_retention,
+       _pg_fencing.table_shape(p.relid) AS shape
 FROM _pg_fencing.protected_table p
 LEFT JOIN LATERAL @extschema@.fencing_domain_stats('table', p.id::text) s ON true
 WHERE p.protected;
 COMMENT ON VIEW @extschema@.fencing_protected_tables IS
-'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources); tombstone_floor: per-row mode, the floor set by fencing_prune_tombstones (NULL: none); tombstone_retention: the retention of fencing_tombstone_retention (NULL: off).';
+'Tables under fencing, their mode, whether the protection is actually active right now (inactive_reason says why not), and for per-row tables the accepted and rejected row writes and the last rejection (time, token, high-water mark, backend pid, application_name, client address as in fencing_resources) since server start (with shared_preload_libraries = pg_fencing; resource-mode counts are in fencing_resources); tombstone_floor: per-row mode, the floor set by fencing_prune_tombstones (NULL: none); tombstone_retention: the retention of fencing_tombstone_retention (NULL: off); shape: ''set-based'' (no BEFORE INSERT row trigger: COPY keeps its multi-row inserts; needs shared_preload_libraries = pg_fencing, else writes are refused with FT004) or ''row-trigger'' (docs/design.md, "The set-based shape").';
 
 GRANT SELECT ON @extschema@.fencing_resources, @extschema@.fencing_protected_tables TO PUBLIC;
 
@@ -1707,7 +1836,7 @@ DECLARE
     trg record;
     restoring boolean := current_setting('check_function_bodies') = 'off';
 BEGIN
-    FOR trg IN SELECT tg.tgrelid::regclass AS rel, tg.tgname, tg.tgfoid, tg.tgtype::int AS tgtype,
+    FOR trg IN SELECT tg.oid, tg.tgargs, tg.tgrelid::regclass AS rel, tg.tgname, tg.tgfoid, tg.tgtype::int AS tgtype,
                       cardinality(tg.tgattr::int2[]) AS ncols, tg.tgqual IS NOT NULL AS has_when,
                       pg_has_role(current_user, c.relowner, 'USAGE') AS owner
                FROM pg_event_trigger_ddl_commands() d
@@ -1718,10 +1847,15 @@ BEGIN
     LOOP
         IF trg.tgname LIKE 'zz\_pg\_fencing\_%' THEN
             IF trg.tgfoid <> '@extschema@.fencing_guard()'::regprocedure
-               OR trg.tgtype <> (CASE trg.tgname WHEN 'zz_pg_fencing_guard' THEN 31 WHEN 'zz_pg_fencing_replica' THEN 31
-                                                 WHEN 'zz_pg_fencing_after' THEN 5 WHEN 'zz_pg_fencing_truncate' THEN 34
-                                                 WHEN 'zz_pg_fencing_stmt' THEN 30 WHEN 'zz_pg_fencing_rekey' THEN 17 ELSE -1 END)
-               OR (trg.tgname <> 'zz_pg_fencing_rekey' AND (trg.ncols > 0 OR trg.has_when)) THEN
+               OR trg.tgtype <> ALL (CASE trg.tgname WHEN 'zz_pg_fencing_guard' THEN ARRAY[31, 27] WHEN 'zz_pg_fencing_replica' THEN ARRAY[31, 27]
+                                                     WHEN 'zz_pg_fencing_after' THEN ARRAY[5] WHEN 'zz_pg_fencing_truncate' THEN ARRAY[34]
+                                                     WHEN 'zz_pg_fencing_stmt' THEN ARRAY[30, 6] WHEN 'zz_pg_fencing_rekey' THEN ARRAY[17] ELSE ARRAY[-1] END)
+               OR (trg.tgname <> 'zz_pg_fencing_rekey' AND trg.ncols > 0)
+               -- (the set-based shape's AFTER INSERT trigger has exactly this WHEN clause)
+               OR (trg.tgname <> 'zz_pg_fencing_rekey' AND trg.has_when
+                   AND (trg.tgname <> 'zz_pg_fencing_after'
+                        OR substring(pg_get_triggerdef(trg.oid) FROM ' WHEN \((.*)\) EXECUTE ')
+                           IS DISTINCT FROM format('_pg_fencing.insert_check_due(%L::bigint)', split_part(encode(trg.tgargs, 'escape'), '\000', 1)))) THEN
                 RAISE EXCEPTION USING ERRCODE = '55000',
                     MESSAGE = format('trigger %s of protected table %s can only be made by fencing_protect', trg.tgname, trg.rel),
                     DETAIL = 'Another function, other events, a column list or a WHEN clause would leave writes unfenced.',

@@ -24,6 +24,7 @@ static TOKEN_SETTING: GucSetting<Option<CString>> = GucSetting::<Option<CString>
 static ETCD_ENDPOINTS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static LOCK_PREFIX: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(10);
+static SET_BASED_SHAPE: GucSetting<bool> = GucSetting::<bool>::new(true);
 static VERIFY_MAX_LAG: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static WATCH_SYNC_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static PRUNE_DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
@@ -253,6 +254,14 @@ pub fn init() {
             None,
         );
     }
+    GucRegistry::define_bool_guc(
+        c"pg_fencing.set_based_shape",
+        c"Whether fencing_protect gives a table the set-based shape where the library is preloaded.",
+        c"on (default): a plain table protected in a backend that preloaded pg_fencing gets no BEFORE INSERT row trigger, so that COPY keeps its multi-row inserts; its INSERTs and COPYs are checked once per statement by the library's hooks, and every write to it is refused (FT004) in a backend without them. off: the row-trigger shape, which needs no preloading. Read by fencing_protect only (docs/design.md, \"The set-based shape\").",
+        &SET_BASED_SHAPE,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     GucRegistry::define_enum_guc(
         c"pg_fencing.token_scope",
         c"Whether a plain SET of pg_fencing.token lasts for the transaction (default) or the session.",

@@ -46,6 +46,7 @@ pgrx::extension_sql_file!(
 /// one of its functions in a backend.
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    pg::process::note_preloading();
     gucs::init();
     state::stats::init_if_preloading();
     state::mark_versions::init_if_preloading();

@@ -247,6 +247,116 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_insert(fcinfo: FunctionCallInfo
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_stamp_default);
+/// `_pg_fencing.stamp_default(protection bigint) RETURNS bigint`: the token column's default on a
+/// table of the set-based shape: the token of the COPY admitted into it, else NULL (see
+/// `guard/copy_from.rs`). STABLE, so that COPY keeps its multi-row inserts.
+///
+/// SQL: `_pg_fencing.stamp_default(protection bigint) RETURNS bigint STABLE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_stamp_default(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            let protection = call.bigint(0).unwrap_or(0);
+            Ok(stamp_result(
+                fcinfo,
+                crate::guard::copy_from::stamp_default(protection),
+            ))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_insert_check_due);
+/// `_pg_fencing.insert_check_due(protection bigint) RETURNS boolean`: the WHEN clause of the
+/// AFTER INSERT row trigger of a table of the set-based shape: false only for the rows of the
+/// COPY admitted into it (see `guard/copy_from.rs`).
+///
+/// SQL: `_pg_fencing.insert_check_due(protection bigint) RETURNS boolean VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_insert_check_due(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            let protection = call.bigint(0).unwrap_or(0);
+            Ok(pg_sys::Datum::from(
+                crate::guard::copy_from::insert_check_due(protection),
+            ))
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_copy_key);
+/// `_pg_fencing.copy_key(VARIADIC key "any") RETURNS boolean`: notes a row's key for the
+/// per-row COPY admitted into a table of the set-based shape (added to its WHERE clause; see
+/// `guard/copy_from.rs`). Always true.
+///
+/// SQL: `_pg_fencing.copy_key(VARIADIC key "any") RETURNS boolean STABLE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_copy_key(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::copy_from::note_key(&call).map(pg_sys::Datum::from)
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_copy_token);
+/// `_pg_fencing.copy_token(value bigint) RETURNS boolean`: a row of the COPY admitted into a
+/// table of the set-based shape gives its token column `value`: true if that is the writer's
+/// token, else 22023 (added to its WHERE clause; see `guard/copy_from.rs`).
+///
+/// SQL: `_pg_fencing.copy_token(value bigint) RETURNS boolean STABLE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_copy_token(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::copy_from::check_token(call.bigint(0)).map(pg_sys::Datum::from)
+        })
+    }
+}
+
+v1_finfo!(pg_finfo_pg_fencing_preloaded);
+/// `_pg_fencing.preloaded() RETURNS boolean`: was the library preloaded into this backend
+/// (`shared_preload_libraries`)? The set-based shape needs it (`fencing_protect`,
+/// `_pg_fencing.inactive_reason`).
+///
+/// SQL: `_pg_fencing.preloaded() RETURNS boolean STABLE CALLED ON NULL INPUT PARALLEL SAFE`
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_preloaded(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            Ok(pg_sys::Datum::from(crate::pg::process::preloaded()))
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_stamp_insert_key);
 /// `_pg_fencing.stamp_insert_key(value bigint, relation oid, protection bigint, token_column text,
 /// VARIADIC key "any") RETURNS bigint`: a one-row per-row INSERT's row check and key note (see

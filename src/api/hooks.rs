@@ -5,7 +5,9 @@
 //! trigger, which every DDL command fires); they pass everything on to the previous hook (or
 //! PostgreSQL's own planner and executor) unchanged unless it concerns a protected table.
 
+use crate::guard::copy_from;
 use crate::guard::fast_path::{self, InsertPlan};
+use crate::pg::copy_stmt::{self, CopyFrom};
 use crate::pg::plan::{self, DeleteQuery, InsertQuery, ModifyExecution, UpdateQuery};
 use crate::pg::report::{raise, Raiser};
 use pgrx::pg_sys;
@@ -18,6 +20,7 @@ static PREV_EXECUTOR_RUN: OnceLock<pg_sys::ExecutorRun_hook_type> = OnceLock::ne
 static PREV_EXECUTOR_FINISH: OnceLock<pg_sys::ExecutorFinish_hook_type> = OnceLock::new();
 static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::new();
 static PREV_OBJECT_ACCESS: OnceLock<pg_sys::object_access_hook_type> = OnceLock::new();
+static PREV_PROCESS_UTILITY: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
 
 /// `fencing_guard`'s own C symbol, which identifies the guard trigger's function.
 fn guard_address() -> usize {
@@ -50,6 +53,12 @@ pub fn init() {
         }
         if PREV_OBJECT_ACCESS.set(pg_sys::object_access_hook).is_ok() {
             pg_sys::object_access_hook = Some(object_access);
+        }
+        if PREV_PROCESS_UTILITY
+            .set(pg_sys::ProcessUtility_hook)
+            .is_ok()
+        {
+            pg_sys::ProcessUtility_hook = Some(process_utility);
         }
     }
 }
@@ -110,6 +119,9 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
     // The decision runs inside pgrx's guard; its error is raised here, in the hook's frame,
     // which holds only plain values (as `raise` requires).
     unsafe {
+        // A statement run inside an admitted COPY (by a trigger or function of its rows): its
+        // own inserted rows are not the COPY's (`copy_from::insert_check_due`).
+        copy_from::executor_started();
         let prev = PREV_EXECUTOR_START.get().copied().flatten();
         plan::executor_start_next(prev, query_desc, eflags);
         if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int != 0 {
@@ -192,6 +204,80 @@ unsafe extern "C-unwind" fn executor_end(query_desc: *mut pg_sys::QueryDesc) {
         fast_path::end_update(statement);
         let prev = PREV_EXECUTOR_END.get().copied().flatten();
         plan::executor_end_next(prev, query_desc);
+        copy_from::executor_ended();
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's utility processing to call (installed by `init`), on the main thread.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: PostgreSQL's own arguments are passed on, the statement possibly replaced by a
+    // copy with added conditions (`CopyFrom::with_condition`). A COPY FROM into a table of the
+    // set-based shape is admitted inside pgrx's guard, and its error raised here, in the hook's
+    // frame, which holds only plain values while the statement runs (as `raise` and
+    // `process_utility_next` require: the conditions' names are dropped before it runs).
+    unsafe {
+        let mut pstmt = pstmt;
+        let mut admitted = false;
+        if let Some(mut copy) = CopyFrom::of(pstmt) {
+            let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
+                copy_from::begin(&copy, guard_address())
+            });
+            match outcome {
+                Err(e) => raise(e, Raiser::Hook("pg_fencing ProcessUtility hook")),
+                Ok(None) => {}
+                Ok(Some(conditions)) => {
+                    admitted = true;
+                    if let Some(column) = &conditions.token_column {
+                        pstmt = copy.with_condition(
+                            pstmt,
+                            c"_pg_fencing",
+                            c"copy_token",
+                            std::slice::from_ref(column),
+                        );
+                    }
+                    if !conditions.key_columns.is_empty() {
+                        pstmt = copy.with_condition(
+                            pstmt,
+                            c"_pg_fencing",
+                            c"copy_key",
+                            &conditions.key_columns,
+                        );
+                    }
+                    drop(conditions);
+                }
+            }
+        }
+        let prev = PREV_PROCESS_UTILITY.get().copied().flatten();
+        copy_stmt::process_utility_next(
+            prev,
+            pstmt,
+            query_string,
+            read_only_tree,
+            context,
+            params,
+            query_env,
+            dest,
+            qc,
+        );
+        if admitted {
+            let rows = copy_stmt::rows_processed(qc);
+            let outcome =
+                pg_sys::submodules::panic::pgrx_extern_c_guard(move || copy_from::finish(rows));
+            if let Err(e) = outcome {
+                raise(e, Raiser::Hook("pg_fencing ProcessUtility hook"));
+            }
+        }
     }
 }
 

@@ -57,8 +57,7 @@ use pgrx::pg_sys;
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
 
-/// The guard's row trigger, installed by `fencing_protect` (`sql/pg_fencing.sql`).
-const GUARD: &CStr = c"zz_pg_fencing_guard";
+use super::GUARD;
 /// The guard's triggers whose UPDATE events the fast path replaces.
 const REPLACED: [&CStr; 4] = [
     GUARD,
@@ -121,7 +120,7 @@ fn functions() -> Option<Functions> {
 }
 
 /// Is `function` the guard trigger function? `guard_address` is `fencing_guard`'s C symbol.
-fn is_guard(function: pg_sys::Oid, guard_address: usize) -> bool {
+pub(crate) fn is_guard(function: pg_sys::Oid, guard_address: usize) -> bool {
     if function == GUARD_FUNCTION.with(|g| g.get()) {
         return true;
     }
@@ -289,8 +288,12 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<Insert
                 }
             }
             // Rows an ON CONFLICT DO UPDATE updates are counted in the statement's row count
-            // and are the UPDATE triggers' to admit: that one keeps the triggers.
-            Some(_) if !q.sets_tag() || q.updates_on_conflict() => return None,
+            // and are the UPDATE triggers' to admit: that one keeps the triggers, unless the
+            // table has the set-based shape, which has no BEFORE INSERT row trigger to keep
+            // (then the mark stored when it finished is the token its UPDATE triggers admitted
+            // for the rows it updated, or its stamps' for the rows it inserted).
+            Some(_) if !q.sets_tag() => return None,
+            Some(_) if q.updates_on_conflict() && !super::set_based(&guard) => return None,
             Some(_) => {}
         }
         let column = args.token_column.to_string_lossy().into_owned();
@@ -592,7 +595,14 @@ pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
         // Every key noted is checked, whatever the row count says (`insert_row` runs for rows
         // really inserted, and notes none in replica mode).
         Work::NewKeys { lowest, keys } => {
-            return finish_new_keys(running.protection, relid, lowest, keys);
+            let count = keys.len();
+            return finish_new_keys(
+                running.protection,
+                relid,
+                lowest,
+                count,
+                keys.iter().map(|(k, t)| (k.as_str(), *t)),
+            );
         }
     };
     if rows == 0 || crate::pg::process::replica_mode() {
@@ -620,34 +630,43 @@ pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
     Ok(())
 }
 
-/// A per-row fast-path INSERT finished: every row is in the unique index, so the tombstones read
-/// now are authoritative for its keys (as for the AFTER INSERT trigger, see `rule`). When the
-/// lowest token of its rows is at least the protection's highest tombstone and its floor, no
-/// key's mark is above its row's token; else each key is checked.
-fn finish_new_keys(
+/// A per-row fast-path INSERT (or an admitted COPY, `copy_from`) finished: every row is in the
+/// unique index, so the tombstones read now are authoritative for its keys (as for the AFTER
+/// INSERT trigger, see `rule`). When the lowest token of its rows is at least the protection's
+/// highest tombstone and its floor, no key's mark is above its row's token; else each of the
+/// `count` keys is checked.
+pub(crate) fn finish_new_keys<'a>(
     protection: i64,
     relid: pg_sys::Oid,
     lowest: Option<Token>,
-    keys: Vec<(String, Token)>,
+    count: usize,
+    keys: impl Iterator<Item = (&'a str, Token)>,
 ) -> Result<(), FenceError> {
     let Some(lowest) = lowest else {
         return Ok(());
     };
     rule::require_active(protection, &|| relation_name(relid))?;
-    let threshold = crate::state::tombstones::new_key_threshold(protection);
-    if threshold.is_some_and(|t| t.is_none_or(|t| lowest >= t)) {
+    if new_keys_pass(protection, lowest) {
         crate::state::stats::accepted_more(
             crate::state::stats::Kind::Table,
             &protection.to_string(),
-            keys.len() as u64,
+            count as u64,
         );
         return Ok(());
     }
-    for (key, token) in &keys {
+    for (key, token) in keys {
         pgrx::check_for_interrupts!();
-        admit_text_key(protection, relid, key, *token)?;
+        admit_text_key(protection, relid, key, token)?;
     }
     Ok(())
+}
+
+/// Does every new key of protection `protection` written with `token` pass its tombstone
+/// without a look at it (`tombstones::new_key_threshold`)? Only once the keys are in the unique
+/// index (see `rule`).
+pub(crate) fn new_keys_pass(protection: i64, token: Token) -> bool {
+    let threshold = crate::state::tombstones::new_key_threshold(protection);
+    threshold.is_some_and(|t| t.is_none_or(|t| token >= t))
 }
 
 /// A new key identified by text (`key`) of table `relid`, looked up against its tombstone and

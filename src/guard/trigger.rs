@@ -406,13 +406,14 @@ fn check_primary_key(
     Ok(cols)
 }
 
-/// The body of `fencing_guard()`: the trigger's result datum, or the error to raise.
+/// The body of `fencing_guard()`: the trigger's result datum, or the error to raise. What every
+/// event shares is here (the arguments verified, replica mode recorded, an inactive protection
+/// refused); each kind of event has its own function below, so that each write path's checks
+/// are in one place: `fire_statement` (BEFORE INSERT/UPDATE/DELETE FOR EACH STATEMENT),
+/// `fire_truncate`, `fire_before_row` (per mode and event), `fire_after_row`.
 pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
     let args = trigger_args(&event)?;
     let rel = event.relation();
-    let op = event.op();
-    let row_level = event.row_level();
-    let before = event.before();
 
     // The table's name is only needed for error messages: printed lazily.
     let table_fn = || rel.name();
@@ -425,30 +426,144 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
     }
     // A protection that cannot hold refuses every write (FT004), whatever the token.
     rule::require_active(args.protection, table)?;
-    if !row_level && op != TriggerOp::Truncate {
-        // BEFORE INSERT/UPDATE/DELETE FOR EACH STATEMENT (resource mode): take the resource's
-        // lock before the executor locks any row, so that every transaction takes resource
-        // lock, then row locks, in that order (a row trigger runs after its row is locked;
-        // taking the resource lock there first could deadlock against a holder of the
-        // resource lock that waits for that row). Without a token the row triggers raise FT002.
-        if let Some(resource) = &args.resource {
-            if let Some(token) = rule::write_token_if_any()? {
-                rule::admit_resource(resource, token, false)?;
+    match (event.row_level(), event.op()) {
+        (false, TriggerOp::Truncate) => fire_truncate(&event, &args, table),
+        (false, _) => fire_statement(&event, &args, table),
+        (true, _) if event.before() => fire_before_row(&event, &args, table),
+        (true, _) => fire_after_row(&event, &args, table),
+    }
+}
+
+const NO_ROW: pg_sys::Datum = pg_sys::Datum::null();
+
+/// BEFORE INSERT/UPDATE/DELETE FOR EACH STATEMENT. Resource mode: take the resource's lock before
+/// the executor locks any row, so that every transaction takes resource lock, then row locks, in
+/// that order (a row trigger runs after its row is locked; taking the resource lock there first
+/// could deadlock against a holder of the resource lock that waits for that row). Without a
+/// token the row triggers raise FT002. The set-based shape (`super::set_based`): an INSERT or COPY
+/// that reaches this trigger was admitted by no hook, unless it is the COPY that
+/// `copy_from::begin` admitted: refused (FT004), as no row trigger would check its rows.
+fn fire_statement(
+    event: &TriggerEvent,
+    args: &Args,
+    table: &dyn Fn() -> String,
+) -> Result<pg_sys::Datum, FenceError> {
+    let rel = event.relation();
+    if event.op() == TriggerOp::Insert
+        && rel
+            .trigger_named(super::GUARD)
+            .is_some_and(|g| super::set_based(&g))
+    {
+        if super::copy_from::admitted(rel.id()) {
+            return Ok(NO_ROW);
+        }
+        return Err(FenceError::NotProtected(crate::error::Text {
+            message: format!(
+                "protection of table {} is not active for this write",
+                table()
+            ),
+            detail: Some(
+                "The table has the set-based shape (no BEFORE INSERT row trigger), whose inserts \
+                 pg_fencing checks in its planner and COPY hooks; they did not take this one (an \
+                 INSERT added by a rule, one into a table with another BEFORE INSERT row \
+                 trigger, a COPY run where the hooks do not see it)."
+                    .into(),
+            ),
+            hint: Some(format!(
+                "Give the table the row-trigger shape: SET pg_fencing.set_based_shape = off; \
+                 SELECT fencing_protect('{}') (docs/design.md, \"The set-based shape\").",
+                table().replace('\'', "''")
+            )),
+        }));
+    }
+    if let Some(resource) = &args.resource {
+        if let Some(token) = rule::write_token_if_any()? {
+            rule::admit_resource(resource, token, false)?;
+        }
+    }
+    Ok(NO_ROW)
+}
+
+/// BEFORE TRUNCATE (statement level).
+fn fire_truncate(
+    event: &TriggerEvent,
+    args: &Args,
+    table: &dyn Fn() -> String,
+) -> Result<pg_sys::Datum, FenceError> {
+    let token = rule::write_token(&|| format!("a write to protected table {}", table()))?;
+    if event.before() {
+        truncate(event.relation(), args, &table(), token)?;
+    }
+    Ok(NO_ROW)
+}
+
+/// AFTER INSERT (both modes) and, in per-row mode, AFTER UPDATE of a row whose key changed (the
+/// trigger's WHEN clause): the row is in the table and in its unique index now. The token is the
+/// one the BEFORE trigger (or the stamping expression) stamped into the row, even if the
+/// session's setting changed later in the statement.
+fn fire_after_row(
+    event: &TriggerEvent,
+    args: &Args,
+    table: &dyn Fn() -> String,
+) -> Result<pg_sys::Datum, FenceError> {
+    let token = rule::write_token(&|| format!("a write to protected table {}", table()))?;
+    let rel = event.relation();
+    let op = event.op();
+    let Some(row) = event.row() else {
+        return Ok(NO_ROW);
+    };
+    let info = relinfo(event, args, table)?;
+    let written = if op == TriggerOp::Update {
+        event.new_row().ok_or_else(|| {
+            FenceError::TriggerProtocol("an UPDATE trigger call without its new row".into())
+        })?
+    } else {
+        row
+    };
+    let stamped = written.bigint(info.token_attnum).unwrap_or(token);
+    count(|f| f.after_fired = f.after_fired.wrapping_add(1));
+    match &args.resource {
+        Some(resource) if op == TriggerOp::Insert => {
+            rule::admit_resource(resource, stamped, true)?;
+        }
+        None if op == TriggerOp::Insert || op == TriggerOp::Update => {
+            let pk = check_primary_key(rel, info.pk.clone(), info.pk_immediate)?;
+            let identity = &*info.identity;
+            let key = key_of(&written, &pk, identity);
+            let old_key = (op == TriggerOp::Update).then(|| key_of(&row, &pk, identity));
+            if old_key
+                .as_ref()
+                .is_some_and(|old| same_key(old, &key, identity))
+            {
+                // An UPDATE that set a key column to the value it had, or to an equal one
+                // (the column-list form of zz_pg_fencing_rekey fires for those too): no new
+                // key.
+                return Ok(NO_ROW);
+            }
+            admit_new_key(args.protection, table, &key, identity, stamped, true)?;
+            if let Some(old_key) = old_key {
+                // The key changed, possibly by another BEFORE trigger than the guard: the
+                // old key is gone, so it keeps a tombstone.
+                record_delete(args.protection, &old_key, stamped);
             }
         }
-        return Ok(pg_sys::Datum::from(0usize));
+        _ => {}
     }
+    Ok(NO_ROW)
+}
+
+/// BEFORE INSERT/UPDATE/DELETE FOR EACH ROW: the row's check by mode and event, and its stamp.
+fn fire_before_row(
+    event: &TriggerEvent,
+    args: &Args,
+    table: &dyn Fn() -> String,
+) -> Result<pg_sys::Datum, FenceError> {
     let token = rule::write_token(&|| format!("a write to protected table {}", table()))?;
-
+    let rel = event.relation();
     let Some(row) = event.row() else {
-        // TRUNCATE (statement level).
-        if before {
-            truncate(rel, &args, &table(), token)?;
-        }
-        return Ok(pg_sys::Datum::from(0usize));
+        return Ok(NO_ROW);
     };
-
-    let info = relinfo(&event, &args, table)?;
+    let info = relinfo(event, args, table)?;
     let attnum = info.token_attnum;
     let pk_of = || check_primary_key(rel, info.pk.clone(), info.pk_immediate);
     let new_row = || {
@@ -456,52 +571,9 @@ pub fn fire(event: TriggerEvent) -> Result<pg_sys::Datum, FenceError> {
             FenceError::TriggerProtocol("an UPDATE trigger call without its new row".into())
         })
     };
-
-    if !before {
-        // AFTER INSERT (both modes) and, in per-row mode, AFTER UPDATE of a row whose key
-        // changed (the trigger's WHEN clause): the row is in the table and in its unique
-        // index now. The token is the one the BEFORE trigger stamped into the row, even if
-        // the session's setting changed later in the statement.
-        let written = if op == TriggerOp::Update {
-            new_row()?
-        } else {
-            row
-        };
-        let stamped = written.bigint(attnum).unwrap_or(token);
-        count(|f| f.after_fired = f.after_fired.wrapping_add(1));
-        match &args.resource {
-            Some(resource) if op == TriggerOp::Insert => {
-                rule::admit_resource(resource, stamped, true)?;
-            }
-            None if op == TriggerOp::Insert || op == TriggerOp::Update => {
-                let pk = pk_of()?;
-                let identity = &*info.identity;
-                let key = key_of(&written, &pk, identity);
-                let old_key = (op == TriggerOp::Update).then(|| key_of(&row, &pk, identity));
-                if old_key
-                    .as_ref()
-                    .is_some_and(|old| same_key(old, &key, identity))
-                {
-                    // An UPDATE that set a key column to the value it had, or to an equal one
-                    // (the column-list form of zz_pg_fencing_rekey fires for those too): no new
-                    // key.
-                    return Ok(pg_sys::Datum::from(0usize));
-                }
-                admit_new_key(args.protection, table, &key, identity, stamped, true)?;
-                if let Some(old_key) = old_key {
-                    // The key changed, possibly by another BEFORE trigger than the guard: the
-                    // old key is gone, so it keeps a tombstone.
-                    record_delete(args.protection, &old_key, stamped);
-                }
-            }
-            _ => {}
-        }
-        return Ok(pg_sys::Datum::from(0usize));
-    }
-
     // Counted for fenced_* calls, which check that every row they wrote came through here.
     count(|f| f.guarded_rows = f.guarded_rows.wrapping_add(1));
-    match (&args.resource, op) {
+    match (&args.resource, event.op()) {
         (Some(resource), TriggerOp::Insert) => {
             rule::admit_resource(resource, token, false)?;
             count(|f| f.after_expected = f.after_expected.wrapping_add(1));

@@ -11,6 +11,7 @@
 
 pub mod catalog;
 pub mod compat;
+pub mod copy_stmt;
 pub mod event_trigger;
 pub mod guc;
 pub mod index;

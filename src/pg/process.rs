@@ -38,6 +38,23 @@ pub fn in_recovery() -> bool {
     unsafe { pg_sys::RecoveryInProgress() }
 }
 
+/// Set by `note_preloading` in the postmaster when it preloads the library; inherited by every
+/// backend it forks.
+static PRELOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From `_PG_init`: remember whether the library is being preloaded.
+pub fn note_preloading() {
+    if preloading() {
+        PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Was the library preloaded into this backend (`shared_preload_libraries`), so that its hooks
+/// saw every statement of the backend's life? (Not when it was loaded on first use.)
+pub fn preloaded() -> bool {
+    PRELOADED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Are we in `_PG_init` while the postmaster loads `shared_preload_libraries`?
 pub fn preloading() -> bool {
     // SAFETY: a global flag the postmaster sets around loading the preloaded libraries.

@@ -528,6 +528,8 @@ pub struct TriggerInfo {
     pub name: std::ffi::CString,
     /// `tgenabled`: `O` origin, `A` always, `R` replica, `D` disabled.
     pub enabled: u8,
+    /// `tgtype`: the events and timing (`TRIGGER_TYPE_*` bits).
+    pub tgtype: u32,
     pub args: Vec<std::ffi::CString>,
 }
 
@@ -558,6 +560,7 @@ pub unsafe fn trigger_infos(td: *const pg_sys::TriggerDesc) -> Vec<TriggerInfo> 
                 function: t.tgfoid,
                 name: CStr::from_ptr(t.tgname).to_owned(),
                 enabled: t.tgenabled as u8,
+                tgtype: t.tgtype as u16 as u32,
                 args: if t.tgargs.is_null() {
                     Vec::new()
                 } else {

@@ -322,6 +322,22 @@ BEGIN
     IF restoring THEN
         RETURN;
     END IF;
+    -- A table of the set-based shape that got another BEFORE INSERT row trigger (it would run
+    -- after the stamp and could change the row) gets the row-trigger shape, whose guard runs
+    -- after it (fencing_protect chooses it for such a table; docs/design.md, "The set-based
+    -- shape"). Until then its writes are refused (FT004, _pg_fencing.set_based_problem).
+    FOR det IN SELECT pt.relid AS rel, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
+               WHERE pt.protected AND _pg_fencing.table_shape(pt.relid) = 'set-based'
+                 AND EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = pt.relid AND tg.tgtype::int & 71 = 7
+                             AND NOT (tg.tgname LIKE 'zz\_pg\_fencing\_%' AND tg.tgfoid = '@extschema@.fencing_guard()'::regprocedure)) LOOP
+        BEGIN
+            PERFORM @extschema@.fencing_protect(det.rel, det.resource, det.token_column);
+            RAISE NOTICE 'pg_fencing: % has another BEFORE INSERT row trigger now; it has the row-trigger shape', det.rel;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'pg_fencing: could not give % the row-trigger shape: %', det.rel, SQLERRM
+                USING HINT = format('Run SELECT fencing_protect(%L) again; until then its writes are refused (FT004).', det.rel);
+        END;
+    END LOOP;
     FOR p IN SELECT pt.id, pt.relid, pt.token_column, _pg_fencing.rekey_form(pt.relid) AS form
              FROM _pg_fencing.protected_table pt
              WHERE pt.protected AND pt.resource IS NULL AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = pt.relid) LOOP
@@ -1142,12 +1158,12 @@ BEGIN
                    'EXECUTE FUNCTION @extschema@.fencing_guard(%s)', relation,
                    CASE shape WHEN 'set-based' THEN format('WHEN (_pg_fencing.insert_check_due(%L::bigint)) ', pid) ELSE '' END, args);
     -- Logical replication applies changes in replica mode, where the triggers above do not
-    -- fire: this one fires only there, and records what is applied instead of refusing it (the
-    -- set-based shape records no INSERT: its subscribers take the publisher's marks from
-    -- _pg_fencing.resource_high_water, and per-row mode records nothing on INSERT).
-    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_replica BEFORE %s ON %s '
+    -- fire: this one fires only there, and records what is applied instead of refusing it (in
+    -- the set-based shape AFTER the row is written: a BEFORE INSERT row trigger, even one that
+    -- fires in replica mode only, would cost COPY its multi-row inserts).
+    EXECUTE format('CREATE OR REPLACE TRIGGER zz_pg_fencing_replica %s INSERT OR UPDATE OR DELETE ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION @extschema@.fencing_guard(%s)',
-                   CASE shape WHEN 'set-based' THEN 'UPDATE OR DELETE' ELSE 'INSERT OR UPDATE OR DELETE' END, relation, args);
+                   CASE shape WHEN 'set-based' THEN 'AFTER' ELSE 'BEFORE' END, relation, args);
     EXECUTE format('ALTER TABLE %s ENABLE REPLICA TRIGGER zz_pg_fencing_replica', relation);
     IF resource IS NULL THEN
         PERFORM _pg_fencing.set_rekey_trigger(relation, pid, token_column);
@@ -1304,7 +1320,7 @@ COMMENT ON FUNCTION _pg_fencing.stamp_insert_key(bigint, oid, bigint, text, "any
 CREATE FUNCTION _pg_fencing.stamp_default(protection bigint) RETURNS bigint
 LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_default';
 COMMENT ON FUNCTION _pg_fencing.stamp_default(bigint) IS
-'Internal (the token column''s default on a table of the set-based shape): the fencing token of the COPY that pg_fencing admitted into the table of protection (a bigint id of _pg_fencing.protected_table), else NULL (an INSERT''s token column is stamped by the planner hook; a write no hook admitted is refused by the table''s statement trigger before any row). STABLE, so that COPY keeps its multi-row inserts. Raises nothing.';
+'Internal (the token column''s default on a table of the set-based shape): the fencing token of the COPY that pg_fencing admitted into the table of protection (a bigint id of _pg_fencing.protected_table); in replica mode NULL; else the session''s pg_fencing.token, for writes that no hook of pg_fencing stamps (a MERGE''s INSERT, an INSERT in a WITH clause or a rule), whose rows the table''s AFTER INSERT trigger checks. STABLE, so that COPY keeps its multi-row inserts. Errors: FT002 no token; FT003 the token''s lock or lease was lost.';
 CREATE FUNCTION _pg_fencing.insert_check_due(protection bigint) RETURNS boolean
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_insert_check_due';
 COMMENT ON FUNCTION _pg_fencing.insert_check_due(bigint) IS
@@ -1343,7 +1359,7 @@ BEGIN
     END IF;
     IF (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
         WHERE d.adrelid = relation AND a.attname = token_column) IS DISTINCT FROM format('_pg_fencing.stamp_default(%L::bigint)', pid) THEN
-        RETURN format('the default of token column %I of %s is not _pg_fencing.stamp_default(%s), which stamps its COPYs (the set-based shape); run fencing_protect again', token_column, relation, pid);
+        RETURN format('the default of token column %I of %s is not pg_fencing''s stamp (_pg_fencing.stamp_default of its protection), which the set-based shape needs; run fencing_protect again', token_column, relation);
     END IF;
     IF (SELECT substring(pg_get_triggerdef(tg.oid) FROM ' WHEN \((.*)\) EXECUTE ') FROM pg_trigger tg
         WHERE tg.tgrelid = relation AND tg.tgname = 'zz_pg_fencing_after') IS DISTINCT FROM format('_pg_fencing.insert_check_due(%L::bigint)', pid) THEN
@@ -1553,7 +1569,7 @@ BEGIN
     LOOP
         IF trg.tgname LIKE 'zz\_pg\_fencing\_%' THEN
             IF trg.tgfoid <> '@extschema@.fencing_guard()'::regprocedure
-               OR trg.tgtype <> ALL (CASE trg.tgname WHEN 'zz_pg_fencing_guard' THEN ARRAY[31, 27] WHEN 'zz_pg_fencing_replica' THEN ARRAY[31, 27]
+               OR trg.tgtype <> ALL (CASE trg.tgname WHEN 'zz_pg_fencing_guard' THEN ARRAY[31, 27] WHEN 'zz_pg_fencing_replica' THEN ARRAY[31, 29]
                                                      WHEN 'zz_pg_fencing_after' THEN ARRAY[5] WHEN 'zz_pg_fencing_truncate' THEN ARRAY[34]
                                                      WHEN 'zz_pg_fencing_stmt' THEN ARRAY[30, 6] WHEN 'zz_pg_fencing_rekey' THEN ARRAY[17] ELSE ARRAY[-1] END)
                OR (trg.tgname <> 'zz_pg_fencing_rekey' AND trg.ncols > 0)

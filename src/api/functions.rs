@@ -249,8 +249,9 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_insert(fcinfo: FunctionCallInfo
 
 v1_finfo!(pg_finfo_pg_fencing_stamp_default);
 /// `_pg_fencing.stamp_default(protection bigint) RETURNS bigint`: the token column's default on a
-/// table of the set-based shape: the token of the COPY admitted into it, else NULL (see
-/// `guard/copy_from.rs`). STABLE, so that COPY keeps its multi-row inserts.
+/// table of the set-based shape: the token of the COPY admitted into it, else the writer's
+/// token (NULL in replica mode; see `guard/copy_from.rs`). STABLE, so that COPY keeps its
+/// multi-row inserts.
 ///
 /// SQL: `_pg_fencing.stamp_default(protection bigint) RETURNS bigint STABLE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
@@ -265,10 +266,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_default(
         run(fcinfo, || {
             let call = crate::pg::plan::StampCall::new(fcinfo);
             let protection = call.bigint(0).unwrap_or(0);
-            Ok(stamp_result(
-                fcinfo,
-                crate::guard::copy_from::stamp_default(protection),
-            ))
+            crate::guard::copy_from::stamp_default(protection).map(|t| stamp_result(fcinfo, t))
         })
     }
 }

@@ -20,11 +20,15 @@
 //!
 //! The table's own triggers close every other way in: its statement trigger
 //! `zz_pg_fencing_stmt` (BEFORE INSERT FOR EACH STATEMENT, which COPY fires too) refuses (FT004)
-//! an INSERT or COPY that neither this hook nor the planner's fast path (`fast_path::plan_insert`)
-//! admitted (`admitted`), and its AFTER INSERT row trigger, whose WHEN clause is
-//! `_pg_fencing.insert_check_due(protection)`, checks every inserted row except those of a COPY
-//! admitted here (`insert_check_due`: not for a statement that the COPY's own rows run, such as
-//! an INSERT of a user's trigger, which is counted by `executor_started`).
+//! every write in a backend that did not preload the library (`rule::require_active`), and its
+//! AFTER INSERT row trigger, whose WHEN clause is `_pg_fencing.insert_check_due(protection)`,
+//! checks every inserted row except those of a COPY admitted here (`insert_check_due`: not for
+//! a statement that the COPY's own rows run, such as an INSERT of a user's trigger, which is
+//! counted by `executor_started`): the rows of the writes that neither this hook nor the
+//! planner's fast path (`fast_path::plan_insert`) took (a MERGE's INSERT, an INSERT in a WITH
+//! clause or a rule), stamped by the column default (`stamp_default`). That trigger accepts
+//! only a token pg_fencing stamped in the transaction (`trigger::note_stamped_token`), so a
+//! value a statement gives the column itself is refused there.
 //!
 //! Invariants: a running COPY's entry is removed when it finished, and with the subtransaction
 //! that started it when that aborts; `insert_check_due` is false only for rows of the COPY at the
@@ -162,6 +166,7 @@ pub fn begin(copy: &CopyFrom, guard_address: usize) -> Result<Option<Conditions>
         }
     };
     let per_row = keys.is_some();
+    trigger::note_stamped_token(token);
     COPIES.with(|c| {
         c.borrow_mut().push(Running {
             relid,
@@ -228,27 +233,28 @@ pub fn finish(rows: Option<u64>) -> Result<(), FenceError> {
     }
 }
 
-/// The statement trigger of a set-based table fired for an INSERT event of `relid`: was it the
-/// COPY that `begin` admitted (not a statement run inside it)?
-pub fn admitted(relid: pg_sys::Oid) -> bool {
-    COPIES.with(|c| {
-        c.borrow()
-            .last()
-            .is_some_and(|r| r.relid == relid && r.nested == 0)
-    })
-}
-
 /// `_pg_fencing.stamp_default(protection)`, the token column's default on a set-based table:
-/// the token of the COPY admitted into it; NULL elsewhere (replica mode, where rows keep the
-/// token they carry; an INSERT, whose token column the planner hook stamps instead; a write no
-/// hook admitted, which the statement trigger refuses before any row).
-pub fn stamp_default(protection: i64) -> Option<Token> {
-    COPIES.with(|c| {
+/// the token of the COPY admitted into it; in replica mode NULL (rows keep the token they
+/// carry); else the writer's token (FT002 without one), as the BEFORE INSERT row trigger of the
+/// row-trigger shape stamps it, for the writes no hook admitted (a MERGE's INSERT, an INSERT in
+/// a WITH clause or a rule), whose rows the AFTER INSERT trigger checks. (The planner hook's
+/// INSERTs do not evaluate it.)
+pub fn stamp_default(protection: i64) -> Result<Option<Token>, FenceError> {
+    let copy = COPIES.with(|c| {
         c.borrow()
             .last()
             .filter(|r| r.protection == protection)
             .map(|r| r.token)
-    })
+    });
+    if copy.is_some() {
+        return Ok(copy);
+    }
+    if crate::pg::process::replica_mode() {
+        return Ok(None);
+    }
+    let token = rule::write_token(&|| format!("a write to the table of protection {protection}"))?;
+    trigger::note_stamped_token(token);
+    Ok(Some(token))
 }
 
 /// `_pg_fencing.insert_check_due(protection)`, the WHEN clause of a set-based table's AFTER

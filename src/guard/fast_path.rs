@@ -88,6 +88,8 @@ struct Functions {
     /// The same for a one-row per-row INSERT's stamp that notes its key (then it takes
     /// `insert_row`'s way).
     stamp_insert_key: Option<pg_sys::Oid>,
+    /// The set-based shape's column default (not evaluated by a stamped INSERT).
+    stamp_default: Option<pg_sys::Oid>,
 }
 
 thread_local! {
@@ -114,6 +116,7 @@ fn functions() -> Option<Functions> {
         stamp_insert: plan::internal_function(c"stamp_insert"),
         insert_row: plan::internal_function(c"insert_row"),
         stamp_insert_key: plan::internal_function(c"stamp_insert_key"),
+        stamp_default: plan::internal_function(c"stamp_default"),
     };
     FUNCTIONS.with(|c| c.set(Some(f)));
     Some(f)
@@ -281,7 +284,7 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<Insert
                             StampArg::Text(&column),
                         ];
                         call.extend(pk.iter().map(|a| StampArg::Given(*a)));
-                        q.stamp_column(rel, token_attnum, f, &call);
+                        q.stamp_column(rel, token_attnum, f, &call, funcs.stamp_default);
                         return Some(InsertPlan::KeysNoted);
                     }
                     key_check = funcs.insert_row.map(|f| (f, pk));
@@ -307,6 +310,7 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<Insert
                 StampArg::Text(args.resource.as_deref().unwrap_or("")),
                 StampArg::Text(&column),
             ],
+            funcs.stamp_default,
         );
         let Some((insert_row, pk)) = key_check else {
             return Some(InsertPlan::Stamped);
@@ -939,6 +943,9 @@ pub fn stamp_insert(call: &StampCall) -> Result<Option<Token>, FenceError> {
     rule::require_active(protection, &|| relation_name(relid))?;
     let token = session_token(relid)?;
     trigger::count_guarded();
+    // (the AFTER INSERT trigger of the set-based shape, which an INSERT with RETURNING or ON
+    // CONFLICT keeps, accepts only tokens stamped so)
+    trigger::note_stamped_token(token);
     match resource {
         Some(resource) => {
             rule::admit_resource(resource, token, false)?;

@@ -39,6 +39,47 @@ thread_local! {
 }
 
 thread_local! {
+    /// The tokens pg_fencing stamped into rows of tables of the set-based shape in this
+    /// transaction (by a column default, a stamping expression, an admitted COPY): the AFTER
+    /// INSERT trigger of such a table accepts no other value in a row's token column.
+    static STAMPED: RefCell<rustc_hash::FxHashSet<Token>> = RefCell::new(rustc_hash::FxHashSet::default());
+}
+
+/// `token` was stamped into a row by pg_fencing (see `STAMPED`).
+pub fn note_stamped_token(token: Token) {
+    STAMPED.with(|s| {
+        let mut s = s.borrow_mut();
+        if !s.contains(&token) {
+            s.insert(token);
+        }
+    });
+}
+
+fn stamped_in_transaction(token: Token) -> bool {
+    STAMPED.with(|s| s.borrow().contains(&token))
+}
+
+/// 22023: a row inserted into a table of the set-based shape carries `given` in its token
+/// column, which pg_fencing did not stamp.
+pub(crate) fn unstamped_token(table: &str, given: Option<Token>) -> FenceError {
+    FenceError::ArgumentShape(crate::error::Text {
+        message: format!(
+            "a row inserted into protected table {table} gives its token column {}, not a fencing \
+             token the writer carries",
+            given.map_or("NULL".to_string(), |v| v.to_string())
+        ),
+        detail: Some(
+            "The table has the set-based shape: pg_fencing stamps the token column through its \
+             default or the planner, and cannot overwrite a value that the statement gives."
+                .into(),
+        ),
+        hint: Some(
+            "Leave the token column out of the INSERT, or give it the writer's token.".into(),
+        ),
+    })
+}
+
+thread_local! {
     static FIRINGS: Cell<Firings> = const {
         Cell::new(Firings { guarded_rows: 0, after_expected: 0, after_fired: 0, unguarded_statements: 0 })
     };
@@ -108,6 +149,8 @@ struct RelInfo {
     rekey_misses: bool,
     /// Per-row mode: how the key meets its tombstones (`pg/key_identity.rs`).
     identity: std::rc::Rc<KeyIdentity>,
+    /// The table has the set-based shape (`super::set_based`): no BEFORE INSERT row trigger.
+    set_based: bool,
 }
 
 /// A row's key as tombstones know it (see `state::tombstones::TombKey`).
@@ -246,7 +289,11 @@ fn relinfo(
     } else {
         KeyIdentity::new(&[])
     };
+    let set_based = rel
+        .trigger_named(super::GUARD)
+        .is_some_and(|g| super::set_based(&g));
     let info = RelInfo {
+        set_based,
         identity: std::rc::Rc::new(identity),
         token_attnum,
         pk,
@@ -440,42 +487,14 @@ const NO_ROW: pg_sys::Datum = pg_sys::Datum::null();
 /// the executor locks any row, so that every transaction takes resource lock, then row locks, in
 /// that order (a row trigger runs after its row is locked; taking the resource lock there first
 /// could deadlock against a holder of the resource lock that waits for that row). Without a
-/// token the row triggers raise FT002. The set-based shape (`super::set_based`): an INSERT or COPY
-/// that reaches this trigger was admitted by no hook, unless it is the COPY that
-/// `copy_from::begin` admitted: refused (FT004), as no row trigger would check its rows.
+/// token the row triggers raise FT002. Per-row mode in the set-based shape has it for INSERT
+/// only, to refuse (in `fire`, `rule::require_active`) a write where the library was not
+/// preloaded before any row is written.
 fn fire_statement(
-    event: &TriggerEvent,
+    _event: &TriggerEvent,
     args: &Args,
-    table: &dyn Fn() -> String,
+    _table: &dyn Fn() -> String,
 ) -> Result<pg_sys::Datum, FenceError> {
-    let rel = event.relation();
-    if event.op() == TriggerOp::Insert
-        && rel
-            .trigger_named(super::GUARD)
-            .is_some_and(|g| super::set_based(&g))
-    {
-        if super::copy_from::admitted(rel.id()) {
-            return Ok(NO_ROW);
-        }
-        return Err(FenceError::NotProtected(crate::error::Text {
-            message: format!(
-                "protection of table {} is not active for this write",
-                table()
-            ),
-            detail: Some(
-                "The table has the set-based shape (no BEFORE INSERT row trigger), whose inserts \
-                 pg_fencing checks in its planner and COPY hooks; they did not take this one (an \
-                 INSERT added by a rule, one into a table with another BEFORE INSERT row \
-                 trigger, a COPY run where the hooks do not see it)."
-                    .into(),
-            ),
-            hint: Some(format!(
-                "Give the table the row-trigger shape: SET pg_fencing.set_based_shape = off; \
-                 SELECT fencing_protect('{}') (docs/design.md, \"The set-based shape\").",
-                table().replace('\'', "''")
-            )),
-        }));
-    }
     if let Some(resource) = &args.resource {
         if let Some(token) = rule::write_token_if_any()? {
             rule::admit_resource(resource, token, false)?;
@@ -520,7 +539,20 @@ fn fire_after_row(
     } else {
         row
     };
-    let stamped = written.bigint(info.token_attnum).unwrap_or(token);
+    let stamped = if info.set_based && op == TriggerOp::Insert {
+        // No BEFORE INSERT trigger stamped this row: its token column has what the statement
+        // gave it, by the column's default (`_pg_fencing.stamp_default`), a stamping expression
+        // or a value of its own. Only a token pg_fencing stamped in this transaction counts:
+        // another value (a stale writer's higher number, NULL) is refused.
+        let given = written.bigint(info.token_attnum);
+        match given {
+            // (and its lock or lease must still hold, as when it was stamped)
+            Some(t) if stamped_in_transaction(t) => rule::admit_token(t)?,
+            _ => return Err(unstamped_token(&table(), given)),
+        }
+    } else {
+        written.bigint(info.token_attnum).unwrap_or(token)
+    };
     count(|f| f.after_fired = f.after_fired.wrapping_add(1));
     match &args.resource {
         Some(resource) if op == TriggerOp::Insert => {
@@ -670,7 +702,8 @@ fn record_replicated(
     args: &Args,
     table: &dyn Fn() -> String,
 ) -> Result<pg_sys::Datum, FenceError> {
-    if !event.row_level() || !event.before() {
+    // (row level: BEFORE in the row-trigger shape, AFTER in the set-based one)
+    if !event.row_level() {
         return Ok(pg_sys::Datum::from(0usize));
     }
     let rel = event.relation();
@@ -741,6 +774,9 @@ fn truncate(rel: Relation, args: &Args, table: &str, token: Token) -> Result<(),
 /// verified again after an abort or a rolled-back savepoint; a changed relation's cached trigger
 /// arguments are dropped.
 pub fn on_event(ev: BackendEvent) {
+    if ev.ends_transaction() {
+        STAMPED.with(|s| s.borrow_mut().clear());
+    }
     match ev {
         BackendEvent::Abort | BackendEvent::SubAbort(_) => forget_verified(),
         BackendEvent::Relcache(relid) => forget_relation(relid),

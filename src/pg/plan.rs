@@ -538,12 +538,16 @@ impl InsertQuery {
     /// Make column `attnum`'s value `function(value, args…)`, `value` being what the statement
     /// gave the column (its expression or default, NULL if none), and the other arguments
     /// `args` (`rel` is the target table, open).
+    /// (`default_call`: a function whose call as the column's value, the set-based shape's
+    /// column default, is not passed on but NULL: the stamp replaces it, and it would stamp
+    /// again.)
     pub fn stamp_column(
         &mut self,
         rel: Relation,
         attnum: i16,
         function: pg_sys::Oid,
         args: &[StampArg],
+        default_call: Option<pg_sys::Oid>,
     ) {
         // SAFETY: main thread, inside the planner's call; the target list is a List of
         // TargetEntry nodes in column order (the rewriter's), which stays in column order: the
@@ -555,9 +559,14 @@ impl InsertQuery {
             let existing = tlist
                 .iter_ptr()
                 .find(|t| !(**t).resjunk && (**t).resno == attnum);
+            let is_default_call = |e: *mut pg_sys::Expr| {
+                !e.is_null()
+                    && (*e).type_ == pg_sys::NodeTag::T_FuncExpr
+                    && Some((*e.cast::<pg_sys::FuncExpr>()).funcid) == default_call
+            };
             let value: *mut pg_sys::Node = match existing {
-                Some(t) => (*t).expr.cast(),
-                None => pg_sys::makeNullConst(pg_sys::INT8OID, -1, pg_sys::Oid::INVALID).cast(),
+                Some(t) if !is_default_call((*t).expr) => (*t).expr.cast(),
+                _ => pg_sys::makeNullConst(pg_sys::INT8OID, -1, pg_sys::Oid::INVALID).cast(),
             };
             let expr = stamp_expr(q.resultRelation, rel, function, args, q.targetList);
             (*expr).args = pg_sys::lcons(value.cast(), (*expr).args);

@@ -299,7 +299,8 @@ BEGIN; SET LOCAL pg_fencing.token = '12';
 INSERT INTO ip_res VALUES (20, 0), (1, 0) ON CONFLICT DO NOTHING;
 COMMIT;
 SELECT fencing_high_water('ip-resource'), (SELECT fence_token FROM ip_res WHERE id = 20) AS row_token;
--- ON CONFLICT DO UPDATE keeps the triggers (its updated rows are the UPDATE trigger's).
+-- ON CONFLICT DO UPDATE keeps the triggers in the row-trigger shape (its updated rows are the
+-- UPDATE trigger's); the set-based shape, which has no BEFORE INSERT row trigger, stamps it.
 BEGIN; SET LOCAL pg_fencing.token = '13';
 SELECT ip_reset();
 INSERT INTO ip_res VALUES (1, 7) ON CONFLICT (id) DO UPDATE SET v = excluded.v;

@@ -355,6 +355,8 @@ stage_lifecycle() {
     tests/lifecycle/leases_carried.sh
     step "16/19 lifecycle paths: a lease token granted in a history a copy lost, also the database's first grant, is refused (FT003) after a promotion, PITR, pg_rewind and pg_dump/restore (tests/lifecycle/lost_history.sh)"
     tests/lifecycle/lost_history.sh
+    step "16/19 lifecycle paths: the set-based shape refuses every write (FT004) where the library is no longer preloaded, fencing_protect gives the row-trigger shape there, a dump keeps the shape and its fence (tests/lifecycle/preload_removed.sh)"
+    tests/lifecycle/preload_removed.sh
     step "16/19 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
     tests/lifecycle/logical.sh
     step "16/19 lifecycle paths: backup and restore, every documented procedure (tests/lifecycle/restore.sh)"
@@ -392,7 +394,7 @@ stage_pg18_suites() {
     step "18/19 on PostgreSQL 18: PostgreSQL leases under concurrency (tests/leases)"
     tests/leases/run.sh
     step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, lease tokens carried, a lost first grant, logical replication, backup and restore)"
-    for t in async_commit watch_carried watch_upgrade leases_carried lost_history logical restore; do tests/lifecycle/$t.sh; done
+    for t in async_commit watch_carried watch_upgrade leases_carried lost_history preload_removed logical restore; do tests/lifecycle/$t.sh; done
     unset PGF_PG_MAJOR
     step "18/19 from 15 to 18: marks, tombstones and a watch carried across majors (tests/lifecycle/major_upgrade.sh)"
     tests/lifecycle/major_upgrade.sh

@@ -11,7 +11,11 @@ Statements (N = 20,000 by default; tokens: the data is written with token 1, the
 runs with token 5):
   COPY FROM a file of new keys; INSERT ... SELECT of new keys; DELETE of every row.
 Tables: `plain` (no protection, with a bigint token column like the others), per-row mode,
-resource mode. Two reference rows contain no pg_fencing check at all and bound what any design
+resource mode, each in the shape fencing_protect chooses where the library is preloaded (the
+set-based shape: no BEFORE INSERT row trigger, COPY keeps its multi-row inserts; docs/design.md,
+"The set-based shape") and in the row-trigger shape, measured preloaded and in a backend that
+loads the library on first use (where fencing_protect chooses the row-trigger shape and the
+set-based one refuses writes). Two reference rows contain no pg_fencing check at all and bound what any design
 can reach: COPY into a plain table whose token column is set by a DEFAULT from the setting (no
 trigger: COPY keeps its multi-row inserts), and a DELETE that also writes one row per deleted key
 into a table keyed by the key (the cheapest exact tombstone: one heap tuple and one B-tree entry).
@@ -42,6 +46,13 @@ TABLES = {
     "plain": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, fence_token bigint);",
     "per-row": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); SELECT fencing_protect('t');",
     "resource": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); SELECT fencing_protect('t', 'bulk');",
+    "per-row, row-trigger shape": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); "
+                                  "SET pg_fencing.set_based_shape = off; SELECT fencing_protect('t');",
+    "resource, row-trigger shape": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); "
+                                   "SET pg_fencing.set_based_shape = off; SELECT fencing_protect('t', 'bulk');",
+    # The library not preloaded: fencing_protect chooses the row-trigger shape there.
+    "per-row, not preloaded": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); SELECT fencing_protect('t');",
+    "resource, not preloaded": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL); SELECT fencing_protect('t', 'bulk');",
     "plain, token DEFAULT": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, "
                             "fence_token bigint DEFAULT pg_catalog.current_setting('pg_fencing.token')::bigint);",
     "plain, tombstone table": "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL, fence_token bigint); "
@@ -67,10 +78,20 @@ FLOOR = {"COPY FROM": "plain, token DEFAULT", "INSERT ... SELECT of new keys": "
 # (label, statement, protected table[, statement on it]): the unprotected column is the statement
 # on `plain`, the protected one the statement (or the one named) on the protected table.
 ROWS = [
-    ("COPY FROM, resource mode", "COPY FROM", "resource"),
-    ("COPY FROM, per-row mode", "COPY FROM", "per-row"),
-    ("INSERT ... SELECT of new keys, resource mode", "INSERT ... SELECT of new keys", "resource"),
-    ("INSERT ... SELECT of new keys, per-row mode", "INSERT ... SELECT of new keys", "per-row"),
+    ("COPY FROM, resource mode (set-based shape, preloaded)", "COPY FROM", "resource"),
+    ("COPY FROM, per-row mode (set-based shape, preloaded)", "COPY FROM", "per-row"),
+    ("COPY FROM, resource mode, row-trigger shape (preloaded)", "COPY FROM", "resource, row-trigger shape"),
+    ("COPY FROM, per-row mode, row-trigger shape (preloaded)", "COPY FROM", "per-row, row-trigger shape"),
+    ("COPY FROM, resource mode, not preloaded (row-trigger shape)", "COPY FROM", "resource, not preloaded"),
+    ("COPY FROM, per-row mode, not preloaded (row-trigger shape)", "COPY FROM", "per-row, not preloaded"),
+    ("INSERT ... SELECT of new keys, resource mode (set-based shape, preloaded)", "INSERT ... SELECT of new keys", "resource"),
+    ("INSERT ... SELECT of new keys, per-row mode (set-based shape, preloaded)", "INSERT ... SELECT of new keys", "per-row"),
+    ("INSERT ... SELECT of new keys, per-row mode, row-trigger shape (preloaded)", "INSERT ... SELECT of new keys",
+     "per-row, row-trigger shape"),
+    ("INSERT ... SELECT of new keys, resource mode, not preloaded (row-trigger shape)", "INSERT ... SELECT of new keys",
+     "resource, not preloaded"),
+    ("INSERT ... SELECT of new keys, per-row mode, not preloaded (row-trigger shape)", "INSERT ... SELECT of new keys",
+     "per-row, not preloaded"),
     ("DELETE of {n} keys, per-row mode", "DELETE of every row", "per-row"),
     ("DELETE of {n} keys, resource mode", "DELETE of every row", "resource"),
     ("reference: COPY FROM, the token column set by a DEFAULT from the setting (no trigger, no check)",
@@ -85,7 +106,8 @@ def count(args, template, table, script):
         # The table is in the template already (made once, not under callgrind).
         return callgrind_total(args.pgbin, args.work, args.tomb_template, script + "\n", table)
     return callgrind_total(args.pgbin, args.work, template,
-                           "CREATE EXTENSION pg_fencing;\n" + TABLES[table] + "\n" + script + "\n", table)
+                           "CREATE EXTENSION pg_fencing;\n" + TABLES[table] + "\n" + script + "\n", table,
+                           preload="not preloaded" not in table)
 
 
 def tombstone_template(args):

@@ -159,9 +159,10 @@ def count(args, template, name, n):
     return callgrind_total(args.pgbin, args.work, template, "\n".join(lines) + "\n", name)
 
 
-def callgrind_total(pgbin, work, template, script_text, name):
+def callgrind_total(pgbin, work, template, script_text, name, preload=True):
     """Instructions of one single-user backend on a fresh copy of `template` running
-    `script_text` under callgrind (start-up and shutdown included; callers take differences)."""
+    `script_text` under callgrind (start-up and shutdown included; callers take differences);
+    `preload`: with shared_preload_libraries = pg_fencing (else the library loads on first use)."""
     run_dir = os.path.join(work, "run")
     if os.path.exists(run_dir):
         shutil.rmtree(run_dir)
@@ -173,7 +174,8 @@ def callgrind_total(pgbin, work, template, script_text, name):
     with open(script) as stdin:
         out = as_postgres(["valgrind", "--tool=callgrind", f"--log-file={log}", "--callgrind-out-file=/dev/null",
                            f"{pgbin}/postgres", "--single", "-D", run_dir,
-                           "-c", "fsync=off", "-c", "autovacuum=off", "-c", "shared_preload_libraries=pg_fencing",
+                           "-c", "fsync=off", "-c", "autovacuum=off",
+                           "-c", "shared_preload_libraries=" + ("pg_fencing" if preload else ""),
                            "postgres"],
                           stdin=stdin, capture_output=True, text=True)
     # A statement that failed would make the counts meaningless.

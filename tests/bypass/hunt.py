@@ -57,7 +57,13 @@ SQL_ONLY = {"insert", "upsert", "update", "update_key", "delete", "merge", "trun
 # per-row UPDATE or DELETE): no code of pg_fencing runs then, so nothing can refuse the write
 # (docs/guarantees.md, "When a protection is not active"). The hunter found that with a
 # "truncate_disabled" state (seed 1) before such a DISABLE was refused outside restores.
-STATES = ["active", "after_disabled", "replica_trigger_ordinary", "disable_attempt"]
+STATES = ["active", "after_disabled", "replica_trigger_ordinary", "disable_attempt",
+          "row_trigger_shape", "set_based_shape"]
+# The table's shape (docs/design.md, "The set-based shape"): fencing_protect with
+# pg_fencing.set_based_shape off (the row-trigger shape: a BEFORE INSERT row trigger) or on (the
+# set-based shape where the server preloads the library, as the hunter's does: INSERT and COPY
+# checked by the library's hooks). Both are active; the contract is the same in each.
+SHAPES = ["row_trigger_shape", "set_based_shape"]
 # Schema changes the contract keeps the fence through (docs/guarantees.md, "When a protection is
 # not active", the schema-change paragraph): retyping the token column, also to its own type with
 # a USING clause that would rewrite every mark, is refused (55000); dropping or detaching (then
@@ -329,10 +335,14 @@ class Server:
                         f"ADD CONSTRAINT {name}_pkey PRIMARY KEY (id, during WITHOUT OVERLAPS)")
             return "ok"
         try:
+            if state == "row_trigger_shape":
+                cur.execute("SET pg_fencing.set_based_shape = off")
             cur.execute("SELECT fencing_protect(%s, (SELECT resource FROM _pg_fencing.protected_table WHERE relid = %s::regclass))",
                         (name, name))
         except psycopg2.Error as e:
             return e.pgcode
+        finally:
+            cur.execute("RESET pg_fencing.set_based_shape")
         # Disabling is refused outside a restore (check_function_bodies = off), and ENABLE
         # TRIGGER ALL is repaired by the DDL event trigger unless that is off: the states a
         # restore stopped half-way, or a superuser, can leave.
@@ -494,7 +504,8 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
                     t["state"] = "active"
             if step[2] in PARTITION_CHANGES:
                 model.partition_gone(name)
-            model.t[name]["state"] = "active" if refused or step[2] in PARTITION_CHANGES else step[2]
+            model.t[name]["state"] = ("active" if refused or step[2] in PARTITION_CHANGES or step[2] in SHAPES
+                                      else step[2])
 
             continue
         _, table, path, source, key, new_key, delta, kind = step

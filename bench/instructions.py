@@ -87,6 +87,12 @@ STATEMENTS = {
         "EXECUTE s({k})", "new"),
     "insert per-row": ("PREPARE s(int) AS INSERT INTO prow (id, v) VALUES ($1, 0)", "EXECUTE s({k})", "new"),
     "insert resource": ("PREPARE s(int) AS INSERT INTO pres (id, v) VALUES ($1, 0)", "EXECUTE s({k})", "new"),
+    # The same INSERTs sent as plain statements, planned every time (the planner hook's work
+    # counts), as a client without prepared statements sends them.
+    "insert plain, not prepared": ("", "INSERT INTO plain (id, v) VALUES ({k}, 0)", "new"),
+    "insert plain, not prepared, token from the GUC in SQL": (
+        "", "INSERT INTO plain (id, v, fence_token) VALUES ({k}, 0, current_setting('pg_fencing.token')::bigint)", "new"),
+    "insert per-row, not prepared": ("", "INSERT INTO prow (id, v) VALUES ({k}, 0)", "new"),
     "fenced_insert per-row": (
         "PREPARE s(int) AS SELECT fenced_insert('prow', jsonb_build_object('id', $1, 'v', 0), 100)",
         "EXECUTE s({k})", "new"),
@@ -114,6 +120,9 @@ PAIRS = [
     ("per-row mode INSERT (new key)", "insert plain", "insert per-row"),
     ("... vs the floor: the token stamped by a SQL expression, no check",
      "insert plain, token from the GUC in SQL", "insert per-row"),
+    ("per-row mode INSERT (new key), not prepared", "insert plain, not prepared", "insert per-row, not prepared"),
+    ("... vs the floor: the token stamped by a SQL expression, no check",
+     "insert plain, not prepared, token from the GUC in SQL", "insert per-row, not prepared"),
     ("resource mode INSERT", "insert plain", "insert resource"),
     ("... vs the floor: the token stamped by a SQL expression, no check",
      "insert plain, token from the GUC in SQL", "insert resource"),

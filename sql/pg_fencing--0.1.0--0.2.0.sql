@@ -323,16 +323,17 @@ BEGIN
         RETURN;
     END IF;
     -- A table of the set-based shape that got another BEFORE INSERT row trigger (it would run
-    -- after the stamp and could change the row) gets the row-trigger shape, whose guard runs
-    -- after it (fencing_protect chooses it for such a table; docs/design.md, "The set-based
+    -- after the stamp and could change the row), or in per-row mode a key identified by hash
+    -- (which its COPY does not check), gets the row-trigger shape, whose guard runs after it (fencing_protect chooses it for such a table; docs/design.md, "The set-based
     -- shape"). Until then its writes are refused (FT004, _pg_fencing.set_based_problem).
     FOR det IN SELECT pt.relid AS rel, pt.resource, pt.token_column FROM _pg_fencing.protected_table pt
                WHERE pt.protected AND _pg_fencing.table_shape(pt.relid) = 'set-based'
-                 AND EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = pt.relid AND tg.tgtype::int & 71 = 7
-                             AND NOT (tg.tgname LIKE 'zz\_pg\_fencing\_%' AND tg.tgfoid = '@extschema@.fencing_guard()'::regprocedure)) LOOP
+                 AND (EXISTS (SELECT 1 FROM pg_trigger tg WHERE tg.tgrelid = pt.relid AND tg.tgtype::int & 71 = 7
+                              AND NOT (tg.tgname LIKE 'zz\_pg\_fencing\_%' AND tg.tgfoid = '@extschema@.fencing_guard()'::regprocedure))
+                      OR (pt.resource IS NULL AND _pg_fencing.tombstone_key_signature(pt.relid) ~ '^hash')) LOOP
         BEGIN
             PERFORM @extschema@.fencing_protect(det.rel, det.resource, det.token_column);
-            RAISE NOTICE 'pg_fencing: % has another BEFORE INSERT row trigger now; it has the row-trigger shape', det.rel;
+            RAISE NOTICE 'pg_fencing: % has another BEFORE INSERT row trigger or a key identified by hash now; it has the row-trigger shape', det.rel;
         EXCEPTION WHEN OTHERS THEN
             RAISE WARNING 'pg_fencing: could not give % the row-trigger shape: %', det.rel, SQLERRM
                 USING HINT = format('Run SELECT fencing_protect(%L) again; until then its writes are refused (FT004).', det.rel);
@@ -961,16 +962,16 @@ BEGIN
 END
 $fn$;
 
--- Drop the set-based shape's default of relation's token column (_pg_fencing.stamp_default of any
--- protection), unless it is that of protection keep.
-CREATE FUNCTION _pg_fencing.drop_own_default(relation regclass, keep bigint) RETURNS void
+-- Drop the set-based shape's default (_pg_fencing.stamp_default()) of relation's columns, except
+-- of column keep.
+CREATE FUNCTION _pg_fencing.drop_own_default(relation regclass, keep name) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     col name;
 BEGIN
     FOR col IN SELECT a.attname FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-               WHERE d.adrelid = relation AND pg_get_expr(d.adbin, d.adrelid) LIKE '\_pg\_fencing.stamp\_default(%'
-                 AND pg_get_expr(d.adbin, d.adrelid) IS DISTINCT FROM format('_pg_fencing.stamp_default(%L::bigint)', keep) LOOP
+               WHERE d.adrelid = relation AND pg_get_expr(d.adbin, d.adrelid) = '_pg_fencing.stamp_default()'
+                 AND a.attname IS DISTINCT FROM keep LOOP
         EXECUTE format('ALTER TABLE %s ALTER COLUMN %I DROP DEFAULT', relation, col);
     END LOOP;
 END
@@ -1135,7 +1136,7 @@ BEGIN
     -- pg_fencing.set_based_shape is on, for a plain table whose token column has no default of
     -- its own and that has no other BEFORE INSERT row trigger (it would run after the stamp), in
     -- per-row mode with a key identified by its text; else the row-trigger shape.
-    own_default := format('_pg_fencing.stamp_default(%L::bigint)', pid);
+    own_default := '_pg_fencing.stamp_default()';
     IF _pg_fencing.preloaded() AND current_setting('pg_fencing.set_based_shape', true) = 'on' AND rel.relkind = 'r'
        AND coalesce((SELECT pg_catalog.pg_get_expr(d.adbin, d.adrelid) FROM pg_catalog.pg_attrdef d
                      JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
@@ -1195,7 +1196,7 @@ BEGIN
             EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT %s', relation, token_column, own_default);
         END IF;
     END IF;
-    PERFORM _pg_fencing.drop_own_default(relation, CASE shape WHEN 'set-based' THEN pid END);
+    PERFORM _pg_fencing.drop_own_default(relation, CASE shape WHEN 'set-based' THEN token_column END);
     IF carried IS NOT NULL THEN
         IF resource IS NOT NULL THEN
             IF coalesce(@extschema@.fencing_high_water(resource), 0) < carried THEN
@@ -1317,10 +1318,10 @@ COMMENT ON FUNCTION _pg_fencing.stamp_insert_key(bigint, oid, bigint, text, "any
 'Internal (INSERT fast path, per-row mode, an INSERT of one row whose key the statement gives by constants, parameters and PostgreSQL''s own immutable functions: the value the planner gives its token column; key is those expressions again): returns the session''s pg_fencing.token to stamp into the new row and notes the key with it, checked against its tombstone when the statement finished (once the row is in the unique index); in replica mode returns value. Errors: FT001 (when the statement finished) the key has a tombstone above the token; FT002 no token; FT003 the token''s lock was lost; FT004 the protection is not active; FT006 refused by a watch in verify mode; 42501 the constants do not name the table''s protection, or the caller may not INSERT into the table; 39P01 the statement was planned for another key identity (run it again).';
 
 -- The set-based shape (docs/design.md, "The set-based shape"; src/guard/copy_from.rs).
-CREATE FUNCTION _pg_fencing.stamp_default(protection bigint) RETURNS bigint
+CREATE FUNCTION _pg_fencing.stamp_default() RETURNS bigint
 LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_default';
-COMMENT ON FUNCTION _pg_fencing.stamp_default(bigint) IS
-'Internal (the token column''s default on a table of the set-based shape): the fencing token of the COPY that pg_fencing admitted into the table of protection (a bigint id of _pg_fencing.protected_table); in replica mode NULL; else the session''s pg_fencing.token, for writes that no hook of pg_fencing stamps (a MERGE''s INSERT, an INSERT in a WITH clause or a rule), whose rows the table''s AFTER INSERT trigger checks. STABLE, so that COPY keeps its multi-row inserts. Errors: FT002 no token; FT003 the token''s lock or lease was lost.';
+COMMENT ON FUNCTION _pg_fencing.stamp_default() IS
+'Internal (the token column''s default on a table of the set-based shape; no arguments, so that every INSERT that fills in defaults reads a short expression): the fencing token of the COPY that pg_fencing admitted and is running; in replica mode NULL; else the session''s pg_fencing.token (NULL without one), for writes that no hook of pg_fencing stamps (a MERGE''s INSERT, an INSERT in a WITH clause or a rule), whose rows the table''s AFTER INSERT trigger checks (FT002 there for NULL without a token). STABLE, so that COPY keeps its multi-row inserts. Errors: FT003 the token''s lock or lease was lost.';
 CREATE FUNCTION _pg_fencing.insert_check_due(protection bigint) RETURNS boolean
 LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_insert_check_due';
 COMMENT ON FUNCTION _pg_fencing.insert_check_due(bigint) IS
@@ -1358,8 +1359,8 @@ BEGIN
         RETURN format('%s has the set-based shape, which only plain tables can have; run fencing_protect again', relation);
     END IF;
     IF (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-        WHERE d.adrelid = relation AND a.attname = token_column) IS DISTINCT FROM format('_pg_fencing.stamp_default(%L::bigint)', pid) THEN
-        RETURN format('the default of token column %I of %s is not pg_fencing''s stamp (_pg_fencing.stamp_default of its protection), which the set-based shape needs; run fencing_protect again', token_column, relation);
+        WHERE d.adrelid = relation AND a.attname = token_column) IS DISTINCT FROM '_pg_fencing.stamp_default()' THEN
+        RETURN format('the default of token column %I of %s is not pg_fencing''s stamp (_pg_fencing.stamp_default()), which the set-based shape needs; run fencing_protect again', token_column, relation);
     END IF;
     IF (SELECT substring(pg_get_triggerdef(tg.oid) FROM ' WHEN \((.*)\) EXECUTE ') FROM pg_trigger tg
         WHERE tg.tgrelid = relation AND tg.tgname = 'zz_pg_fencing_after') IS DISTINCT FROM format('_pg_fencing.insert_check_due(%L::bigint)', pid) THEN

@@ -248,12 +248,12 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_insert(fcinfo: FunctionCallInfo
 }
 
 v1_finfo!(pg_finfo_pg_fencing_stamp_default);
-/// `_pg_fencing.stamp_default(protection bigint) RETURNS bigint`: the token column's default on a
-/// table of the set-based shape: the token of the COPY admitted into it, else the writer's
-/// token (NULL in replica mode; see `guard/copy_from.rs`). STABLE, so that COPY keeps its
+/// `_pg_fencing.stamp_default() RETURNS bigint`: the token column's default on a table of the
+/// set-based shape: the token of the admitted COPY running now, else the writer's token (NULL
+/// without one, and in replica mode; see `guard/copy_from.rs`). STABLE, so that COPY keeps its
 /// multi-row inserts.
 ///
-/// SQL: `_pg_fencing.stamp_default(protection bigint) RETURNS bigint STABLE CALLED ON NULL INPUT PARALLEL UNSAFE`
+/// SQL: `_pg_fencing.stamp_default() RETURNS bigint STABLE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// As `pg_fencing_stamp_row`.
@@ -264,9 +264,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_default(
     // SAFETY: as in `pg_fencing_stamp_row`.
     unsafe {
         run(fcinfo, || {
-            let call = crate::pg::plan::StampCall::new(fcinfo);
-            let protection = call.bigint(0).unwrap_or(0);
-            crate::guard::copy_from::stamp_default(protection).map(|t| stamp_result(fcinfo, t))
+            crate::guard::copy_from::stamp_default().map(|t| stamp_result(fcinfo, t))
         })
     }
 }

@@ -9,7 +9,7 @@
 //!   (`rule::write_token`: FT002, FT003), in resource mode against the resource's mark under its
 //!   lock (`rule::admit_resource`: FT001);
 //! * each row's token column gets that token from its column default
-//!   (`_pg_fencing.stamp_default(protection)`, STABLE: `stamp_default` here); a COPY that gives
+//!   (`_pg_fencing.stamp_default()`, STABLE: `stamp_default` here); a COPY that gives
 //!   the column values itself has each checked to be that token (`_pg_fencing.copy_token`, added
 //!   to its WHERE clause: `check_token`);
 //! * per-row mode: each row's key is noted (`_pg_fencing.copy_key`, added to its WHERE clause:
@@ -233,28 +233,26 @@ pub fn finish(rows: Option<u64>) -> Result<(), FenceError> {
     }
 }
 
-/// `_pg_fencing.stamp_default(protection)`, the token column's default on a set-based table:
-/// the token of the COPY admitted into it; in replica mode NULL (rows keep the token they
-/// carry); else the writer's token (FT002 without one), as the BEFORE INSERT row trigger of the
-/// row-trigger shape stamps it, for the writes no hook admitted (a MERGE's INSERT, an INSERT in
-/// a WITH clause or a rule), whose rows the AFTER INSERT trigger checks. (The planner hook's
-/// INSERTs do not evaluate it.)
-pub fn stamp_default(protection: i64) -> Result<Option<Token>, FenceError> {
-    let copy = COPIES.with(|c| {
-        c.borrow()
-            .last()
-            .filter(|r| r.protection == protection)
-            .map(|r| r.token)
-    });
+/// `_pg_fencing.stamp_default()`, the token column's default on a set-based table: the token of
+/// the admitted COPY running now; in replica mode NULL (rows keep the token they carry); else
+/// the writer's token, as the BEFORE INSERT row trigger of the row-trigger shape stamps it, for
+/// the writes no hook admitted (a MERGE's INSERT, an INSERT in a WITH clause or a rule), whose
+/// rows the AFTER INSERT trigger checks (and refuses with FT002 where this gave NULL for want of
+/// a token). (The planner hook's INSERTs do not evaluate it. A table that copied the default
+/// with `CREATE TABLE … LIKE … INCLUDING DEFAULTS` gets the token, or NULL.)
+pub fn stamp_default() -> Result<Option<Token>, FenceError> {
+    let copy = COPIES.with(|c| c.borrow().last().map(|r| r.token));
     if copy.is_some() {
         return Ok(copy);
     }
     if crate::pg::process::replica_mode() {
         return Ok(None);
     }
-    let token = rule::write_token(&|| format!("a write to the table of protection {protection}"))?;
-    trigger::note_stamped_token(token);
-    Ok(Some(token))
+    let token = rule::write_token_if_any()?;
+    if let Some(t) = token {
+        trigger::note_stamped_token(t);
+    }
+    Ok(token)
 }
 
 /// `_pg_fencing.insert_check_due(protection)`, the WHEN clause of a set-based table's AFTER

@@ -548,6 +548,8 @@ fn fire_after_row(
         match given {
             // (and its lock or lease must still hold, as when it was stamped)
             Some(t) if stamped_in_transaction(t) => rule::admit_token(t)?,
+            // The default stamps NULL without a token: FT002 (`write_token` above raised it
+            // already unless the session has one now).
             _ => return Err(unstamped_token(&table(), given)),
         }
     } else {

@@ -4,7 +4,7 @@
 //! a result relation's triggers; and the arguments of a stamping call. What to do is decided by
 //! `guard/fast_path.rs`; this layer only reads and writes PostgreSQL's structures.
 
-use crate::pg::trigger_event::{trigger_infos, Relation};
+use crate::pg::trigger_event::{trigger_named_in, Relation};
 use pgrx::pg_sys;
 use pgrx::PgList;
 use std::ffi::{c_char, c_int, CStr, CString};
@@ -847,9 +847,7 @@ impl ModifyExecution {
             if root.is_null() {
                 return Vec::new();
             }
-            trigger_infos((*root).ri_TrigDesc)
-                .into_iter()
-                .find(|t| t.name.as_c_str() == name)
+            trigger_named_in((*root).ri_TrigDesc, name)
                 .map(|t| t.args)
                 .unwrap_or_default()
         }

@@ -181,9 +181,7 @@ impl<'a> Relation<'a> {
         // SAFETY: the relation is open, so is its relcache trigger descriptor (NULL when it has
         // no triggers) with `numtriggers` entries whose names and arguments are NUL-terminated
         // strings owned by the relcache entry; everything is copied out.
-        unsafe { trigger_infos((*self.rel).trigdesc) }
-            .into_iter()
-            .find(|t| t.name.as_c_str() == name)
+        unsafe { trigger_named_in((*self.rel).trigdesc, name) }
     }
 
     /// Is this a plain table (not partitioned) with inheritance children?
@@ -525,7 +523,6 @@ pub fn relation_name(relid: pg_sys::Oid) -> String {
 pub struct TriggerInfo {
     pub oid: u32,
     pub function: pg_sys::Oid,
-    pub name: std::ffi::CString,
     /// `tgenabled`: `O` origin, `A` always, `R` replica, `D` disabled.
     pub enabled: u8,
     /// `tgtype`: the events and timing (`TRIGGER_TYPE_*` bits).
@@ -540,36 +537,46 @@ impl TriggerInfo {
     }
 }
 
-/// The triggers of a trigger descriptor, copied.
+/// The trigger named `name` of a trigger descriptor, copied (only that one).
 ///
 /// # Safety
 /// `td` must be NULL or a valid trigger descriptor (a relcache entry's, or a result relation's
 /// copy), alive for the call.
-pub unsafe fn trigger_infos(td: *const pg_sys::TriggerDesc) -> Vec<TriggerInfo> {
+pub unsafe fn trigger_named_in(td: *const pg_sys::TriggerDesc, name: &CStr) -> Option<TriggerInfo> {
     // SAFETY: per the contract `td` is NULL or valid, with `numtriggers` Trigger entries whose
-    // `tgname` and `tgnargs` arguments are NUL-terminated strings; all are copied.
+    // `tgname` is a NUL-terminated string; the one found is copied by `trigger_info`.
     unsafe {
         if td.is_null() || (*td).triggers.is_null() {
-            return Vec::new();
+            return None;
         }
         let n = (*td).numtriggers.max(0) as usize;
         std::slice::from_raw_parts((*td).triggers, n)
             .iter()
-            .map(|t| TriggerInfo {
-                oid: t.tgoid.to_u32(),
-                function: t.tgfoid,
-                name: CStr::from_ptr(t.tgname).to_owned(),
-                enabled: t.tgenabled as u8,
-                tgtype: t.tgtype as u16 as u32,
-                args: if t.tgargs.is_null() {
-                    Vec::new()
-                } else {
-                    (0..t.tgnargs.max(0) as usize)
-                        .map(|i| CStr::from_ptr(*t.tgargs.add(i)).to_owned())
-                        .collect()
-                },
-            })
-            .collect()
+            .find(|t| CStr::from_ptr(t.tgname) == name)
+            .map(|t| trigger_info(t))
+    }
+}
+
+/// One trigger, copied.
+///
+/// # Safety
+/// `t` must be a valid trigger of a descriptor alive for the call.
+unsafe fn trigger_info(t: &pg_sys::Trigger) -> TriggerInfo {
+    // SAFETY: per the contract its name and `tgnargs` arguments are NUL-terminated strings.
+    unsafe {
+        TriggerInfo {
+            oid: t.tgoid.to_u32(),
+            function: t.tgfoid,
+            enabled: t.tgenabled as u8,
+            tgtype: t.tgtype as u16 as u32,
+            args: if t.tgargs.is_null() {
+                Vec::new()
+            } else {
+                (0..t.tgnargs.max(0) as usize)
+                    .map(|i| CStr::from_ptr(*t.tgargs.add(i)).to_owned())
+                    .collect()
+            },
+        }
     }
 }
 

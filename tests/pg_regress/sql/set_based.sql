@@ -151,8 +151,16 @@ SELECT id, fence_token FROM sb_row WHERE id = 10;
 
 -- Hand-made calls of the shape's functions note, stamp or admit nothing outside an admitted COPY.
 SELECT _pg_fencing.copy_key(1), _pg_fencing.copy_token(5), _pg_fencing.insert_check_due(1);
-SELECT _pg_fencing.stamp_default(1);
-BEGIN; SET LOCAL pg_fencing.token = '60'; SELECT _pg_fencing.stamp_default(1); ROLLBACK;
+SELECT _pg_fencing.stamp_default();
+BEGIN; SET LOCAL pg_fencing.token = '60'; SELECT _pg_fencing.stamp_default(); ROLLBACK;
+
+-- Without a token the default stamps nothing and the write is refused (FT002); a table that
+-- copied the default (LIKE … INCLUDING DEFAULTS) is not protected and needs no token.
+MERGE INTO sb_row t USING (VALUES (70, 0)) s(id, v) ON t.id = s.id WHEN NOT MATCHED THEN INSERT VALUES (s.id, s.v);
+CREATE TABLE sb_copy (LIKE sb_row INCLUDING DEFAULTS);
+INSERT INTO sb_copy VALUES (1, 1);
+SELECT id, fence_token FROM sb_copy;
+DROP TABLE sb_copy;
 
 -- The shape's triggers are made by fencing_protect only: another WHEN clause is refused (55000).
 CREATE OR REPLACE TRIGGER zz_pg_fencing_after AFTER INSERT ON sb_row FOR EACH ROW WHEN (false)

@@ -7,7 +7,7 @@
 # stays after the library is preloaded again (until fencing_protect chooses again). A dump of a
 # set-based table restored into a new database (with and without --disable-triggers) keeps the
 # shape and its fence.
-# A throwaway cluster on 127.0.0.1:${PGPORT_PRELOAD:-54493}.
+# A throwaway cluster on 127.0.0.1:${PGPORT_PRELOAD:-54497}.
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
@@ -17,7 +17,7 @@ CHILD_PIDS=""
 fresh_workdir
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
-PGPORT_TEST=${PGPORT_PRELOAD:-54493}
+PGPORT_TEST=${PGPORT_PRELOAD:-54497}
 started=$SECONDS
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'" pg_start
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)

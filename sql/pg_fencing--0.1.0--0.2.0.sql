@@ -414,6 +414,69 @@ LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'fencing_prune_tombsto
 COMMENT ON FUNCTION @extschema@.fencing_prune_tombstones(regclass, bigint, bigint) IS
 'Per-row mode, owner only: raises the table''s tombstone floor to floor (a fencing token; never lowered) and deletes its tombstones whose high-water mark is at or below the floor, at most max_tombstones of them (NULL: all); returns how many were deleted. From then on a write that gives a row a key without a tombstone needs a token of at least the floor (FT001 otherwise), so a pruned key stays fenced. Safe only with a global token source whose holders that acquire later get higher tokens (etcd revisions, ZooKeeper zxids): a holder whose token is below the floor can no longer insert new keys (docs/operations.md, "Tombstone retention"). Waits for the table''s in-flight writes (SHARE lock on the table and its partitions until commit). Errors: 42501 not the owner; FT004 not a protected table; 22023 resource mode, floor <= 0 or max_tombstones < 0; 22004 NULL relation or floor.';
 
+-- The set-based shape (docs/design.md, "The set-based shape"; src/guard/copy_from.rs).
+CREATE FUNCTION _pg_fencing.stamp_default() RETURNS bigint
+LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_default';
+COMMENT ON FUNCTION _pg_fencing.stamp_default() IS
+'Internal (the token column''s default on a table of the set-based shape; no arguments, so that every INSERT that fills in defaults reads a short expression): the fencing token of the COPY that pg_fencing admitted and is running; in replica mode NULL; else the session''s pg_fencing.token (NULL without one), for writes that no hook of pg_fencing stamps (a MERGE''s INSERT, an INSERT in a WITH clause or a rule), whose rows the table''s AFTER INSERT trigger checks (FT002 there for NULL without a token). STABLE, so that COPY keeps its multi-row inserts. Errors: FT003 the token''s lock or lease was lost.';
+CREATE FUNCTION _pg_fencing.insert_check_due(protection bigint) RETURNS boolean
+LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_insert_check_due';
+COMMENT ON FUNCTION _pg_fencing.insert_check_due(bigint) IS
+'Internal (the WHEN clause of zz_pg_fencing_after on a table of the set-based shape): false only for the rows of the COPY that pg_fencing admitted into the table of protection, whose keys and mark it checks when the COPY finished; true for every other inserted row. Raises nothing.';
+CREATE FUNCTION _pg_fencing.copy_key(VARIADIC key "any") RETURNS boolean
+LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_copy_key';
+COMMENT ON FUNCTION _pg_fencing.copy_key("any") IS
+'Internal (added to the WHERE clause of a COPY into a per-row table of the set-based shape; key: the row''s primary key columns in key order): notes the key, which is checked against its tombstone when the COPY finished (FT001 then). Always true; a call outside such a COPY notes nothing.';
+CREATE FUNCTION _pg_fencing.copy_token(value bigint) RETURNS boolean
+LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_copy_token';
+COMMENT ON FUNCTION _pg_fencing.copy_token(bigint) IS
+'Internal (added to the WHERE clause of a COPY that gives the token column of a table of the set-based shape values itself): true if value is the writer''s fencing token; 22023 otherwise (pg_fencing cannot overwrite what COPY gives). True outside such a COPY.';
+CREATE FUNCTION _pg_fencing.preloaded() RETURNS boolean
+LANGUAGE c STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_fencing_preloaded';
+COMMENT ON FUNCTION _pg_fencing.preloaded() IS
+'Was the library preloaded into this backend (shared_preload_libraries = ''pg_fencing'')? The set-based shape needs it in every backend that writes its tables.';
+-- The shape of a protected table, as its guard row trigger says: ''set-based'' without a BEFORE
+-- INSERT row trigger, ''row-trigger'' with one; NULL without a guard trigger.
+CREATE FUNCTION _pg_fencing.table_shape(relation regclass) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE WHEN tg.tgtype::int & 4 = 0 THEN 'set-based' ELSE 'row-trigger' END
+    FROM pg_catalog.pg_trigger tg
+    WHERE tg.tgrelid OPERATOR(pg_catalog.=) relation AND tg.tgname OPERATOR(pg_catalog.=) 'zz_pg_fencing_guard'
+$fn$;
+-- Why a table of the set-based shape cannot be fenced by it in this backend (NULL: it can).
+CREATE FUNCTION _pg_fencing.set_based_problem(relation regclass, pid bigint, resource text, token_column name) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    trig text;
+BEGIN
+    IF NOT _pg_fencing.preloaded() THEN
+        RETURN format('%s has the set-based shape, which needs pg_fencing in shared_preload_libraries, and this backend did not preload it; preload it, or run fencing_protect on the table again in such a backend to give it the row-trigger shape, which needs no preloading', relation);
+    END IF;
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = relation) <> 'r' THEN
+        RETURN format('%s has the set-based shape, which only plain tables can have; run fencing_protect again', relation);
+    END IF;
+    IF (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+        WHERE d.adrelid = relation AND a.attname = token_column) IS DISTINCT FROM '_pg_fencing.stamp_default()' THEN
+        RETURN format('the default of token column %I of %s is not pg_fencing''s stamp (_pg_fencing.stamp_default()), which the set-based shape needs; run fencing_protect again', token_column, relation);
+    END IF;
+    IF (SELECT substring(pg_get_triggerdef(tg.oid) FROM ' WHEN \((.*)\) EXECUTE ') FROM pg_trigger tg
+        WHERE tg.tgrelid = relation AND tg.tgname = 'zz_pg_fencing_after') IS DISTINCT FROM format('_pg_fencing.insert_check_due(%L::bigint)', pid) THEN
+        RETURN format('trigger zz_pg_fencing_after of %s does not have the WHEN clause of the set-based shape; run fencing_protect again', relation);
+    END IF;
+    SELECT tg.tgname INTO trig FROM pg_trigger tg
+    WHERE tg.tgrelid = relation AND tg.tgtype::int & 71 = 7 AND tg.tgenabled <> 'D'
+      AND NOT (tg.tgname LIKE 'zz\_pg\_fencing\_%' AND tg.tgfoid = '@extschema@.fencing_guard()'::regprocedure)
+    ORDER BY tg.tgname LIMIT 1;
+    IF FOUND THEN
+        RETURN format('BEFORE INSERT row trigger %s on %s runs after the set-based shape stamps a row and could change it; run fencing_protect again (it gives such a table the row-trigger shape)', trig, relation);
+    END IF;
+    IF resource IS NULL AND _pg_fencing.tombstone_key_signature(relation) ~ '^hash' THEN
+        RETURN format('the primary key of %s is identified by hash (its equal values may print differently), which the set-based shape''s COPY does not check; run fencing_protect again (it gives such a table the row-trigger shape)', relation);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
 CREATE OR REPLACE VIEW @extschema@.fencing_protected_tables AS
 SELECT p.relid AS relation,
        CASE WHEN p.resource IS NULL THEN 'per-row' ELSE 'resource' END AS mode,
@@ -1316,69 +1379,6 @@ CREATE FUNCTION _pg_fencing.stamp_insert_key(value bigint, relation oid, protect
 RETURNS bigint LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_insert_key';
 COMMENT ON FUNCTION _pg_fencing.stamp_insert_key(bigint, oid, bigint, text, "any") IS
 'Internal (INSERT fast path, per-row mode, an INSERT of one row whose key the statement gives by constants, parameters and PostgreSQL''s own immutable functions: the value the planner gives its token column; key is those expressions again): returns the session''s pg_fencing.token to stamp into the new row and notes the key with it, checked against its tombstone when the statement finished (once the row is in the unique index); in replica mode returns value. Errors: FT001 (when the statement finished) the key has a tombstone above the token; FT002 no token; FT003 the token''s lock was lost; FT004 the protection is not active; FT006 refused by a watch in verify mode; 42501 the constants do not name the table''s protection, or the caller may not INSERT into the table; 39P01 the statement was planned for another key identity (run it again).';
-
--- The set-based shape (docs/design.md, "The set-based shape"; src/guard/copy_from.rs).
-CREATE FUNCTION _pg_fencing.stamp_default() RETURNS bigint
-LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_stamp_default';
-COMMENT ON FUNCTION _pg_fencing.stamp_default() IS
-'Internal (the token column''s default on a table of the set-based shape; no arguments, so that every INSERT that fills in defaults reads a short expression): the fencing token of the COPY that pg_fencing admitted and is running; in replica mode NULL; else the session''s pg_fencing.token (NULL without one), for writes that no hook of pg_fencing stamps (a MERGE''s INSERT, an INSERT in a WITH clause or a rule), whose rows the table''s AFTER INSERT trigger checks (FT002 there for NULL without a token). STABLE, so that COPY keeps its multi-row inserts. Errors: FT003 the token''s lock or lease was lost.';
-CREATE FUNCTION _pg_fencing.insert_check_due(protection bigint) RETURNS boolean
-LANGUAGE c VOLATILE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_insert_check_due';
-COMMENT ON FUNCTION _pg_fencing.insert_check_due(bigint) IS
-'Internal (the WHEN clause of zz_pg_fencing_after on a table of the set-based shape): false only for the rows of the COPY that pg_fencing admitted into the table of protection, whose keys and mark it checks when the COPY finished; true for every other inserted row. Raises nothing.';
-CREATE FUNCTION _pg_fencing.copy_key(VARIADIC key "any") RETURNS boolean
-LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_copy_key';
-COMMENT ON FUNCTION _pg_fencing.copy_key("any") IS
-'Internal (added to the WHERE clause of a COPY into a per-row table of the set-based shape; key: the row''s primary key columns in key order): notes the key, which is checked against its tombstone when the COPY finished (FT001 then). Always true; a call outside such a COPY notes nothing.';
-CREATE FUNCTION _pg_fencing.copy_token(value bigint) RETURNS boolean
-LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_copy_token';
-COMMENT ON FUNCTION _pg_fencing.copy_token(bigint) IS
-'Internal (added to the WHERE clause of a COPY that gives the token column of a table of the set-based shape values itself): true if value is the writer''s fencing token; 22023 otherwise (pg_fencing cannot overwrite what COPY gives). True outside such a COPY.';
-CREATE FUNCTION _pg_fencing.preloaded() RETURNS boolean
-LANGUAGE c STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_fencing_preloaded';
-COMMENT ON FUNCTION _pg_fencing.preloaded() IS
-'Was the library preloaded into this backend (shared_preload_libraries = ''pg_fencing'')? The set-based shape needs it in every backend that writes its tables.';
--- The shape of a protected table, as its guard row trigger says: ''set-based'' without a BEFORE
--- INSERT row trigger, ''row-trigger'' with one; NULL without a guard trigger.
-CREATE FUNCTION _pg_fencing.table_shape(relation regclass) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT CASE WHEN tg.tgtype::int & 4 = 0 THEN 'set-based' ELSE 'row-trigger' END
-    FROM pg_catalog.pg_trigger tg
-    WHERE tg.tgrelid OPERATOR(pg_catalog.=) relation AND tg.tgname OPERATOR(pg_catalog.=) 'zz_pg_fencing_guard'
-$fn$;
--- Why a table of the set-based shape cannot be fenced by it in this backend (NULL: it can).
-CREATE FUNCTION _pg_fencing.set_based_problem(relation regclass, pid bigint, resource text, token_column name) RETURNS text
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
-DECLARE
-    trig text;
-BEGIN
-    IF NOT _pg_fencing.preloaded() THEN
-        RETURN format('%s has the set-based shape, which needs pg_fencing in shared_preload_libraries, and this backend did not preload it; preload it, or run fencing_protect on the table again in such a backend to give it the row-trigger shape, which needs no preloading', relation);
-    END IF;
-    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = relation) <> 'r' THEN
-        RETURN format('%s has the set-based shape, which only plain tables can have; run fencing_protect again', relation);
-    END IF;
-    IF (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-        WHERE d.adrelid = relation AND a.attname = token_column) IS DISTINCT FROM '_pg_fencing.stamp_default()' THEN
-        RETURN format('the default of token column %I of %s is not pg_fencing''s stamp (_pg_fencing.stamp_default()), which the set-based shape needs; run fencing_protect again', token_column, relation);
-    END IF;
-    IF (SELECT substring(pg_get_triggerdef(tg.oid) FROM ' WHEN \((.*)\) EXECUTE ') FROM pg_trigger tg
-        WHERE tg.tgrelid = relation AND tg.tgname = 'zz_pg_fencing_after') IS DISTINCT FROM format('_pg_fencing.insert_check_due(%L::bigint)', pid) THEN
-        RETURN format('trigger zz_pg_fencing_after of %s does not have the WHEN clause of the set-based shape; run fencing_protect again', relation);
-    END IF;
-    SELECT tg.tgname INTO trig FROM pg_trigger tg
-    WHERE tg.tgrelid = relation AND tg.tgtype::int & 71 = 7 AND tg.tgenabled <> 'D'
-      AND NOT (tg.tgname LIKE 'zz\_pg\_fencing\_%' AND tg.tgfoid = '@extschema@.fencing_guard()'::regprocedure)
-    ORDER BY tg.tgname LIMIT 1;
-    IF FOUND THEN
-        RETURN format('BEFORE INSERT row trigger %s on %s runs after the set-based shape stamps a row and could change it; run fencing_protect again (it gives such a table the row-trigger shape)', trig, relation);
-    END IF;
-    IF resource IS NULL AND _pg_fencing.tombstone_key_signature(relation) ~ '^hash' THEN
-        RETURN format('the primary key of %s is identified by hash (its equal values may print differently), which the set-based shape''s COPY does not check; run fencing_protect again (it gives such a table the row-trigger shape)', relation);
-    END IF;
-    RETURN NULL;
-END
-$fn$;
 
 -- A publication of a protected table carries pg_fencing's own tables along: the publisher's marks
 -- and tombstones that no row carries (fencing_advance, the token of a DELETE or TRUNCATE) reach a

@@ -121,7 +121,7 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
     unsafe {
         // A statement run inside an admitted COPY (by a trigger or function of its rows): its
         // own inserted rows are not the COPY's (`copy_from::insert_check_due`).
-        copy_from::executor_started();
+        copy_from::executor_started(query_desc as usize);
         let prev = PREV_EXECUTOR_START.get().copied().flatten();
         plan::executor_start_next(prev, query_desc, eflags);
         if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int != 0 {
@@ -204,7 +204,7 @@ unsafe extern "C-unwind" fn executor_end(query_desc: *mut pg_sys::QueryDesc) {
         fast_path::end_update(statement);
         let prev = PREV_EXECUTOR_END.get().copied().flatten();
         plan::executor_end_next(prev, query_desc);
-        copy_from::executor_ended();
+        copy_from::executor_ended(query_desc as usize);
     }
 }
 

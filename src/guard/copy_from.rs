@@ -24,7 +24,7 @@
 //! AFTER INSERT row trigger, whose WHEN clause is `_pg_fencing.insert_check_due(protection)`,
 //! checks every inserted row except those of a COPY admitted here (`insert_check_due`: not for
 //! a statement that the COPY's own rows run, such as an INSERT of a user's trigger, which is
-//! counted by `executor_started`): the rows of the writes that neither this hook nor the
+//! listed by `executor_started`): the rows of the writes that neither this hook nor the
 //! planner's fast path (`fast_path::plan_insert`) took (a MERGE's INSERT, an INSERT in a WITH
 //! clause or a rule), stamped by the column default (`stamp_default`). That trigger accepts
 //! only a token pg_fencing stamped in the transaction (`trigger::note_stamped_token`), so a
@@ -32,9 +32,10 @@
 //!
 //! Invariants: a running COPY's entry is removed when it finished, and with the subtransaction
 //! that started it when that aborts; `insert_check_due` is false only for rows of the COPY at the
-//! top of the stack while no executor runs inside it (a count left raised by a failed inner
+//! top of the stack while no executor that started inside it runs (one left listed by a failed inner
 //! statement only makes the AFTER INSERT trigger check rows the COPY checks too); the stamp, the
-//! token check and the key notes never depend on that count. A COPY run inside another's row
+//! token check and the key notes never depend on that list; an executor that started before
+//! the COPY is not in it, so ending one inside the COPY changes nothing. A COPY run inside another's row
 //! (from a function) is the top of the stack while it runs.
 
 #![forbid(unsafe_code)]
@@ -92,9 +93,10 @@ struct Running {
     token: Token,
     /// Per-row mode: the keys its rows gave.
     keys: Option<KeyNotes>,
-    /// Executors started (and not yet ended) while it runs: statements run by its rows
-    /// (triggers, defaults), whose own inserts are not its rows.
-    nested: u32,
+    /// The executors started while it runs and not ended yet (by their QueryDesc's address):
+    /// statements run by its rows (triggers, functions), whose own inserts are not its rows. An
+    /// executor that started before the COPY (a cursor closed inside it) is not one of them.
+    inner: Vec<usize>,
     subxact: pg_sys::SubTransactionId,
 }
 
@@ -137,6 +139,21 @@ pub fn begin(copy: &CopyFrom, guard_address: usize) -> Result<Option<Conditions>
         let args = trigger::args_of(guard.oid, &guard.args).ok()?;
         let column = args.token_column.clone();
         let (pk, _) = rel.primary_key();
+        // The conditions added to the COPY's WHERE clause read the key columns (per-row mode)
+        // and the token column (if the COPY gives it): PostgreSQL then wants SELECT on them. A
+        // role without it is not admitted here: its COPY's rows are checked one by one by the
+        // AFTER INSERT trigger, as for the writes no hook takes.
+        let mut read = if args.resource.is_none() {
+            pk.clone()
+        } else {
+            Vec::new()
+        };
+        if copy.names_column(&column) {
+            read.push(rel.bigint_column(&column).ok()?);
+        }
+        if !read.is_empty() && !plan::may_select_columns(relid, &read) {
+            return None;
+        }
         let pk_names: Vec<CString> = pk
             .iter()
             .map(|a| CString::new(rel.column_name(*a)).unwrap_or_default())
@@ -174,7 +191,7 @@ pub fn begin(copy: &CopyFrom, guard_address: usize) -> Result<Option<Conditions>
             resource: args.resource.clone(),
             token,
             keys,
-            nested: 0,
+            inner: Vec::new(),
             subxact: crate::pg::process::current_subxact(),
         })
     });
@@ -257,12 +274,12 @@ pub fn stamp_default() -> Result<Option<Token>, FenceError> {
 
 /// `_pg_fencing.insert_check_due(protection)`, the WHEN clause of a set-based table's AFTER
 /// INSERT row trigger: false only for the rows of the COPY admitted into it, which `finish`
-/// checks.
+/// checks (no executor started inside the COPY is running: the row is the COPY's own).
 pub fn insert_check_due(protection: i64) -> bool {
     !COPIES.with(|c| {
         c.borrow()
             .last()
-            .is_some_and(|r| r.protection == protection && r.nested == 0)
+            .is_some_and(|r| r.protection == protection && r.inner.is_empty())
     })
 }
 
@@ -312,21 +329,26 @@ pub fn check_token(value: Option<Token>) -> Result<bool, FenceError> {
     }))
 }
 
-/// ExecutorStart: a statement starts (inside the running COPY, if any).
-pub fn executor_started() {
+/// ExecutorStart of the statement whose QueryDesc is at `query_desc`: it starts inside the
+/// running COPY, if any.
+pub fn executor_started(query_desc: usize) {
     COPIES.with(|c| {
         if let Some(r) = c.borrow_mut().last_mut() {
-            r.nested = r.nested.saturating_add(1);
+            r.inner.push(query_desc);
         }
     });
 }
 
-/// ExecutorEnd: a statement ends. (One that failed ends no executor: its COPY's `nested` stays
-/// raised, and the COPY's rows are then checked by the AFTER INSERT trigger as well.)
-pub fn executor_ended() {
+/// ExecutorEnd of that statement. Only an executor the COPY saw start counts (a cursor opened
+/// before the COPY and closed inside it does not make the COPY's count fall). One that failed
+/// ends no executor: it stays listed, and the COPY's rows are then checked by the AFTER INSERT
+/// trigger as well.
+pub fn executor_ended(query_desc: usize) {
     COPIES.with(|c| {
         if let Some(r) = c.borrow_mut().last_mut() {
-            r.nested = r.nested.saturating_sub(1);
+            if let Some(i) = r.inner.iter().rposition(|q| *q == query_desc) {
+                r.inner.swap_remove(i);
+            }
         }
     });
 }

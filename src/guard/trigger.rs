@@ -542,11 +542,12 @@ fn fire_after_row(
     let stamped = if info.set_based && op == TriggerOp::Insert {
         // No BEFORE INSERT trigger stamped this row: its token column has what the statement
         // gave it, by the column's default (`_pg_fencing.stamp_default`), a stamping expression
-        // or a value of its own. Only a token pg_fencing stamped in this transaction counts:
-        // another value (a stale writer's higher number, NULL) is refused.
+        // or a value of its own. Only the writer's token, or one pg_fencing stamped in this
+        // transaction, counts: another value (a stale writer's higher number, NULL) is refused.
         let given = written.bigint(info.token_attnum);
         match given {
             // (and its lock or lease must still hold, as when it was stamped)
+            Some(t) if t == token => t,
             Some(t) if stamped_in_transaction(t) => rule::admit_token(t)?,
             // The default stamps NULL without a token: FT002 (`write_token` above raised it
             // already unless the session has one now).

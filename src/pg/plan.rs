@@ -1176,6 +1176,21 @@ pub fn may_insert(relid: pg_sys::Oid) -> bool {
     may(relid, pg_sys::ACL_INSERT as pg_sys::AclMode)
 }
 
+/// May the current user SELECT every one of columns `attnums` of table `relid` (the table, or
+/// each column)?
+pub fn may_select_columns(relid: pg_sys::Oid, attnums: &[i16]) -> bool {
+    // SAFETY: catalog privilege checks by value on the main thread inside a transaction.
+    unsafe {
+        let user = pg_sys::GetUserId();
+        let mode = pg_sys::ACL_SELECT as pg_sys::AclMode;
+        pg_sys::pg_class_aclcheck(relid, user, mode) == pg_sys::AclResult::ACLCHECK_OK
+            || attnums.iter().all(|a| {
+                pg_sys::pg_attribute_aclcheck(relid, *a, user, mode)
+                    == pg_sys::AclResult::ACLCHECK_OK
+            })
+    }
+}
+
 /// May the current user DELETE from table `relid`?
 pub fn may_delete(relid: pg_sys::Oid) -> bool {
     may(relid, pg_sys::ACL_DELETE as pg_sys::AclMode)

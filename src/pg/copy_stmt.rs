@@ -46,7 +46,7 @@ impl CopyFrom {
             pg_sys::RangeVarGetRelidExtended(
                 (*self.stmt).relation,
                 pg_sys::NoLock as pg_sys::LOCKMODE,
-                pg_sys::RVROption::RVR_MISSING_OK as u32,
+                pg_sys::RVROption::RVR_MISSING_OK,
                 None,
                 std::ptr::null_mut(),
             )

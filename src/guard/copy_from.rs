@@ -360,7 +360,12 @@ pub fn on_event(ev: BackendEvent) {
         BackendEvent::SubAbort(sub) => {
             COPIES.with(|c| c.borrow_mut().retain(|r| r.subxact < sub));
         }
-        ev if ev.ends_transaction() => COPIES.with(|c| c.borrow_mut().clear()),
+        ev if ev.ends_transaction() => COPIES.with(|c| {
+            let mut c = c.borrow_mut();
+            if !c.is_empty() {
+                c.clear();
+            }
+        }),
         _ => {}
     }
 }

@@ -65,12 +65,14 @@ const REPLACED: [&CStr; 4] = [
     c"zz_pg_fencing_rekey",
     c"zz_pg_fencing_stmt",
 ];
+/// The guard's AFTER INSERT row trigger.
+const AFTER: &CStr = c"zz_pg_fencing_after";
 /// A resource-mode INSERT, and a per-row one whose keys `insert_row` checks, also replaces the
 /// AFTER INSERT trigger.
 const REPLACED_INSERT_RESOURCE: [&CStr; 4] = [
     GUARD,
     c"zz_pg_fencing_replica",
-    c"zz_pg_fencing_after",
+    AFTER,
     c"zz_pg_fencing_stmt",
 ];
 
@@ -409,6 +411,12 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
     };
     if exec.drop_events(function, names, GUARD) > 0 {
         trigger::count_unguarded_statement();
+    }
+    if exec.is_insert() && !names.contains(&AFTER) {
+        // An INSERT that keeps the AFTER INSERT trigger (RETURNING, ON CONFLICT): in the
+        // set-based shape its WHEN clause (`copy_from::insert_check_due`) is true for every row
+        // of a planned INSERT; taken off, it is not compiled for each execution.
+        exec.drop_when(function, AFTER);
     }
     // The executor has checked this statement's privileges on its result relations (through a
     // view, as the view's owner): the stamping and checking calls of this statement (and only of

@@ -41,22 +41,25 @@ thread_local! {
 thread_local! {
     /// The tokens pg_fencing stamped into rows of tables of the set-based shape in this
     /// transaction (by a column default, a stamping expression, an admitted COPY): the AFTER
-    /// INSERT trigger of such a table accepts no other value in a row's token column.
-    static STAMPED: RefCell<rustc_hash::FxHashSet<Token>> = RefCell::new(rustc_hash::FxHashSet::default());
+    /// INSERT trigger of such a table accepts no other value in a row's token column but the
+    /// writer's own. With the last one noted (almost always the only one), looked at first.
+    static STAMPED: RefCell<(Option<Token>, rustc_hash::FxHashSet<Token>)> =
+        RefCell::new((None, rustc_hash::FxHashSet::default()));
 }
 
 /// `token` was stamped into a row by pg_fencing (see `STAMPED`).
 pub fn note_stamped_token(token: Token) {
     STAMPED.with(|s| {
         let mut s = s.borrow_mut();
-        if !s.contains(&token) {
-            s.insert(token);
+        if s.0 != Some(token) {
+            s.0 = Some(token);
+            s.1.insert(token);
         }
     });
 }
 
 fn stamped_in_transaction(token: Token) -> bool {
-    STAMPED.with(|s| s.borrow().contains(&token))
+    STAMPED.with(|s| s.borrow().1.contains(&token))
 }
 
 /// 22023: a row inserted into a table of the set-based shape carries `given` in its token
@@ -778,7 +781,13 @@ fn truncate(rel: Relation, args: &Args, table: &str, token: Token) -> Result<(),
 /// arguments are dropped.
 pub fn on_event(ev: BackendEvent) {
     if ev.ends_transaction() {
-        STAMPED.with(|s| s.borrow_mut().clear());
+        STAMPED.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.0.is_some() {
+                s.0 = None;
+                s.1.clear();
+            }
+        });
     }
     match ev {
         BackendEvent::Abort | BackendEvent::SubAbort(_) => forget_verified(),

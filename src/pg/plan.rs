@@ -901,6 +901,35 @@ impl ModifyExecution {
         self.event == pg_sys::TRIGGER_TYPE_INSERT
     }
 
+    /// Take the WHEN clause off the trigger named `name` of function `function` in the
+    /// executor's private copy of each result relation's triggers: it then fires for every row
+    /// of this statement, without compiling the clause (the set-based shape's AFTER INSERT
+    /// trigger, whose clause only matters for an admitted COPY, which runs no executor).
+    pub fn drop_when(&mut self, function: pg_sys::Oid, name: &CStr) {
+        for rri in self.result_relations() {
+            // SAFETY: each ResultRelInfo is the executor's, for this statement; `ri_TrigDesc` is
+            // NULL or the executor's private copy of the relation's triggers (CopyTriggerDesc in
+            // InitResultRelInfo), which only this statement reads, with `numtriggers` entries;
+            // `tgqual` is a string of that copy, which the executor reads (TriggerEnabled) only
+            // when a row event comes, never before ExecutorStart ended.
+            unsafe {
+                let td = (*rri).ri_TrigDesc;
+                if td.is_null() || (*td).triggers.is_null() {
+                    continue;
+                }
+                let triggers = std::slice::from_raw_parts_mut(
+                    (*td).triggers,
+                    (*td).numtriggers.max(0) as usize,
+                );
+                for t in triggers.iter_mut() {
+                    if t.tgfoid == function && CStr::from_ptr(t.tgname) == name {
+                        t.tgqual = std::ptr::null_mut();
+                    }
+                }
+            }
+        }
+    }
+
     /// In each result relation's own copy of its triggers, take the statement's event (UPDATE
     /// or DELETE) out of the triggers of function `function` named in `names`, unless the
     /// relation also has a BEFORE UPDATE row trigger of another function (an UPDATE only: such a

@@ -50,10 +50,13 @@
 set -euo pipefail
 # Setup runs with the caller's environment (apt, pip and cargo need the machine's registry
 # settings); everything after it is hermetic.
-if [ -z "${PGF_HERMETIC:-}" ] && [ $# -eq 0 ]; then
-    # What setup replaces in the system PostgreSQL, it keeps and names (scripts/system-install.sh);
-    # the note is repeated at the end (target/.test-started: when this run began).
+# What setup or the install stage replaces in the system PostgreSQL, it keeps and names
+# (scripts/system-install.sh); the note is repeated at the end if this run replaced it
+# (target/.test-started: when this run began, also for --quick and --only).
+if [ -z "${PGF_HERMETIC:-}" ]; then
     mkdir -p "$(dirname "$0")/../target" && touch "$(dirname "$0")/../target/.test-started"
+fi
+if [ -z "${PGF_HERMETIC:-}" ] && [ $# -eq 0 ]; then
     "$(dirname "$0")/setup.sh" --test
     set -- --no-setup
 fi

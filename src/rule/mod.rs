@@ -248,15 +248,24 @@ pub fn require_active(protection: i64, table: &dyn Fn() -> String) -> Result<(),
 /// `inactive_reason` of `fencing_protected_tables`): the one wording of every path that refuses
 /// it (the guard, the fast paths, `fenced_*`).
 pub fn inactive(table: &str, why: &str) -> FenceError {
+    // The set-based shape in a backend that did not preload the library: the two ways out.
+    let unpreloaded = !crate::pg::process::preloaded() && why.contains("set-based shape");
     FenceError::NotProtected(crate::error::Text {
         message: format!("protection of table {table} is not active"),
         detail: Some(format!("{}.", why.trim_end_matches('.'))),
-        hint: Some(
+        hint: Some(if unpreloaded {
+            format!(
+                "Preload the library (shared_preload_libraries = 'pg_fencing', then restart), or \
+                 run SELECT fencing_protect('{}') here to give the table the row-trigger shape, \
+                 which needs no preloading (docs/design.md, \"The set-based shape\").",
+                table.replace('\'', "''")
+            )
+        } else {
             "Writes are refused until the protection can hold: fix what the detail names \
              (fencing_protect on the table re-creates missing triggers and repairs their \
              firing modes; docs/guarantees.md, \"When a protection is not active\")."
-                .into(),
-        ),
+                .into()
+        }),
     })
 }
 

@@ -61,6 +61,8 @@ expect "the library is not preloaded now" f "$("${PSQL[@]}" -Atc "SELECT _pg_fen
 expect "not preloaded: every path of the resource-mode table is refused" "FT004 FT004 FT004 FT004 FT004 FT004 FT004" "$(paths ledger 11)"
 expect "not preloaded: every path of the per-row table is refused" "FT004 FT004 FT004 FT004 FT004 FT004 FT004" "$(paths jobs 11)"
 expect "the view says why" "f" "$("${PSQL[@]}" -Atc "SELECT active FROM fencing_protected_tables WHERE relation = 'jobs'::regclass")"
+hint=$("${PSQL[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '11'; INSERT INTO jobs VALUES (200, 1); ROLLBACK;" 2>&1 | sed -n 's/^HINT:  //p' || true)
+expect "the refusal's HINT: preload, or fencing_protect again" 1 "$(echo "$hint" | grep -c "shared_preload_libraries = 'pg_fencing'.*fencing_protect('public.jobs')")"
 expect "its reason names preloading" 1 "$("${PSQL[@]}" -Atc "SELECT count(*) FROM fencing_protected_tables WHERE relation = 'jobs'::regclass AND inactive_reason LIKE '%shared_preload_libraries%'")"
 expect "nothing was written by the refused writes" "1 1" "$("${PSQL[@]}" -Atc "SELECT (SELECT count(*) FROM ledger) || ' ' || (SELECT count(*) FROM jobs)")"
 

@@ -264,11 +264,15 @@ stage_demo() {
 stage_stress() {
     step "6/19 randomized stress test, 16 clients, tombstones pruned during the load, checked by an independent checker (tests/stress)"
     tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
+    step "6/19 the same in the row-trigger shape (tests/stress --shape row-trigger)"
+    tests/stress/run.sh --clients 16 --writes 5000 --seconds 300 --seed 4 --prune --shape row-trigger
 }
 
 stage_crash() {
     step "7/19 crash: kill -9 of the postmaster under the stress load, restart, check (tests/stress --crash)"
     tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
+    step "7/19 the same in the row-trigger shape (tests/stress --crash --shape row-trigger)"
+    tests/stress/run.sh --clients 16 --writes 4000 --seconds 300 --seed 5 --crash --shape row-trigger
 }
 
 # The stress checker's negative control: with the guard switched off it must report violations.

@@ -3,6 +3,7 @@
 # independent checker in stress.py.
 #
 #   tests/stress/run.sh [--clients N] [--writes N] [--seconds S] [--seed S] [--crash] [--unfenced] [--prune]
+#                       [--shape set-based|row-trigger]
 #
 # --crash: kill -9 the postmaster in the middle of the load, restart it, and check that no
 #          committed write was lost and no high-water mark went down (the checker asks the
@@ -11,6 +12,8 @@
 #          (session_replication_role = replica); the checker must then find violations.
 # --prune: a pruner thread runs fencing_prune_tombstones on the per-row table during the load
 #          (floors close behind the newest token; see stress.py).
+# --shape: the shape fencing_protect gives the tables (docs/design.md, "The set-based shape"):
+#          set-based (the default where the library is preloaded, as here) or row-trigger.
 # Defaults: 16 clients, 20000 write attempts, at most 300 s. The long run in docs/testing.md:
 #   tests/stress/run.sh --writes 100000 --seconds 1800
 set -euo pipefail
@@ -19,7 +22,7 @@ cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 need_python
 
-CLIENTS=16 WRITES=20000 SECONDS_MAX=300 SEED=$RANDOM CRASH="" UNFENCED="" PRUNE=""
+CLIENTS=16 WRITES=20000 SECONDS_MAX=300 SEED=$RANDOM CRASH="" UNFENCED="" PRUNE="" SHAPE=set-based
 while [ $# -gt 0 ]; do
     case "$1" in
         --clients) CLIENTS=$2; shift 2 ;;
@@ -29,6 +32,7 @@ while [ $# -gt 0 ]; do
         --crash) CRASH=1; shift ;;
         --unfenced) UNFENCED=--unfenced; shift ;;
         --prune) PRUNE=--prune; shift ;;
+        --shape) SHAPE=$2; shift 2 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -38,7 +42,13 @@ fresh_workdir
 trap 'cleanup_all' EXIT
 trap 'exit 130' INT TERM
 PGPORT_TEST=${PGPORT_STRESS:-54339}
+case "$SHAPE" in
+    set-based) SHAPE_CONF="" ;;
+    row-trigger) SHAPE_CONF="pg_fencing.set_based_shape = off" ;;
+    *) echo "unknown shape $SHAPE" >&2; exit 2 ;;
+esac
 PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+$SHAPE_CONF
 track_commit_timestamp = on
 max_connections = 100
 fsync = on
@@ -46,8 +56,11 @@ deadlock_timeout = 100ms" pg_start
 DSN="host=127.0.0.1 port=$PGPORT_TEST user=postgres dbname=postgres"
 LOG="$WORK/stress.log"
 
-echo "stress: $CLIENTS clients, $WRITES write attempts, seed $SEED${CRASH:+, with a crash}${PRUNE:+, tombstones pruned during the load}"
+echo "stress: $CLIENTS clients, $WRITES write attempts, seed $SEED, $SHAPE shape${CRASH:+, with a crash}${PRUNE:+, tombstones pruned during the load}"
 $PY tests/stress/stress.py setup --dsn "$DSN"
+shapes=$(psql -X -Atc "SELECT string_agg(shape, ' ' ORDER BY relation::text) FROM fencing_protected_tables")
+echo "  table shapes: $shapes"
+case " $shapes " in *" $SHAPE "*) ;; *) echo "FAIL: no table in the $SHAPE shape" >&2; exit 1 ;; esac
 if [ -z "$CRASH" ]; then
     $PY tests/stress/stress.py run --dsn "$DSN" --log "$LOG" --clients "$CLIENTS" --writes "$WRITES" \
         --seconds "$SECONDS_MAX" --seed "$SEED" $UNFENCED $PRUNE

@@ -206,7 +206,7 @@ kill -STOP "$A_PID"
 T_FROZEN=$(now_ms)
 TOK_A=$(token_of A)
 # A's lock key (settlement/<A's lease in hex>), for the check of mutual exclusion below.
-A_KEY=$(lock_keys | head -n 1)
+A_KEY=$(lock_keys | sed -n 1p)  # (sed reads all: head would end etcdctl with SIGPIPE, status 141)
 say "A holds 'settlement' with token $TOK_A (lease TTL 2s, key $A_KEY), wrote once, frozen with SIGSTOP"
 client B --ttl 10 --account 1 --amount 100 --writes 3 --interval-ms 100 --style "$B_STYLE"
 B_PID=$CLIENT_PID

@@ -199,7 +199,7 @@ etcd_holder() {
 wait_lock_owner() {
     local rev=""
     for _ in $(seq 1 100); do
-        rev=$(etcdctl get --prefix "$1/" -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | sort -n | head -1)
+        rev=$(etcdctl get --prefix "$1/" -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | sort -n | sed -n 1p)
         [ -n "$rev" ] && [ "$rev" != "${2:-}" ] && break
         sleep 0.1
     done

@@ -83,7 +83,7 @@ Z_PID=$!
 CHILD_PIDS="$Z_PID"
 H=""
 for _ in $(seq 1 300); do
-    H=$(etcdctl get --prefix jobs/ -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | head -1)
+    H=$(etcdctl get --prefix jobs/ -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | sed -n 1p)
     [ -n "$H" ] && break
     sleep 0.1
 done
@@ -169,7 +169,7 @@ A_PID=$!
 CHILD_PIDS="$A_PID"
 A=""
 for _ in $(seq 1 300); do
-    A=$(etcdctl get --prefix jobs/ -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | head -1)
+    A=$(etcdctl get --prefix jobs/ -w fields 2>/dev/null | sed -n 's/^"CreateRevision" : //p' | sed -n 1p)
     [ -n "$A" ] && [ "$A" != "$H" ] && break
     sleep 0.1
 done

@@ -536,9 +536,7 @@ fn fire_after_row(
     };
     let info = relinfo(event, args, table)?;
     let written = if op == TriggerOp::Update {
-        event.new_row().ok_or_else(|| {
-            FenceError::TriggerProtocol("an UPDATE trigger call without its new row".into())
-        })?
+        new_row_of(event)?
     } else {
         row
     };
@@ -590,6 +588,13 @@ fn fire_after_row(
     Ok(NO_ROW)
 }
 
+/// The new row version of an UPDATE event (39P01 if PostgreSQL gave none).
+fn new_row_of<'a>(event: &TriggerEvent<'a>) -> Result<Row<'a>, FenceError> {
+    event.new_row().ok_or_else(|| {
+        FenceError::TriggerProtocol("an UPDATE trigger call without its new row".into())
+    })
+}
+
 /// BEFORE INSERT/UPDATE/DELETE FOR EACH ROW: the row's check by mode and event, and its stamp.
 fn fire_before_row(
     event: &TriggerEvent,
@@ -604,11 +609,7 @@ fn fire_before_row(
     let info = relinfo(event, args, table)?;
     let attnum = info.token_attnum;
     let pk_of = || check_primary_key(rel, info.pk.clone(), info.pk_immediate);
-    let new_row = || {
-        event.new_row().ok_or_else(|| {
-            FenceError::TriggerProtocol("an UPDATE trigger call without its new row".into())
-        })
-    };
+    let new_row = || new_row_of(event);
     // Counted for fenced_* calls, which check that every row they wrote came through here.
     count(|f| f.guarded_rows = f.guarded_rows.wrapping_add(1));
     match (&args.resource, event.op()) {

@@ -180,8 +180,12 @@ def callgrind_total(pgbin, work, template, script_text, name, preload=True):
     with open(script, "w") as f:
         f.write(script_text)
     log = os.path.join(work, "callgrind.log")
+    # PGF_CALLGRIND_KEEP=DIR keeps each run's profile as DIR/<name>.<instructions> for
+    # callgrind_annotate (BENCHMARKS.md, "Where the instructions go").
+    keep = os.environ.get("PGF_CALLGRIND_KEEP")
+    profile = os.path.join(work, "callgrind.out") if keep else "/dev/null"
     with open(script) as stdin:
-        out = as_postgres(["valgrind", "--tool=callgrind", f"--log-file={log}", "--callgrind-out-file=/dev/null",
+        out = as_postgres(["valgrind", "--tool=callgrind", f"--log-file={log}", f"--callgrind-out-file={profile}",
                            f"{pgbin}/postgres", "--single", "-D", run_dir,
                            "-c", "fsync=off", "-c", "autovacuum=off",
                            "-c", "shared_preload_libraries=" + ("pg_fencing" if preload else ""),
@@ -194,6 +198,9 @@ def callgrind_total(pgbin, work, template, script_text, name, preload=True):
         m = re.search(r"Collected : (\d+)", f.read())
     if not m:
         raise SystemExit(f"instructions: no instruction count in {log}")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        shutil.copy(profile, os.path.join(keep, f"{re.sub(r'[^A-Za-z0-9]+', '_', name)}.{m.group(1)}"))
     return int(m.group(1))
 
 

@@ -1,5 +1,7 @@
 //! The planner and executor hooks of the INSERT, UPDATE and DELETE fast paths (`guard/fast_path.rs` decides;
-//! `pg/plan.rs` reads and writes the planner's and executor's structures), and the object access
+//! `pg/plan.rs` reads and writes the planner's and executor's structures), the parse analysis
+//! hook that gives a set-based table's token column its default before the rewriter would parse
+//! it (`fast_path::give_token_default`), the utility hook of COPY FROM (`guard/copy_from.rs`), and the object access
 //! hook that sees every relation dropped (`state/protections.rs`, `before_relation_drop`,
 //! decides). Installed whenever the library is loaded (also by the `ddl_command_start` event
 //! trigger, which every DDL command fires); they pass everything on to the previous hook (or
@@ -21,6 +23,7 @@ static PREV_EXECUTOR_FINISH: OnceLock<pg_sys::ExecutorFinish_hook_type> = OnceLo
 static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::new();
 static PREV_OBJECT_ACCESS: OnceLock<pg_sys::object_access_hook_type> = OnceLock::new();
 static PREV_PROCESS_UTILITY: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
+static PREV_POST_PARSE_ANALYZE: OnceLock<pg_sys::post_parse_analyze_hook_type> = OnceLock::new();
 
 /// `fencing_guard`'s own C symbol, which identifies the guard trigger's function.
 fn guard_address() -> usize {
@@ -59,6 +62,12 @@ pub fn init() {
             .is_ok()
         {
             pg_sys::ProcessUtility_hook = Some(process_utility);
+        }
+        if PREV_POST_PARSE_ANALYZE
+            .set(pg_sys::post_parse_analyze_hook)
+            .is_ok()
+        {
+            pg_sys::post_parse_analyze_hook = Some(post_parse_analyze);
         }
     }
 }
@@ -108,6 +117,29 @@ unsafe extern "C-unwind" fn planner(
             plan::add_keys_marker(stmt);
         }
         stmt
+    }
+}
+
+/// # Safety
+/// Only for PostgreSQL's parse analysis to call (installed by `init`), on the main thread.
+unsafe extern "C-unwind" fn post_parse_analyze(
+    pstate: *mut pg_sys::ParseState,
+    query: *mut pg_sys::Query,
+    jstate: *mut pg_sys::JumbleState,
+) {
+    // SAFETY: PostgreSQL's own arguments are passed on to the previous hook unchanged; `query`
+    // is the analysed Query of this call, as `AnalyzedInsert::of` requires. Only an INSERT
+    // enters pgrx's guard (an ERROR of a catalog lookup is re-raised from there); no other
+    // statement leaves this frame's plain values.
+    unsafe {
+        if let Some(prev) = PREV_POST_PARSE_ANALYZE.get().copied().flatten() {
+            prev(pstate, query, jstate);
+        }
+        if let Some(mut q) = plan::AnalyzedInsert::of(query) {
+            pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+                fast_path::give_token_default(&mut q, guard_address())
+            });
+        }
     }
 }
 

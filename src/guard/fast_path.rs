@@ -49,9 +49,10 @@ use crate::backend_event::BackendEvent;
 use crate::error::{FenceError, Text, Token};
 use crate::guard::trigger::{self, Args};
 use crate::pg::plan::{
-    self, DeleteQuery, InsertQuery, ModifyExecution, StampArg, StampCall, UpdateQuery,
+    self, AnalyzedInsert, DeleteQuery, InsertQuery, ModifyExecution, StampArg, StampCall,
+    UpdateQuery,
 };
-use crate::pg::trigger_event::relation_name;
+use crate::pg::trigger_event::{relation_name, Relation};
 use crate::rule;
 use pgrx::pg_sys;
 use std::cell::Cell;
@@ -242,28 +243,131 @@ pub enum InsertPlan {
     KeysNoted,
 }
 
+/// What `plan_insert` reads of a protected table, the same for every INSERT into it until its
+/// relcache entry changes: the guard trigger is the protection's (fires in ordinary sessions, is
+/// `fencing_guard()`, matches a protection made by `fencing_protect`), the table is plain with no
+/// other BEFORE INSERT row trigger, and these are its token column, key and shape. Kept per
+/// backend in `INSERT_TABLES` (dropped on every relcache invalidation, as the other caches here:
+/// a changed trigger, column, index or key re-reads it; an aborted transaction's own changes are
+/// invalidated locally at its abort).
+struct InsertTable {
+    args: std::rc::Rc<Args>,
+    /// The token column's number and name.
+    token_attnum: i16,
+    column: String,
+    column_c: CString,
+    /// Per-row mode: the primary key's columns, if it has one that is checked immediately.
+    pk: Option<Vec<i16>>,
+    /// The key is identified by text (not by hash) and no key column is the token column or
+    /// generated: a one-row INSERT's stamp may note it (`stamp_insert_key`).
+    key_noted_by_stamp: bool,
+    set_based: bool,
+    /// The token column's default is a call of this function without arguments.
+    default_call: Option<pg_sys::Oid>,
+}
+
+thread_local! {
+    /// `InsertTable` per table (OID); `None`: no INSERT into it takes the fast path.
+    static INSERT_TABLES: std::cell::RefCell<rustc_hash::FxHashMap<u32, Option<std::rc::Rc<InsertTable>>>> =
+        std::cell::RefCell::new(rustc_hash::FxHashMap::default());
+}
+
+/// Relcache invalidation: any table's triggers, columns or key may have changed.
+fn forget_insert_tables() {
+    INSERT_TABLES.with(|m| m.borrow_mut().clear());
+}
+
+/// The `InsertTable` of `rel` (read once per relcache generation), or `None` if an INSERT into
+/// it keeps the guard's triggers whatever the statement.
+fn insert_table(rel: &Relation, guard_address: usize) -> Option<std::rc::Rc<InsertTable>> {
+    let relid = rel.id();
+    if let Some(t) = INSERT_TABLES.with(|m| m.borrow().get(&relid.to_u32()).cloned()) {
+        return t;
+    }
+    let table = read_insert_table(rel, guard_address).map(std::rc::Rc::new);
+    INSERT_TABLES.with(|m| {
+        crate::cache::cache_insert(&mut m.borrow_mut(), relid.to_u32(), table.clone(), 10_000)
+    });
+    table
+}
+
+fn read_insert_table(rel: &Relation, guard_address: usize) -> Option<InsertTable> {
+    let relid = rel.id();
+    let guard = rel.trigger_named(GUARD)?;
+    if !guard.fires_on_origin() || !is_guard(guard.function, guard_address) {
+        return None;
+    }
+    let args = trigger::args_of(guard.oid, &guard.args).ok()?;
+    trigger::verify_protection(relid, &args, &|| rel.name()).ok()?;
+    if !rel.is_plain_table() || rel.other_before_insert_triggers(guard.function) {
+        return None;
+    }
+    let token_attnum = rel.bigint_column(&args.token_column).ok()?;
+    let (pk, key_noted_by_stamp) = match &args.resource {
+        Some(_) => (None, false),
+        None => {
+            let (pk, immediate) = rel.primary_key();
+            let pk = Some(pk).filter(|pk| !pk.is_empty() && immediate);
+            let noted = pk.as_ref().is_some_and(|pk| {
+                !pk.contains(&token_attnum)
+                    && !rel.any_generated(pk)
+                    && crate::state::tombstones::keys_identified_by_text(args.protection)
+            });
+            (pk, noted)
+        }
+    };
+    Some(InsertTable {
+        column: args.token_column.to_string_lossy().into_owned(),
+        column_c: args.token_column.clone(),
+        args,
+        token_attnum,
+        pk,
+        key_noted_by_stamp,
+        set_based: super::set_based(&guard),
+        default_call: rel.default_call(token_attnum),
+    })
+}
+
+/// Parse analysis hook, for a top-level INSERT `q` into a table of the set-based shape that
+/// gives its token column no value: the column gets `_pg_fencing.stamp_default()`, its
+/// default, now, so that the rewriter need not parse the default's stored form for every
+/// statement (the planner then replaces it as any default, `plan_insert`). Nothing else
+/// changes: the rewriter fills in exactly this for the column, and an INSERT analysed again
+/// (a prepared statement after its table changed) comes here again.
+pub fn give_token_default(q: &mut AnalyzedInsert, guard_address: usize) {
+    let Some(relid) = q.target() else {
+        return;
+    };
+    let cached = INSERT_TABLES.with(|m| m.borrow().get(&relid.to_u32()).cloned());
+    let table = match cached {
+        Some(t) => t,
+        None => plan::with_relation(relid, |rel| Some(insert_table(&rel, guard_address))).flatten(),
+    };
+    let Some(table) = table else {
+        return;
+    };
+    let Some(stamp_default) = functions().and_then(|f| f.stamp_default) else {
+        return;
+    };
+    if table.set_based && table.default_call == Some(stamp_default) {
+        q.give_default(table.token_attnum, &table.column_c, stamp_default);
+    }
+}
+
 fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<InsertPlan> {
     let relid = q.target()?;
     plan::with_relation(relid, |rel| {
-        let guard = rel.trigger_named(GUARD)?;
-        if !guard.fires_on_origin() || !is_guard(guard.function, guard_address) {
-            return None;
-        }
+        let table = insert_table(&rel, guard_address)?;
         let funcs = functions()?;
         let stamp = funcs.stamp_insert?;
-        let args = trigger::args_of(guard.oid, &guard.args).ok()?;
-        trigger::verify_protection(relid, &args, &|| rel.name()).ok()?;
-        if !rel.is_plain_table() || rel.other_before_insert_triggers(guard.function) {
-            return None;
-        }
-        let token_attnum = rel.bigint_column(&args.token_column).ok()?;
+        let args = &table.args;
+        let token_attnum = table.token_attnum;
+        let column = table.column.as_str();
         let mut key_check = None;
         match &args.resource {
             None => {
-                let (pk, immediate) = rel.primary_key();
-                if pk.is_empty() || !immediate {
-                    return None;
-                }
+                // Per-row mode needs a primary key checked immediately.
+                let pk = table.pk.as_ref()?;
                 // With a RETURNING list of its own, or ON CONFLICT (whose DO UPDATE returns the
                 // rows it updated), the AFTER INSERT trigger checks the keys.
                 // An INSERT a rule adds (it sets no row count) keeps it too.
@@ -272,18 +376,14 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<Insert
                     // evaluated twice, identified by text, not stamped nor generated: the stamp
                     // notes the key (checked when the statement finished, once the row is in
                     // the unique index), without a RETURNING list (`stamp_insert_key`).
-                    let noted = funcs.stamp_insert_key.filter(|_| {
-                        !pk.contains(&token_attnum)
-                            && !rel.any_generated(&pk)
-                            && q.gives_once(&pk)
-                            && crate::state::tombstones::keys_identified_by_text(args.protection)
-                    });
+                    let noted = funcs
+                        .stamp_insert_key
+                        .filter(|_| table.key_noted_by_stamp && q.gives_once(pk));
                     if let Some(f) = noted {
-                        let column = args.token_column.to_string_lossy().into_owned();
                         let mut call = vec![
                             StampArg::Oid(relid),
                             StampArg::Int8(args.protection),
-                            StampArg::Text(&column),
+                            StampArg::Text(column),
                         ];
                         call.extend(pk.iter().map(|a| StampArg::Given(*a)));
                         q.stamp_column(rel, token_attnum, f, &call, funcs.stamp_default);
@@ -298,10 +398,9 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<Insert
             // (then the mark stored when it finished is the token its UPDATE triggers admitted
             // for the rows it updated, or its stamps' for the rows it inserted).
             Some(_) if !q.sets_tag() => return None,
-            Some(_) if q.updates_on_conflict() && !super::set_based(&guard) => return None,
+            Some(_) if q.updates_on_conflict() && !table.set_based => return None,
             Some(_) => {}
         }
-        let column = args.token_column.to_string_lossy().into_owned();
         q.stamp_column(
             rel,
             token_attnum,
@@ -310,7 +409,7 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<Insert
                 StampArg::Oid(relid),
                 StampArg::Int8(args.protection),
                 StampArg::Text(args.resource.as_deref().unwrap_or("")),
-                StampArg::Text(&column),
+                StampArg::Text(column),
             ],
             funcs.stamp_default,
         );
@@ -321,7 +420,7 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<Insert
             StampArg::Column(token_attnum),
             StampArg::Oid(relid),
             StampArg::Int8(args.protection),
-            StampArg::Text(&column),
+            StampArg::Text(column),
         ];
         call.extend(pk.iter().map(|a| StampArg::Column(*a)));
         q.add_check(rel, insert_row, &call);
@@ -659,11 +758,9 @@ pub(crate) fn finish_new_keys<'a>(
     };
     rule::require_active(protection, &|| relation_name(relid))?;
     if new_keys_pass(protection, lowest) {
-        crate::state::stats::accepted_more(
-            crate::state::stats::Kind::Table,
-            &protection.to_string(),
-            count as u64,
-        );
+        crate::state::stats::with_table_name(protection, |name| {
+            crate::state::stats::accepted_more(crate::state::stats::Kind::Table, name, count as u64)
+        });
         return Ok(());
     }
     for (key, token) in keys {
@@ -1055,6 +1152,7 @@ pub fn on_event(ev: BackendEvent) {
         BackendEvent::Relcache(_) => {
             forget_functions();
             forget_checked();
+            forget_insert_tables();
         }
         ev if ev.ends_transaction() => forget_authorized(),
         _ => {}

@@ -220,10 +220,26 @@ fn target_of(q: *mut pg_sys::Query) -> Option<pg_sys::Oid> {
     // whose entries are RangeTblEntry nodes, valid for the call.
     unsafe {
         let q = &*q;
-        let rtable = PgList::<pg_sys::RangeTblEntry>::from_pg(q.rtable);
-        let rte = rtable.get_ptr(q.resultRelation as usize - 1)?;
+        let rte = pointers::<pg_sys::RangeTblEntry>(q.rtable).nth(q.resultRelation as usize - 1)?;
         ((*rte).rtekind == pg_sys::RTEKind::RTE_RELATION).then_some((*rte).relid)
     }
+}
+
+/// The elements of pointer List `list` (NULL: none), read in place (no copy, no call).
+///
+/// # Safety
+/// `list` must be NULL or a valid List of pointers to `T`, not changed while the iterator lives.
+unsafe fn pointers<T>(list: *mut pg_sys::List) -> impl Iterator<Item = *mut T> {
+    let n = if list.is_null() {
+        0
+    } else {
+        // SAFETY: per the contract, a non-NULL List has `length` cells in `elements`.
+        unsafe { (*list).length.max(0) as usize }
+    };
+    (0..n).map(move |i| {
+        // SAFETY: `i` < `length`; each cell holds a pointer (the contract).
+        unsafe { (*(*list).elements.add(i)).ptr_value.cast::<T>() }
+    })
 }
 
 /// A top-level UPDATE the planner is about to plan (after rewriting, so an UPDATE through a
@@ -324,8 +340,7 @@ unsafe fn stamp_expr(
                     pg_sys::makeVar(varno, *n, typid, typmod, coll, 0).cast()
                 }
                 StampArg::Given(n) => {
-                    let entry = PgList::<pg_sys::TargetEntry>::from_pg(given)
-                        .iter_ptr()
+                    let entry = pointers::<pg_sys::TargetEntry>(given)
                         .find(|t| !(**t).resjunk && (**t).resno == *n);
                     match entry {
                         Some(t) => pg_sys::copyObjectImpl((*t).expr.cast()).cast(),
@@ -355,19 +370,20 @@ unsafe fn stamp_expr(
                     true,
                 )
                 .cast(),
-                StampArg::Text(s) => {
-                    let c = CString::new(*s).unwrap_or_default();
-                    pg_sys::makeConst(
-                        pg_sys::TEXTOID,
-                        -1,
-                        pg_sys::DEFAULT_COLLATION_OID,
-                        -1,
-                        pg_sys::Datum::from(pg_sys::cstring_to_text(c.as_ptr())),
-                        false,
-                        false,
-                    )
-                    .cast()
-                }
+                StampArg::Text(s) => pg_sys::makeConst(
+                    pg_sys::TEXTOID,
+                    -1,
+                    pg_sys::DEFAULT_COLLATION_OID,
+                    -1,
+                    // Text of the catalog (a resource, a column name): no NUL byte inside.
+                    pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(
+                        s.as_ptr().cast(),
+                        s.len() as c_int,
+                    )),
+                    false,
+                    false,
+                )
+                .cast(),
             };
             list.push(node);
         }
@@ -447,6 +463,92 @@ unsafe fn returning_check(
     }
 }
 
+/// A top-level INSERT just analysed, before the rewriter fills in its defaults (the parse
+/// analysis hook's Query).
+pub struct AnalyzedInsert {
+    q: *mut pg_sys::Query,
+}
+
+impl AnalyzedInsert {
+    /// The INSERT of `query`, or `None` for any other statement.
+    ///
+    /// # Safety
+    /// `query` must be the parse analysis hook's Query, not used by anyone else while this lives.
+    pub unsafe fn of(query: *mut pg_sys::Query) -> Option<AnalyzedInsert> {
+        // SAFETY: the analysed Query is valid for the hook's call (this function's contract).
+        let q = unsafe { &*query };
+        (q.commandType == pg_sys::CmdType::CMD_INSERT && q.resultRelation > 0)
+            .then_some(AnalyzedInsert { q: query })
+    }
+
+    /// The target relation's OID, if the target is a relation (a table or a view).
+    pub fn target(&self) -> Option<pg_sys::Oid> {
+        target_of(self.q)
+    }
+
+    /// Give column `attnum` (named `name`) of the target the value `function()` (a call without
+    /// arguments returning bigint) if the statement gives it none: what the rewriter would fill
+    /// in when that call is the column's default (the caller checked it is), without parsing
+    /// the default's stored form again. The rewriter puts the entries in column order.
+    pub fn give_default(&mut self, attnum: i16, name: &CStr, function: pg_sys::Oid) {
+        // SAFETY: main thread, inside the analysis hook's call; the target list is a List of
+        // TargetEntry nodes. The new entry, its call and its name are made in the current memory
+        // context (the statement's), as the analyser's own, by PostgreSQL's constructors, called
+        // unguarded from a frame of plain values inside one `pg_guard_ffi_boundary` (they raise
+        // only out of memory, which jumps to the boundary and becomes a Rust panic there).
+        unsafe {
+            let q = &mut *self.q;
+            let given = pointers::<pg_sys::TargetEntry>(q.targetList)
+                .any(|t| !(*t).resjunk && (*t).resno == attnum);
+            if given {
+                return;
+            }
+            let list = q.targetList;
+            let name = name.as_ptr();
+            q.targetList = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                let call = make_func_expr_raw(
+                    function,
+                    pg_sys::INT8OID,
+                    std::ptr::null_mut(),
+                    pg_sys::Oid::INVALID,
+                    pg_sys::Oid::INVALID,
+                    pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+                );
+                let tle = make_target_entry_raw(call.cast(), attnum, pstrdup_raw(name), false);
+                lappend_raw(list, tle.cast())
+            });
+        }
+    }
+}
+
+// Declared here, not taken from pgrx's bindings, so that `give_default`'s constructors share
+// one `pg_guard_ffi_boundary` instead of setting up one each (it runs for every INSERT into a
+// set-based table). The signatures are those of nodes/makefuncs.h, utils/palloc.h and
+// nodes/pg_list.h.
+// SAFETY: as stated, calls through them follow the C ABI.
+unsafe extern "C-unwind" {
+    #[link_name = "makeFuncExpr"]
+    fn make_func_expr_raw(
+        funcid: pg_sys::Oid,
+        rettype: pg_sys::Oid,
+        args: *mut pg_sys::List,
+        funccollid: pg_sys::Oid,
+        inputcollid: pg_sys::Oid,
+        fformat: pg_sys::CoercionForm::Type,
+    ) -> *mut pg_sys::FuncExpr;
+    #[link_name = "makeTargetEntry"]
+    fn make_target_entry_raw(
+        expr: *mut pg_sys::Expr,
+        resno: pg_sys::AttrNumber,
+        resname: *mut c_char,
+        resjunk: bool,
+    ) -> *mut pg_sys::TargetEntry;
+    #[link_name = "pstrdup"]
+    fn pstrdup_raw(s: *const c_char) -> *mut c_char;
+    #[link_name = "lappend"]
+    fn lappend_raw(list: *mut pg_sys::List, datum: *mut std::ffi::c_void) -> *mut pg_sys::List;
+}
+
 /// A top-level INSERT the planner is about to plan (after rewriting: its target list has an
 /// entry per column it sets, in column order, defaults filled in).
 pub struct InsertQuery {
@@ -487,10 +589,8 @@ impl InsertQuery {
             if !from_empty || !q.cteList.is_null() || q.hasTargetSRFs || q.hasSubLinks {
                 return false;
             }
-            let tlist = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList);
             columns.iter().all(|a| {
-                tlist
-                    .iter_ptr()
+                pointers::<pg_sys::TargetEntry>(q.targetList)
                     .find(|t| !(**t).resjunk && (**t).resno == *a)
                     .is_some_and(|t| {
                         let e = (*t).expr.cast::<pg_sys::Node>();
@@ -555,9 +655,7 @@ impl InsertQuery {
         // of a higher column (or a junk entry). Nodes are made in the current memory context.
         unsafe {
             let q = &mut *self.q;
-            let tlist = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList);
-            let existing = tlist
-                .iter_ptr()
+            let existing = pointers::<pg_sys::TargetEntry>(q.targetList)
                 .find(|t| !(**t).resjunk && (**t).resno == attnum);
             let is_default_call = |e: *mut pg_sys::Expr| {
                 !e.is_null()
@@ -580,8 +678,7 @@ impl InsertQuery {
                         pg_sys::pstrdup(name.as_ptr()),
                         false,
                     );
-                    let pos = tlist
-                        .iter_ptr()
+                    let pos = pointers::<pg_sys::TargetEntry>(q.targetList)
                         .take_while(|t| !(**t).resjunk && (**t).resno < attnum)
                         .count();
                     q.targetList = pg_sys::list_insert_nth(q.targetList, pos as c_int, tle.cast());
@@ -797,8 +894,7 @@ impl ModifyExecution {
     fn has_mark(&self, hash: u32) -> bool {
         // SAFETY: the plan's invalItems is a List of PlanInvalItem nodes, valid for the call.
         unsafe {
-            PgList::<pg_sys::PlanInvalItem>::from_pg((*(*self.qd).plannedstmt).invalItems)
-                .iter_ptr()
+            pointers::<pg_sys::PlanInvalItem>((*(*self.qd).plannedstmt).invalItems)
                 .any(|i| (*i).cacheId == MARK_CACHE && (*i).hashValue == hash)
         }
     }

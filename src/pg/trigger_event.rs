@@ -254,6 +254,34 @@ impl<'a> Relation<'a> {
         }
     }
 
+    /// The function of column `attnum`'s default if that default is a call of it without
+    /// arguments (as a set-based table's token column has: `_pg_fencing.stamp_default()`).
+    pub fn default_call(&self, attnum: i16) -> Option<pg_sys::Oid> {
+        if !self.attribute(attnum).atthasdef {
+            return None;
+        }
+        // SAFETY: the open relation's descriptor; `constr` is NULL or valid with `num_defval`
+        // entries in `defval`, whose `adbin` is a NUL-terminated node string (stringToNode
+        // raises an ERROR, not UB, on a malformed one). The parsed node is only read.
+        unsafe {
+            let constr = (*(*self.rel).rd_att).constr;
+            if constr.is_null() || (*constr).defval.is_null() {
+                return None;
+            }
+            let defs = std::slice::from_raw_parts((*constr).defval, (*constr).num_defval as usize);
+            let def = defs.iter().find(|d| d.adnum == attnum)?;
+            if def.adbin.is_null() {
+                return None;
+            }
+            let node = pg_sys::stringToNode(def.adbin).cast::<pg_sys::Node>();
+            if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_FuncExpr {
+                return None;
+            }
+            let call = node.cast::<pg_sys::FuncExpr>();
+            (*call).args.is_null().then_some((*call).funcid)
+        }
+    }
+
     /// The 1-based attribute number of bigint column `name`.
     pub fn bigint_column(&self, name: &CStr) -> Result<i16, ColumnProblem> {
         let n = self.column_number(name).ok_or(ColumnProblem::Missing)?;

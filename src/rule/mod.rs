@@ -346,7 +346,9 @@ pub fn admit_row(
         }
         Verdict::Accept { .. } => {
             if count {
-                stats::accepted(stats::Kind::Table, &protection.to_string());
+                stats::with_table_name(protection, |name| {
+                    stats::accepted(stats::Kind::Table, name)
+                });
             }
             Ok(())
         }

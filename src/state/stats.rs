@@ -231,6 +231,29 @@ pub fn accepted(kind: Kind, name: &str) {
     }
 }
 
+/// Run `f` with the counted name of protection `protection`'s table (its id in decimal),
+/// printed on the stack: counting an admitted row need not allocate.
+pub fn with_table_name<T>(protection: i64, f: impl FnOnce(&str) -> T) -> T {
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    let negative = protection < 0;
+    let mut v = protection.unsigned_abs();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if negative {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    // Only ASCII digits and '-' were written.
+    f(std::str::from_utf8(&buf[at..]).unwrap_or_default())
+}
+
 /// Count `n` more admitted writes (the other rows of a statement admitted once).
 pub fn accepted_more(kind: Kind, name: &str, n: u64) {
     if n == 0 {

@@ -254,8 +254,28 @@ COPY sb_res (id, v, fence_token) FROM stdin;
 RESET session_replication_role;
 SELECT fencing_high_water('sb');
 
+-- An INSERT that gives the token column no value gets its default, _pg_fencing.stamp_default(),
+-- when the statement is analysed (not parsed again by the rewriter): every form of INSERT is
+-- stamped with the writer's token as the rewriter's default would be; an explicit DEFAULT too.
+BEGIN; SET LOCAL pg_fencing.token = '80';
+INSERT INTO sb_row (id, v) VALUES (80, 0), (81, 0);
+INSERT INTO sb_row (id, v, fence_token) VALUES (82, 0, DEFAULT);
+INSERT INTO sb_row (v, id) SELECT 0, 83;
+INSERT INTO sb_row VALUES (84);
+COMMIT;
+SELECT id, v, fence_token FROM sb_row WHERE id BETWEEN 80 AND 84 ORDER BY id;
+-- A statement prepared while the default was the shape's is analysed again when the table
+-- changes: once the table is unprotected and the column has a default of the user's, the
+-- user's default fills it (7), not the shape's old one.
+PREPARE sb_ins(int) AS INSERT INTO sb_row (id, v) VALUES ($1, 0);
+BEGIN; SET LOCAL pg_fencing.token = '85'; EXECUTE sb_ins(85); COMMIT;
+
 -- fencing_unprotect drops the shape's default with its triggers.
 SELECT fencing_unprotect('sb_row');
 SELECT count(*) AS defaults FROM pg_attrdef WHERE adrelid = 'sb_row'::regclass;
+ALTER TABLE sb_row ALTER COLUMN fence_token SET DEFAULT 7;
+EXECUTE sb_ins(86);
+SELECT id, fence_token FROM sb_row WHERE id IN (85, 86) ORDER BY id;
+DEALLOCATE sb_ins;
 DROP TABLE sb_res, sb_row, sb_log;
 DROP FUNCTION sb_echo(), sb_meddle();

@@ -2,22 +2,31 @@
 path, against protected tables in random states, on a real server; every outcome is compared
 with a small model of the documented contract (docs/security.md, "Token sources";
 docs/guarantees.md, "The rule" and "When a protection is not active"; docs/leases.md, "The time
-fence": writes carrying the tokens of live, expired and released PostgreSQL leases). The model is written
-from the documents, not from the implementation (it does not use fencing-core).
+fence": writes carrying the tokens of live, expired and released PostgreSQL leases), with the
+server restarted with and without the library preloaded (docs/design.md, "The set-based shape").
+The model is written from the documents, not from the implementation (it does not use fencing-core).
 
     hunt.py --dsn DSN --pub-dsn DSN [--seed S] [--sequences N] [--steps N] [--tables r,p,pp,...] [--no-states]
+            [--pg-ctl PATH --pgdata DIR --pg-log FILE | --no-preload]
 
 Seeded and reproducible. On a disagreement it shrinks the sequence (drops steps while the
 disagreement stays) and prints the shortest failing sequence and its seed, then exits 1.
 """
 import argparse
+import os
 import random
+import subprocess
 import time
 import sys
 
 import psycopg2
 
 OUTCOMES = {}  # how often each outcome was seen, to show the sequences exercise every answer
+# The same per preloading state and shape of the written table: {(preloaded, shape, outcome): n}.
+PRELOAD_OUTCOMES = {}
+# Writes judged without the library preloaded, per table ("r", "p", ...): refused (FT004) only for
+# that (set-based, active otherwise), and admitted (row-trigger).
+NOT_PRELOADED = {"refused only for it": {}, "admitted": {}}
 BIG = 10_000_000  # every configured or frozen token: if one ever counted, the mark would jump here
 
 # Token sources and whether a token from them counts (docs/security.md, "Token sources").
@@ -89,16 +98,38 @@ SPLIT = 5  # pp's partitions: keys below SPLIT in pp_a, the others in pp_b
 # token that counts would be admitted (after FT004 and FT002).
 LEASE_OPS = ["grant", "grant_expired", "release"]
 LEASE_FLOOR = 1 << 48
+# Preloading (docs/design.md, "The set-based shape"; docs/guarantees.md, "When a protection is not
+# active"; docs/operations.md): steps that restart the server without or with
+# shared_preload_libraries = 'pg_fencing' (the rest of its configuration unchanged). fencing_protect
+# gives a plain table the set-based shape only where its backend preloaded the library and
+# pg_fencing.set_based_shape is on, else (and for a partitioned table, such as "pp") the
+# row-trigger shape; a table keeps its shape until fencing_protect runs again. In a backend that
+# did not preload the library every write to a set-based table is refused with FT004, on every
+# path; row-trigger tables work as they do with preloading. A restart costs up to a second: rare
+# steps, generated in turn (off, then on), and every replay starts (and the hunt ends) preloaded.
+# After a restart and after each state step, fencing_protected_tables' shape and active columns
+# are compared with the model.
+PRELOAD_RATE = 0.015
 
 
 class Model:
     """The documented contract, per table: resource mode (one mark) or per-row mode (row tokens
-    and tombstones); a write is refused FT004 while the protection is inactive, FT002 without a
-    token that counts, FT001 below the mark; accepted otherwise, and the marks go up."""
+    and tombstones); a write is refused FT004 while the protection is inactive (also: a table of
+    the set-based shape while the server does not preload the library), FT002 without a token
+    that counts, FT001 below the mark; accepted otherwise, and the marks go up."""
 
     def __init__(self, tables):
+        self.preloaded = True  # does every backend preload the library (every replay starts so)
         self.t = {name: {"resource": res, "subscribed": sub, "state": "active", "mark": 0,
-                         "rows": {}, "tomb": {}, "floor": 0} for name, res, sub in tables}
+                         "rows": {}, "tomb": {}, "floor": 0,
+                         "plain": not name.startswith("pp"), "shape": None} for name, res, sub in tables}
+        for name in self.t:
+            self.protect(name)  # Server.setup and setup_once, with the library preloaded
+
+    def protect(self, name, set_based_shape=True):
+        """fencing_protect of `name` (pg_fencing.set_based_shape on or off) chooses its shape."""
+        t = self.t[name]
+        t["shape"] = "set-based" if self.preloaded and set_based_shape and t["plain"] else "row-trigger"
 
     def partition_gone(self, name):
         """pp's first partition dropped or detached: its rows leave, the floor takes their tokens."""
@@ -109,7 +140,8 @@ class Model:
 
     def active(self, name):
         t = self.t[name]
-        return not t["subscribed"] and t["state"] == "active"
+        return (not t["subscribed"] and t["state"] == "active"
+                and (self.preloaded or t["shape"] != "set-based"))
 
     def outcome(self, name, path, key, new_key, token, time_fenced=False):
         """(sqlstate or 'ok', new table state or None). `time_fenced`: the token is in the lease
@@ -170,11 +202,54 @@ class Model:
         return "ok", {"rows": rows, "tomb": tomb, "mark": mark}
 
 
+class Postmaster:
+    """The hunter's server, restarted by pg_ctl (as the postgres OS user when run as root) with or
+    without the library in shared_preload_libraries; the rest of its configuration is run.sh's."""
+
+    def __init__(self, pg_ctl, pgdata, log):
+        self.pg_ctl, self.pgdata, self.log = pg_ctl, pgdata, log
+        self.preloaded = True  # run.sh starts it preloading the library
+        self.restarts = 0
+
+    def pg_ctl_run(self, *args):
+        cmd = [self.pg_ctl, "-D", self.pgdata, *args]
+        if os.getuid() == 0:
+            cmd = ["sudo", "-u", "postgres", "--"] + cmd
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+    def restart(self, preload):
+        self.pg_ctl_run("-m", "fast", "-w", "-t", "60", "stop")
+        libs = "pg_fencing" if preload else "''"  # pg_ctl passes -o through the shell
+        self.pg_ctl_run("-l", self.log, "-w", "-t", "60", "-o", f"-c shared_preload_libraries={libs}", "start")
+        self.preloaded = preload
+        self.restarts += 1
+
+
 class Server:
-    def __init__(self, dsn, suffix):
-        self.dsn, self.sfx = dsn, suffix
+    def __init__(self, dsn, suffix, pm=None):
+        self.dsn, self.sfx, self.pm = dsn, suffix, pm
         self.admin = self.conn("postgres")
         self.last_lease = None  # the token the last "lease_savepoint" write was granted
+
+    def restart(self, preload):
+        """Restart the server with (or without) the library preloaded; the admin connection is
+        opened again (every write opens its own)."""
+        self.admin.close()
+        self.pm.restart(preload)
+        self.admin = self.conn("postgres")
+        cur = self.admin.cursor()
+        cur.execute("SHOW shared_preload_libraries")
+        libs = cur.fetchone()[0]
+        if (libs == "pg_fencing") != preload:
+            raise RuntimeError(f"restarted {'with' if preload else 'without'} pg_fencing preloaded, "
+                               f"but shared_preload_libraries = '{libs}'")
+
+    def view(self, name):
+        """(shape, active) of `name` in fencing_protected_tables, as the admin's backend sees it."""
+        cur = self.admin.cursor()
+        cur.execute("SELECT shape, active FROM fencing_protected_tables WHERE relation = %s::regclass", (name,))
+        row = cur.fetchone()
+        return tuple(row) if row else (None, None)
 
     def conn(self, user, options=None):
         c = psycopg2.connect(self.dsn, user=user, options=options or "")
@@ -439,9 +514,14 @@ def setup_once(dsn, pub_dsn):
     p.close()
 
 
-def gen_sequence(rng, steps, tables, states, temporal=False):
+def gen_sequence(rng, steps, tables, states, temporal=False, preload=False):
     seq = []
+    preloaded = True
     for _ in range(steps):
+        if preload and rng.random() < PRELOAD_RATE:
+            seq.append(("preload", "preload_off" if preloaded else "preload_on"))
+            preloaded = not preloaded
+            continue
         table = rng.choice(tables)
         if rng.random() < 0.06:
             seq.append(("lease", rng.choice(LEASE_OPS)))
@@ -458,17 +538,21 @@ def gen_sequence(rng, steps, tables, states, temporal=False):
     return seq
 
 
-def run(dsn, seq, replay_id, verbose=False):
-    """Replay `seq` on fresh tables; the index of the first disagreement and its description."""
+def run(dsn, seq, replay_id, pm=None, verbose=False):
+    """Replay `seq` on fresh tables; the index of the first disagreement and its description
+    (-1: the tables' shapes right after setup)."""
     sfx = f"_{replay_id}"
     tables = [("r" + sfx, f"hunt-res{sfx}", False), ("p" + sfx, None, False), ("pp" + sfx, None, False),
               ("r_sub", "r_sub-res", True), ("p_sub", None, True)]
     name_of = {"r": "r" + sfx, "p": "p" + sfx, "pp": "pp" + sfx, "r_sub": "r_sub", "p_sub": "p_sub"}
-    srv = Server(dsn, sfx)
+    srv = Server(dsn, sfx, pm)
     srv.setup(tables)
     model = Model(tables)
     lease = {"live": None, "ended": [], "max": 0}
     try:
+        why = view_disagreement(srv, model, "after setup")
+        if why:
+            return -1, why
         return replay_steps(srv, model, seq, name_of, lease, verbose)
     finally:
         # The model knows only this replay's lease: one left live would make its token count
@@ -476,6 +560,25 @@ def run(dsn, seq, replay_id, verbose=False):
         if lease["live"] is not None:
             srv.admin.cursor().execute("SELECT fencing_lease_release(%s)", (lease["live"],))
         srv.admin.close()
+        # Every replay starts, and the hunt ends, with the library preloaded.
+        if pm is not None and not pm.preloaded:
+            pm.restart(True)
+
+
+def view_disagreement(srv, model, when):
+    """fencing_protected_tables against the model: each table's shape, and whether it is active
+    (docs/reference.md: false for exactly the reasons that refuse every write with FT004, in the
+    backend reading the view). A description of the first difference, or None."""
+    for name, t in model.t.items():
+        shape, active = srv.view(name)
+        if shape != t["shape"]:
+            return (f"{when}: fencing_protected_tables says {name} has the {shape} shape, the model "
+                    f"the {t['shape']} shape (preloaded: {model.preloaded})")
+        if active != model.active(name):
+            return (f"{when}: fencing_protected_tables says {name} is {'' if active else 'not '}active, "
+                    f"the contract says {'' if model.active(name) else 'not '}active (state {t['state']}, "
+                    f"{t['shape']} shape, preloaded: {model.preloaded})")
+    return None
 
 
 def replay_steps(srv, model, seq, name_of, lease, verbose):
@@ -483,6 +586,15 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
     for i, step in enumerate(seq):
         if step[0] == "lease":
             srv.lease(step[1], lease)
+            continue
+        if step[0] == "preload":
+            model.preloaded = step[1] == "preload_on"
+            srv.restart(model.preloaded)
+            if verbose:
+                print(f"  step {i}: the server restarted {'with' if model.preloaded else 'without'} the library preloaded")
+            why = view_disagreement(srv, model, f"step {i} ({step[1]})")
+            if why:
+                return i, why
             continue
         if step[0] == "state":
             name = name_of[step[1]]
@@ -506,7 +618,11 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
                 model.partition_gone(name)
             model.t[name]["state"] = ("active" if refused or step[2] in PARTITION_CHANGES or step[2] in SHAPES
                                       else step[2])
-
+            if step[2] != TEMPORAL:  # every other state's first step is fencing_protect
+                model.protect(name, step[2] != "row_trigger_shape")
+            why = view_disagreement(srv, model, f"step {i} (state {step[2]} of {name})")
+            if why:
+                return i, why
             continue
         _, table, path, source, key, new_key, delta, kind = step
         name = name_of[table]
@@ -539,16 +655,24 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
         if source == "lease_savepoint" and srv.last_lease is not None:
             lease["max"] = max(lease["max"], srv.last_lease)
             lease["ended"].append(srv.last_lease)
+        where = f"{t['shape']} shape, {'' if model.preloaded else 'not '}preloaded"
         if verbose:
-            print(f"  step {i}: {name} {path} key={key} token={token} via {source}: model {want}, server {got}")
+            print(f"  step {i}: {name} {path} key={key} token={token} via {source} ({where}): model {want}, server {got}")
         # A temporal key has no unique constraint on id alone: PostgreSQL refuses ON CONFLICT (id)
         # while planning (42P10), before any trigger; nothing is written either way.
         if t["state"] == TEMPORAL and path == "upsert" and got == "42P10":
             want = got
         if got != want:
             return i, (f"step {i}: {path} of {name} (key {key}{', new key ' + str(new_key) if path == 'update_key' else ''}) "
-                       f"with token {token} via {source}: the contract says {want}, the server answered {got}")
+                       f"with token {token} via {source} ({where}): the contract says {want}, the server answered {got}")
         OUTCOMES[got] = OUTCOMES.get(got, 0) + 1
+        k = (model.preloaded, t["shape"], got)
+        PRELOAD_OUTCOMES[k] = PRELOAD_OUTCOMES.get(k, 0) + 1
+        if not model.preloaded:
+            kind = ("refused only for it" if t["shape"] == "set-based" and not t["subscribed"] and t["state"] == "active"
+                    else "admitted" if got == "ok" else None)
+            if kind:
+                NOT_PRELOADED[kind][table] = NOT_PRELOADED[kind].get(table, 0) + 1
         if new_state:
             t.update(new_state)
     return None, None
@@ -564,17 +688,34 @@ def main():
     ap.add_argument("--tables", default="r,p,pp,r_sub,p_sub",
                     help="which tables to write: r, p (resource and per-row mode), pp (per-row, partitioned), "
                          "r_sub, p_sub (subscribed)")
-    ap.add_argument("--no-states", action="store_true", help="no DDL: the tables stay as protected")
+    ap.add_argument("--no-states", action="store_true", help="no DDL and no restarts: the tables stay as protected")
+    ap.add_argument("--no-preload", action="store_true", help="no restarts without the library preloaded")
+    ap.add_argument("--pg-ctl", help="the server's pg_ctl, to restart it with and without preloading")
+    ap.add_argument("--pgdata", help="the server's data directory")
+    ap.add_argument("--pg-log", help="the server's log file")
     args = ap.parse_args()
+    preload = not args.no_states and not args.no_preload
+    pm = None
+    if preload:
+        if not (args.pg_ctl and args.pgdata and args.pg_log):
+            ap.error("restarts with and without preloading need --pg-ctl, --pgdata and --pg-log (or --no-preload)")
+        pm = Postmaster(args.pg_ctl, args.pgdata, args.pg_log)
+    c = psycopg2.connect(args.dsn, user="postgres")
+    cur = c.cursor()
+    cur.execute("SHOW shared_preload_libraries")
+    if cur.fetchone()[0] != "pg_fencing":
+        print("hunt: the server must start with shared_preload_libraries = 'pg_fencing' (run.sh)")
+        return 1
+    c.close()
     setup_once(args.dsn, args.pub_dsn)
     temporal = server_major(args.dsn) >= 18  # the temporal_key state (PostgreSQL 18)
     rng = random.Random(args.seed)
     replay = 0
     writes = 0
     for n in range(args.sequences):
-        seq = gen_sequence(rng, args.steps, args.tables.split(","), not args.no_states, temporal)
+        seq = gen_sequence(rng, args.steps, args.tables.split(","), not args.no_states, temporal, preload)
         replay += 1
-        bad, why = run(args.dsn, seq, replay)
+        bad, why = run(args.dsn, seq, replay, pm)
         writes += sum(1 for s in seq if s[0] == "write")
         if bad is None:
             continue
@@ -586,7 +727,7 @@ def main():
             for i in range(len(seq) - 1):
                 cand = seq[:i] + seq[i + 1:]
                 replay += 1
-                b, w = run(args.dsn, cand, replay)
+                b, w = run(args.dsn, cand, replay, pm)
                 if b is not None:
                     seq, why, changed = cand[:b + 1], w, True
                     break
@@ -596,16 +737,40 @@ def main():
         for s in seq:
             print(f"    {s}")
         replay += 1
-        run(args.dsn, seq, replay, verbose=True)
+        run(args.dsn, seq, replay, pm, verbose=True)
         return 1
     print(f"hunt: seed {args.seed}: {args.sequences} sequences, {writes} writes generated "
           f"({sum(OUTCOMES.values())} run; outcomes {dict(sorted(OUTCOMES.items()))}); "
           "the server agreed with the contract on every one")
+    for pre in (True, False):
+        by_shape = {}
+        for (p, shape, got), k in PRELOAD_OUTCOMES.items():
+            if p == pre:
+                by_shape.setdefault(shape, {})[got] = k
+        total = sum(sum(o.values()) for o in by_shape.values())
+        print(f"  writes judged with the library {'' if pre else 'not '}preloaded: {total} ("
+              + "; ".join(f"{shape} shape {sum(o.values())}: {dict(sorted(o.items()))}"
+                          for shape, o in sorted(by_shape.items())) + ")")
+    if pm is not None:
+        print(f"  of those not preloaded, per table: refused only for that (set-based shape) "
+              f"{dict(sorted(NOT_PRELOADED['refused only for it'].items()))}, admitted (row-trigger shape) "
+              f"{dict(sorted(NOT_PRELOADED['admitted'].items()))}; {pm.restarts} restarts")
     # A hunt that never saw an answer of the contract tested nothing there.
     missing = {"ok", "FT001", "FT002", "FT003", "FT004"} - set(OUTCOMES)
     if missing:
         print(f"hunt: no write got {sorted(missing)}: the sequences are too short to hunt")
         return 1
+    # Nor one that never wrote where the library was not preloaded: to a set-based table that
+    # would be active otherwise (the refusal), and admitted to a row-trigger table (which needs
+    # no preloading).
+    if preload:
+        unseen = [what for what, kind in (("a write to an otherwise active set-based table", "refused only for it"),
+                                          ("an admitted write to a row-trigger table", "admitted"))
+                  if not NOT_PRELOADED[kind]]
+        if unseen:
+            print(f"hunt: never judged {' nor '.join(unseen)} without the library preloaded: "
+                  "the sequences are too short to hunt")
+            return 1
     return 0
 
 

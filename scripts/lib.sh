@@ -18,6 +18,9 @@ PROJECT_ROOT=$(CDPATH='' cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # HERMETIC_KEEP (what survives) is defined in scripts/hermetic.sh; here it also drops what a
 # parent entry script exported for its own services (its cluster's PGHOST, say).
 source "$PROJECT_ROOT/scripts/hermetic.sh"
+# PGF_SHAPE (below) passes from an entry script such as scripts/test.sh to the suites it starts.
+# (HERMETIC_KEEP itself does not name it: set by hand before a suite, hermetic.sh drops it.)
+[[ PGF_SHAPE =~ $HERMETIC_KEEP ]] || HERMETIC_KEEP="${HERMETIC_KEEP%')$'}|PGF_SHAPE)\$"
 
 hermetic_env() {
     local v
@@ -51,6 +54,15 @@ case "${PGF_PG_MAJOR:-15}" in
     *) echo "PGF_PG_MAJOR=$PGF_PG_MAJOR: the suites run on 15 or 18" >&2; exit 2 ;;
 esac
 PG_MAJOR=${PGF_PG_MAJOR:-15}
+# The shape of the tables a suite protects (docs/design.md, "The set-based shape"), PGF_SHAPE:
+# `set-based` preloads the library, `row-trigger` sets pg_fencing.set_based_shape = off (the
+# server may still preload it), unset leaves the suite's own choice. pg_start honours it; a suite
+# that writes a cluster's conf itself appends `shape_conf` to it; `expect_shape` checks that the
+# tables got that shape.
+case "${PGF_SHAPE:-}" in
+    ''|set-based|row-trigger) ;;
+    *) echo "PGF_SHAPE=$PGF_SHAPE: set-based, row-trigger or unset" >&2; exit 2 ;;
+esac
 # First on PATH, and the other major's bin directory off it, wherever the caller had them.
 _pgf_path=""
 IFS=: read -ra _pgf_dirs <<<"$PATH"
@@ -85,6 +97,53 @@ wait_for() {
         sleep 0.1
     done
     expect "$1" "$2" "$got"
+}
+
+# shape_conf [CONF]: the postgresql.conf lines to append after CONF (the suite's own lines) for
+# PGF_SHAPE; nothing if it is unset or CONF already says so. set-based adds pg_fencing to CONF's
+# shared_preload_libraries (its last line, as the server reads it), keeping what else it names.
+shape_conf() {
+    local conf=${1:-} libs
+    libs=$(printf '%s\n' "$conf" | sed -n "s/^[[:space:]]*shared_preload_libraries[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" | tail -1)
+    case "${PGF_SHAPE:-}" in
+        set-based)
+            # set_based_shape: the last line wins, so an "off" in CONF is overridden too.
+            if ! [[ ,${libs// /}, == *,pg_fencing,* ]]; then
+                echo "shared_preload_libraries = '${libs:+$libs,}pg_fencing'"
+            fi
+            if printf '%s\n' "$conf" | grep -q '^[[:space:]]*pg_fencing\.set_based_shape'; then
+                echo "pg_fencing.set_based_shape = on"
+            fi ;;
+        row-trigger)
+            printf '%s\n' "$conf" | grep -q "^pg_fencing.set_based_shape = off$" || echo "pg_fencing.set_based_shape = off" ;;
+    esac
+}
+
+# expect_shape [--except NAME[,NAME...]] [psql arguments...]: with PGF_SHAPE set, every protected
+# plain table (relkind 'r') of the database the psql arguments name reports that shape in
+# fencing_protected_tables, and there is at least one (else FAIL, and fail=1); tables named in
+# --except (relnames: a table the shape cannot have, such as a per-row table whose key is
+# identified by hash) are left out. Without PGF_SHAPE it prints the shapes it sees.
+expect_shape() {
+    local except="" got where want
+    if [ "${1:-}" = --except ]; then except=$2; shift 2; fi
+    got=$(psql -X -q -v ON_ERROR_STOP=1 -At "$@" -c "SELECT 'database ' || current_database() || ' on port ' || current_setting('port'),
+            coalesce(string_agg(c.relname || '=' || t.shape, ',' ORDER BY c.relname), 'none')
+        FROM fencing_protected_tables t JOIN pg_class c ON c.oid = t.relation
+        WHERE c.relkind = 'r' AND NOT c.relname = ANY (string_to_array('$except', ','))")
+    where=${got%%|*}
+    got=${got#*|}
+    if [ -z "${PGF_SHAPE:-}" ]; then
+        echo "  (shapes of the protected tables, $where: $got)"
+        return 0
+    fi
+    want=$(printf '%s\n' "$got" | tr ',' '\n' | sed "s/=.*/=$PGF_SHAPE/" | paste -sd,)
+    if [ "$got" != none ] && [ "$got" = "$want" ]; then
+        echo "  ok: every protected plain table has the $PGF_SHAPE shape, $where: $got"
+    else
+        echo "  FAIL: PGF_SHAPE=$PGF_SHAPE, but the protected plain tables of $where have: $got"
+        fail=1
+    fi
 }
 
 fresh_workdir() {
@@ -137,6 +196,7 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = '$WORK'
 fsync = off
 ${PG_EXTRA_CONF:-}
+$(shape_conf "${PG_EXTRA_CONF:-}")
 CONF
     pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log"
     export PGHOST=127.0.0.1 PGPORT=$PGPORT_TEST PGUSER=postgres PGDATABASE=postgres

@@ -18,7 +18,7 @@
 #   6. randomized stress test             (tests/stress, 16 clients, independent checker)
 #   7. crash under load                   (tests/stress --crash: kill -9 of the postmaster)
 #   8. negative control                   (tests/stress --unfenced must be caught)
-#   9. streaming standby and promotion    (tests/replication)
+#   9. streaming standby and promotion    (tests/replication; in both table shapes)
 #  10. background worker with real etcd   (tests/worker/run.sh)
 #  11. pooler safety through pgbouncer    (tests/pooler, transaction mode)
 #  12. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
@@ -33,12 +33,14 @@
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
 #                                          0.1.0 through ALTER EXTENSION UPDATE; lease tokens that
-#                                          never go back; logical replication)
+#                                          never go back; logical replication and backup and
+#                                          restore, in both table shapes)
 #  17. network partitions                 (tests/partition: three etcd members and PostgreSQL in
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
 #  18. the suites on PostgreSQL 18        (PGF_PG_MAJOR=18: stages 6-13, 16 and the leases again; then a cluster
-#                                          carried from 15 to 18, tests/lifecycle/major_upgrade.sh)
+#                                          carried from 15 to 18, tests/lifecycle/major_upgrade.sh;
+#                                          standby, logical, restore, major_upgrade in both shapes)
 #  19. the Debian package removed         (apt-get remove; none of its files left)
 # Between 1 and 2 the Debian package (scripts/package.sh 15) is installed with apt-get install,
 # as docs/operations.md "Install" says, so the suites test what users install.
@@ -292,8 +294,10 @@ stage_unfenced() {
 }
 
 stage_standby() {
-    step "9/19 streaming standby and promotion (tests/replication)"
-    tests/replication/standby.sh
+    for shape in set-based row-trigger; do
+        step "9/19 streaming standby and promotion, $shape shape (tests/replication, PGF_SHAPE=$shape)"
+        PGF_SHAPE=$shape tests/replication/standby.sh
+    done
 }
 
 stage_worker() {
@@ -364,10 +368,12 @@ stage_lifecycle() {
     tests/lifecycle/lost_history.sh
     step "16/19 lifecycle paths: the set-based shape refuses every write (FT004) where the library is no longer preloaded, fencing_protect gives the row-trigger shape there, a dump keeps the shape and its fence (tests/lifecycle/preload_removed.sh)"
     tests/lifecycle/preload_removed.sh
-    step "16/19 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up (tests/lifecycle)"
-    tests/lifecycle/logical.sh
-    step "16/19 lifecycle paths: backup and restore, every documented procedure (tests/lifecycle/restore.sh)"
-    tests/lifecycle/restore.sh
+    for shape in set-based row-trigger; do
+        step "16/19 lifecycle paths: logical replication keeps the subscriber's marks and tombstones up, $shape shape (tests/lifecycle/logical.sh, PGF_SHAPE=$shape)"
+        PGF_SHAPE=$shape tests/lifecycle/logical.sh
+        step "16/19 lifecycle paths: backup and restore, every documented procedure, $shape shape (tests/lifecycle/restore.sh, PGF_SHAPE=$shape)"
+        PGF_SHAPE=$shape tests/lifecycle/restore.sh
+    done
 }
 
 stage_partition() {
@@ -386,8 +392,10 @@ stage_pg18_suites() {
     tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
     step "18/19 on PostgreSQL 18: negative control (tests/stress --unfenced)"
     stress_unfenced
-    step "18/19 on PostgreSQL 18: streaming standby and promotion (tests/replication)"
-    tests/replication/standby.sh
+    for shape in set-based row-trigger; do
+        step "18/19 on PostgreSQL 18: streaming standby and promotion, $shape shape (tests/replication, PGF_SHAPE=$shape)"
+        PGF_SHAPE=$shape tests/replication/standby.sh
+    done
     step "18/19 on PostgreSQL 18: background worker with real etcd (tests/worker)"
     tests/worker/run.sh
     step "18/19 on PostgreSQL 18: pooler safety (tests/pooler)"
@@ -400,11 +408,17 @@ stage_pg18_suites() {
     tests/bypass/run.sh --seed 2 --sequences 20 --steps 40
     step "18/19 on PostgreSQL 18: PostgreSQL leases under concurrency (tests/leases)"
     tests/leases/run.sh
-    step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, lease tokens carried, a lost first grant, logical replication, backup and restore)"
-    for t in async_commit watch_carried watch_upgrade leases_carried lost_history preload_removed logical restore; do tests/lifecycle/$t.sh; done
+    step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, lease tokens carried, a lost first grant, the set-based shape without preloading)"
+    for t in async_commit watch_carried watch_upgrade leases_carried lost_history preload_removed; do tests/lifecycle/$t.sh; done
+    for shape in set-based row-trigger; do
+        step "18/19 on PostgreSQL 18: lifecycle paths in the $shape shape: logical replication, backup and restore (tests/lifecycle/{logical,restore}.sh, PGF_SHAPE=$shape)"
+        for t in logical restore; do PGF_SHAPE=$shape tests/lifecycle/$t.sh; done
+    done
     unset PGF_PG_MAJOR
-    step "18/19 from 15 to 18: marks, tombstones and a watch carried across majors (tests/lifecycle/major_upgrade.sh)"
-    tests/lifecycle/major_upgrade.sh
+    for shape in set-based row-trigger; do
+        step "18/19 from 15 to 18: marks, tombstones and a watch carried across majors, $shape shape (tests/lifecycle/major_upgrade.sh, PGF_SHAPE=$shape)"
+        PGF_SHAPE=$shape tests/lifecycle/major_upgrade.sh
+    done
 }
 
 stage_remove() {

@@ -5,7 +5,8 @@
 # record what arrives instead of refusing it, and the publisher's own marks and tombstones travel
 # through _pg_fencing.resource_high_water and _pg_fencing.tombstone_feed.
 #
-#   publisher 127.0.0.1:${PGPORT_LOGICAL:-54439}, subscriber the next port; wal_level = logical.
+#   publisher 127.0.0.1:${PGPORT_LOGICAL:-54439}, subscriber the next port; wal_level = logical;
+#   the tables' shape as PGF_SHAPE says (scripts/lib.sh; unset: no preloading, row-trigger).
 #   1. FOR ALL TABLES (pg_fencing's own tables included): resource mode 'jobs' with mark 10 on
 #      both; a publisher write with 12 arrives; a subscriber write with 11 is refused (FT001).
 #      fencing_advance and a DELETE on the publisher raise the subscriber's mark too. Per-row
@@ -49,6 +50,7 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = '$WORK'
 fsync = off
 wal_level = logical
+$(shape_conf)
 CONF
 pg_ctl_start "$SUBDATA" "$WORK/sub.log" 60
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
@@ -77,6 +79,8 @@ SQL
 sub -o /dev/null -c "${SCHEMA#CREATE EXTENSION pg_fencing;}"
 sub -o /dev/null -c "BEGIN; SET LOCAL pg_fencing.token = '7'; INSERT INTO items VALUES (99, 7); DELETE FROM items WHERE id = 99; COMMIT;"
 local_ids=$(sub -Atc "SELECT string_agg(relid::text || '=' || id, ',' ORDER BY id) FROM _pg_fencing.protected_table")
+expect_shape -p "$PUB" -d postgres
+expect_shape -p "$SUB" -d postgres
 
 echo "== 1. publication FOR ALL TABLES"
 # A tombstone written before any publication (the feed was not published then): CREATE
@@ -145,6 +149,7 @@ sub -c "CREATE DATABASE partial"
 "${PSQL[@]}" -p "$SUB" -d partial -o /dev/null -c "$SCHEMA"
 "${PSQL[@]}" -p "$SUB" -d partial -c "CREATE SUBSCRIPTION named CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION named"
 wait_for "initial sync done" 0 "$SUB" partial "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
+expect_shape -p "$SUB" -d partial
 expect "fencing_protected_tables.active on the subscriber" "true|true" \
     "$("${PSQL[@]}" -p "$SUB" -d partial -Atc "SELECT string_agg(active::text, '|' ORDER BY relation::text) FROM fencing_protected_tables")"
 wait_for "the tombstones from before the subscription" "(11) 55,(4) 16,(5) 25" "$SUB" partial \
@@ -176,6 +181,7 @@ wait_for "initial sync done" 0 "$SUB" late "SELECT count(*) FROM pg_subscription
 wait_for "the disabled subscription's worker stopped" 0 "$SUB" late \
     "SELECT count(pid) FROM pg_stat_subscription WHERE subname = 'late'"
 "${PSQL[@]}" -p "$SUB" -d late -o /dev/null -c "SELECT fencing_protect('items')"
+expect_shape -p "$SUB" -d late
 expect "fencing_protect after the copy takes its tombstones and floor" "(11) 55,(2) 40,(4) 16,(5) 25 floor 26" \
     "$("${PSQL[@]}" -p "$SUB" -d late -Atc "SELECT string_agg(t.key || ' ' || t.high_water, ',' ORDER BY t.key) || ' floor ' || min(p.tombstone_floor) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass")"
 "${PSQL[@]}" -p "$SUB" -d late -c "DROP SUBSCRIPTION late"

@@ -12,7 +12,8 @@
 #      TRIGGER ALL would make the REPLICA triggers ordinary, and the DDL event trigger puts them
 #      back at once (before issue 30 both protections stayed inactive, fenced_* got FT004, and
 #      fencing_protect did not repair them).
-# A throwaway cluster on 127.0.0.1:${PGPORT_RESTORE:-54479}.
+# Every database in the shape PGF_SHAPE says (scripts/lib.sh; unset: no preloading, row-trigger;
+# a dump keeps the shape). A throwaway cluster on 127.0.0.1:${PGPORT_RESTORE:-54479}.
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
@@ -45,6 +46,7 @@ STATE="SELECT (SELECT count(*) FROM ledger) || '/' || (SELECT count(*) FROM job)
 TRIGGERS="SELECT string_agg(tgname || '=' || tgenabled::text, ',' ORDER BY tgrelid::regclass::text, tgname) FROM pg_trigger WHERE tgname LIKE 'zz_pg_fencing%' OR tgname = 'pg_fencing_mark_changed'"
 expect "source: rows, mark, active" "2/1/50/true,true" "$(q src "$STATE")"
 triggers_src=$(q src "$TRIGGERS")
+expect_shape -d src
 
 check_fenced() {  # check_fenced <db> <what>: the source's fence holds in <db>
     expect "$2: ledger write with 45 (below the advanced mark 50)" FT001 "$(write "$1" 45 "UPDATE ledger SET v = 0 WHERE id = 1")"
@@ -61,6 +63,7 @@ echo "== 1. full dump"
 "${PSQL[@]}" -d full_restore -o /dev/null -f "$WORK/full.sql"
 expect "full: rows, mark, active" "2/1/50/true,true" "$(q full_restore "$STATE")"
 expect "full: the extension's triggers as in the source" "$triggers_src" "$(q full_restore "$TRIGGERS")"
+expect_shape -d full_restore
 check_fenced full_restore full
 
 echo "== 2. schema-only, then data-only with session_replication_role = replica"
@@ -69,16 +72,19 @@ echo "== 2. schema-only, then data-only with session_replication_role = replica"
 PGOPTIONS="-c session_replication_role=replica" "${PSQL[@]}" -d replica_restore -o /dev/null -f "$WORK/data.sql"
 expect "replica: rows, mark, active" "2/1/50/true,true" "$(q replica_restore "$STATE")"
 expect "replica: the extension's triggers as in the source" "$triggers_src" "$(q replica_restore "$TRIGGERS")"
+expect_shape -d replica_restore
 check_fenced replica_restore replica
 
 echo "== 3. schema-only, then a plain data-only load"
 "${PSQL[@]}" -c "CREATE DATABASE plain_restore"
 "${PSQL[@]}" -d plain_restore -o /dev/null -f "$WORK/schema.sql"
-psql -X -q -d plain_restore -o /dev/null -f "$WORK/data.sql" >"$WORK/plain.log" 2>&1 || true
-expect "plain: the protected tables' COPY refused (FT002 twice)" 2 "$(grep -c 'no fencing token for a write to protected table' "$WORK/plain.log" || true)"
+psql -X -q -v VERBOSITY=verbose -d plain_restore -o /dev/null -f "$WORK/data.sql" >"$WORK/plain.log" 2>&1 || true
+# The wording names a write (row-trigger shape) or a COPY (set-based: the COPY hook refuses it).
+expect "plain: the protected tables' COPY refused (FT002 twice)" 2 "$(grep -c 'ERROR:  FT002: no fencing token for a' "$WORK/plain.log" || true)"
 expect "plain: the hint names the restore procedure" 2 "$(grep -c "session_replication_role = replica" "$WORK/plain.log" || true)"
 expect "plain: no row loaded, marks and tombstones did" "0/0/50/true,true" "$(q plain_restore "$STATE")"
 expect "plain: the extension's triggers as in the source" "$triggers_src" "$(q plain_restore "$TRIGGERS")"
+expect_shape -d plain_restore
 
 echo "== 4. schema-only, then data-only with --disable-triggers"
 "${PSQL[@]}" -c "CREATE DATABASE disabled_restore"
@@ -86,5 +92,6 @@ echo "== 4. schema-only, then data-only with --disable-triggers"
 "${PSQL[@]}" -d disabled_restore -o /dev/null -f "$WORK/data-disable-triggers.sql"
 expect "disable-triggers: rows, mark, active" "2/1/50/true,true" "$(q disabled_restore "$STATE")"
 expect "disable-triggers: the extension's triggers as in the source" "$triggers_src" "$(q disabled_restore "$TRIGGERS")"
+expect_shape -d disabled_restore
 check_fenced disabled_restore disable-triggers
 exit $fail

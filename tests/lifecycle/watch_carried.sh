@@ -42,6 +42,8 @@ etcd_start
 CONF="shared_preload_libraries = 'pg_fencing'
 pg_fencing.etcd_endpoints = '127.0.0.1:$ETCD_CLIENT_PORT'
 wal_level = replica"
+# The table's shape as PGF_SHAPE says (scripts/lib.sh; unset: set-based), on every copy.
+CONF+=$'\n'$(shape_conf "$CONF")
 mkdir -p "$WORK/archive"
 [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/archive"
 PG_EXTRA_CONF="$CONF
@@ -59,6 +61,7 @@ CREATE TABLE jobs (id int PRIMARY KEY, v bigint);
 SELECT fencing_protect('jobs', 'jobs');
 BEGIN; SET LOCAL pg_fencing.token = '30'; INSERT INTO jobs VALUES (1, 30); COMMIT;
 SQL
+expect_shape
 # etcd's revision above the stored mark, so the hand-over revision is above it too.
 for i in $(seq 1 40); do etcdctl put "pad/$i" x >/dev/null; done
 
@@ -101,6 +104,7 @@ echo "== pg_dump / pg_restore into a new database"
 "${PSQL[@]}" -c "CREATE DATABASE restored"
 "$PGBIN/pg_restore" -d restored "$WORK/dump"
 expect "restored: watch listed" jobs "$("${PSQL[@]}" -d restored -Atc "SELECT resource FROM fencing_watches")"
+expect_shape -d restored
 expect "restored: a write with H - 1" FT001 "$(stale_write "$PGPORT_TEST" restored $((H - 1)))"
 expect "restored: Z's own write with H" ok "$(stale_write "$PGPORT_TEST" restored "$H")"
 
@@ -109,6 +113,7 @@ as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -w promote >/dev/null
 wait_for "promoted: out of recovery" f "$PORT2" postgres "SELECT pg_is_in_recovery()"
 expect "promoted: a write with H - 1" FT001 "$(stale_write "$PORT2" postgres $((H - 1)))"
 expect "promoted: watch listed" jobs "$("${PSQL[@]}" -p "$PORT2" -Atc "SELECT resource FROM fencing_watches")"
+expect_shape -p "$PORT2"
 as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -m fast -w stop >/dev/null
 
 echo "== point-in-time recovery from the base backup to a restore point after the hand-over"
@@ -136,6 +141,7 @@ pg_ctl_start "$PITR" "$WORK/pitr.log" 120
 wait_for "recovered: out of recovery" f "$PORT2" postgres "SELECT pg_is_in_recovery()"
 expect "recovered: a write with H - 1" FT001 "$(stale_write "$PORT2" postgres $((H - 1)))"
 expect "recovered: watch listed" jobs "$("${PSQL[@]}" -p "$PORT2" -Atc "SELECT resource FROM fencing_watches")"
+expect_shape -p "$PORT2"
 as_pg "$PGBIN/pg_ctl" -D "$PITR" -m fast -w stop >/dev/null
 
 echo "== pg_upgrade (copy mode) to a new cluster"
@@ -157,6 +163,7 @@ if ! (cd "$WORK/upgrade" && as_pg "$PGBIN/pg_upgrade" -b "$PGBIN" -B "$PGBIN" -d
 fi
 pg_ctl_start "$NEWDATA" "$WORK/new.log" 60
 expect "upgraded: watch listed" jobs "$("${PSQL[@]}" -Atc "SELECT resource FROM fencing_watches")"
+expect_shape
 expect "upgraded: a write with H - 1" FT001 "$(stale_write "$PGPORT_TEST" postgres $((H - 1)))"
 expect "upgraded: Z's own write with H" ok "$(stale_write "$PGPORT_TEST" postgres "$H")"
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # High-water marks reach a physical standby, and after promotion a stale write is still refused.
 #   primary (127.0.0.1:54349) --streaming--> standby (127.0.0.1:54350), both throwaway clusters.
+# The tables' shape as PGF_SHAPE says (scripts/lib.sh; unset: set-based); the standby has the
+# primary's postgresql.conf from its base backup.
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
@@ -33,6 +35,7 @@ BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO ledger VALUES (1, 1), (2, 
 SELECT fencing_advance('repl', 20);
 BEGIN; SET LOCAL pg_fencing.token = '15'; DELETE FROM job WHERE id = 1; COMMIT;
 SQL
+expect_shape -h 127.0.0.1 -p "$PGPORT_TEST"
 
 echo "== standby: pg_basebackup -R, streaming"
 mkdir -p "$STANDBY"; chown postgres:postgres "$STANDBY"; chmod 700 "$STANDBY"
@@ -60,6 +63,7 @@ expect "standby: writes refused (read-only)" 25006 "$(sqlstate_of "${S[@]}" -c "
 echo "== promote the standby; the old primary stops"
 pg_stop
 as_pg "$PGBIN/pg_ctl" -D "$STANDBY" -w promote >/dev/null
+expect_shape -h 127.0.0.1 -p "$SPORT"
 expect "promoted: stale write to a row the newer holder never touched" FT001 \
     "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '24'; UPDATE ledger SET v = 0 WHERE id = 2; COMMIT;")"
 expect "promoted: stale re-insert of a deleted key" FT001 \

@@ -18,9 +18,6 @@ PROJECT_ROOT=$(CDPATH='' cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # HERMETIC_KEEP (what survives) is defined in scripts/hermetic.sh; here it also drops what a
 # parent entry script exported for its own services (its cluster's PGHOST, say).
 source "$PROJECT_ROOT/scripts/hermetic.sh"
-# PGF_SHAPE (below) passes from an entry script such as scripts/test.sh to the suites it starts.
-# (HERMETIC_KEEP itself does not name it: set by hand before a suite, hermetic.sh drops it.)
-[[ PGF_SHAPE =~ $HERMETIC_KEEP ]] || HERMETIC_KEEP="${HERMETIC_KEEP%')$'}|PGF_SHAPE)\$"
 
 hermetic_env() {
     local v

@@ -390,6 +390,9 @@ stage_pg18_suites() {
     tests/stress/run.sh --clients 16 --writes 10000 --seconds 300 --seed 1 --prune
     step "18/19 on PostgreSQL 18: crash under the stress load (tests/stress --crash)"
     tests/stress/run.sh --clients 16 --writes 8000 --seconds 300 --seed 2 --crash
+    step "18/19 on PostgreSQL 18: stress and crash in the row-trigger shape (tests/stress --shape row-trigger)"
+    tests/stress/run.sh --clients 16 --writes 5000 --seconds 300 --seed 4 --prune --shape row-trigger
+    tests/stress/run.sh --clients 16 --writes 4000 --seconds 300 --seed 5 --crash --shape row-trigger
     step "18/19 on PostgreSQL 18: negative control (tests/stress --unfenced)"
     stress_unfenced
     for shape in set-based row-trigger; do

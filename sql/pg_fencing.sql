@@ -300,6 +300,13 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = relation) THEN
         RETURN 'table does not exist';
     END IF;
+    -- A protected table attached as a partition of another table: its triggers now name a
+    -- protection of a partition, which no write through the partitioned table checks; the root's
+    -- own fencing_protect carries its fence (its tombstones, floor and mark) and replaces it.
+    IF (SELECT c.relispartition FROM pg_class c WHERE c.oid = relation) THEN
+        RETURN format('%s is now a partition of %s; run fencing_protect on %s, which carries this protection''s fence',
+                      relation, pg_partition_root(relation), pg_partition_root(relation));
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_attribute a JOIN _pg_fencing.protected_table p ON p.relid = relation
                    WHERE a.attrelid = relation AND a.attname = p.token_column AND a.attnum > 0
                      AND NOT a.attisdropped AND a.atttypid = 'int8'::regtype AND a.attgenerated = '') THEN
@@ -541,6 +548,9 @@ DECLARE
     prev_max bigint;
     shape text := 'row-trigger';
     own_default text;
+    old record;
+    moved bigint[];
+    replaced regclass[];
 BEGIN
     IF relation IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
@@ -668,7 +678,49 @@ BEGIN
             carried := greatest(carried, prev_max);
         END IF;
     END IF;
+    -- Tables protected on their own and then attached as partitions of this one (their
+    -- protections are inactive, see inactive_reason): this protection carries their fences, and
+    -- replaces them. Per-row keys of the same form keep their own tombstones (moved to this
+    -- protection below); anything else (a resource's mark, a tombstone floor, tombstones of
+    -- another key form, the rows' tokens in another token column) becomes the lowest token this
+    -- one accepts, as for a switch of mode or resource above.
+    FOR old IN SELECT pt.id, pt.relid, pt.resource, pt.token_column, pt.tombstone_floor
+               FROM _pg_fencing.protected_table pt
+               WHERE pt.relid <> relation AND pt.relid IN (SELECT t.relid FROM _pg_fencing.tree(relation) t)
+               ORDER BY pt.id LOOP
+        carried := greatest(carried, old.tombstone_floor);
+        IF old.resource IS NOT NULL THEN
+            carried := greatest(carried, @extschema@.fencing_high_water(old.resource));
+        END IF;
+        IF resource IS NOT NULL OR old.resource IS NOT NULL
+           OR _pg_fencing.tombstone_key_signature(old.relid) IS DISTINCT FROM _pg_fencing.tombstone_key_signature(relation) THEN
+            carried := greatest(carried, (SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt
+                                          WHERE rt.protection_id = old.id));
+        ELSE
+            moved := array_append(moved, old.id);
+        END IF;
+        IF old.token_column <> token_column
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = old.relid AND a.attname = old.token_column
+                       AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype) THEN
+            EXECUTE format('SELECT max(%I) FROM %s', old.token_column, old.relid) INTO prev_max;
+            carried := greatest(carried, prev_max);
+        END IF;
+        replaced := array_append(replaced, old.relid);
+    END LOOP;
     pid := _pg_fencing.register(relation, resource, token_column::text);
+    IF replaced IS NOT NULL THEN
+        -- The moved tombstones keep their keys' text (the same key form); their hashes follow
+        -- this table's key (rehash_tombstones below).
+        INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water)
+        SELECT pid, rt.key, max(rt.high_water) FROM _pg_fencing.row_tombstone rt
+        WHERE rt.protection_id = ANY (moved) GROUP BY rt.key
+        ON CONFLICT (protection_id, key) DO UPDATE SET high_water = GREATEST(h.high_water, excluded.high_water);
+        DELETE FROM _pg_fencing.row_tombstone rt
+        WHERE rt.protection_id IN (SELECT pt.id FROM _pg_fencing.protected_table pt WHERE pt.relid = ANY (replaced));
+        DELETE FROM _pg_fencing.protected_table pt WHERE pt.relid = ANY (replaced);
+        RAISE NOTICE 'pg_fencing: the protection of % replaces that of %, now its partitions, and carries their fence', relation,
+            array_to_string(replaced::text[], ', ');
+    END IF;
     -- Firing modes first (partitions before their parents), so that no ALTER TABLE below meets
     -- a trigger of this protection that a restore left disabled.
     FOR part IN SELECT x.relid FROM (SELECT relation AS relid, 0 AS level

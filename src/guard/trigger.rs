@@ -348,6 +348,9 @@ pub(crate) fn verify_protection(
     )
     .unwrap_or(false);
     if !ok {
+        // A protection that exists but cannot hold (its table attached as a partition of
+        // another, say) refuses with its reason (FT004), as every write to it does.
+        rule::require_active(args.protection, table)?;
         return Err(FenceError::NotAllowed(crate::error::Text::new(format!(
             "fencing_guard() on {} does not match a protection made by fencing_protect()",
             table()

@@ -524,10 +524,11 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
     let user = crate::pg::process::current_user().to_u32();
     let statement = exec.query_context();
     let event = exec.event();
+    let subxact = crate::pg::process::current_subxact();
     AUTHORIZED.with(|a| {
         let mut a = a.borrow_mut();
         for id in exec.result_relation_ids() {
-            a.insert((id.to_u32(), user, statement), event);
+            a.insert((id.to_u32(), user, statement), (event, subxact));
         }
     });
     // Resource mode: the statement trigger's work (see guard/trigger.rs): the resource lock
@@ -796,14 +797,17 @@ fn admit_text_key(
 }
 
 thread_local! {
-    /// (table, user, statement's memory context) of the fast-path UPDATEs running now: their
+    /// (table, user, statement's memory context) of the fast-path statements running now: their
     /// privileges were checked by the executor. Dropped when the statement ends (`end_update`),
-    /// and at the end of the transaction and on subtransaction abort.
-    /// The value is the statement's trigger event: a call counts as authorized only for the
-    /// statement it belongs to (`drop_row` in a DELETE, `stamp_insert` in an INSERT, the others
-    /// in an UPDATE), else a role could call `drop_row` in its own UPDATE without the DELETE
-    /// privilege.
-    static AUTHORIZED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, u32, usize), u32>> =
+    /// at the end of the transaction, and when the subtransaction it started in aborts (then it
+    /// never ends: its memory context may be reused). Kept through relcache invalidations (the
+    /// executor does not check a running statement's privileges again either).
+    /// The value is the statement's trigger event and subtransaction: a call counts as
+    /// authorized only for the statement it belongs to (`drop_row` in a DELETE, `stamp_insert`
+    /// in an INSERT, the others in an UPDATE), else a role could call `drop_row` in its own
+    /// UPDATE without the DELETE privilege; and only a call the planner hook added to it
+    /// (`StampCall::planned`), not one written into the statement by hand.
+    static AUTHORIZED: std::cell::RefCell<rustc_hash::FxHashMap<(u32, u32, usize), (u32, pg_sys::SubTransactionId)>> =
         std::cell::RefCell::new(rustc_hash::FxHashMap::default());
     /// Stamping constants found to name a protection made by `fencing_protect`: (table,
     /// protection) -> (resource, token column). Not a privilege: that is checked per call.
@@ -829,10 +833,15 @@ pub fn end_update(statement: usize) {
     });
 }
 
-/// Relcache invalidation, subtransaction abort: privileges or protections may have changed.
+/// Relcache invalidation, subtransaction abort: protections may have changed.
 fn forget_checked() {
     CHECKED.with(|c| c.borrow_mut().clear());
-    AUTHORIZED.with(|a| a.borrow_mut().clear());
+}
+
+/// Subtransaction `sub` aborted: the statements that started in it or in its children (whose
+/// ids are higher) never end.
+fn forget_authorized_since(sub: pg_sys::SubTransactionId) {
+    AUTHORIZED.with(|a| a.borrow_mut().retain(|_, (_, started)| *started < sub));
 }
 
 /// End of the transaction.
@@ -880,9 +889,11 @@ fn check_site(
     let authorized = AUTHORIZED.with(|a| {
         let a = a.borrow();
         !a.is_empty()
-            && call
-                .contexts()
-                .any(|cxt| a.get(&(relid.to_u32(), user, cxt)) == Some(&event))
+            && call.planned()
+            && call.contexts().any(|cxt| {
+                a.get(&(relid.to_u32(), user, cxt))
+                    .is_some_and(|(e, _)| *e == event)
+            })
     });
     if !authorized && !may(relid) {
         let detail = plan::row_security_applies(relid).then(|| {
@@ -1147,6 +1158,7 @@ pub fn on_event(ev: BackendEvent) {
     match ev {
         BackendEvent::SubAbort(sub) => {
             forget_checked();
+            forget_authorized_since(sub);
             forget_writes_of(sub);
         }
         BackendEvent::Relcache(_) => {

@@ -387,16 +387,24 @@ unsafe fn stamp_expr(
             };
             list.push(node);
         }
-        pg_sys::makeFuncExpr(
+        let call = pg_sys::makeFuncExpr(
             function,
             pg_sys::INT8OID,
             list.into_pg(),
             pg_sys::Oid::INVALID,
             pg_sys::Oid::INVALID,
             pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
-        )
+        );
+        (*call).location = PLANNED_CALL_LOCATION;
+        call
     }
 }
+
+/// The `location` of the stamping and checking calls the planner hook adds: no parsed call has
+/// it (the parser gives a call its offset in the statement's text, or -1), and the planner keeps
+/// a call's location through its copies and simplifications, so a call that has it at run time
+/// (`StampCall::planned`) is one the planner hook made, not one written into the statement.
+const PLANNED_CALL_LOCATION: c_int = -0x7066;
 
 /// A top-level DELETE the planner is about to plan (after rewriting).
 pub struct DeleteQuery {
@@ -1176,6 +1184,19 @@ impl StampCall {
     /// `sql/pg_fencing.sql`), and the value must not outlive the call.
     pub unsafe fn new(fcinfo: pg_sys::FunctionCallInfo) -> StampCall {
         StampCall { fcinfo }
+    }
+
+    /// Was this call added by the planner hook (see [`PLANNED_CALL_LOCATION`]), not written by
+    /// hand into a statement?
+    pub fn planned(&self) -> bool {
+        // SAFETY: `flinfo` is the call site's; `fn_expr` is NULL or the call's expression node
+        // (a FuncExpr for a function call), read only.
+        unsafe {
+            let e = (*(*self.fcinfo).flinfo).fn_expr;
+            !e.is_null()
+                && (*e).type_ == pg_sys::NodeTag::T_FuncExpr
+                && (*e.cast::<pg_sys::FuncExpr>()).location == PLANNED_CALL_LOCATION
+        }
     }
 
     fn arg(&self, i: usize) -> Option<pg_sys::Datum> {

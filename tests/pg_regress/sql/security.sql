@@ -91,7 +91,27 @@ COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '500';
 SELECT _pg_fencing.stamp_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1);
 COMMIT;
+-- The same calls written into the role's own fast-path statement on the table: still made by
+-- hand (only the stamping calls the planner adds act for the statement), refused the same way.
+BEGIN; SET LOCAL pg_fencing.token = '500';
+DELETE FROM rls_jobs WHERE id = (SELECT 99 WHERE _pg_fencing.drop_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1) IS NOT NULL);
+COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '500';
+UPDATE rls_jobs SET owner_name = owner_name WHERE id = (SELECT 99 WHERE _pg_fencing.stamp_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1) IS NOT NULL);
+COMMIT;
+-- A statement's own stamps act for it also after an error caught inside it (a function's
+-- EXCEPTION block rolls back a subtransaction while the statement runs).
 RESET ROLE;
+CREATE FUNCTION rls_safe_div(a int, b int) RETURNS int LANGUAGE plpgsql AS
+$$BEGIN RETURN a / b; EXCEPTION WHEN division_by_zero THEN RETURN NULL; END$$;
+SET ROLE rls_role;
+BEGIN; SET LOCAL pg_fencing.token = '13';
+INSERT INTO rls_jobs VALUES (3 + coalesce(rls_safe_div(1, 0), 0), 'rls_role');
+UPDATE rls_jobs SET owner_name = owner_name WHERE id = 3 AND rls_safe_div(1, 0) IS NULL;
+DELETE FROM rls_jobs WHERE id = 3 AND rls_safe_div(1, 0) IS NULL;
+COMMIT;
+RESET ROLE;
+DROP FUNCTION rls_safe_div(int, int);
 SELECT count(*) AS tombstones_of_rls_jobs FROM _pg_fencing.row_tombstone t
 JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'rls_jobs'::regclass;
 -- the owner (no policy applies) deletes and re-creates the row with its own token

@@ -27,8 +27,17 @@ pub fn is_superuser() -> bool {
 
 /// The current subtransaction's id.
 pub fn current_subxact() -> pg_sys::SubTransactionId {
+    // Declared here, not taken from pgrx's bindings, to skip their error guard:
+    // GetCurrentSubTransactionId only reads a variable of this process and never raises an
+    // ERROR (it is called for every fast-path statement and every noted key or tombstone).
+    // SAFETY: the signature is GetCurrentSubTransactionId's in access/xact.h,
+    // SubTransactionId GetCurrentSubTransactionId(void).
+    unsafe extern "C-unwind" {
+        #[link_name = "GetCurrentSubTransactionId"]
+        fn get_current_subtransaction_id() -> pg_sys::SubTransactionId;
+    }
     // SAFETY: a read of the transaction state on the backend's main thread.
-    unsafe { pg_sys::GetCurrentSubTransactionId() }
+    unsafe { get_current_subtransaction_id() }
 }
 
 /// Is the server in recovery (a standby, or replaying WAL)?

@@ -58,6 +58,37 @@ CREATE INDEX row_tombstone_key_hash ON _pg_fencing.row_tombstone (protection_id,
     WHERE key_hash IS NOT NULL;
 -- The highest tombstone of a protection, read once per fast-path INSERT (sql/pg_fencing.sql).
 CREATE INDEX row_tombstone_high_water ON _pg_fencing.row_tombstone (protection_id, high_water);
+
+-- Tombstone runs (per-row mode): the tombstones of a transaction that deleted many keys of one
+-- table with one token, written as one run instead of one row per key (src/state/tombstone_runs.rs;
+-- docs/design.md, "Tombstone runs"). A run is one row of tombstone_run (its token: the mark of
+-- every key in it) and its keys in tombstone_chunk: sorted by a 64-bit hash of the key's text
+-- (FNV-1a, the same on every platform), at most 64 keys per chunk, each chunk found by the last
+-- hash it holds. Only keys identified by their text (src/pg/key_identity.rs) go into runs; a
+-- key's mark is the highest of its row_tombstone row and every run that holds its text. Paths
+-- that work on tombstones one by one (fencing_protect carrying a partition's, a key form
+-- changed, the tombstone feed filled) first turn a protection's runs into row_tombstone rows
+-- (_pg_fencing.expand_tombstone_runs).
+CREATE SEQUENCE _pg_fencing.tombstone_run_seq AS bigint MINVALUE 1 NO CYCLE;
+CREATE TABLE _pg_fencing.tombstone_run (
+    protection_id  bigint NOT NULL,
+    run            bigint NOT NULL DEFAULT pg_catalog.nextval('_pg_fencing.tombstone_run_seq'),
+    high_water     bigint NOT NULL CHECK (high_water > 0),
+    key_count      bigint NOT NULL CHECK (key_count > 0),
+    PRIMARY KEY (protection_id, run)
+);
+-- The highest run of a protection (as row_tombstone_high_water: src/state/tombstones.rs,
+-- `new_key_threshold`).
+CREATE INDEX tombstone_run_high_water ON _pg_fencing.tombstone_run (protection_id, high_water);
+CREATE TABLE _pg_fencing.tombstone_chunk (
+    protection_id  bigint   NOT NULL,
+    run            bigint   NOT NULL,
+    last_hash      bigint   NOT NULL,
+    key_hashes     bigint[] NOT NULL,
+    keys           text[]   COLLATE "C" NOT NULL,
+    PRIMARY KEY (protection_id, run, last_hash)
+);
+GRANT SELECT ON _pg_fencing.tombstone_run, _pg_fencing.tombstone_chunk TO PUBLIC;
 -- Tombstone keys (src/pg/key_identity.rs): the hash of a key from its text, and what the hashes
 -- of a table's tombstones depend on.
 CREATE FUNCTION _pg_fencing.tombstone_key_hash(protection_id bigint, key text) RETURNS bigint
@@ -105,6 +136,8 @@ BEGIN
     IF NOT FOUND OR sig IS NOT DISTINCT FROM old_sig THEN
         RETURN;
     END IF;
+    -- (runs hold keys by their text as the old key form printed them: rows, recomputed below)
+    PERFORM _pg_fencing.expand_tombstone_runs(protection);
     -- After a change of the key's types (not when no signature was recorded: tombstones of
     -- 0.1.0 and of its dumps were printed by the types they have), keys the new types print
     -- otherwise (numeric 5.0 is int 5 now) get the new text; tombstones whose texts become one
@@ -256,6 +289,7 @@ BEGIN
             -- tombstone floor, or a deleted key would come back below its tombstone.
             IF p.resource IS NULL THEN
                 carried := greatest((SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = p.id),
+                                    (SELECT max(tr.high_water) FROM _pg_fencing.tombstone_run tr WHERE tr.protection_id = p.id),
                                     (SELECT pt.tombstone_floor FROM _pg_fencing.protected_table pt WHERE pt.id = p.id));
                 IF carried IS NOT NULL THEN
                     EXECUTE format('SELECT EXISTS (SELECT 1 FROM ONLY %s WHERE coalesce(%I, 0) < $1)', part, p.token_column)
@@ -307,7 +341,8 @@ BEGIN
                     PERFORM @extschema@.fencing_prune_tombstones(det.root, carried, 0);
                 END IF;
                 carried := greatest(carried, det.tombstone_floor,
-                                    (SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = det.id));
+                                    (SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = det.id),
+                                    (SELECT max(tr.high_water) FROM _pg_fencing.tombstone_run tr WHERE tr.protection_id = det.id));
                 IF carried IS NOT NULL THEN
                     PERFORM @extschema@.fencing_prune_tombstones(det.rel, carried, 0);
                 END IF;
@@ -484,7 +519,8 @@ SELECT p.relid AS relation,
        p.token_column,
        _pg_fencing.inactive_reason(p.relid, p.resource) IS NULL AS active,
        _pg_fencing.inactive_reason(p.relid, p.resource) AS inactive_reason,
-       (SELECT count(*) FROM _pg_fencing.row_tombstone t WHERE t.protection_id = p.id) AS tombstones,
+       (SELECT count(*) FROM _pg_fencing.row_tombstone t WHERE t.protection_id = p.id)
+       + (SELECT coalesce(sum(tr.key_count), 0)::bigint FROM _pg_fencing.tombstone_run tr WHERE tr.protection_id = p.id) AS tombstones,
        s.accepted,
        s.rejected,
        s.last_rejection_at,
@@ -636,6 +672,10 @@ BEGIN
         RETURNING p.id
     ), tombs AS (
         DELETE FROM _pg_fencing.row_tombstone t USING gone WHERE t.protection_id = gone.id
+    ), runs AS (
+        DELETE FROM _pg_fencing.tombstone_run tr USING gone WHERE tr.protection_id = gone.id
+    ), chunks AS (
+        DELETE FROM _pg_fencing.tombstone_chunk tc USING gone WHERE tc.protection_id = gone.id
     ), names AS (
         DELETE FROM _pg_fencing.feed_name fn USING gone WHERE fn.protection_id = gone.id
         RETURNING fn.relation
@@ -717,6 +757,8 @@ BEGIN
                 HINT = 'Run the command in a READ COMMITTED transaction.';
         END IF;
         EXECUTE format('LOCK TABLE %s IN SHARE MODE', p.relid);
+        -- (the feed carries tombstones key by key)
+        PERFORM _pg_fencing.expand_tombstone_runs(p.id);
         INSERT INTO _pg_fencing.tombstone_feed AS f (relation, key, high_water)
         SELECT p.name, rt.key, rt.high_water FROM _pg_fencing.row_tombstone rt WHERE rt.protection_id = p.id
         UNION ALL
@@ -803,7 +845,8 @@ BEGIN
         END IF;
         RETURN NEW;
     END IF;
-    -- protected_table, row_tombstone (keyed by the publisher's ids), reset_log, watch,
+    -- protected_table, row_tombstone, tombstone_run, tombstone_chunk (keyed by the publisher's
+    -- ids), reset_log, watch,
     -- feed_name: each server keeps its own.
     RETURN NULL;
 END
@@ -1186,7 +1229,9 @@ BEGIN
             carried := greatest(carried, @extschema@.fencing_high_water(prev.resource));
         END IF;
         carried := greatest(carried, (SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt
-                                      WHERE rt.protection_id = prev.id));
+                                      WHERE rt.protection_id = prev.id),
+                            (SELECT max(tr.high_water) FROM _pg_fencing.tombstone_run tr
+                             WHERE tr.protection_id = prev.id));
         IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = relation AND a.attname = prev.token_column
                    AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype) THEN
             EXECUTE format('SELECT max(%I) FROM %s', prev.token_column, relation) INTO prev_max;
@@ -1210,7 +1255,9 @@ BEGIN
         IF resource IS NOT NULL OR old.resource IS NOT NULL
            OR _pg_fencing.tombstone_key_signature(old.relid) IS DISTINCT FROM _pg_fencing.tombstone_key_signature(relation) THEN
             carried := greatest(carried, (SELECT max(rt.high_water) FROM _pg_fencing.row_tombstone rt
-                                          WHERE rt.protection_id = old.id));
+                                          WHERE rt.protection_id = old.id),
+                                (SELECT max(tr.high_water) FROM _pg_fencing.tombstone_run tr
+                                 WHERE tr.protection_id = old.id));
         ELSE
             moved := array_append(moved, old.id);
         END IF;
@@ -1225,13 +1272,18 @@ BEGIN
     pid := _pg_fencing.register(relation, resource, token_column::text);
     IF replaced IS NOT NULL THEN
         -- The moved tombstones keep their keys' text (the same key form); their hashes follow
-        -- this table's key (rehash_tombstones below).
+        -- this table's key (rehash_tombstones below). Their runs become rows first.
+        PERFORM _pg_fencing.expand_tombstone_runs(m) FROM unnest(moved) m;
         INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water)
         SELECT pid, rt.key, max(rt.high_water) FROM _pg_fencing.row_tombstone rt
         WHERE rt.protection_id = ANY (moved) GROUP BY rt.key
         ON CONFLICT (protection_id, key) DO UPDATE SET high_water = GREATEST(h.high_water, excluded.high_water);
         DELETE FROM _pg_fencing.row_tombstone rt
         WHERE rt.protection_id IN (SELECT pt.id FROM _pg_fencing.protected_table pt WHERE pt.relid = ANY (replaced));
+        DELETE FROM _pg_fencing.tombstone_chunk tc
+        WHERE tc.protection_id IN (SELECT pt.id FROM _pg_fencing.protected_table pt WHERE pt.relid = ANY (replaced));
+        DELETE FROM _pg_fencing.tombstone_run tr
+        WHERE tr.protection_id IN (SELECT pt.id FROM _pg_fencing.protected_table pt WHERE pt.relid = ANY (replaced));
         DELETE FROM _pg_fencing.protected_table pt WHERE pt.relid = ANY (replaced);
         RAISE NOTICE 'pg_fencing: the protection of % replaces that of %, now its partitions, and carries their fence', relation,
             array_to_string(replaced::text[], ', ');
@@ -1789,6 +1841,7 @@ BEGIN
     PERFORM @extschema@.fencing_unprotect(relation);
     EXECUTE format('UPDATE %s SET %I = $1 WHERE %I > $1', relation, p.token_column, p.token_column) USING token;
     GET DIAGNOSTICS rows_lowered = ROW_COUNT;
+    PERFORM _pg_fencing.expand_tombstone_runs(p.id);
     UPDATE _pg_fencing.row_tombstone t SET high_water = token WHERE t.protection_id = p.id AND t.high_water > token;
     GET DIAGNOSTICS tombs_lowered = ROW_COUNT;
     -- The tombstone feed of logical replication (filled once any publication carries it) holds
@@ -1813,3 +1866,25 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_reset_rows(regclass, bigint) IS
 'Superuser only (42501), per-row mode: lowers every row token, tombstone and the tombstone floor of the table that is above token to token, for recovery (a table written with tokens of two sources, docs/operations.md "Lowering marks"); returns how many rows and tombstones were lowered. Locks the table ACCESS EXCLUSIVE until the transaction ends; the UPDATE of the token column fires the table''s own triggers. Logged to the server log and _pg_fencing.reset_log (resource "table <name>"). A logical-replication subscriber keeps its own marks: run it there too. Errors: 22023 not a per-row protected table or token not positive; 22004 NULL argument.';
 REVOKE ALL ON FUNCTION @extschema@.fencing_reset_rows(regclass, bigint) FROM PUBLIC;
+
+-- Tombstone runs (see _pg_fencing.tombstone_run above).
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_run', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_chunk', '');
+SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_run_seq', '');
+
+CREATE FUNCTION _pg_fencing.expand_tombstone_runs(protection bigint) RETURNS bigint
+LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_expand_tombstone_runs';
+COMMENT ON FUNCTION _pg_fencing.expand_tombstone_runs(bigint) IS
+'Internal: this transaction''s pending tombstones written, then the tombstone runs of per-row protection `protection` turned into row_tombstone rows (the highest mark per key kept); returns how many keys the runs held.';
+
+DO $do$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['tombstone_run', 'tombstone_chunk'] LOOP
+        EXECUTE format('CREATE TRIGGER zz_pg_fencing_replicated BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.%I '
+                       'FOR EACH ROW EXECUTE FUNCTION _pg_fencing.on_replicated_change()', t);
+        EXECUTE format('ALTER TABLE _pg_fencing.%I ENABLE REPLICA TRIGGER zz_pg_fencing_replicated', t);
+    END LOOP;
+END
+$do$;

@@ -176,9 +176,12 @@ fn tables_due() -> Vec<(pg_sys::Oid, i64)> {
              WHERE p.resource IS NULL AND p.protected AND p.tombstone_retention IS NOT NULL \
                AND c.relpersistence OPERATOR(pg_catalog.<>) 't' \
                AND f.floor IS NOT NULL \
-               AND EXISTS (SELECT 1 FROM _pg_fencing.row_tombstone t \
-                           WHERE t.protection_id OPERATOR(pg_catalog.=) p.id \
-                             AND t.high_water OPERATOR(pg_catalog.<=) f.floor)",
+               AND (EXISTS (SELECT 1 FROM _pg_fencing.row_tombstone t \
+                            WHERE t.protection_id OPERATOR(pg_catalog.=) p.id \
+                              AND t.high_water OPERATOR(pg_catalog.<=) f.floor) \
+                    OR EXISTS (SELECT 1 FROM _pg_fencing.tombstone_run r \
+                            WHERE r.protection_id OPERATOR(pg_catalog.=) p.id \
+                              AND r.high_water OPERATOR(pg_catalog.<=) f.floor))",
             None,
             &[],
         )?;

@@ -1192,6 +1192,32 @@ pub unsafe extern "C-unwind" fn pg_fencing_tombstone_key_hash(
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_expand_tombstone_runs);
+/// `_pg_fencing.expand_tombstone_runs(protection bigint) RETURNS bigint` (STRICT): this
+/// transaction's pending tombstones written, then the tombstone runs of that per-row protection
+/// turned into `row_tombstone` rows (`state/tombstone_runs.rs`); returns how many keys they held.
+/// For the SQL paths that work on tombstones one by one (`fencing_protect` carrying a
+/// partition's, a key form changed, the tombstone feed filled, `fencing_reset_rows`). A run
+/// and its rows fence the same keys with the same marks, so anyone may call it.
+///
+/// SQL: `_pg_fencing.expand_tombstone_runs(protection bigint) RETURNS bigint VOLATILE STRICT PARALLEL UNSAFE`
+///
+/// # Safety
+/// As `pg_fencing_tombstone_key_hash`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_expand_tombstone_runs(
+    fcinfo: FunctionCallInfo,
+) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_tombstone_key_hash` (one bigint argument).
+    unsafe {
+        run(fcinfo, || {
+            let protection: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
+            let n = protection.map_or(0, crate::state::tombstone_runs::expand);
+            Ok(pg_sys::Datum::from(n))
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_tombstone_key_hash_of);
 /// `_pg_fencing.tombstone_key_hash_of(protection_id bigint, VARIADIC key "any") RETURNS bigint`:
 /// the `row_tombstone.key_hash` of the key whose columns have these values; NULL for a key

@@ -126,6 +126,18 @@ unsafe fn equality_keys(
 fn scan(
     which: &UniqueIndex,
     keys: &[(i16, u32, pg_sys::Datum)],
+    each: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc, i32) -> bool,
+) -> Option<()> {
+    scan_from(which, keys, None, each)
+}
+
+/// As [`scan`], and with `from` ((table attribute number, `>=` function, value)) only the rows
+/// whose column is at least that value, in the index's order (a B-tree whose column after the
+/// equality keys' is that one).
+fn scan_from(
+    which: &UniqueIndex,
+    keys: &[(i16, u32, pg_sys::Datum)],
+    from: Option<(i16, u32, pg_sys::Datum)>,
     mut each: impl FnMut(pg_sys::HeapTuple, pg_sys::TupleDesc, i32) -> bool,
 ) -> Option<()> {
     let t = locate(which)?;
@@ -145,6 +157,13 @@ fn scan(
         let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let tupdesc = (*heap).rd_att;
         let mut scankeys = equality_keys(tupdesc, keys, false);
+        if let Some((attno, proc_, value)) = from {
+            let mut key = equality_keys(tupdesc, &[(attno, proc_, value)], false)
+                .pop()
+                .unwrap_or_else(|| std::mem::zeroed());
+            key.sk_strategy = pg_sys::BTGreaterEqualStrategyNumber as pg_sys::StrategyNumber;
+            scankeys.push(key);
+        }
         let snapshot = pg_sys::RegisterSnapshot(crate::pg::process::latest_snapshot());
         let scan = pg_sys::systable_beginscan(
             heap,
@@ -667,6 +686,136 @@ pub fn column_number(which: &UniqueIndex, name: &CStr) -> Option<i16> {
 /// Is the table and index of `which` there (in the schema the library serves)?
 pub fn exists(which: &UniqueIndex) -> bool {
     locate(which).is_some()
+}
+
+/// Every row whose index columns equal `keys` (as for [`read_by_index`]), as (bigint column
+/// `other`, the bigint value column); rows with either NULL are skipped. `None` if the table,
+/// index or column cannot be found.
+pub fn read_pairs_by_index(
+    which: &UniqueIndex,
+    other: &CStr,
+    keys: &[(i16, u32, pg_sys::Datum)],
+) -> Option<Vec<(i64, i64)>> {
+    let other_attnum = i32::from(column_number(which, other)?);
+    let mut out = Vec::new();
+    scan(which, keys, |tuple, tupdesc, value_attnum| {
+        let (mut null_o, mut null_v) = (false, false);
+        // SAFETY: `tuple` is a tuple of `tupdesc` with bigint attributes `other_attnum` and
+        // `value_attnum` (`scan`), read by value.
+        unsafe {
+            let o = pg_sys::heap_getattr(tuple, other_attnum, tupdesc, &mut null_o);
+            let v = pg_sys::heap_getattr(tuple, value_attnum, tupdesc, &mut null_v);
+            if !null_o && !null_v {
+                out.push((o.value() as i64, v.value() as i64));
+            }
+        }
+        true
+    })?;
+    Some(out)
+}
+
+/// Does the first row (in the index's order) whose index columns equal `keys` and whose next
+/// one is at least `from` hold `text` at a position where its `bigint[]` column `hashes` holds
+/// `hash` (a sorted array, its `text[]` column `texts` of the same length)? A tombstone run's
+/// chunk (`state/tombstone_runs.rs`). `None` if the table, index or a column cannot be found;
+/// `Some(false)` if there is no such row or it does not hold the text.
+pub fn first_row_holds(
+    which: &UniqueIndex,
+    keys: &[(i16, u32, pg_sys::Datum)],
+    from: (i16, u32, pg_sys::Datum),
+    hashes: &CStr,
+    texts: &CStr,
+    hash: i64,
+    text: &str,
+) -> Option<bool> {
+    let hashes_attnum = i32::from(column_number(which, hashes)?);
+    let texts_attnum = i32::from(column_number(which, texts)?);
+    let mut holds = false;
+    scan_from(which, keys, Some(from), |tuple, tupdesc, _| {
+        let (mut null_h, mut null_t) = (false, false);
+        // SAFETY: `tuple` is a tuple of `tupdesc` (`scan_from`) whose attributes `hashes_attnum`
+        // and `texts_attnum` are a bigint[] and a text[] (the caller's table); each is detoasted
+        // (a copy in the current memory context when it was toasted or had a short header) and
+        // read with deconstruct_array by its element type's length, by-value flag and alignment,
+        // which returns as many datums and NULL flags as it says; a text element datum points
+        // into the detoasted array, alive until the end of this call.
+        unsafe {
+            let h = pg_sys::heap_getattr(tuple, hashes_attnum, tupdesc, &mut null_h);
+            let t = pg_sys::heap_getattr(tuple, texts_attnum, tupdesc, &mut null_t);
+            if null_h || null_t {
+                return false;
+            }
+            let (hv, hn) = deconstruct(h, pg_sys::INT8OID, 8, true, b'd');
+            let (tv, tn) = deconstruct(t, pg_sys::TEXTOID, -1, false, b'i');
+            if hv.len() != tv.len() {
+                return false;
+            }
+            let first = hv.partition_point(|d| (d.value() as i64) < hash);
+            for i in first..hv.len() {
+                if hv[i].value() as i64 != hash {
+                    break;
+                }
+                if hn[i] || tn[i] {
+                    continue;
+                }
+                let v = pg_sys::pg_detoast_datum_packed(tv[i].cast_mut_ptr());
+                let bytes = std::slice::from_raw_parts(
+                    pgrx::varlena::vardata_any(v.cast()).cast::<u8>(),
+                    pgrx::varlena::varsize_any_exhdr(v.cast()),
+                );
+                if bytes == text.as_bytes() {
+                    holds = true;
+                    break;
+                }
+            }
+        }
+        false
+    })?;
+    Some(holds)
+}
+
+/// The elements of array datum `d` (element type `typid` of length `len`, by value or not,
+/// alignment `align`) and their NULL flags.
+///
+/// # Safety
+/// `d` must be a non-NULL array datum of that element type; the datums returned point into the
+/// detoasted array (for by-reference elements) and live as long as the current memory context.
+unsafe fn deconstruct(
+    d: pg_sys::Datum,
+    typid: pg_sys::Oid,
+    len: i16,
+    byval: bool,
+    align: u8,
+) -> (Vec<pg_sys::Datum>, Vec<bool>) {
+    // SAFETY: per the contract; deconstruct_array pallocs `n` datums and flags, copied here and
+    // freed.
+    unsafe {
+        let arr = pg_sys::pg_detoast_datum(d.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+        let mut elems: *mut pg_sys::Datum = std::ptr::null_mut();
+        let mut nulls: *mut bool = std::ptr::null_mut();
+        let mut n: std::ffi::c_int = 0;
+        pg_sys::deconstruct_array(
+            arr,
+            typid,
+            len.into(),
+            byval,
+            align as std::ffi::c_char,
+            &mut elems,
+            &mut nulls,
+            &mut n,
+        );
+        let n = n.max(0) as usize;
+        if n == 0 || elems.is_null() || nulls.is_null() {
+            return (Vec::new(), Vec::new());
+        }
+        let out = (
+            std::slice::from_raw_parts(elems, n).to_vec(),
+            std::slice::from_raw_parts(nulls, n).to_vec(),
+        );
+        pg_sys::pfree(elems.cast());
+        pg_sys::pfree(nulls.cast());
+        out
+    }
 }
 
 /// Every row whose index columns equal `keys` (as for [`read_by_index`], through a unique or

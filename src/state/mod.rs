@@ -8,4 +8,5 @@ pub mod marks;
 pub mod privileges;
 pub mod protections;
 pub mod stats;
+pub mod tombstone_runs;
 pub mod tombstones;

@@ -10,6 +10,7 @@ use crate::pg::key_identity::{key_columns_of, KeyIdentity};
 use crate::pg::spi::{exec_internal, text_datum};
 use crate::state::marks::as_token;
 use crate::state::stats;
+use crate::state::tombstone_runs;
 use pgrx::prelude::*;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
@@ -349,6 +350,12 @@ pub fn prune(
         as_token,
     )
     .unwrap_or(0);
+    let deleted = deleted
+        + tombstone_runs::prune(
+            protection,
+            floor,
+            max.unwrap_or(i64::MAX).saturating_sub(deleted),
+        );
     pgrx::log!(
         "pg_fencing: tombstones of table {} pruned at or below floor {floor}: {deleted} deleted",
         table()
@@ -386,6 +393,9 @@ pub struct TombKey<'a> {
 /// key printed otherwise.
 pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
     flush_tombstones();
+    // Runs before rows (`state/tombstone_runs.rs`: a run turned into rows meanwhile is seen in
+    // one or the other).
+    let in_runs = tombstone_runs::mark_of(protection, key.text);
     let k = text_datum(key.text);
     let p = pg_sys::Datum::from(protection);
     let exact = read_by_index(
@@ -402,6 +412,7 @@ pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
             as_token,
         )
     });
+    let exact = exact.max(in_runs);
     let Some(hash) = key.hash else {
         return exact;
     };
@@ -444,7 +455,8 @@ pub fn new_key_threshold(protection: i64) -> Option<Option<Token>> {
     let p = pg_sys::Datum::from(protection);
     let highest =
         crate::pg::index::upper_bound_by_index(&TOMB_HIGH_INDEX, &[(1, pg_sys::F_INT8EQ, p)])?;
-    Some(highest.max(tombstone_floor(protection)))
+    let in_runs = tombstone_runs::highest(protection)?;
+    Some(highest.max(in_runs).max(tombstone_floor(protection)))
 }
 
 /// Does the key whose columns have `values` (in key order) equal the key printed as `text`, by
@@ -619,6 +631,11 @@ pub fn flush_tombstones() {
     // switched to read-only since (SET transaction_read_only = on after the DELETE).
     let lifted = crate::pg::process::ReadOnlyLifted::new();
     let published = !rows.is_empty() && feed_published();
+    // Many keys identified by text of one protection and one token: one run
+    // (`state/tombstone_runs.rs`), unless the feed is published (it carries rows, key by key).
+    if !published && rows.len() >= tombstone_runs::RUN_MIN_KEYS {
+        rows = store_runs(rows);
+    }
     match rows[..] {
         [] => {}
         [(p, k, t, h)] if !published => store_one(p, k, t, h),
@@ -635,6 +652,29 @@ pub fn flush_tombstones() {
     if !later.is_empty() {
         FLUSHED_LATER.with(|f| f.borrow_mut().extend(later));
     }
+}
+
+/// Write the rows of each (protection, token) with at least `RUN_MIN_KEYS` keys identified by
+/// text as a run; returns the rows left to write one by one.
+fn store_runs(rows: Vec<(i64, &str, Token, Option<i64>)>) -> Vec<(i64, &str, Token, Option<i64>)> {
+    let mut groups: FxHashMap<(i64, Token), Vec<&str>> = FxHashMap::default();
+    for (p, k, t, h) in &rows {
+        if h.is_none() {
+            groups.entry((*p, *t)).or_default().push(k);
+        }
+    }
+    let stored: rustc_hash::FxHashSet<(i64, Token)> = groups
+        .into_iter()
+        .filter(|(_, keys)| keys.len() >= tombstone_runs::RUN_MIN_KEYS)
+        .filter(|((p, t), keys)| tombstone_runs::store(*p, *t, keys))
+        .map(|(g, _)| g)
+        .collect();
+    if stored.is_empty() {
+        return rows;
+    }
+    rows.into_iter()
+        .filter(|(p, _, t, h)| h.is_some() || !stored.contains(&(*p, *t)))
+        .collect()
 }
 
 /// Write one tombstone, as `store_batch` writes many. A key without a tombstone yet (the usual

@@ -1,0 +1,260 @@
+//! Tombstone runs: the tombstones of a transaction that deleted many keys of one per-row table
+//! with one token, written as one run instead of one `row_tombstone` row per key (docs/design.md,
+//! "Tombstone runs"; `sql/pg_fencing.sql`, `_pg_fencing.tombstone_run`).
+//!
+//! Invariants:
+//! * A run holds only keys identified by their text (`pg/key_identity.rs`), each once, and one
+//!   mark for all of them (the run's `high_water`). A key's mark is the highest of its
+//!   `row_tombstone` row and of every run that holds its text (`state::tombstones`).
+//! * A run's row and its chunks are written in one transaction and removed in one (prune, a key
+//!   form changed, a protection replaced, the table dropped), never updated but for the run's
+//!   mark (`fencing_reset_rows` turns runs into rows first).
+//! * A run is found by its protection (`tombstone_run_pkey`); a key in it by the 64-bit FNV-1a
+//!   hash of its text, the same on every platform (a dump restored elsewhere finds its keys):
+//!   the first chunk whose last hash is at least the key's holds it if the run does, since a
+//!   run's keys are sorted by hash and equal hashes never straddle two chunks.
+//! * Readers read the runs before `row_tombstone`: a run turned into rows
+//!   (`_pg_fencing.expand_tombstone_runs`, one transaction) is then seen in one place or the
+//!   other, whichever moment it commits.
+
+use crate::error::Token;
+use crate::pg::index::{first_row_holds, read_pairs_by_index, UniqueIndex};
+use crate::pg::spi::exec_internal;
+use crate::state::marks::as_token;
+use pgrx::prelude::*;
+
+/// A transaction's tombstones of one protection and one token become a run from this many keys
+/// on; fewer are written as `row_tombstone` rows (a one-row DELETE keeps its cost).
+pub const RUN_MIN_KEYS: usize = 64;
+/// At most this many keys per chunk, and about this many bytes of key text, so that a chunk is
+/// stored in its row (below PostgreSQL's TOAST threshold of about 2 kB for the usual keys).
+const CHUNK_KEYS: usize = 64;
+const CHUNK_TEXT_BYTES: usize = 1_200;
+
+const RUN_INDEX: UniqueIndex = UniqueIndex {
+    table: c"tombstone_run",
+    index: c"tombstone_run_pkey",
+    value: c"high_water",
+};
+
+const RUN_HIGH_INDEX: UniqueIndex = UniqueIndex {
+    table: c"tombstone_run",
+    index: c"tombstone_run_high_water",
+    value: c"high_water",
+};
+
+const CHUNK_INDEX: UniqueIndex = UniqueIndex {
+    table: c"tombstone_chunk",
+    index: c"tombstone_chunk_pkey",
+    value: c"last_hash",
+};
+
+const SQL_NEW_RUN: &str = "INSERT INTO _pg_fencing.tombstone_run (protection_id, high_water, key_count) \
+     VALUES ($1, $2, $3) RETURNING run";
+const SQL_NEW_CHUNK: &str = "INSERT INTO _pg_fencing.tombstone_chunk (protection_id, run, last_hash, key_hashes, keys) \
+     VALUES ($1, $2, $3, $4, $5)";
+
+/// The 64-bit FNV-1a hash of a key's text: where it sorts in a run.
+pub fn key_hash(text: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// Does this schema have the run tables (0.2.0's; not the schema of 0.1.0)?
+pub fn available() -> bool {
+    crate::pg::index::exists(&RUN_INDEX)
+        && crate::pg::index::exists(&RUN_HIGH_INDEX)
+        && crate::pg::index::exists(&CHUNK_INDEX)
+}
+
+/// Write `keys` (texts of keys identified by text) as one run of `protection` with mark `token`.
+/// False (nothing written) where the schema has no run tables: the caller writes rows.
+pub fn store(protection: i64, token: Token, keys: &[&str]) -> bool {
+    if keys.is_empty() || token <= 0 || !available() {
+        return false;
+    }
+    let mut entries: Vec<(i64, &str)> = keys.iter().map(|k| (key_hash(k), *k)).collect();
+    entries.sort_unstable();
+    entries.dedup_by(|a, b| a.1 == b.1);
+    let p = pg_sys::Datum::from(protection);
+    let Some(run) = exec_internal(
+        SQL_NEW_RUN,
+        true,
+        &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID],
+        &mut [
+            p,
+            pg_sys::Datum::from(token),
+            pg_sys::Datum::from(entries.len() as i64),
+        ],
+        false,
+        as_token,
+    ) else {
+        return false;
+    };
+    let mut start = 0;
+    while start < entries.len() {
+        let mut end = start;
+        let mut bytes = 0;
+        while end < entries.len() && end - start < CHUNK_KEYS && bytes < CHUNK_TEXT_BYTES {
+            bytes += entries[end].1.len();
+            end += 1;
+        }
+        // Equal hashes stay in one chunk (a lookup reads only the first chunk that can hold it).
+        while end < entries.len() && entries[end].0 == entries[end - 1].0 {
+            end += 1;
+        }
+        store_chunk(p, run, &entries[start..end]);
+        start = end;
+    }
+    true
+}
+
+fn store_chunk(p: pg_sys::Datum, run: i64, entries: &[(i64, &str)]) {
+    let last = entries.last().map_or(0, |e| e.0);
+    let hashes: Vec<i64> = entries.iter().map(|e| e.0).collect();
+    let texts: Vec<&str> = entries.iter().map(|e| e.1).collect();
+    let (Some(hashes), Some(texts)) = (hashes.into_datum(), texts.into_datum()) else {
+        return;
+    };
+    let run = pg_sys::Datum::from(run);
+    let last = pg_sys::Datum::from(last);
+    let direct = crate::pg::index::insert_direct(
+        &CHUNK_INDEX,
+        &[
+            (c"protection_id", Some(p)),
+            (c"run", Some(run)),
+            (c"last_hash", Some(last)),
+            (c"key_hashes", Some(hashes)),
+            (c"keys", Some(texts)),
+        ],
+        c"",
+        &|| false,
+    );
+    if !direct {
+        exec_internal(
+            SQL_NEW_CHUNK,
+            true,
+            &[
+                pg_sys::INT8OID,
+                pg_sys::INT8OID,
+                pg_sys::INT8OID,
+                pg_sys::INT8ARRAYOID,
+                pg_sys::TEXTARRAYOID,
+            ],
+            &mut [p, run, last, hashes, texts],
+            false,
+            as_token,
+        );
+    }
+}
+
+/// The highest mark of the runs of `protection` that hold the key printed as `text` (`None`:
+/// none does, or the schema has no runs).
+pub fn mark_of(protection: i64, text: &str) -> Option<Token> {
+    if !available() {
+        return None;
+    }
+    let p = pg_sys::Datum::from(protection);
+    let mut runs = read_pairs_by_index(&RUN_INDEX, c"run", &[(1, pg_sys::F_INT8EQ, p)])?;
+    if runs.is_empty() {
+        return None;
+    }
+    // Highest mark first: the first run that holds the key gives its mark.
+    runs.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+    let hash = key_hash(text);
+    for (run, mark) in runs {
+        pgrx::check_for_interrupts!();
+        let holds = first_row_holds(
+            &CHUNK_INDEX,
+            &[
+                (1, pg_sys::F_INT8EQ, p),
+                (2, pg_sys::F_INT8EQ, pg_sys::Datum::from(run)),
+            ],
+            (3, pg_sys::F_INT8GE, pg_sys::Datum::from(hash)),
+            c"key_hashes",
+            c"keys",
+            hash,
+            text,
+        );
+        if holds == Some(true) {
+            return Some(mark);
+        }
+    }
+    None
+}
+
+/// An upper bound of the marks of `protection`'s runs, read from the index alone (as
+/// `row_tombstone_high_water`, `state::tombstones::new_key_threshold`): `Some(None)` if it has
+/// none (or the schema has no runs), `None` if it cannot be read this way.
+pub fn highest(protection: i64) -> Option<Option<Token>> {
+    if !crate::pg::index::exists(&RUN_HIGH_INDEX) {
+        return (!crate::pg::index::exists(&RUN_INDEX)).then_some(None);
+    }
+    let p = pg_sys::Datum::from(protection);
+    crate::pg::index::upper_bound_by_index(&RUN_HIGH_INDEX, &[(1, pg_sys::F_INT8EQ, p)])
+}
+
+/// `fencing_prune_tombstones`: delete the runs of `protection` whose mark is at most `floor`
+/// (whole runs, the oldest first, while their keys add up to at most `max`); returns how many
+/// keys they held.
+pub fn prune(protection: i64, floor: Token, max: i64) -> i64 {
+    if !available() || max <= 0 {
+        return 0;
+    }
+    exec_internal(
+        "WITH r AS (DELETE FROM _pg_fencing.tombstone_run r WHERE r.protection_id OPERATOR(pg_catalog.=) $1 \
+             AND r.run OPERATOR(pg_catalog.=) ANY (ARRAY( \
+                 SELECT x.run FROM (SELECT s.run, pg_catalog.sum(s.key_count) OVER (ORDER BY s.run) AS upto \
+                     FROM _pg_fencing.tombstone_run s \
+                     WHERE s.protection_id OPERATOR(pg_catalog.=) $1 AND s.high_water OPERATOR(pg_catalog.<=) $2) x \
+                 WHERE x.upto OPERATOR(pg_catalog.<=) $3)) \
+             RETURNING r.run, r.key_count), \
+         c AS (DELETE FROM _pg_fencing.tombstone_chunk c USING r \
+             WHERE c.protection_id OPERATOR(pg_catalog.=) $1 AND c.run OPERATOR(pg_catalog.=) r.run) \
+         SELECT COALESCE(pg_catalog.sum(r.key_count), 0)::pg_catalog.int8 FROM r",
+        false,
+        &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID],
+        &mut [
+            pg_sys::Datum::from(protection),
+            pg_sys::Datum::from(floor),
+            pg_sys::Datum::from(max),
+        ],
+        false,
+        as_token,
+    )
+    .unwrap_or(0)
+}
+
+/// `_pg_fencing.expand_tombstone_runs(protection)`: the runs of `protection` turned into
+/// `row_tombstone` rows (the highest mark per key), for the paths that work on tombstones one
+/// by one; returns how many keys they held. This transaction's pending tombstones are written
+/// first (`state::tombstones::flush_tombstones`), so that none becomes a run after this.
+pub fn expand(protection: i64) -> i64 {
+    crate::state::tombstones::flush_tombstones();
+    if !available() {
+        return 0;
+    }
+    exec_internal(
+        "WITH r AS (DELETE FROM _pg_fencing.tombstone_run r WHERE r.protection_id OPERATOR(pg_catalog.=) $1 \
+             RETURNING r.run, r.high_water, r.key_count), \
+         c AS (DELETE FROM _pg_fencing.tombstone_chunk c USING r \
+             WHERE c.protection_id OPERATOR(pg_catalog.=) $1 AND c.run OPERATOR(pg_catalog.=) r.run \
+             RETURNING c.keys, r.high_water), \
+         i AS (INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water, key_hash) \
+             SELECT $1, u.k, pg_catalog.max(c.high_water), _pg_fencing.tombstone_key_hash($1, u.k) \
+             FROM c, pg_catalog.unnest(c.keys) AS u(k) GROUP BY u.k \
+             ON CONFLICT (protection_id, key) DO UPDATE SET high_water = excluded.high_water \
+             WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water) \
+         SELECT COALESCE(pg_catalog.sum(r.key_count), 0)::pg_catalog.int8 FROM r",
+        false,
+        &[pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection)],
+        false,
+        as_token,
+    )
+    .unwrap_or(0)
+}

@@ -209,8 +209,17 @@ BEGIN;
 SET LOCAL pg_fencing.token = '5';
 INSERT INTO tb SELECT g, g FROM generate_series(1, 25000) g;
 DELETE FROM tb WHERE id <= 20001;
-SELECT count(*) AS tombstones_before_commit FROM _pg_fencing.row_tombstone t
-  JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'tb'::regclass;
+-- (tombstones are rows of row_tombstone or keys of runs: 10,000 pending ones became a run)
+CREATE TEMP VIEW tb_tombstones AS
+SELECT t.key, t.high_water FROM _pg_fencing.row_tombstone t
+  JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'tb'::regclass
+UNION ALL
+SELECT k.key, r.high_water FROM _pg_fencing.tombstone_run r
+  JOIN _pg_fencing.tombstone_chunk c USING (protection_id, run) CROSS JOIN unnest(c.keys) AS k(key)
+  JOIN _pg_fencing.protected_table p ON p.id = r.protection_id WHERE p.relid = 'tb'::regclass;
+SELECT count(*) AS tombstones_before_commit, count(DISTINCT key) AS keys FROM tb_tombstones;
+SELECT count(*) AS runs, sum(key_count) AS run_keys FROM _pg_fencing.tombstone_run r
+  JOIN _pg_fencing.protected_table p ON p.id = r.protection_id WHERE p.relid = 'tb'::regclass;
 -- a re-insert in the same transaction reads the tombstone (flushed first): equal token is fine
 INSERT INTO tb VALUES (20001, 0);
 SAVEPOINT s1;
@@ -224,8 +233,8 @@ RELEASE SAVEPOINT s2;
 COMMIT;
 SELECT count(*) AS tombstones, max(high_water) AS highest,
        count(*) FILTER (WHERE high_water = 6) AS at_6
-FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id
-WHERE p.relid = 'tb'::regclass;
+FROM tb_tombstones;
+SELECT tombstones FROM fencing_protected_tables WHERE relation = 'tb'::regclass;
 -- the keys deleted at 5 refuse token 4; 20002 (its delete at 7 was rolled back) still exists
 BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO tb VALUES (17, 0); ROLLBACK;
 \echo :LAST_ERROR_SQLSTATE

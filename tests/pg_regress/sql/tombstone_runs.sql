@@ -1,0 +1,157 @@
+-- Per-row mode, tombstone runs (issue 44; src/state/tombstone_runs.rs, docs/design.md
+-- "Tombstone runs"): a transaction that deletes at least 64 keys identified by their text with
+-- one token leaves one run (a row of _pg_fencing.tombstone_run and its keys in chunks) instead of
+-- one row_tombstone row per key. Every reader and lifecycle path honours the run's keys.
+\set SHOW_CONTEXT never
+\set VERBOSITY terse
+CREATE TABLE q (id int PRIMARY KEY, v int);
+SELECT fencing_protect('q');
+CREATE TEMP VIEW q_runs AS
+SELECT r.high_water, r.key_count, (SELECT count(*) FROM _pg_fencing.tombstone_chunk c
+                                   WHERE c.protection_id = r.protection_id AND c.run = r.run) AS chunks,
+       (SELECT sum(cardinality(c.keys)) FROM _pg_fencing.tombstone_chunk c
+        WHERE c.protection_id = r.protection_id AND c.run = r.run) AS chunk_keys
+FROM _pg_fencing.tombstone_run r JOIN _pg_fencing.protected_table p ON p.id = r.protection_id
+WHERE p.relid = 'q'::regclass ORDER BY r.run;
+CREATE TEMP VIEW q_rows AS
+SELECT t.key, t.high_water FROM _pg_fencing.row_tombstone t
+JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'q'::regclass;
+BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO q SELECT g, 0 FROM generate_series(1, 1000) g; COMMIT;
+
+-- 500 keys deleted with token 5: one run of 500 keys in chunks of at most 64, no rows
+BEGIN; SET LOCAL pg_fencing.token = '5'; DELETE FROM q WHERE id <= 500; COMMIT;
+SELECT * FROM q_runs;
+SELECT count(*) AS rows FROM q_rows;
+-- 10 keys (fewer than 64): rows, as before
+BEGIN; SET LOCAL pg_fencing.token = '5'; DELETE FROM q WHERE id BETWEEN 501 AND 510; COMMIT;
+SELECT count(*) AS rows FROM q_rows;
+SELECT tombstones FROM fencing_protected_tables WHERE relation = 'q'::regclass;
+
+-- a stale writer (token 4) re-creating a key of the run is refused on every write path
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO q VALUES (17, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO q VALUES (1000 + 1, 1), (499, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO q SELECT g, 1 FROM generate_series(495, 497) g; ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO q VALUES (64, 1) ON CONFLICT (id) DO NOTHING; ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4';
+COPY q (id, v) FROM STDIN;
+250	1
+\.
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4'; UPDATE q SET id = 300 WHERE id = 900; ROLLBACK;
+SELECT fenced_insert('q', '{"id": 128, "v": 1}', 4);
+-- ... and so is one re-creating a key of the rows, while keys never deleted pass
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO q VALUES (505, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO q VALUES (2000, 1), (2001, 1); ROLLBACK;
+-- the holder of token 5 (or a later one) may re-create them
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO q VALUES (17, 1); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '6'; INSERT INTO q SELECT g, 1 FROM generate_series(18, 20) g; COMMIT;
+
+-- a key in two runs has the higher mark: 17..20 and 100 more keys deleted again with token 7
+BEGIN; SET LOCAL pg_fencing.token = '7'; INSERT INTO q SELECT g, 0 FROM generate_series(3000, 3099) g;
+DELETE FROM q WHERE id BETWEEN 17 AND 20 OR id >= 3000; COMMIT;
+SELECT * FROM q_runs;
+BEGIN; SET LOCAL pg_fencing.token = '6'; INSERT INTO q VALUES (18, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '6'; INSERT INTO q VALUES (3050, 1); ROLLBACK;
+-- (a key only in the first run keeps its mark 5)
+BEGIN; SET LOCAL pg_fencing.token = '6'; INSERT INTO q VALUES (21, 1); ROLLBACK;
+
+-- within the deleting transaction: its pending tombstones are written (as a run) before a read
+BEGIN; SET LOCAL pg_fencing.token = '8';
+DELETE FROM q WHERE id BETWEEN 601 AND 700;
+SET LOCAL pg_fencing.token = '7';
+INSERT INTO q VALUES (650, 1);
+ROLLBACK;
+-- a run written inside a subtransaction that rolls back, for deletes made before it: written
+-- again at commit (the deletes stand)
+BEGIN; SET LOCAL pg_fencing.token = '8';
+DELETE FROM q WHERE id BETWEEN 601 AND 700;
+SAVEPOINT s;
+INSERT INTO q VALUES (5000, 1);
+SELECT count(*) AS runs_in_savepoint FROM q_runs;
+ROLLBACK TO SAVEPOINT s;
+SELECT count(*) AS runs_after_rollback_to FROM q_runs;
+COMMIT;
+SELECT * FROM q_runs;
+BEGIN; SET LOCAL pg_fencing.token = '7'; INSERT INTO q VALUES (650, 1); ROLLBACK;
+-- a subtransaction's own deletes and run roll back with it
+BEGIN; SET LOCAL pg_fencing.token = '9';
+SAVEPOINT s;
+DELETE FROM q WHERE id BETWEEN 701 AND 800;
+INSERT INTO q VALUES (5001, 1);
+ROLLBACK TO SAVEPOINT s;
+COMMIT;
+SELECT count(*) AS kept FROM q WHERE id BETWEEN 701 AND 800;
+SELECT * FROM q_runs;
+
+-- pruning takes whole runs at or below the floor (and no more than max_tombstones keys)
+SELECT fencing_prune_tombstones('q', 5, 100);
+SELECT * FROM q_runs;
+SELECT fencing_prune_tombstones('q', 5);
+SELECT * FROM q_runs;
+SELECT count(*) AS rows FROM q_rows;
+-- pruned keys stay fenced by the floor
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO q VALUES (30, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '6'; INSERT INTO q VALUES (3050, 1); ROLLBACK;
+
+-- a change of the key's type (unprotected, altered, protected again: the tombstones are kept)
+-- turns runs into rows (their text as the old type printed it), and the keys stay fenced
+SELECT fencing_unprotect('q');
+ALTER TABLE q ALTER COLUMN id TYPE bigint;
+SELECT fencing_protect('q');
+SELECT count(*) AS runs FROM q_runs;
+SELECT count(*) AS rows, max(high_water) AS highest FROM q_rows;
+BEGIN; SET LOCAL pg_fencing.token = '7'; INSERT INTO q VALUES (3050, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '8'; INSERT INTO q VALUES (650, 1); ROLLBACK;
+SELECT tombstones FROM fencing_protected_tables WHERE relation = 'q'::regclass;
+
+-- fencing_reset_rows lowers the runs' marks too
+BEGIN; SET LOCAL pg_fencing.token = '9'; DELETE FROM q WHERE id BETWEEN 801 AND 900; COMMIT;
+SELECT * FROM q_runs;
+SELECT fencing_reset_rows('q', 3) > 0 AS lowered;
+SELECT count(*) AS runs FROM q_runs;
+SELECT max(high_water) AS highest FROM q_rows;
+BEGIN; SET LOCAL pg_fencing.token = '3'; INSERT INTO q VALUES (850, 1); COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '2'; INSERT INTO q VALUES (851, 1); ROLLBACK;
+
+-- _pg_fencing.expand_tombstone_runs: a run becomes rows, the keys stay fenced
+BEGIN; SET LOCAL pg_fencing.token = '10'; DELETE FROM q WHERE id BETWEEN 901 AND 1000; COMMIT;
+SELECT _pg_fencing.expand_tombstone_runs(id) FROM _pg_fencing.protected_table WHERE relid = 'q'::regclass;
+SELECT count(*) AS runs FROM q_runs;
+BEGIN; SET LOCAL pg_fencing.token = '9'; INSERT INTO q VALUES (950, 1); ROLLBACK;
+
+-- keys identified by hash (numeric: 1.0 and 1.00 are one key) stay rows
+CREATE TABLE qn (id numeric PRIMARY KEY, v int);
+SELECT fencing_protect('qn');
+BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO qn SELECT g, 0 FROM generate_series(1, 100) g; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '5'; DELETE FROM qn; COMMIT;
+SELECT (SELECT count(*) FROM _pg_fencing.tombstone_run r JOIN _pg_fencing.protected_table p ON p.id = r.protection_id
+        WHERE p.relid = 'qn'::regclass) AS runs,
+       (SELECT count(*) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id
+        WHERE p.relid = 'qn'::regclass) AS rows;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO qn VALUES (7.00, 1); ROLLBACK;
+
+-- a protected table attached as a partition: fencing_protect of the root carries its runs
+CREATE TABLE part_a (id int PRIMARY KEY, v int);
+SELECT fencing_protect('part_a');
+BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO part_a SELECT g, 0 FROM generate_series(1, 200) g; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '5'; DELETE FROM part_a WHERE id <= 100; COMMIT;
+CREATE TABLE root (id int PRIMARY KEY, v int, fence_token bigint) PARTITION BY RANGE (id);
+ALTER TABLE root ATTACH PARTITION part_a FOR VALUES FROM (1) TO (1000);
+SELECT fencing_protect('root');
+SELECT (SELECT count(*) FROM _pg_fencing.tombstone_run) AS runs_left_of_part_a_and_q,
+       (SELECT count(*) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id
+        WHERE p.relid = 'root'::regclass) AS root_rows;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO root VALUES (50, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO root VALUES (50, 1); COMMIT;
+-- a root's own bulk delete leaves a run of the root's protection
+BEGIN; SET LOCAL pg_fencing.token = '6'; DELETE FROM root WHERE id > 100; COMMIT;
+SELECT r.key_count, r.high_water FROM _pg_fencing.tombstone_run r JOIN _pg_fencing.protected_table p ON p.id = r.protection_id
+WHERE p.relid = 'root'::regclass;
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO root VALUES (150, 1); ROLLBACK;
+
+-- a dropped table takes its runs with it
+DROP VIEW q_runs, q_rows;
+DROP TABLE q;
+DROP TABLE root;
+SELECT count(*) AS runs, (SELECT count(*) FROM _pg_fencing.tombstone_chunk) AS chunks FROM _pg_fencing.tombstone_run;
+DROP TABLE qn;

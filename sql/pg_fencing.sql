@@ -84,7 +84,9 @@ CREATE INDEX row_tombstone_high_water ON _pg_fencing.row_tombstone (protection_i
 -- docs/design.md, "Tombstone runs"). A run is one row of tombstone_run (its token: the mark of
 -- every key in it) and its keys in tombstone_chunk: sorted by a 64-bit hash of the key's text
 -- (FNV-1a, the same on every platform), at most 64 keys per chunk, each chunk found by the last
--- hash it holds. Only keys identified by their text (src/pg/key_identity.rs) go into runs; a
+-- hash it holds. Runs of about the same size are merged into one when there are 8 of them (the
+-- merged run keeps each key's own mark in marks; NULL: every key has the run's mark), so that a
+-- protection has a few runs per power of 8 of its tombstones and a lookup reads a few chunks. Only keys identified by their text (src/pg/key_identity.rs) go into runs; a
 -- key's mark is the highest of its row_tombstone row and every run that holds its text. Paths
 -- that work on tombstones one by one (fencing_protect carrying a partition's, a key form
 -- changed, the tombstone feed filled) first turn a protection's runs into row_tombstone rows
@@ -106,6 +108,7 @@ CREATE TABLE _pg_fencing.tombstone_chunk (
     last_hash      bigint   NOT NULL,
     key_hashes     bigint[] NOT NULL,
     keys           text[]   COLLATE "C" NOT NULL,
+    marks          bigint[],
     PRIMARY KEY (protection_id, run, last_hash)
 );
 GRANT SELECT ON _pg_fencing.tombstone_run, _pg_fencing.tombstone_chunk TO PUBLIC;

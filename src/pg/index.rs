@@ -714,27 +714,40 @@ pub fn read_pairs_by_index(
     Some(out)
 }
 
+/// What [`first_row_holds`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    No,
+    /// The row holds it; the value its `values` column has at that position (`None`: that
+    /// column is NULL, or its element is).
+    Yes(Option<i64>),
+}
+
 /// Does the first row (in the index's order) whose index columns equal `keys` and whose next
 /// one is at least `from` hold `text` at a position where its `bigint[]` column `hashes` holds
-/// `hash` (a sorted array, its `text[]` column `texts` of the same length)? A tombstone run's
-/// chunk (`state/tombstone_runs.rs`). `None` if the table, index or a column cannot be found;
-/// `Some(false)` if there is no such row or it does not hold the text.
+/// `hash` (a sorted array, its `text[]` column `texts` of the same length, its `bigint[]` column
+/// `values` of that length or NULL)? A tombstone run's chunk (`state/tombstone_runs.rs`). `None`
+/// if the table, index or a column cannot be found.
+#[allow(clippy::too_many_arguments)]
 pub fn first_row_holds(
     which: &UniqueIndex,
     keys: &[(i16, u32, pg_sys::Datum)],
     from: (i16, u32, pg_sys::Datum),
     hashes: &CStr,
     texts: &CStr,
+    values: &CStr,
     hash: i64,
     text: &str,
-) -> Option<bool> {
+) -> Option<Held> {
     let hashes_attnum = i32::from(column_number(which, hashes)?);
     let texts_attnum = i32::from(column_number(which, texts)?);
-    let mut holds = false;
+    let values_attnum = i32::from(column_number(which, values)?);
+    let mut holds = Held::No;
     scan_from(which, keys, Some(from), |tuple, tupdesc, _| {
         let (mut null_h, mut null_t) = (false, false);
-        // SAFETY: `tuple` is a tuple of `tupdesc` (`scan_from`) whose attributes `hashes_attnum`
-        // and `texts_attnum` are a bigint[] and a text[] (the caller's table); each is detoasted
+        // SAFETY: `tuple` is a tuple of `tupdesc` (`scan_from`) whose attributes `hashes_attnum`,
+        // `texts_attnum` and `values_attnum` are a bigint[], a text[] and a bigint[] (the caller's
+        // table); each is detoasted
         // (a copy in the current memory context when it was toasted or had a short header) and
         // read with deconstruct_array by its element type's length, by-value flag and alignment,
         // which returns as many datums and NULL flags as it says; a text element datum points
@@ -764,7 +777,17 @@ pub fn first_row_holds(
                     pgrx::varlena::varsize_any_exhdr(v.cast()),
                 );
                 if bytes == text.as_bytes() {
-                    holds = true;
+                    let mut null_v = false;
+                    let v = pg_sys::heap_getattr(tuple, values_attnum, tupdesc, &mut null_v);
+                    let value = if null_v {
+                        None
+                    } else {
+                        let (vv, vn) = deconstruct(v, pg_sys::INT8OID, 8, true, b'd');
+                        vv.get(i)
+                            .filter(|_| !vn.get(i).copied().unwrap_or(true))
+                            .map(|d| d.value() as i64)
+                    };
+                    holds = Held::Yes(value);
                     break;
                 }
             }

@@ -3,9 +3,14 @@
 //! "Tombstone runs"; `sql/pg_fencing.sql`, `_pg_fencing.tombstone_run`).
 //!
 //! Invariants:
-//! * A run holds only keys identified by their text (`pg/key_identity.rs`), each once, and one
-//!   mark for all of them (the run's `high_water`). A key's mark is the highest of its
-//!   `row_tombstone` row and of every run that holds its text (`state::tombstones`).
+//! * A run holds only keys identified by their text (`pg/key_identity.rs`), each once, each with
+//!   a mark: the run's `high_water`, or in a merged run its own (`marks`, the run's mark being
+//!   their highest). A key's mark is the highest of its `row_tombstone` row and of every run that
+//!   holds its text (`state::tombstones`).
+//! * A protection has few runs: when 8 runs of about the same size (the same power of 8 of
+//!   64-key chunks) exist, they are merged into one (`compact`, right after a run is written, by
+//!   the transaction that wrote it; one merger per protection at a time), dropping the keys
+//!   whose mark is at most the tombstone floor (the floor fences them).
 //! * A run's row and its chunks are written in one transaction and removed in one (prune, a key
 //!   form changed, a protection replaced, the table dropped), never updated but for the run's
 //!   mark (`fencing_reset_rows` turns runs into rows first).
@@ -18,7 +23,7 @@
 //!   other, whichever moment it commits.
 
 use crate::error::Token;
-use crate::pg::index::{first_row_holds, read_pairs_by_index, UniqueIndex};
+use crate::pg::index::{first_row_holds, read_pairs_by_index, Held, UniqueIndex};
 use crate::pg::spi::exec_internal;
 use crate::state::marks::as_token;
 use pgrx::prelude::*;
@@ -37,6 +42,15 @@ const RUN_INDEX: UniqueIndex = UniqueIndex {
     value: c"high_water",
 };
 
+const RUN_SIZE_INDEX: UniqueIndex = UniqueIndex {
+    table: c"tombstone_run",
+    index: c"tombstone_run_pkey",
+    value: c"key_count",
+};
+
+/// This many runs of one size class are merged into one.
+const MERGE_FANOUT: usize = 8;
+
 const RUN_HIGH_INDEX: UniqueIndex = UniqueIndex {
     table: c"tombstone_run",
     index: c"tombstone_run_high_water",
@@ -49,10 +63,11 @@ const CHUNK_INDEX: UniqueIndex = UniqueIndex {
     value: c"last_hash",
 };
 
-const SQL_NEW_RUN: &str = "INSERT INTO _pg_fencing.tombstone_run (protection_id, high_water, key_count) \
+const SQL_NEW_RUN: &str =
+    "INSERT INTO _pg_fencing.tombstone_run (protection_id, high_water, key_count) \
      VALUES ($1, $2, $3) RETURNING run";
-const SQL_NEW_CHUNK: &str = "INSERT INTO _pg_fencing.tombstone_chunk (protection_id, run, last_hash, key_hashes, keys) \
-     VALUES ($1, $2, $3, $4, $5)";
+const SQL_NEW_CHUNK: &str = "INSERT INTO _pg_fencing.tombstone_chunk (protection_id, run, last_hash, key_hashes, keys, marks) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
 
 /// The 64-bit FNV-1a hash of a key's text: where it sorts in a run.
 pub fn key_hash(text: &str) -> i64 {
@@ -71,15 +86,30 @@ pub fn available() -> bool {
         && crate::pg::index::exists(&CHUNK_INDEX)
 }
 
-/// Write `keys` (texts of keys identified by text) as one run of `protection` with mark `token`.
-/// False (nothing written) where the schema has no run tables: the caller writes rows.
+/// Write `keys` (texts of keys identified by text) as one run of `protection` with mark `token`,
+/// then merge runs where 8 of one size exist (`compact`). False (nothing written) where the
+/// schema has no run tables: the caller writes rows.
 pub fn store(protection: i64, token: Token, keys: &[&str]) -> bool {
     if keys.is_empty() || token <= 0 || !available() {
         return false;
     }
-    let mut entries: Vec<(i64, &str)> = keys.iter().map(|k| (key_hash(k), *k)).collect();
-    entries.sort_unstable();
+    let mut entries: Vec<(i64, &str, Token)> =
+        keys.iter().map(|k| (key_hash(k), *k, token)).collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
     entries.dedup_by(|a, b| a.1 == b.1);
+    if !write_run(protection, &entries, true) {
+        return false;
+    }
+    compact(protection);
+    true
+}
+
+/// Write `entries` (sorted by hash, then text; each text once) as one run; `uniform`: every
+/// entry has the same mark (no `marks` stored).
+fn write_run(protection: i64, entries: &[(i64, &str, Token)], uniform: bool) -> bool {
+    let Some(high) = entries.iter().map(|e| e.2).max() else {
+        return true;
+    };
     let p = pg_sys::Datum::from(protection);
     let Some(run) = exec_internal(
         SQL_NEW_RUN,
@@ -87,7 +117,7 @@ pub fn store(protection: i64, token: Token, keys: &[&str]) -> bool {
         &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID],
         &mut [
             p,
-            pg_sys::Datum::from(token),
+            pg_sys::Datum::from(high),
             pg_sys::Datum::from(entries.len() as i64),
         ],
         false,
@@ -107,16 +137,25 @@ pub fn store(protection: i64, token: Token, keys: &[&str]) -> bool {
         while end < entries.len() && entries[end].0 == entries[end - 1].0 {
             end += 1;
         }
-        store_chunk(p, run, &entries[start..end]);
+        store_chunk(p, run, &entries[start..end], uniform);
         start = end;
     }
     true
 }
 
-fn store_chunk(p: pg_sys::Datum, run: i64, entries: &[(i64, &str)]) {
+fn store_chunk(p: pg_sys::Datum, run: i64, entries: &[(i64, &str, Token)], uniform: bool) {
     let last = entries.last().map_or(0, |e| e.0);
     let hashes: Vec<i64> = entries.iter().map(|e| e.0).collect();
     let texts: Vec<&str> = entries.iter().map(|e| e.1).collect();
+    let marks: Option<pg_sys::Datum> = if uniform {
+        None
+    } else {
+        entries
+            .iter()
+            .map(|e| e.2)
+            .collect::<Vec<i64>>()
+            .into_datum()
+    };
     let (Some(hashes), Some(texts)) = (hashes.into_datum(), texts.into_datum()) else {
         return;
     };
@@ -130,26 +169,145 @@ fn store_chunk(p: pg_sys::Datum, run: i64, entries: &[(i64, &str)]) {
             (c"last_hash", Some(last)),
             (c"key_hashes", Some(hashes)),
             (c"keys", Some(texts)),
+            (c"marks", marks),
         ],
         c"",
         &|| false,
     );
     if !direct {
-        exec_internal(
-            SQL_NEW_CHUNK,
-            true,
-            &[
-                pg_sys::INT8OID,
-                pg_sys::INT8OID,
-                pg_sys::INT8OID,
-                pg_sys::INT8ARRAYOID,
-                pg_sys::TEXTARRAYOID,
-            ],
-            &mut [p, run, last, hashes, texts],
-            false,
-            as_token,
-        );
+        let sql = if marks.is_some() {
+            SQL_NEW_CHUNK.to_string()
+        } else {
+            SQL_NEW_CHUNK.replace("$6", "NULL")
+        };
+        let mut args = vec![p, run, last, hashes, texts];
+        let mut types = vec![
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::INT8ARRAYOID,
+            pg_sys::TEXTARRAYOID,
+        ];
+        if let Some(m) = marks {
+            args.push(m);
+            types.push(pg_sys::INT8ARRAYOID);
+        }
+        exec_internal(&sql, false, &types, &mut args, false, as_token);
     }
+}
+
+/// A run's size class: the power of 8 of its 64-key chunks.
+fn size_class(keys: i64) -> u32 {
+    let mut chunks = (keys.max(1) as u64).div_ceil(CHUNK_KEYS as u64);
+    let mut class = 0;
+    while chunks >= MERGE_FANOUT as u64 {
+        chunks /= MERGE_FANOUT as u64;
+        class += 1;
+    }
+    class
+}
+
+/// Merge the runs of `protection` where `MERGE_FANOUT` of one size class exist, the smallest
+/// class first, until none has that many. Only one transaction merges a protection's runs at a
+/// time (a transaction-scoped advisory lock, tried without waiting: another merger will see
+/// these runs); the runs it reads are committed or its own (the latest snapshot), and nothing
+/// else changes them while its writes hold the table (pruning, a protection replaced or reset
+/// and a dropped table all lock the table against writers).
+fn compact(protection: i64) {
+    let locked = exec_internal(
+        "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885824626, ($1 OPERATOR(pg_catalog.%) 2147483647)::pg_catalog.int4) \
+         THEN 1 ELSE 0 END::pg_catalog.int8",
+        true,
+        &[pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection)],
+        false,
+        as_token,
+    ) == Some(1);
+    if !locked {
+        return;
+    }
+    let p = pg_sys::Datum::from(protection);
+    loop {
+        let Some(runs) = read_pairs_by_index(&RUN_SIZE_INDEX, c"run", &[(1, pg_sys::F_INT8EQ, p)])
+        else {
+            return;
+        };
+        let mut classes: std::collections::BTreeMap<u32, Vec<i64>> = Default::default();
+        for (run, keys) in runs {
+            classes.entry(size_class(keys)).or_default().push(run);
+        }
+        let Some((_, merge)) = classes
+            .into_iter()
+            .find(|(_, runs)| runs.len() >= MERGE_FANOUT)
+        else {
+            return;
+        };
+        pgrx::check_for_interrupts!();
+        if !merge_runs(protection, &merge) {
+            return;
+        }
+    }
+}
+
+/// Replace `runs` of `protection` by one run of their keys (each with its highest mark; the
+/// keys at or below the tombstone floor left out). False if nothing could be read.
+fn merge_runs(protection: i64, runs: &[i64]) -> bool {
+    let Some(run_ids) = runs.to_vec().into_datum() else {
+        return false;
+    };
+    type Merged = (Vec<i64>, Vec<String>, Vec<i64>);
+    let merged: Option<Merged> = crate::pg::spi::exec_internal_row(
+        "WITH old AS (DELETE FROM _pg_fencing.tombstone_run r \
+             WHERE r.protection_id OPERATOR(pg_catalog.=) $1 AND r.run OPERATOR(pg_catalog.=) ANY ($2) \
+             RETURNING r.run, r.high_water), \
+         c AS (DELETE FROM _pg_fencing.tombstone_chunk c USING old \
+             WHERE c.protection_id OPERATOR(pg_catalog.=) $1 AND c.run OPERATOR(pg_catalog.=) old.run \
+             RETURNING c.key_hashes, c.keys, c.marks, old.high_water) \
+         SELECT pg_catalog.array_agg(u.h), pg_catalog.array_agg(u.k), pg_catalog.array_agg(COALESCE(u.m, c.high_water)) \
+         FROM c, ROWS FROM (pg_catalog.unnest(c.key_hashes), pg_catalog.unnest(c.keys), pg_catalog.unnest(c.marks)) AS u(h, k, m)",
+        true,
+        &[pg_sys::INT8OID, pg_sys::INT8ARRAYOID],
+        &mut [pg_sys::Datum::from(protection), run_ids],
+        false,
+        |row| {
+            let get = |i: usize| row.get(i).copied().flatten();
+            // SAFETY: the statement's three columns are a bigint[], a text[] and a bigint[]
+            // (or NULL), read and copied before SPI frees them.
+            unsafe {
+                Some((
+                    Vec::<i64>::from_datum(get(0)?, false)?,
+                    Vec::<String>::from_datum(get(1)?, false)?,
+                    Vec::<i64>::from_datum(get(2)?, false)?,
+                ))
+            }
+        },
+    )
+    .flatten();
+    let Some((hashes, texts, marks)) = merged else {
+        return true;
+    };
+    if hashes.len() != texts.len() || hashes.len() != marks.len() {
+        crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
+            "tombstone runs with arrays of different lengths".to_string(),
+        ));
+    }
+    let floor = crate::state::tombstones::tombstone_floor(protection).unwrap_or(0);
+    let mut entries: Vec<(i64, &str, Token)> = hashes
+        .iter()
+        .zip(texts.iter())
+        .zip(marks.iter())
+        .filter(|(_, m)| **m > floor)
+        .map(|((h, k), m)| (*h, k.as_str(), *m))
+        .collect();
+    // Highest mark first among equal texts, so that dedup keeps it.
+    entries.sort_unstable_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then_with(|| a.1.cmp(b.1))
+            .then_with(|| b.2.cmp(&a.2))
+    });
+    entries.dedup_by(|a, b| a.1 == b.1);
+    let uniform = entries.windows(2).all(|w| w[0].2 == w[1].2);
+    write_run(protection, &entries, uniform)
 }
 
 /// The highest mark of the runs of `protection` that hold the key printed as `text` (`None`:
@@ -163,12 +321,17 @@ pub fn mark_of(protection: i64, text: &str) -> Option<Token> {
     if runs.is_empty() {
         return None;
     }
-    // Highest mark first: the first run that holds the key gives its mark.
-    runs.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+    // Highest run mark first: a run's keys have at most its mark, so once a key's mark is known
+    // the runs whose mark is not above it need no look.
+    runs.sort_unstable_by_key(|r| std::cmp::Reverse(r.1));
     let hash = key_hash(text);
+    let mut best: Option<Token> = None;
     for (run, mark) in runs {
+        if best.is_some_and(|b| b >= mark) {
+            break;
+        }
         pgrx::check_for_interrupts!();
-        let holds = first_row_holds(
+        let held = first_row_holds(
             &CHUNK_INDEX,
             &[
                 (1, pg_sys::F_INT8EQ, p),
@@ -177,14 +340,16 @@ pub fn mark_of(protection: i64, text: &str) -> Option<Token> {
             (3, pg_sys::F_INT8GE, pg_sys::Datum::from(hash)),
             c"key_hashes",
             c"keys",
+            c"marks",
             hash,
             text,
         );
-        if holds == Some(true) {
-            return Some(mark);
+        if let Some(Held::Yes(own)) = held {
+            let m = own.unwrap_or(mark);
+            best = best.max(Some(m));
         }
     }
-    None
+    best
 }
 
 /// An upper bound of the marks of `protection`'s runs, read from the index alone (as
@@ -243,10 +408,10 @@ pub fn expand(protection: i64) -> i64 {
              RETURNING r.run, r.high_water, r.key_count), \
          c AS (DELETE FROM _pg_fencing.tombstone_chunk c USING r \
              WHERE c.protection_id OPERATOR(pg_catalog.=) $1 AND c.run OPERATOR(pg_catalog.=) r.run \
-             RETURNING c.keys, r.high_water), \
+             RETURNING c.keys, c.marks, r.high_water), \
          i AS (INSERT INTO _pg_fencing.row_tombstone AS h (protection_id, key, high_water, key_hash) \
-             SELECT $1, u.k, pg_catalog.max(c.high_water), _pg_fencing.tombstone_key_hash($1, u.k) \
-             FROM c, pg_catalog.unnest(c.keys) AS u(k) GROUP BY u.k \
+             SELECT $1, u.k, pg_catalog.max(COALESCE(u.m, c.high_water)), _pg_fencing.tombstone_key_hash($1, u.k) \
+             FROM c, ROWS FROM (pg_catalog.unnest(c.keys), pg_catalog.unnest(c.marks)) AS u(k, m) GROUP BY u.k \
              ON CONFLICT (protection_id, key) DO UPDATE SET high_water = excluded.high_water \
              WHERE h.high_water OPERATOR(pg_catalog.<) excluded.high_water) \
          SELECT COALESCE(pg_catalog.sum(r.key_count), 0)::pg_catalog.int8 FROM r",

@@ -149,6 +149,43 @@ SELECT r.key_count, r.high_water FROM _pg_fencing.tombstone_run r JOIN _pg_fenci
 WHERE p.relid = 'root'::regclass;
 BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO root VALUES (150, 1); ROLLBACK;
 
+-- 8 runs of one size are merged into one, each key keeping its own mark; keys at or below the
+-- tombstone floor are left out of the merged run (the floor fences them)
+CREATE TABLE m (id int PRIMARY KEY, v int);
+SELECT fencing_protect('m');
+BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO m SELECT g, 0 FROM generate_series(1, 1000) g; COMMIT;
+SELECT fencing_prune_tombstones('m', 1);
+DO $$
+BEGIN
+    FOR i IN 1..7 LOOP
+        PERFORM set_config('pg_fencing.token', (i * 10)::text, true);
+        DELETE FROM m WHERE id BETWEEN (i - 1) * 100 + 1 AND i * 100;
+    END LOOP;
+END
+$$;
+SELECT r.high_water, r.key_count FROM _pg_fencing.tombstone_run r JOIN _pg_fencing.protected_table p ON p.id = r.protection_id
+WHERE p.relid = 'm'::regclass ORDER BY r.high_water;
+SELECT fencing_prune_tombstones('m', 10, 0);
+BEGIN; SET LOCAL pg_fencing.token = '80'; DELETE FROM m WHERE id BETWEEN 701 AND 800; COMMIT;
+SELECT r.high_water, r.key_count,
+       (SELECT count(*) FROM _pg_fencing.tombstone_chunk c WHERE c.protection_id = r.protection_id AND c.run = r.run AND c.marks IS NOT NULL) AS chunks_with_marks
+FROM _pg_fencing.tombstone_run r JOIN _pg_fencing.protected_table p ON p.id = r.protection_id
+WHERE p.relid = 'm'::regclass ORDER BY r.high_water;
+SELECT tombstones FROM fencing_protected_tables WHERE relation = 'm'::regclass;
+-- each key keeps its own mark: key 150 (deleted with 20) refuses 19 and takes 20; key 650
+-- (deleted with 70) refuses 69; key 50 (deleted with 10, at the floor) refuses 9 and takes 10
+BEGIN; SET LOCAL pg_fencing.token = '19'; INSERT INTO m VALUES (150, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO m VALUES (150, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '69'; INSERT INTO m VALUES (650, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '79'; INSERT INTO m VALUES (750, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '9'; INSERT INTO m VALUES (50, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO m VALUES (50, 1); ROLLBACK;
+-- a merged run becomes rows with each key's own mark
+SELECT _pg_fencing.expand_tombstone_runs(id) FROM _pg_fencing.protected_table WHERE relid = 'm'::regclass;
+SELECT t.high_water, count(*) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id
+WHERE p.relid = 'm'::regclass GROUP BY 1 ORDER BY 1;
+DROP TABLE m;
+
 -- a dropped table takes its runs with it
 DROP VIEW q_runs, q_rows;
 DROP TABLE q;

@@ -126,7 +126,7 @@ VACUUM ANALYZE;
 CHECKPOINT;
 """
     tmpl, got = template_cluster(args.pgbin, args.work, "tomb-template", sql,
-                                 "SELECT count(*) FROM _pg_fencing.row_tombstone")
+                                 "SELECT tombstones FROM fencing_protected_tables WHERE relation = 't'::regclass")
     if int(got) != args.tombstones:
         raise SystemExit(f"bulk: the tombstone template has {got} tombstones, not {args.tombstones}")
     return tmpl

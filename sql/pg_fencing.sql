@@ -112,6 +112,10 @@ CREATE TABLE _pg_fencing.tombstone_chunk (
     PRIMARY KEY (protection_id, run, last_hash)
 );
 GRANT SELECT ON _pg_fencing.tombstone_run, _pg_fencing.tombstone_chunk TO PUBLIC;
+CREATE FUNCTION _pg_fencing.expand_tombstone_runs(protection bigint) RETURNS bigint
+LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_expand_tombstone_runs';
+COMMENT ON FUNCTION _pg_fencing.expand_tombstone_runs(bigint) IS
+'Internal: this transaction''s pending tombstones written, then the tombstone runs of per-row protection `protection` turned into row_tombstone rows (the highest mark per key kept); returns how many keys the runs held.';
 
 -- Audit trail of fencing_reset (who, when, old and new mark).
 CREATE TABLE _pg_fencing.reset_log (
@@ -2004,11 +2008,6 @@ CREATE EVENT TRIGGER pg_fencing_trigger_ddl ON ddl_command_end
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_run', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_chunk', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_run_seq', '');
-
-CREATE FUNCTION _pg_fencing.expand_tombstone_runs(protection bigint) RETURNS bigint
-LANGUAGE c VOLATILE STRICT AS 'MODULE_PATHNAME', 'pg_fencing_expand_tombstone_runs';
-COMMENT ON FUNCTION _pg_fencing.expand_tombstone_runs(bigint) IS
-'Internal: this transaction''s pending tombstones written, then the tombstone runs of per-row protection `protection` turned into row_tombstone rows (the highest mark per key kept); returns how many keys the runs held.';
 
 DO $do$
 DECLARE

@@ -82,9 +82,10 @@ CREATE INDEX row_tombstone_high_water ON _pg_fencing.row_tombstone (protection_i
 -- Tombstone runs (per-row mode): the tombstones of a transaction that deleted many keys of one
 -- table with one token, written as one run instead of one row per key (src/state/tombstone_runs.rs;
 -- docs/design.md, "Tombstone runs"). A run is one row of tombstone_run (its token: the mark of
--- every key in it) and its keys in tombstone_chunk: sorted by a 64-bit hash of the key's text
--- (FNV-1a, the same on every platform), at most 64 keys per chunk, each chunk found by the last
--- hash it holds. Runs of about the same size are merged into one when there are 8 of them (the
+-- every key in it) and its keys in tombstone_chunk by a 64-bit hash of the key's text (FNV-1a,
+-- the same on every platform): a chunk holds the run's keys whose hashes have the same leading
+-- bits (its bucket; as many bits as give the run's size 32 to 64 keys a chunk), sorted by hash,
+-- and a key is looked up in one chunk per run. Runs of about the same size are merged into one when there are 8 of them (the
 -- merged run keeps each key's own mark in marks; NULL: every key has the run's mark), so that a
 -- protection has a few runs per power of 8 of its tombstones and a lookup reads a few chunks. Only keys identified by their text (src/pg/key_identity.rs) go into runs; a
 -- key's mark is the highest of its row_tombstone row and every run that holds its text. Paths
@@ -105,11 +106,11 @@ CREATE INDEX tombstone_run_high_water ON _pg_fencing.tombstone_run (protection_i
 CREATE TABLE _pg_fencing.tombstone_chunk (
     protection_id  bigint   NOT NULL,
     run            bigint   NOT NULL,
-    last_hash      bigint   NOT NULL,
+    bucket         bigint   NOT NULL,
     key_hashes     bigint[] NOT NULL,
     keys           text[]   COLLATE "C" NOT NULL,
     marks          bigint[],
-    PRIMARY KEY (protection_id, run, last_hash)
+    PRIMARY KEY (protection_id, run, bucket)
 );
 GRANT SELECT ON _pg_fencing.tombstone_run, _pg_fencing.tombstone_chunk TO PUBLIC;
 CREATE FUNCTION _pg_fencing.expand_tombstone_runs(protection bigint) RETURNS bigint

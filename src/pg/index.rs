@@ -688,6 +688,35 @@ pub fn exists(which: &UniqueIndex) -> bool {
     locate(which).is_some()
 }
 
+/// Every row whose index columns equal `keys` (as for [`read_by_index`]), as (bigint columns
+/// `a` and `b`, the bigint value column); rows with a NULL are skipped. `None` if the table,
+/// index or a column cannot be found.
+pub fn read_triples_by_index(
+    which: &UniqueIndex,
+    a: &CStr,
+    b: &CStr,
+    keys: &[(i16, u32, pg_sys::Datum)],
+) -> Option<Vec<(i64, i64, i64)>> {
+    let a_attnum = i32::from(column_number(which, a)?);
+    let b_attnum = i32::from(column_number(which, b)?);
+    let mut out = Vec::new();
+    scan(which, keys, |tuple, tupdesc, value_attnum| {
+        let (mut null_a, mut null_b, mut null_v) = (false, false, false);
+        // SAFETY: `tuple` is a tuple of `tupdesc` with bigint attributes `a_attnum`, `b_attnum`
+        // and `value_attnum` (`scan`), read by value.
+        unsafe {
+            let x = pg_sys::heap_getattr(tuple, a_attnum, tupdesc, &mut null_a);
+            let y = pg_sys::heap_getattr(tuple, b_attnum, tupdesc, &mut null_b);
+            let v = pg_sys::heap_getattr(tuple, value_attnum, tupdesc, &mut null_v);
+            if !null_a && !null_b && !null_v {
+                out.push((x.value() as i64, y.value() as i64, v.value() as i64));
+            }
+        }
+        true
+    })?;
+    Some(out)
+}
+
 /// Every row whose index columns equal `keys` (as for [`read_by_index`]), as (bigint column
 /// `other`, the bigint value column); rows with either NULL are skipped. `None` if the table,
 /// index or column cannot be found.
@@ -723,8 +752,8 @@ pub enum Held {
     Yes(Option<i64>),
 }
 
-/// Does the first row (in the index's order) whose index columns equal `keys` and whose next
-/// one is at least `from` hold `text` at a position where its `bigint[]` column `hashes` holds
+/// Does the first row (in the index's order) whose index columns equal `keys` (and whose next
+/// one is at least `from`, if given) hold `text` at a position where its `bigint[]` column `hashes` holds
 /// `hash` (a sorted array, its `text[]` column `texts` of the same length, its `bigint[]` column
 /// `values` of that length or NULL)? A tombstone run's chunk (`state/tombstone_runs.rs`). `None`
 /// if the table, index or a column cannot be found.
@@ -732,7 +761,7 @@ pub enum Held {
 pub fn first_row_holds(
     which: &UniqueIndex,
     keys: &[(i16, u32, pg_sys::Datum)],
-    from: (i16, u32, pg_sys::Datum),
+    from: Option<(i16, u32, pg_sys::Datum)>,
     hashes: &CStr,
     texts: &CStr,
     values: &CStr,
@@ -743,7 +772,7 @@ pub fn first_row_holds(
     let texts_attnum = i32::from(column_number(which, texts)?);
     let values_attnum = i32::from(column_number(which, values)?);
     let mut holds = Held::No;
-    scan_from(which, keys, Some(from), |tuple, tupdesc, _| {
+    scan_from(which, keys, from, |tuple, tupdesc, _| {
         let (mut null_h, mut null_t) = (false, false);
         // SAFETY: `tuple` is a tuple of `tupdesc` (`scan_from`) whose attributes `hashes_attnum`,
         // `texts_attnum` and `values_attnum` are a bigint[], a text[] and a bigint[] (the caller's

@@ -16,14 +16,16 @@
 //!   mark (`fencing_reset_rows` turns runs into rows first).
 //! * A run is found by its protection (`tombstone_run_pkey`); a key in it by the 64-bit FNV-1a
 //!   hash of its text, the same on every platform (a dump restored elsewhere finds its keys):
-//!   the first chunk whose last hash is at least the key's holds it if the run does, since a
-//!   run's keys are sorted by hash and equal hashes never straddle two chunks.
+//!   the chunk of a run whose bucket is the hash's leading `bucket_bits(key_count)` bits holds it
+//!   if the run does (one equality read, which stops at that chunk), its keys sorted by hash.
 //! * Readers read the runs before `row_tombstone`: a run turned into rows
 //!   (`_pg_fencing.expand_tombstone_runs`, one transaction) is then seen in one place or the
 //!   other, whichever moment it commits.
 
 use crate::error::Token;
-use crate::pg::index::{first_row_holds, read_pairs_by_index, Held, UniqueIndex};
+use crate::pg::index::{
+    first_row_holds, read_pairs_by_index, read_triples_by_index, Held, UniqueIndex,
+};
 use crate::pg::spi::exec_internal;
 use crate::state::marks::as_token;
 use pgrx::prelude::*;
@@ -31,10 +33,10 @@ use pgrx::prelude::*;
 /// A transaction's tombstones of one protection and one token become a run from this many keys
 /// on; fewer are written as `row_tombstone` rows (a one-row DELETE keeps its cost).
 pub const RUN_MIN_KEYS: usize = 64;
-/// At most this many keys per chunk, and about this many bytes of key text, so that a chunk is
-/// stored in its row (below PostgreSQL's TOAST threshold of about 2 kB for the usual keys).
+/// A run's keys are spread over buckets of 32 to 64 keys on average (fewer than 65 keys: one),
+/// so that a chunk is stored in its row (below PostgreSQL's TOAST threshold of about 2 kB for
+/// the usual keys) and read whole.
 const CHUNK_KEYS: usize = 64;
-const CHUNK_TEXT_BYTES: usize = 1_200;
 
 const RUN_INDEX: UniqueIndex = UniqueIndex {
     table: c"tombstone_run",
@@ -60,13 +62,13 @@ const RUN_HIGH_INDEX: UniqueIndex = UniqueIndex {
 const CHUNK_INDEX: UniqueIndex = UniqueIndex {
     table: c"tombstone_chunk",
     index: c"tombstone_chunk_pkey",
-    value: c"last_hash",
+    value: c"bucket",
 };
 
 const SQL_NEW_RUN: &str =
     "INSERT INTO _pg_fencing.tombstone_run (protection_id, high_water, key_count) \
      VALUES ($1, $2, $3) RETURNING run";
-const SQL_NEW_CHUNK: &str = "INSERT INTO _pg_fencing.tombstone_chunk (protection_id, run, last_hash, key_hashes, keys, marks) \
+const SQL_NEW_CHUNK: &str = "INSERT INTO _pg_fencing.tombstone_chunk (protection_id, run, bucket, key_hashes, keys, marks) \
      VALUES ($1, $2, $3, $4, $5, $6)";
 
 /// The 64-bit FNV-1a hash of a key's text: where it sorts in a run.
@@ -77,6 +79,25 @@ pub fn key_hash(text: &str) -> i64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h as i64
+}
+
+/// How many leading hash bits a run of `keys` keys buckets its keys by: 32 to 64 keys a bucket
+/// on average.
+fn bucket_bits(keys: i64) -> u32 {
+    let mut bits = 0;
+    while bits < 48 && (keys.max(0) >> bits) > CHUNK_KEYS as i64 {
+        bits += 1;
+    }
+    bits
+}
+
+/// The bucket of `hash` in a run bucketed by `bits` leading bits.
+fn bucket_of(hash: i64, bits: u32) -> i64 {
+    if bits == 0 {
+        0
+    } else {
+        ((hash as u64) >> (64 - bits)) as i64
+    }
 }
 
 /// Does this schema have the run tables (0.2.0's; not the schema of 0.1.0)?
@@ -97,6 +118,7 @@ pub fn store(protection: i64, token: Token, keys: &[&str]) -> bool {
         keys.iter().map(|k| (key_hash(k), *k, token)).collect();
     entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
     entries.dedup_by(|a, b| a.1 == b.1);
+    sort_by_bucket(&mut entries);
     if !write_run(protection, &entries, true) {
         return false;
     }
@@ -104,7 +126,18 @@ pub fn store(protection: i64, token: Token, keys: &[&str]) -> bool {
     true
 }
 
-/// Write `entries` (sorted by hash, then text; each text once) as one run; `uniform`: every
+/// Order `entries` (sorted by hash, each text once) by their bucket in a run of their number,
+/// then by hash: a bucket's keys sorted as a lookup searches them. With a leading bit or more
+/// the bucket order is the hashes' order as unsigned numbers (the negative ones last).
+fn sort_by_bucket(entries: &mut [(i64, &str, Token)]) {
+    let bits = bucket_bits(entries.len() as i64);
+    if bits > 0 {
+        let negative = entries.partition_point(|e| e.0 < 0);
+        entries.rotate_left(negative);
+    }
+}
+
+/// Write `entries` (ordered by `sort_by_bucket`; each text once) as one run; `uniform`: every
 /// entry has the same mark (no `marks` stored).
 fn write_run(protection: i64, entries: &[(i64, &str, Token)], uniform: bool) -> bool {
     let Some(high) = entries.iter().map(|e| e.2).max() else {
@@ -125,26 +158,20 @@ fn write_run(protection: i64, entries: &[(i64, &str, Token)], uniform: bool) -> 
     ) else {
         return false;
     };
-    let mut start = 0;
-    while start < entries.len() {
-        let mut end = start;
-        let mut bytes = 0;
-        while end < entries.len() && end - start < CHUNK_KEYS && bytes < CHUNK_TEXT_BYTES {
-            bytes += entries[end].1.len();
-            end += 1;
-        }
-        // Equal hashes stay in one chunk (a lookup reads only the first chunk that can hold it).
-        while end < entries.len() && entries[end].0 == entries[end - 1].0 {
-            end += 1;
-        }
-        store_chunk(p, run, &entries[start..end], uniform);
-        start = end;
+    let bits = bucket_bits(entries.len() as i64);
+    for chunk in entries.chunk_by(|a, b| bucket_of(a.0, bits) == bucket_of(b.0, bits)) {
+        store_chunk(p, run, bucket_of(chunk[0].0, bits), chunk, uniform);
     }
     true
 }
 
-fn store_chunk(p: pg_sys::Datum, run: i64, entries: &[(i64, &str, Token)], uniform: bool) {
-    let last = entries.last().map_or(0, |e| e.0);
+fn store_chunk(
+    p: pg_sys::Datum,
+    run: i64,
+    bucket: i64,
+    entries: &[(i64, &str, Token)],
+    uniform: bool,
+) {
     let hashes: Vec<i64> = entries.iter().map(|e| e.0).collect();
     let texts: Vec<&str> = entries.iter().map(|e| e.1).collect();
     let marks: Option<pg_sys::Datum> = if uniform {
@@ -160,13 +187,13 @@ fn store_chunk(p: pg_sys::Datum, run: i64, entries: &[(i64, &str, Token)], unifo
         return;
     };
     let run = pg_sys::Datum::from(run);
-    let last = pg_sys::Datum::from(last);
+    let last = pg_sys::Datum::from(bucket);
     let direct = crate::pg::index::insert_direct(
         &CHUNK_INDEX,
         &[
             (c"protection_id", Some(p)),
             (c"run", Some(run)),
-            (c"last_hash", Some(last)),
+            (c"bucket", Some(last)),
             (c"key_hashes", Some(hashes)),
             (c"keys", Some(texts)),
             (c"marks", marks),
@@ -306,6 +333,7 @@ fn merge_runs(protection: i64, runs: &[i64]) -> bool {
             .then_with(|| b.2.cmp(&a.2))
     });
     entries.dedup_by(|a, b| a.1 == b.1);
+    sort_by_bucket(&mut entries);
     let uniform = entries.windows(2).all(|w| w[0].2 == w[1].2);
     write_run(protection, &entries, uniform)
 }
@@ -317,16 +345,21 @@ pub fn mark_of(protection: i64, text: &str) -> Option<Token> {
         return None;
     }
     let p = pg_sys::Datum::from(protection);
-    let mut runs = read_pairs_by_index(&RUN_INDEX, c"run", &[(1, pg_sys::F_INT8EQ, p)])?;
+    let mut runs = read_triples_by_index(
+        &RUN_INDEX,
+        c"run",
+        c"key_count",
+        &[(1, pg_sys::F_INT8EQ, p)],
+    )?;
     if runs.is_empty() {
         return None;
     }
     // Highest run mark first: a run's keys have at most its mark, so once a key's mark is known
     // the runs whose mark is not above it need no look.
-    runs.sort_unstable_by_key(|r| std::cmp::Reverse(r.1));
+    runs.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
     let hash = key_hash(text);
     let mut best: Option<Token> = None;
-    for (run, mark) in runs {
+    for (run, keys, mark) in runs {
         if best.is_some_and(|b| b >= mark) {
             break;
         }
@@ -336,8 +369,13 @@ pub fn mark_of(protection: i64, text: &str) -> Option<Token> {
             &[
                 (1, pg_sys::F_INT8EQ, p),
                 (2, pg_sys::F_INT8EQ, pg_sys::Datum::from(run)),
+                (
+                    3,
+                    pg_sys::F_INT8EQ,
+                    pg_sys::Datum::from(bucket_of(hash, bucket_bits(keys))),
+                ),
             ],
-            (3, pg_sys::F_INT8GE, pg_sys::Datum::from(hash)),
+            None,
             c"key_hashes",
             c"keys",
             c"marks",

@@ -49,6 +49,8 @@ pg_ctl_start "$STANDBY" "$WORK/standby.log" 60
 
 # Written after the standby started: must arrive by streaming.
 "${P[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '25'; UPDATE ledger SET v = 25 WHERE id = 1; COMMIT;"
+# ... and a bulk delete, whose tombstones are one run (src/state/tombstone_runs.rs)
+"${P[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '25'; INSERT INTO job SELECT g, 0 FROM generate_series(100, 299) g; DELETE FROM job WHERE id >= 100; COMMIT;"
 target=$("${P[@]}" -Atc "SELECT pg_current_wal_lsn()")
 for _ in $(seq 1 600); do   # up to 60 s
     caught=$("${S[@]}" -Atc "SELECT pg_last_wal_replay_lsn() >= '$target'::pg_lsn")
@@ -58,6 +60,7 @@ done
 expect "standby caught up" t "$caught"
 expect "standby: high-water mark of repl" 25 "$("${S[@]}" -Atc "SELECT fencing_high_water('repl')")"
 expect "standby: tombstone of job key 1" 15 "$("${S[@]}" -Atc "SELECT high_water FROM _pg_fencing.row_tombstone WHERE key = '(1)'")"
+expect "standby: the bulk delete's run" "1/200/25" "$("${S[@]}" -Atc "SELECT count(*) || '/' || sum(key_count) || '/' || max(high_water) FROM _pg_fencing.tombstone_run")"
 expect "standby: writes refused (read-only)" 25006 "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '30'; UPDATE ledger SET v = 0; COMMIT;")"
 
 echo "== promote the standby; the old primary stops"
@@ -68,6 +71,8 @@ expect "promoted: stale write to a row the newer holder never touched" FT001 \
     "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '24'; UPDATE ledger SET v = 0 WHERE id = 2; COMMIT;")"
 expect "promoted: stale re-insert of a deleted key" FT001 \
     "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '14'; INSERT INTO job VALUES (1, 0); COMMIT;")"
+expect "promoted: stale re-insert of a bulk-deleted key" FT001 \
+    "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '24'; INSERT INTO job VALUES (150, 0); COMMIT;")"
 expect "promoted: current holder writes" ok \
     "$(sqlstate_of "${S[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '26'; UPDATE ledger SET v = 26 WHERE id = 2; COMMIT;")"
 expect "promoted: high-water mark" 26 "$("${S[@]}" -Atc "SELECT fencing_high_water('repl')")"

@@ -15,9 +15,9 @@ use crate::api::fenced;
 use crate::backend_event::BackendEvent;
 use crate::guard::{copy_from, fast_path, trigger};
 use crate::lock_service::{etcd_locks, leases, watch};
-use crate::pg::{index, report, session, spi};
+use crate::pg::{index, process, report, session, spi};
 use crate::rule::{self, session_token};
-use crate::state::{mark_versions, marks, protections, tombstones};
+use crate::state::{mark_versions, marks, protections, tombstone_runs, tombstones};
 use pgrx::prelude::*;
 
 /// A module with per-backend state: its file (as `scripts/check_layers.py` finds it) and what
@@ -72,6 +72,14 @@ const STATEFUL: &[Stateful] = &[
     Stateful {
         file: "src/state/tombstones.rs",
         on_event: tombstones::on_event,
+    },
+    Stateful {
+        file: "src/state/tombstone_runs.rs",
+        on_event: tombstone_runs::on_event,
+    },
+    Stateful {
+        file: "src/pg/process.rs",
+        on_event: process::on_event,
     },
     Stateful {
         file: "src/state/mark_versions.rs",

@@ -1212,7 +1212,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_expand_tombstone_runs(
     unsafe {
         run(fcinfo, || {
             let protection: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
-            let n = protection.map_or(0, crate::state::tombstone_runs::expand);
+            let n = protection.map_or(0, crate::state::tombstones::expand_runs);
             Ok(pg_sys::Datum::from(n))
         })
     }

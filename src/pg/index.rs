@@ -752,78 +752,165 @@ pub enum Held {
     Yes(Option<i64>),
 }
 
-/// Does the first row (in the index's order) whose index columns equal `keys` (and whose next
-/// one is at least `from`, if given) hold `text` at a position where its `bigint[]` column `hashes` holds
-/// `hash` (a sorted array, its `text[]` column `texts` of the same length, its `bigint[]` column
-/// `values` of that length or NULL)? A tombstone run's chunk (`state/tombstone_runs.rs`). `None`
-/// if the table, index or a column cannot be found.
+/// For each of `probes` (equality keys on the leading index columns of `which`): does the first
+/// row (in the index's order) with those keys hold `text` at a position where its `bigint[]`
+/// column `hashes` holds `hash` (a sorted array, its `text[]` column `texts` of the same length,
+/// its `bigint[]` column `values` of that length or NULL)? A tombstone run's chunks
+/// (`state/tombstone_runs.rs`): the table is opened and the latest committed snapshot taken once
+/// for all of them, and a row's texts are read only when its hashes hold `hash`. `None` if the
+/// table, index or a column cannot be found.
 #[allow(clippy::too_many_arguments)]
-pub fn first_row_holds(
+pub fn first_rows_hold(
     which: &UniqueIndex,
-    keys: &[(i16, u32, pg_sys::Datum)],
-    from: Option<(i16, u32, pg_sys::Datum)>,
+    probes: &[Vec<(i16, u32, pg_sys::Datum)>],
     hashes: &CStr,
     texts: &CStr,
     values: &CStr,
     hash: i64,
     text: &str,
-) -> Option<Held> {
+) -> Option<Vec<Held>> {
+    let t = locate(which)?;
     let hashes_attnum = i32::from(column_number(which, hashes)?);
     let texts_attnum = i32::from(column_number(which, texts)?);
     let values_attnum = i32::from(column_number(which, values)?);
-    let mut holds = Held::No;
-    scan_from(which, keys, from, |tuple, tupdesc, _| {
-        let (mut null_h, mut null_t) = (false, false);
-        // SAFETY: `tuple` is a tuple of `tupdesc` (`scan_from`) whose attributes `hashes_attnum`,
-        // `texts_attnum` and `values_attnum` are a bigint[], a text[] and a bigint[] (the caller's
-        // table); each is detoasted
-        // (a copy in the current memory context when it was toasted or had a short header) and
-        // read with deconstruct_array by its element type's length, by-value flag and alignment,
-        // which returns as many datums and NULL flags as it says; a text element datum points
-        // into the detoasted array, alive until the end of this call.
-        unsafe {
-            let h = pg_sys::heap_getattr(tuple, hashes_attnum, tupdesc, &mut null_h);
-            let t = pg_sys::heap_getattr(tuple, texts_attnum, tupdesc, &mut null_t);
-            if null_h || null_t {
-                return false;
+    let mut out = Vec::with_capacity(probes.len());
+    // SAFETY: as in `scan_from` (the same calls, the table opened and the snapshot registered
+    // once around every probe's systable scan, each scan ended before the next begins). A tuple
+    // is used only inside its scan; see `chunk_holds` for how it is read.
+    unsafe {
+        let heap = pg_sys::table_open(t.heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let tupdesc = (*heap).rd_att;
+        let snapshot = pg_sys::RegisterSnapshot(crate::pg::process::latest_snapshot());
+        for keys in probes {
+            let mut scankeys = equality_keys(tupdesc, keys, false);
+            let scan = pg_sys::systable_beginscan(
+                heap,
+                t.index,
+                true,
+                snapshot,
+                scankeys.len() as i32,
+                scankeys.as_mut_ptr(),
+            );
+            let tuple = pg_sys::systable_getnext(scan);
+            let held = if tuple.is_null() {
+                Held::No
+            } else {
+                chunk_holds(
+                    tuple,
+                    tupdesc,
+                    (hashes_attnum, texts_attnum, values_attnum),
+                    hash,
+                    text,
+                )
+            };
+            pg_sys::systable_endscan(scan);
+            out.push(held);
+        }
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+    }
+    Some(out)
+}
+
+/// Does chunk `tuple` hold `text` with `hash` (see [`first_rows_hold`]); `attnums`: its
+/// hashes, texts and values columns.
+///
+/// # Safety
+/// `tuple` must be a valid tuple of `tupdesc`, whose attributes `attnums` are a bigint[], a
+/// text[] and a bigint[]. Each is detoasted (a copy in the current memory context when it was
+/// toasted or had a short header); a one-dimensional bigint[] without NULLs is read in place
+/// (its elements follow the header, the dimensions and the lower bounds, MAXALIGNed), any other
+/// with deconstruct_array, which returns as many datums and NULL flags as it says; a text element
+/// datum points into the detoasted array, alive until the end of this call.
+unsafe fn chunk_holds(
+    tuple: pg_sys::HeapTuple,
+    tupdesc: pg_sys::TupleDesc,
+    attnums: (i32, i32, i32),
+    hash: i64,
+    text: &str,
+) -> Held {
+    let (hashes_attnum, texts_attnum, values_attnum) = attnums;
+    // SAFETY: per the contract.
+    unsafe {
+        let mut null_h = false;
+        let h = pg_sys::heap_getattr(tuple, hashes_attnum, tupdesc, &mut null_h);
+        if null_h {
+            return Held::No;
+        }
+        let hv = int8_elements(h);
+        let first = hv.partition_point(|v| v.is_some_and(|v| v < hash));
+        let candidates: Vec<usize> = (first..hv.len())
+            .take_while(|i| hv[*i] == Some(hash))
+            .collect();
+        if candidates.is_empty() {
+            return Held::No;
+        }
+        let mut null_t = false;
+        let t = pg_sys::heap_getattr(tuple, texts_attnum, tupdesc, &mut null_t);
+        if null_t {
+            return Held::No;
+        }
+        let (tv, tn) = deconstruct(t, pg_sys::TEXTOID, -1, false, b'i');
+        if tv.len() != hv.len() {
+            return Held::No;
+        }
+        for i in candidates {
+            if tn[i] {
+                continue;
             }
-            let (hv, hn) = deconstruct(h, pg_sys::INT8OID, 8, true, b'd');
-            let (tv, tn) = deconstruct(t, pg_sys::TEXTOID, -1, false, b'i');
-            if hv.len() != tv.len() {
-                return false;
-            }
-            let first = hv.partition_point(|d| (d.value() as i64) < hash);
-            for i in first..hv.len() {
-                if hv[i].value() as i64 != hash {
-                    break;
-                }
-                if hn[i] || tn[i] {
-                    continue;
-                }
-                let v = pg_sys::pg_detoast_datum_packed(tv[i].cast_mut_ptr());
-                let bytes = std::slice::from_raw_parts(
-                    pgrx::varlena::vardata_any(v.cast()).cast::<u8>(),
-                    pgrx::varlena::varsize_any_exhdr(v.cast()),
-                );
-                if bytes == text.as_bytes() {
-                    let mut null_v = false;
-                    let v = pg_sys::heap_getattr(tuple, values_attnum, tupdesc, &mut null_v);
-                    let value = if null_v {
-                        None
-                    } else {
-                        let (vv, vn) = deconstruct(v, pg_sys::INT8OID, 8, true, b'd');
-                        vv.get(i)
-                            .filter(|_| !vn.get(i).copied().unwrap_or(true))
-                            .map(|d| d.value() as i64)
-                    };
-                    holds = Held::Yes(value);
-                    break;
-                }
+            let v = pg_sys::pg_detoast_datum_packed(tv[i].cast_mut_ptr());
+            let bytes = std::slice::from_raw_parts(
+                pgrx::varlena::vardata_any(v.cast()).cast::<u8>(),
+                pgrx::varlena::varsize_any_exhdr(v.cast()),
+            );
+            if bytes == text.as_bytes() {
+                let mut null_v = false;
+                let v = pg_sys::heap_getattr(tuple, values_attnum, tupdesc, &mut null_v);
+                let value = if null_v {
+                    None
+                } else {
+                    int8_elements(v).get(i).copied().flatten()
+                };
+                return Held::Yes(value);
             }
         }
-        false
-    })?;
-    Some(holds)
+        Held::No
+    }
+}
+
+/// The elements of bigint[] datum `d` (`None` for a NULL element).
+///
+/// # Safety
+/// `d` must be a non-NULL bigint[] datum.
+unsafe fn int8_elements(d: pg_sys::Datum) -> Vec<Option<i64>> {
+    // SAFETY: per the contract. The detoasted array starts with ArrayType's header (length,
+    // ndim, dataoffset, element type); with one dimension and no NULL bitmap (dataoffset 0) its
+    // elements follow the header, one dimension and one lower bound, MAXALIGNed (ARR_DATA_PTR),
+    // as many as the dimension says.
+    unsafe {
+        let arr = pg_sys::pg_detoast_datum(d.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+        if (*arr).ndim == 1 && (*arr).dataoffset == 0 && (*arr).elemtype == pg_sys::INT8OID {
+            let header = std::mem::size_of::<pg_sys::ArrayType>() + 2 * std::mem::size_of::<i32>();
+            let dims = arr
+                .cast::<u8>()
+                .add(std::mem::size_of::<pg_sys::ArrayType>())
+                .cast::<i32>();
+            let n = (*dims).max(0) as usize;
+            let data = arr
+                .cast::<u8>()
+                .add(header.next_multiple_of(8))
+                .cast::<i64>();
+            return std::slice::from_raw_parts(data, n)
+                .iter()
+                .map(|v| Some(*v))
+                .collect();
+        }
+        let (vv, vn) = deconstruct(d, pg_sys::INT8OID, 8, true, b'd');
+        vv.iter()
+            .zip(vn.iter())
+            .map(|(v, n)| (!n).then_some(v.value() as i64))
+            .collect()
+    }
 }
 
 /// The elements of array datum `d` (element type `typid` of length `len`, by value or not,

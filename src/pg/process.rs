@@ -356,6 +356,54 @@ pub fn latest_snapshot() -> pg_sys::Snapshot {
                 },
             ));
         }
+        let pinned = PINNED_SNAPSHOT.with(|p| p.get());
+        if !pinned.is_null() {
+            return pinned;
+        }
         pg_sys::GetLatestSnapshot()
     }
+}
+
+thread_local! {
+    /// The snapshot `with_one_snapshot` took, which `latest_snapshot` returns while it runs.
+    static PINNED_SNAPSHOT: std::cell::Cell<pg_sys::Snapshot> =
+        const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
+/// Per-backend state's life (`backend.rs`): no snapshot stays pinned past a transaction's end
+/// (`with_one_snapshot` forgets it itself; this is for an end it did not see).
+pub fn on_event(ev: crate::backend_event::BackendEvent) {
+    if ev.ends_any_transaction() {
+        PINNED_SNAPSHOT.with(|p| p.set(std::ptr::null_mut()));
+    }
+}
+
+/// Run `f` with every read of pg_fencing's own tables through `latest_snapshot` (index reads
+/// and internal statements) seeing one snapshot, taken now: a reader of several tables (a
+/// key's tombstone runs and rows) then sees a transaction that moved tombstones between them
+/// (a merge, a run turned into rows) wholly or not at all. Nested calls use the outer snapshot.
+#[track_caller]
+pub fn with_one_snapshot<T>(f: impl FnOnce() -> T) -> T {
+    if !PINNED_SNAPSHOT.with(|p| p.get()).is_null() {
+        return f();
+    }
+    // Forgets the snapshot however `f` ends: an ERROR unwinds through here, and the
+    // (sub)transaction's abort releases the registered snapshot with its resource owner.
+    struct Unpin;
+    impl Drop for Unpin {
+        fn drop(&mut self) {
+            PINNED_SNAPSHOT.with(|p| p.set(std::ptr::null_mut()));
+        }
+    }
+    // SAFETY: backend main thread inside a transaction; RegisterSnapshot copies the snapshot
+    // latest_snapshot returned (GetLatestSnapshot's static one) and keeps the copy until
+    // UnregisterSnapshot below or the resource owner's release at abort.
+    let snapshot = unsafe { pg_sys::RegisterSnapshot(latest_snapshot()) };
+    PINNED_SNAPSHOT.with(|p| p.set(snapshot));
+    let guard = Unpin;
+    let out = f();
+    drop(guard);
+    // SAFETY: the snapshot registered above, on the same resource owner (`f` returned).
+    unsafe { pg_sys::UnregisterSnapshot(snapshot) };
+    out
 }

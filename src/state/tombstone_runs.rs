@@ -18,13 +18,16 @@
 //!   hash of its text, the same on every platform (a dump restored elsewhere finds its keys):
 //!   the chunk of a run whose bucket is the hash's leading `bucket_bits(key_count)` bits holds it
 //!   if the run does (one equality read, which stops at that chunk), its keys sorted by hash.
-//! * Readers read the runs before `row_tombstone`: a run turned into rows
-//!   (`_pg_fencing.expand_tombstone_runs`, one transaction) is then seen in one place or the
-//!   other, whichever moment it commits.
+//! * A reader reads a key's runs and rows with one snapshot (`state::tombstones::read_tombstone`,
+//!   `pg::process::with_one_snapshot`): a merge or a run turned into rows (each one transaction)
+//!   is seen wholly or not at all.
+//! * A run's keys never change (a merge writes a new run), so a backend keeps a Bloom filter of
+//!   each run's key hashes it has read (`BLOOMS`, dropped on any relcache invalidation) and reads
+//!   a run's chunk only when the filter holds the key's hash.
 
 use crate::error::Token;
 use crate::pg::index::{
-    first_row_holds, read_pairs_by_index, read_triples_by_index, Held, UniqueIndex,
+    first_rows_hold, read_pairs_by_index, read_triples_by_index, Held, UniqueIndex,
 };
 use crate::pg::spi::exec_internal;
 use crate::state::marks::as_token;
@@ -108,9 +111,10 @@ pub fn available() -> bool {
 }
 
 /// Write `keys` (texts of keys identified by text) as one run of `protection` with mark `token`,
-/// then merge runs where 8 of one size exist (`compact`). False (nothing written) where the
+/// then merge runs where 8 of one size exist (`compact`; the keys at or below `floor`, the
+/// protection's tombstone floor, left out). False (nothing written) where the
 /// schema has no run tables: the caller writes rows.
-pub fn store(protection: i64, token: Token, keys: &[&str]) -> bool {
+pub fn store(protection: i64, token: Token, keys: &[&str], floor: Option<Token>) -> bool {
     if keys.is_empty() || token <= 0 || !available() {
         return false;
     }
@@ -122,7 +126,7 @@ pub fn store(protection: i64, token: Token, keys: &[&str]) -> bool {
     if !write_run(protection, &entries, true) {
         return false;
     }
-    compact(protection);
+    compact(protection, floor.unwrap_or(0));
     true
 }
 
@@ -240,7 +244,7 @@ fn size_class(keys: i64) -> u32 {
 /// these runs); the runs it reads are committed or its own (the latest snapshot), and nothing
 /// else changes them while its writes hold the table (pruning, a protection replaced or reset
 /// and a dropped table all lock the table against writers).
-fn compact(protection: i64) {
+fn compact(protection: i64, floor: Token) {
     let locked = exec_internal(
         "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885824626, ($1 OPERATOR(pg_catalog.%) 2147483647)::pg_catalog.int4) \
          THEN 1 ELSE 0 END::pg_catalog.int8",
@@ -270,7 +274,7 @@ fn compact(protection: i64) {
             return;
         };
         pgrx::check_for_interrupts!();
-        if !merge_runs(protection, &merge) {
+        if !merge_runs(protection, &merge, floor) {
             return;
         }
     }
@@ -278,7 +282,7 @@ fn compact(protection: i64) {
 
 /// Replace `runs` of `protection` by one run of their keys (each with its highest mark; the
 /// keys at or below the tombstone floor left out). False if nothing could be read.
-fn merge_runs(protection: i64, runs: &[i64]) -> bool {
+fn merge_runs(protection: i64, runs: &[i64], floor: Token) -> bool {
     let Some(run_ids) = runs.to_vec().into_datum() else {
         return false;
     };
@@ -318,7 +322,6 @@ fn merge_runs(protection: i64, runs: &[i64]) -> bool {
             "tombstone runs with arrays of different lengths".to_string(),
         ));
     }
-    let floor = crate::state::tombstones::tombstone_floor(protection).unwrap_or(0);
     let mut entries: Vec<(i64, &str, Token)> = hashes
         .iter()
         .zip(texts.iter())
@@ -336,6 +339,99 @@ fn merge_runs(protection: i64, runs: &[i64]) -> bool {
     sort_by_bucket(&mut entries);
     let uniform = entries.windows(2).all(|w| w[0].2 == w[1].2);
     write_run(protection, &entries, uniform)
+}
+
+/// Bits of a run's Bloom filter per key, and its hash functions (about 1 % false positives).
+const BLOOM_BITS_PER_KEY: usize = 10;
+const BLOOM_HASHES: u64 = 5;
+/// At most this many bytes of Bloom filters per backend; runs beyond it are read chunk by chunk.
+const BLOOM_BUDGET: usize = 16 << 20;
+
+/// A Bloom filter of a run's key hashes.
+struct Bloom {
+    bits: Vec<u64>,
+}
+
+impl Bloom {
+    fn positions(&self, hash: i64) -> impl Iterator<Item = usize> + '_ {
+        // splitmix64's finalizer, then double hashing (Kirsch and Mitzenmacher).
+        let mut z = (hash as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let (h1, h2) = (z & 0xffff_ffff, (z >> 32) | 1);
+        let n = (self.bits.len() * 64) as u64;
+        (0..BLOOM_HASHES).map(move |i| (h1.wrapping_add(i.wrapping_mul(h2)) % n) as usize)
+    }
+
+    fn new(hashes: &[i64]) -> Bloom {
+        let words = (hashes.len() * BLOOM_BITS_PER_KEY).div_ceil(64).max(1);
+        let mut b = Bloom {
+            bits: vec![0; words],
+        };
+        for h in hashes {
+            let pos: Vec<usize> = b.positions(*h).collect();
+            for p in pos {
+                b.bits[p / 64] |= 1 << (p % 64);
+            }
+        }
+        b
+    }
+
+    fn may_hold(&self, hash: i64) -> bool {
+        self.positions(hash)
+            .all(|p| self.bits[p / 64] & (1 << (p % 64)) != 0)
+    }
+}
+
+thread_local! {
+    /// Bloom filters of runs by (protection, run), and their bytes; dropped on any relcache
+    /// invalidation (a re-created extension numbers its runs again).
+    static BLOOMS: std::cell::RefCell<rustc_hash::FxHashMap<(i64, i64), std::rc::Rc<Bloom>>> =
+        std::cell::RefCell::new(rustc_hash::FxHashMap::default());
+    static BLOOM_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Per-backend state's life (`backend.rs`).
+pub fn on_event(ev: crate::backend_event::BackendEvent) {
+    if let crate::backend_event::BackendEvent::Relcache(_) = ev {
+        BLOOMS.with(|b| b.borrow_mut().clear());
+        BLOOM_BYTES.with(|b| b.set(0));
+    }
+}
+
+/// The Bloom filter of run `run` of `protection` (`keys` keys), read with the snapshot of the
+/// lookup (the run's chunks are all there if its row is); `None` beyond the budget.
+fn bloom_of(protection: i64, run: i64, keys: i64) -> Option<std::rc::Rc<Bloom>> {
+    if let Some(b) = BLOOMS.with(|b| b.borrow().get(&(protection, run)).cloned()) {
+        return Some(b);
+    }
+    let bytes = (keys.max(0) as usize * BLOOM_BITS_PER_KEY).div_ceil(8);
+    if BLOOM_BYTES.with(|b| b.get()) + bytes > BLOOM_BUDGET {
+        return None;
+    }
+    let hashes: Vec<i64> = crate::pg::spi::exec_internal_row(
+        "SELECT pg_catalog.array_agg(h.h) FROM _pg_fencing.tombstone_chunk c, pg_catalog.unnest(c.key_hashes) AS h(h) \
+         WHERE c.protection_id OPERATOR(pg_catalog.=) $1 AND c.run OPERATOR(pg_catalog.=) $2",
+        true,
+        &[pg_sys::INT8OID, pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection), pg_sys::Datum::from(run)],
+        true,
+        |row| {
+            // SAFETY: the statement's one column is a bigint[] (or NULL: no chunk), copied
+            // before SPI frees it.
+            row.first()
+                .copied()
+                .flatten()
+                .and_then(|d| unsafe { Vec::<i64>::from_datum(d, false) })
+        },
+    )
+    .flatten()
+    .unwrap_or_default();
+    let bloom = std::rc::Rc::new(Bloom::new(&hashes));
+    BLOOM_BYTES.with(|b| b.set(b.get() + bloom.bits.len() * 8));
+    BLOOMS.with(|b| b.borrow_mut().insert((protection, run), bloom.clone()));
+    Some(bloom)
 }
 
 /// The highest mark of the runs of `protection` that hold the key printed as `text` (`None`:
@@ -358,36 +454,43 @@ pub fn mark_of(protection: i64, text: &str) -> Option<Token> {
     // the runs whose mark is not above it need no look.
     runs.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
     let hash = key_hash(text);
-    let mut best: Option<Token> = None;
-    for (run, keys, mark) in runs {
-        if best.is_some_and(|b| b >= mark) {
-            break;
-        }
-        pgrx::check_for_interrupts!();
-        let held = first_row_holds(
-            &CHUNK_INDEX,
-            &[
+    // Only the runs whose Bloom filter may hold the key (or that have none) are read.
+    runs.retain(|(run, keys, _)| {
+        bloom_of(protection, *run, *keys).is_none_or(|b| b.may_hold(hash))
+    });
+    if runs.is_empty() {
+        return None;
+    }
+    let probes: Vec<Vec<(i16, u32, pg_sys::Datum)>> = runs
+        .iter()
+        .map(|(run, keys, _)| {
+            vec![
                 (1, pg_sys::F_INT8EQ, p),
-                (2, pg_sys::F_INT8EQ, pg_sys::Datum::from(run)),
+                (2, pg_sys::F_INT8EQ, pg_sys::Datum::from(*run)),
                 (
                     3,
                     pg_sys::F_INT8EQ,
-                    pg_sys::Datum::from(bucket_of(hash, bucket_bits(keys))),
+                    pg_sys::Datum::from(bucket_of(hash, bucket_bits(*keys))),
                 ),
-            ],
-            None,
-            c"key_hashes",
-            c"keys",
-            c"marks",
-            hash,
-            text,
-        );
-        if let Some(Held::Yes(own)) = held {
-            let m = own.unwrap_or(mark);
-            best = best.max(Some(m));
-        }
-    }
-    best
+            ]
+        })
+        .collect();
+    let held = first_rows_hold(
+        &CHUNK_INDEX,
+        &probes,
+        c"key_hashes",
+        c"keys",
+        c"marks",
+        hash,
+        text,
+    )?;
+    runs.iter()
+        .zip(held)
+        .filter_map(|((_, _, mark), h)| match h {
+            Held::Yes(own) => Some(own.unwrap_or(*mark)),
+            Held::No => None,
+        })
+        .max()
 }
 
 /// An upper bound of the marks of `protection`'s runs, read from the index alone (as
@@ -434,10 +537,9 @@ pub fn prune(protection: i64, floor: Token, max: i64) -> i64 {
 
 /// `_pg_fencing.expand_tombstone_runs(protection)`: the runs of `protection` turned into
 /// `row_tombstone` rows (the highest mark per key), for the paths that work on tombstones one
-/// by one; returns how many keys they held. This transaction's pending tombstones are written
-/// first (`state::tombstones::flush_tombstones`), so that none becomes a run after this.
+/// by one; returns how many keys they held. The caller writes this transaction's pending
+/// tombstones first (`state::tombstones::expand_runs`), so that none becomes a run after this.
 pub fn expand(protection: i64) -> i64 {
-    crate::state::tombstones::flush_tombstones();
     if !available() {
         return 0;
     }

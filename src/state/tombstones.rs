@@ -393,8 +393,12 @@ pub struct TombKey<'a> {
 /// key printed otherwise.
 pub fn read_tombstone(protection: i64, key: &TombKey) -> Option<Token> {
     flush_tombstones();
-    // Runs before rows (`state/tombstone_runs.rs`: a run turned into rows meanwhile is seen in
-    // one or the other).
+    // One snapshot for the runs and the rows (`state/tombstone_runs.rs`): a transaction that
+    // merged runs or turned a run into rows meanwhile is seen wholly or not at all.
+    crate::pg::process::with_one_snapshot(|| read_tombstone_now(protection, key))
+}
+
+fn read_tombstone_now(protection: i64, key: &TombKey) -> Option<Token> {
     let in_runs = tombstone_runs::mark_of(protection, key.text);
     let k = text_datum(key.text);
     let p = pg_sys::Datum::from(protection);
@@ -654,6 +658,13 @@ pub fn flush_tombstones() {
     }
 }
 
+/// `_pg_fencing.expand_tombstone_runs(protection)`: this transaction's pending tombstones
+/// written, then the protection's runs turned into rows (`tombstone_runs::expand`).
+pub fn expand_runs(protection: i64) -> i64 {
+    flush_tombstones();
+    tombstone_runs::expand(protection)
+}
+
 /// Write the rows of each (protection, token) with at least `RUN_MIN_KEYS` keys identified by
 /// text as a run; returns the rows left to write one by one.
 fn store_runs(rows: Vec<(i64, &str, Token, Option<i64>)>) -> Vec<(i64, &str, Token, Option<i64>)> {
@@ -666,7 +677,7 @@ fn store_runs(rows: Vec<(i64, &str, Token, Option<i64>)>) -> Vec<(i64, &str, Tok
     let stored: rustc_hash::FxHashSet<(i64, Token)> = groups
         .into_iter()
         .filter(|(_, keys)| keys.len() >= tombstone_runs::RUN_MIN_KEYS)
-        .filter(|((p, t), keys)| tombstone_runs::store(*p, *t, keys))
+        .filter(|((p, t), keys)| tombstone_runs::store(*p, *t, keys, tombstone_floor(*p)))
         .map(|(g, _)| g)
         .collect();
     if stored.is_empty() {

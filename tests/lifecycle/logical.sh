@@ -87,15 +87,31 @@ echo "== 1. publication FOR ALL TABLES"
 # PUBLICATION puts it in the feed, and the initial copy brings it.
 expect "publisher insert and delete of key 4 with 16, before any publication" ok \
     "$(write "$PUB" postgres 16 "INSERT INTO items VALUES (4, 15); DELETE FROM items WHERE id = 4")"
+# ... and a bulk delete's, one tombstone run (src/state/tombstone_runs.rs) until the feed,
+# which carries tombstones key by key, is filled.
+expect "publisher bulk delete of keys 1000..1099 with 16, before any publication" ok \
+    "$(write "$PUB" postgres 16 "INSERT INTO items SELECT g, 16 FROM generate_series(1000, 1099) g; DELETE FROM items WHERE id >= 1000")"
+expect "the bulk delete left a run" "1/100" "$(pub -Atc "SELECT count(*) || '/' || sum(key_count) FROM _pg_fencing.tombstone_run")"
 expect "the unpublished feed holds nothing" 0 "$(pub -Atc "SELECT count(*) FROM _pg_fencing.tombstone_feed")"
 pub -c "CREATE PUBLICATION everything FOR ALL TABLES"
 expect "CREATE PUBLICATION filled the feed" "public.items (4) 16" \
-    "$(pub -Atc "SELECT string_agg(relation || ' ' || key || ' ' || high_water, ',') FROM _pg_fencing.tombstone_feed")"
+    "$(pub -Atc "SELECT string_agg(relation || ' ' || key || ' ' || high_water, ',') FROM _pg_fencing.tombstone_feed WHERE key = '(4)'")"
+expect "... with the run's keys (the run became rows)" "101/0" \
+    "$(pub -Atc "SELECT (SELECT count(*) FROM _pg_fencing.tombstone_feed) || '/' || (SELECT count(*) FROM _pg_fencing.tombstone_run)")"
 sub -c "CREATE SUBSCRIPTION everything CONNECTION 'host=127.0.0.1 port=$PUB dbname=postgres user=postgres' PUBLICATION everything"
 wait_for "initial sync done" 0 "$SUB" postgres "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'"
 wait_for "the tombstone of key 4 from before the subscription" 16 "$SUB" postgres \
     "SELECT t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND t.key = '(4)'"
 expect "subscriber re-insert of key 4 with 15" FT001 "$(write "$SUB" postgres 15 "INSERT INTO items VALUES (4, 15)")"
+expect "subscriber re-insert of bulk-deleted key 1050 with 15" FT001 "$(write "$SUB" postgres 15 "INSERT INTO items VALUES (1050, 15)")"
+echo "-- per-row mode: a bulk delete while the feed is published (rows, key by key, as the feed needs)"
+expect "publisher bulk delete of keys 2000..2099 with 30" ok \
+    "$(write "$PUB" postgres 30 "INSERT INTO items SELECT g, 30 FROM generate_series(2000, 2099) g; DELETE FROM items WHERE id >= 2000")"
+expect "no run on the publisher" 0 "$(pub -Atc "SELECT count(*) FROM _pg_fencing.tombstone_run")"
+wait_for "the bulk delete's tombstones on the subscriber" 100 "$SUB" postgres \
+    "SELECT count(*) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND t.high_water = 30"
+expect "subscriber re-insert of bulk-deleted key 2050 with 29" FT001 "$(write "$SUB" postgres 29 "INSERT INTO items VALUES (2050, 29)")"
+expect "publisher re-insert of bulk-deleted key 2050 with 29" FT001 "$(write "$PUB" postgres 29 "INSERT INTO items VALUES (2050, 29)")"
 
 echo "-- resource mode: a replicated write raises the subscriber's mark"
 expect "publisher write with 12" ok "$(write "$PUB" postgres 12 "INSERT INTO jobs VALUES (1, 12)")"

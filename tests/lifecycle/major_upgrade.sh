@@ -77,6 +77,8 @@ SELECT fencing_protect('accounts');
 BEGIN; SET LOCAL pg_fencing.token = '20'; INSERT INTO accounts VALUES (1, 0), (2, 0), (3, 0); COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '40'; UPDATE accounts SET balance = 40 WHERE id = 1; COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '25'; DELETE FROM accounts WHERE id = 3; COMMIT;
+-- a bulk delete: one tombstone run of 200 keys (src/state/tombstone_runs.rs)
+BEGIN; SET LOCAL pg_fencing.token = '45'; INSERT INTO accounts SELECT g, 0 FROM generate_series(100, 299) g; DELETE FROM accounts WHERE id >= 100; COMMIT;
 CREATE TABLE jobs_n (id numeric PRIMARY KEY, v bigint);
 SELECT fencing_protect('jobs_n');
 BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO jobs_n VALUES (1.0, 10); COMMIT;
@@ -181,6 +183,9 @@ expect "upgraded: row 1 (mark 40) with 39" FT001 "$(write 39 "UPDATE accounts SE
 expect "upgraded: row 1 with 41" ok "$(write 41 "UPDATE accounts SET balance = 41 WHERE id = 1")"
 expect "upgraded: key 3 (deleted with 25) re-inserted with 24" FT001 "$(write 24 "INSERT INTO accounts VALUES (3, 24)")"
 expect "upgraded: key 3 re-inserted with 26" ok "$(write 26 "INSERT INTO accounts VALUES (3, 26)")"
+expect "upgraded: the bulk delete's run" "1/200" "$("${PSQL[@]}" -Atc "SELECT count(*) || '/' || sum(key_count) FROM _pg_fencing.tombstone_run")"
+expect "upgraded: key 150 (bulk-deleted with 45) re-inserted with 44" FT001 "$(write 44 "INSERT INTO accounts VALUES (150, 44)")"
+expect "upgraded: key 150 re-inserted with 45" ok "$(write 45 "INSERT INTO accounts VALUES (150, 45)")"
 expect "upgraded: key 1.00 (1.0 deleted with 20) re-inserted with 15" FT001 "$(write 15 "INSERT INTO jobs_n VALUES (1.00, 15)")"
 expect "upgraded: key 1.00 re-inserted with 21" ok "$(write 21 "INSERT INTO jobs_n VALUES (1.00, 21)")"
 expect "upgraded: the equal-key tombstone still has its key hash" 1 \

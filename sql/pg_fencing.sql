@@ -85,7 +85,9 @@ CREATE INDEX row_tombstone_high_water ON _pg_fencing.row_tombstone (protection_i
 -- every key in it) and its keys in tombstone_chunk by a 64-bit hash of the key's text (FNV-1a,
 -- the same on every platform): a chunk holds the run's keys whose hashes have the same leading
 -- bits (its bucket; as many bits as give the run's size 32 to 64 keys a chunk), sorted by hash,
--- and a key is looked up in one chunk per run. Runs of about the same size are merged into one when there are 8 of them (the
+-- and a key is looked up in one chunk per run. bloom: a Bloom filter of the run's key hashes
+-- (10 bits a key, 5 hash functions; 64-bit words, least significant byte first), which a backend
+-- keeps and reads before a chunk (NULL: none, every chunk is read). Runs of about the same size are merged into one when there are 8 of them (the
 -- merged run keeps each key's own mark in marks; NULL: every key has the run's mark), so that a
 -- protection has a few runs per power of 8 of its tombstones and a lookup reads a few chunks. Only keys identified by their text (src/pg/key_identity.rs) go into runs; a
 -- key's mark is the highest of its row_tombstone row and every run that holds its text. Paths
@@ -98,8 +100,11 @@ CREATE TABLE _pg_fencing.tombstone_run (
     run            bigint NOT NULL DEFAULT pg_catalog.nextval('_pg_fencing.tombstone_run_seq'),
     high_water     bigint NOT NULL CHECK (high_water > 0),
     key_count      bigint NOT NULL CHECK (key_count > 0),
+    bloom          bytea,
     PRIMARY KEY (protection_id, run)
 );
+-- (random bits: stored out of line uncompressed)
+ALTER TABLE _pg_fencing.tombstone_run ALTER COLUMN bloom SET STORAGE EXTERNAL;
 -- The highest run of a protection (as row_tombstone_high_water: src/state/tombstones.rs,
 -- `new_key_threshold`).
 CREATE INDEX tombstone_run_high_water ON _pg_fencing.tombstone_run (protection_id, high_water);

@@ -69,8 +69,8 @@ const CHUNK_INDEX: UniqueIndex = UniqueIndex {
 };
 
 const SQL_NEW_RUN: &str =
-    "INSERT INTO _pg_fencing.tombstone_run (protection_id, high_water, key_count) \
-     VALUES ($1, $2, $3) RETURNING run";
+    "INSERT INTO _pg_fencing.tombstone_run (protection_id, high_water, key_count, bloom) \
+     VALUES ($1, $2, $3, $4) RETURNING run";
 const SQL_NEW_CHUNK: &str = "INSERT INTO _pg_fencing.tombstone_chunk (protection_id, run, bucket, key_hashes, keys, marks) \
      VALUES ($1, $2, $3, $4, $5, $6)";
 
@@ -148,14 +148,24 @@ fn write_run(protection: i64, entries: &[(i64, &str, Token)], uniform: bool) -> 
         return true;
     };
     let p = pg_sys::Datum::from(protection);
+    let hashes: Vec<i64> = entries.iter().map(|e| e.0).collect();
+    let Some(bloom) = Bloom::new(&hashes).to_bytes().as_slice().into_datum() else {
+        return false;
+    };
     let Some(run) = exec_internal(
         SQL_NEW_RUN,
         true,
-        &[pg_sys::INT8OID, pg_sys::INT8OID, pg_sys::INT8OID],
+        &[
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::INT8OID,
+            pg_sys::BYTEAOID,
+        ],
         &mut [
             p,
             pg_sys::Datum::from(high),
             pg_sys::Datum::from(entries.len() as i64),
+            bloom,
         ],
         false,
         as_token,
@@ -378,6 +388,23 @@ impl Bloom {
         b
     }
 
+    /// Stored form: the words, least significant byte first.
+    fn to_bytes(&self) -> Vec<u8> {
+        self.bits.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// `None` for a length that is no whole number of words (or none).
+    fn from_bytes(bytes: &[u8]) -> Option<Bloom> {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(8) {
+            return None;
+        }
+        let bits = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0xff; 8])))
+            .collect();
+        Some(Bloom { bits })
+    }
+
     fn may_hold(&self, hash: i64) -> bool {
         self.positions(hash)
             .all(|p| self.bits[p / 64] & (1 << (p % 64)) != 0)
@@ -400,8 +427,8 @@ pub fn on_event(ev: crate::backend_event::BackendEvent) {
     }
 }
 
-/// The Bloom filter of run `run` of `protection` (`keys` keys), read with the snapshot of the
-/// lookup (the run's chunks are all there if its row is); `None` beyond the budget.
+/// The Bloom filter of run `run` of `protection` (`keys` keys), as the run stored it, read with
+/// the snapshot of the lookup; `None`: none stored, or beyond the budget (the chunk is read).
 fn bloom_of(protection: i64, run: i64, keys: i64) -> Option<std::rc::Rc<Bloom>> {
     if let Some(b) = BLOOMS.with(|b| b.borrow().get(&(protection, run)).cloned()) {
         return Some(b);
@@ -410,25 +437,24 @@ fn bloom_of(protection: i64, run: i64, keys: i64) -> Option<std::rc::Rc<Bloom>> 
     if BLOOM_BYTES.with(|b| b.get()) + bytes > BLOOM_BUDGET {
         return None;
     }
-    let hashes: Vec<i64> = crate::pg::spi::exec_internal_row(
-        "SELECT pg_catalog.array_agg(h.h) FROM _pg_fencing.tombstone_chunk c, pg_catalog.unnest(c.key_hashes) AS h(h) \
-         WHERE c.protection_id OPERATOR(pg_catalog.=) $1 AND c.run OPERATOR(pg_catalog.=) $2",
+    let stored: Option<Vec<u8>> = crate::pg::spi::exec_internal_row(
+        "SELECT r.bloom FROM _pg_fencing.tombstone_run r \
+         WHERE r.protection_id OPERATOR(pg_catalog.=) $1 AND r.run OPERATOR(pg_catalog.=) $2",
         true,
         &[pg_sys::INT8OID, pg_sys::INT8OID],
         &mut [pg_sys::Datum::from(protection), pg_sys::Datum::from(run)],
         true,
         |row| {
-            // SAFETY: the statement's one column is a bigint[] (or NULL: no chunk), copied
-            // before SPI frees it.
+            // SAFETY: the statement's one column is a bytea (or NULL), copied before SPI frees
+            // it.
             row.first()
                 .copied()
                 .flatten()
-                .and_then(|d| unsafe { Vec::<i64>::from_datum(d, false) })
+                .and_then(|d| unsafe { Vec::<u8>::from_datum(d, false) })
         },
     )
-    .flatten()
-    .unwrap_or_default();
-    let bloom = std::rc::Rc::new(Bloom::new(&hashes));
+    .flatten();
+    let bloom = std::rc::Rc::new(Bloom::from_bytes(&stored?)?);
     BLOOM_BYTES.with(|b| b.set(b.get() + bloom.bits.len() * 8));
     BLOOMS.with(|b| b.borrow_mut().insert((protection, run), bloom.clone()));
     Some(bloom)

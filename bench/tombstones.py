@@ -2,8 +2,9 @@
 
 A per-row protected queue table gets BENCH_TOMBSTONES keys (default 1,000,000) inserted and
 deleted in batches of 10,000, batch b with token b (a queue whose lock holders take turns):
-once without pruning, once pruned every 10 batches at floor b - 10 (followed by VACUUM, as
-autovacuum would). Printed: the size of _pg_fencing.row_tombstone (heap and index) at the end of
+once without pruning (VACUUM every 10 batches, as autovacuum would), once pruned every 10 batches
+at floor b - 10 (followed by VACUUM). Printed: the size of the tombstone tables (row_tombstone, tombstone_run and
+tombstone_chunk: heaps, indexes and TOAST) at the end of
 each. With etcd and the worker (bench/run.sh starts them), a third run takes each batch's token
 with fencing_acquire, inserts, updates and deletes the batch's keys, and leaves pruning to the
 pruner worker (fencing_tombstone_retention of RETENTION_S seconds, pruner every second). A stale
@@ -27,10 +28,19 @@ def psql(sql, check=True):
     return r
 
 
+# Tombstones live in row_tombstone (one row per key) and in tombstone runs (a bulk delete's keys,
+# src/state/tombstone_runs.rs): their heaps, indexes and TOAST together.
+TOMB_TABLES = ("_pg_fencing.row_tombstone", "_pg_fencing.tombstone_run", "_pg_fencing.tombstone_chunk")
+TOMB_SIZE = "SELECT " + " + ".join(f"pg_total_relation_size('{t}')" for t in TOMB_TABLES)
+VACUUM = "VACUUM " + ", ".join(TOMB_TABLES) + ";"
+VACUUM_FULL = "VACUUM FULL " + ", ".join(TOMB_TABLES) + ";"
+
+
 def size(step, keys):
-    psql("VACUUM _pg_fencing.row_tombstone;")
-    out = psql("SELECT count(*), pg_total_relation_size('_pg_fencing.row_tombstone') "
-               "FROM _pg_fencing.row_tombstone;").stdout.strip()
+    psql(VACUUM)
+    out = psql("SELECT (SELECT count(*) FROM _pg_fencing.row_tombstone) "
+               "+ (SELECT coalesce(sum(key_count), 0) FROM _pg_fencing.tombstone_run), "
+               f"({TOMB_SIZE});").stdout.strip()
     count, total = (int(x) for x in out.split("|"))
     return step, keys, count, total
 
@@ -47,9 +57,12 @@ def queue(table, batches, prune_every, keep):
         psql(f"BEGIN; SET LOCAL pg_fencing.token = '{b}';"
              f"INSERT INTO {table} SELECT g, 'job' FROM generate_series({lo}, {hi}) g;"
              f"DELETE FROM {table} WHERE id BETWEEN {lo} AND {hi}; COMMIT;")
+        if not prune_every and b % 10 == 0:
+            # VACUUM as autovacuum would (merged tombstone runs leave dead rows behind).
+            psql(VACUUM)
         if prune_every and b % prune_every == 0 and b > keep:
-            psql(f"SELECT fencing_prune_tombstones('{table}', {b - keep}); VACUUM _pg_fencing.row_tombstone;")
-            largest = max(largest, int(psql("SELECT pg_total_relation_size('_pg_fencing.row_tombstone')").stdout))
+            psql(f"SELECT fencing_prune_tombstones('{table}', {b - keep}); {VACUUM}")
+            largest = max(largest, int(psql(TOMB_SIZE).stdout))
     return largest
 
 
@@ -76,12 +89,12 @@ def policy_queue(batches, retention_s):
              "SELECT fencing_release('tomb-policy-queue');")
         if b % 10 == 0:
             # VACUUM as autovacuum would, then the size.
-            psql("VACUUM _pg_fencing.row_tombstone;")
-            largest = max(largest, int(psql("SELECT pg_total_relation_size('_pg_fencing.row_tombstone')").stdout))
+            psql(VACUUM)
+            largest = max(largest, int(psql(TOMB_SIZE).stdout))
     seconds = time.time() - t0
     # Let the retention pass the last batch, then one more round.
     time.sleep(retention_s + 3)
-    largest = max(largest, int(psql("SELECT pg_total_relation_size('_pg_fencing.row_tombstone')").stdout))
+    largest = max(largest, int(psql(TOMB_SIZE).stdout))
     POLICY_STALE = (f"BEGIN; SET LOCAL pg_fencing.token = '{first}'; "
                     "INSERT INTO tomb_policy VALUES (1, 'zombie'); COMMIT;")
     return largest, seconds, first
@@ -95,7 +108,7 @@ def main():
     # 1. No pruning: every deleted key keeps its tombstone.
     queue("tomb_bench", batches, 0, 0)
     rows.append(size("no pruning", keys))
-    psql("DROP TABLE tomb_bench; VACUUM FULL _pg_fencing.row_tombstone;")
+    psql("DROP TABLE tomb_bench; " + VACUUM_FULL)
     # 2. The same queue, pruned every 10 batches below the last 10 batches' tokens (a retention
     #    of about 100,000 keys): storage stays bounded by the retained tombstones.
     keep = min(10, batches)
@@ -107,7 +120,7 @@ def main():
                  check=False)
     if stale.returncode == 0 or "stale fencing token" not in stale.stderr:
         raise SystemExit(f"tombstones: the stale re-insert of a pruned key was not refused:\n{stale.stderr}")
-    psql("DROP TABLE tomb_bench; VACUUM FULL _pg_fencing.row_tombstone;")
+    psql("DROP TABLE tomb_bench; " + VACUUM_FULL)
     # 3. The queue with the retention policy: each batch's holder takes an etcd lock
     #    (fencing_acquire; its token is an etcd revision), inserts, updates and deletes its keys,
     #    releases; the pruner worker prunes what is older than the retention.
@@ -119,7 +132,7 @@ def main():
         if psql(POLICY_STALE, check=False).returncode == 0:
             raise SystemExit("tombstones: the stale re-insert of a key pruned by the policy was not refused")
         psql("DROP TABLE tomb_policy;")
-    print(f"Tombstone storage (`_pg_fencing.row_tombstone`, heap and index, after VACUUM): a per-row "
+    print(f"Tombstone storage (`_pg_fencing.row_tombstone`, `tombstone_run` and `tombstone_chunk`: heaps, indexes and TOAST, after VACUUM): a per-row "
           f"queue table, {keys:,} keys inserted and deleted in {batches} batches of {BATCH:,}, "
           f"batch b with token b:")
     print()

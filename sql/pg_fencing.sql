@@ -81,18 +81,18 @@ CREATE INDEX row_tombstone_high_water ON _pg_fencing.row_tombstone (protection_i
 
 -- Tombstone runs (per-row mode): the tombstones of a transaction that deleted many keys of one
 -- table with one token, written as one run instead of one row per key (src/state/tombstone_runs.rs;
--- docs/design.md, "Tombstone runs"). A run is one row of tombstone_run (its token: the mark of
--- every key in it) and its keys in tombstone_chunk by a 64-bit hash of the key's text (FNV-1a,
--- the same on every platform): a chunk holds the run's keys whose hashes have the same leading
--- bits (its bucket; as many bits as give the run's size 32 to 64 keys a chunk), sorted by hash,
--- and a key is looked up in one chunk per run. bloom: a Bloom filter of the run's key hashes
--- (10 bits a key, 5 hash functions; 64-bit words, least significant byte first), which a backend
--- keeps and reads before a chunk (NULL: none, every chunk is read). Runs of about the same size are merged into one when there are 8 of them (the
--- merged run keeps each key's own mark in marks; NULL: every key has the run's mark), so that a
--- protection has a few runs per power of 8 of its tombstones and a lookup reads a few chunks. Only keys identified by their text (src/pg/key_identity.rs) go into runs; a
--- key's mark is the highest of its row_tombstone row and every run that holds its text. Paths
--- that work on tombstones one by one (fencing_protect carrying a partition's, a key form
--- changed, the tombstone feed filled) first turn a protection's runs into row_tombstone rows
+-- docs/design.md, "Tombstone runs"). Only keys identified by their text (src/pg/key_identity.rs)
+-- go into runs; a key's mark is the highest of its row_tombstone row and of every run that holds
+-- its text. A run is one row of tombstone_run (high_water: the highest mark in it) and its keys
+-- in tombstone_chunk by a 64-bit hash of the key's text (FNV-1a, the same on every platform): a
+-- chunk holds the run's keys whose hashes have the same leading bits (its bucket; as many bits as
+-- give the run 32 to 64 keys a chunk), sorted by hash. bloom: a Bloom filter of the run's key
+-- hashes (10 bits a key, 5 hash functions; 64-bit words, least significant byte first), which a
+-- backend keeps and reads before the one chunk a lookup reads per run (NULL: none, the chunk is
+-- read). 8 runs of about the same size below 32,768 keys are merged into one (marks: each key's
+-- own mark; NULL: every key has the run's). Paths that work on tombstones one by one
+-- (fencing_protect carrying a partition's, a key form changed, the tombstone feed filled,
+-- fencing_reset_rows) first turn a protection's runs into row_tombstone rows
 -- (_pg_fencing.expand_tombstone_runs).
 CREATE SEQUENCE _pg_fencing.tombstone_run_seq AS bigint MINVALUE 1 NO CYCLE;
 CREATE TABLE _pg_fencing.tombstone_run (

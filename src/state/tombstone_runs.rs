@@ -7,10 +7,10 @@
 //!   a mark: the run's `high_water`, or in a merged run its own (`marks`, the run's mark being
 //!   their highest). A key's mark is the highest of its `row_tombstone` row and of every run that
 //!   holds its text (`state::tombstones`).
-//! * A protection has few runs: when 8 runs of about the same size (the same power of 8 of
-//!   64-key chunks) exist, they are merged into one (`compact`, right after a run is written, by
-//!   the transaction that wrote it; one merger per protection at a time), dropping the keys
-//!   whose mark is at most the tombstone floor (the floor fences them).
+//! * A protection has few small runs: when 8 runs of about the same size (the same power of 8
+//!   of 64-key chunks, below 32,768 keys) exist, they are merged into one (`compact`, right after
+//!   a run is written, by the transaction that wrote it; one merger per protection at a time),
+//!   dropping the keys whose mark is at most the tombstone floor (the floor fences them).
 //! * A run's row and its chunks are written in one transaction and removed in one (prune, a key
 //!   form changed, a protection replaced, the table dropped), never updated but for the run's
 //!   mark (`fencing_reset_rows` turns runs into rows first).
@@ -55,6 +55,10 @@ const RUN_SIZE_INDEX: UniqueIndex = UniqueIndex {
 
 /// This many runs of one size class are merged into one.
 const MERGE_FANOUT: usize = 8;
+/// Runs of this size class and above (64 × 8³ = 32,768 keys or more) are not merged: a lookup
+/// passes them by their Bloom filters, and a merge's rewrite (and the space it leaves for
+/// VACUUM) stays below that many keys.
+const MAX_MERGE_CLASS: u32 = 3;
 
 const RUN_HIGH_INDEX: UniqueIndex = UniqueIndex {
     table: c"tombstone_run",
@@ -279,7 +283,7 @@ fn compact(protection: i64, floor: Token) {
         }
         let Some((_, merge)) = classes
             .into_iter()
-            .find(|(_, runs)| runs.len() >= MERGE_FANOUT)
+            .find(|(class, runs)| *class < MAX_MERGE_CLASS && runs.len() >= MERGE_FANOUT)
         else {
             return;
         };

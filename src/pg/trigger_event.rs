@@ -619,8 +619,30 @@ pub fn key_text_of(values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> String {
     }
 }
 
+/// `v` in decimal ('-' before a negative value), as int8out prints it.
+fn push_decimal(out: &mut String, v: i64) {
+    let mut digits = [0u8; 20];
+    let mut n = v.unsigned_abs();
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push('-');
+    }
+    for d in &digits[i..] {
+        out.push(char::from(*d));
+    }
+}
+
 fn key_text_pinned(values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> String {
-    let mut out = String::from("(");
+    let mut out = String::with_capacity(24);
+    out.push('(');
     for (i, (datum, typid)) in values.iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -638,8 +660,7 @@ fn key_text_pinned(values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> String {
             _ => None,
         };
         if let Some(v) = int {
-            use std::fmt::Write;
-            let _ = write!(out, "{v}");
+            push_decimal(&mut out, v);
             continue;
         }
         // SAFETY: main thread inside a transaction. `datum` is a non-NULL value of type

@@ -122,11 +122,8 @@ pub fn store(protection: i64, token: Token, keys: &[&str], floor: Option<Token>)
     if keys.is_empty() || token <= 0 || !available() {
         return false;
     }
-    let mut entries: Vec<(i64, &str, Token)> =
-        keys.iter().map(|k| (key_hash(k), *k, token)).collect();
-    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(b.1)));
-    entries.dedup_by(|a, b| a.1 == b.1);
-    sort_by_bucket(&mut entries);
+    let entries: Vec<(i64, &str, Token)> = keys.iter().map(|k| (key_hash(k), *k, token)).collect();
+    let entries = order_for_run(entries);
     if !write_run(protection, &entries, true) {
         return false;
     }
@@ -134,18 +131,52 @@ pub fn store(protection: i64, token: Token, keys: &[&str], floor: Option<Token>)
     true
 }
 
-/// Order `entries` (sorted by hash, each text once) by their bucket in a run of their number,
-/// then by hash: a bucket's keys sorted as a lookup searches them. With a leading bit or more
-/// the bucket order is the hashes' order as unsigned numbers (the negative ones last).
-fn sort_by_bucket(entries: &mut [(i64, &str, Token)]) {
+/// `entries` ordered as a run stores them: each text once (with its highest mark), by bucket
+/// (`bucket_of` with `bucket_bits` of their number), within a bucket by hash as a lookup
+/// searches it. A counting sort by bucket (a bucket holds 64 keys or fewer on average), then
+/// each bucket sorted; if dropping repeated texts changed the number of bucket bits, everything
+/// is ordered again for the new number.
+fn order_for_run(entries: Vec<(i64, &str, Token)>) -> Vec<(i64, &str, Token)> {
+    let by_key = |a: &(i64, &str, Token), b: &(i64, &str, Token)| {
+        a.0.cmp(&b.0)
+            .then_with(|| a.1.cmp(b.1))
+            .then_with(|| b.2.cmp(&a.2))
+    };
     let bits = bucket_bits(entries.len() as i64);
-    if bits > 0 {
-        let negative = entries.partition_point(|e| e.0 < 0);
-        entries.rotate_left(negative);
+    let mut out = if bits == 0 || entries.is_empty() {
+        let mut e = entries;
+        e.sort_unstable_by(by_key);
+        e
+    } else {
+        let buckets = 1usize << bits;
+        let mut start = vec![0usize; buckets + 1];
+        for e in &entries {
+            start[bucket_of(e.0, bits) as usize + 1] += 1;
+        }
+        for i in 0..buckets {
+            start[i + 1] += start[i];
+        }
+        let mut next = start.clone();
+        let mut out = vec![entries[0]; entries.len()];
+        for e in entries {
+            let b = bucket_of(e.0, bits) as usize;
+            out[next[b]] = e;
+            next[b] += 1;
+        }
+        for b in 0..buckets {
+            out[start[b]..start[b + 1]].sort_unstable_by(by_key);
+        }
+        out
+    };
+    // Equal texts have equal hashes, so they are neighbours now; the first has the highest mark.
+    out.dedup_by(|a, b| a.1 == b.1);
+    if bucket_bits(out.len() as i64) != bits {
+        return order_for_run(out);
     }
+    out
 }
 
-/// Write `entries` (ordered by `sort_by_bucket`; each text once) as one run; `uniform`: every
+/// Write `entries` (ordered by `order_for_run`) as one run; `uniform`: every
 /// entry has the same mark (no `marks` stored).
 fn write_run(protection: i64, entries: &[(i64, &str, Token)], uniform: bool) -> bool {
     let Some(high) = entries.iter().map(|e| e.2).max() else {
@@ -336,21 +367,14 @@ fn merge_runs(protection: i64, runs: &[i64], floor: Token) -> bool {
             "tombstone runs with arrays of different lengths".to_string(),
         ));
     }
-    let mut entries: Vec<(i64, &str, Token)> = hashes
+    let entries: Vec<(i64, &str, Token)> = hashes
         .iter()
         .zip(texts.iter())
         .zip(marks.iter())
         .filter(|(_, m)| **m > floor)
         .map(|((h, k), m)| (*h, k.as_str(), *m))
         .collect();
-    // Highest mark first among equal texts, so that dedup keeps it.
-    entries.sort_unstable_by(|a, b| {
-        a.0.cmp(&b.0)
-            .then_with(|| a.1.cmp(b.1))
-            .then_with(|| b.2.cmp(&a.2))
-    });
-    entries.dedup_by(|a, b| a.1 == b.1);
-    sort_by_bucket(&mut entries);
+    let entries = order_for_run(entries);
     let uniform = entries.windows(2).all(|w| w[0].2 == w[1].2);
     write_run(protection, &entries, uniform)
 }

@@ -605,18 +605,30 @@ pub fn flush_tombstones() {
         return;
     }
     let writer = crate::pg::process::current_subxact();
+    // The deletes were allowed, so their tombstones must be written even if the transaction was
+    // switched to read-only since (SET transaction_read_only = on after the DELETE).
+    let lifted = crate::pg::process::ReadOnlyLifted::new();
+    let published = feed_published();
+    // Many keys identified by text of one protection and one token: one run
+    // (`state/tombstone_runs.rs`), unless the feed is published (it carries rows, key by key).
+    let rest: Vec<&PendingTombstone> =
+        if !published && pending.len() >= tombstone_runs::RUN_MIN_KEYS {
+            store_runs(&pending)
+        } else {
+            pending.iter().collect()
+        };
     // Tombstones of a protection removed since (`fencing_unprotect` earlier in the transaction)
     // are not kept.
-    let mut rows: Vec<(i64, &str, Token, Option<i64>)> = Vec::with_capacity(pending.len());
-    if let [t] = &pending[..] {
+    let mut rows: Vec<(i64, &str, Token, Option<i64>)> = Vec::with_capacity(rest.len());
+    if let [t] = &rest[..] {
         // One deleted row (the usual transaction of a job queue): nothing to merge.
         if protection_exists(t.protection) {
             rows.push((t.protection, t.key.as_str(), t.token, t.hash));
         }
-    } else {
+    } else if !rest.is_empty() {
         let mut highest: FxHashMap<(i64, &str), (Token, Option<i64>)> =
-            FxHashMap::with_capacity_and_hasher(pending.len(), Default::default());
-        for t in &pending {
+            FxHashMap::with_capacity_and_hasher(rest.len(), Default::default());
+        for t in &rest {
             let e = highest
                 .entry((t.protection, t.key.as_str()))
                 .or_insert((t.token, t.hash));
@@ -630,15 +642,6 @@ pub fn flush_tombstones() {
                 rows.push((p, k, t, h));
             }
         }
-    }
-    // The deletes were allowed, so their tombstones must be written even if the transaction was
-    // switched to read-only since (SET transaction_read_only = on after the DELETE).
-    let lifted = crate::pg::process::ReadOnlyLifted::new();
-    let published = !rows.is_empty() && feed_published();
-    // Many keys identified by text of one protection and one token: one run
-    // (`state/tombstone_runs.rs`), unless the feed is published (it carries rows, key by key).
-    if !published && rows.len() >= tombstone_runs::RUN_MIN_KEYS {
-        rows = store_runs(rows);
     }
     match rows[..] {
         [] => {}
@@ -665,26 +668,31 @@ pub fn expand_runs(protection: i64) -> i64 {
     tombstone_runs::expand(protection)
 }
 
-/// Write the rows of each (protection, token) with at least `RUN_MIN_KEYS` keys identified by
-/// text as a run; returns the rows left to write one by one.
-fn store_runs(rows: Vec<(i64, &str, Token, Option<i64>)>) -> Vec<(i64, &str, Token, Option<i64>)> {
+/// Write the pending tombstones of each (protection, token) with at least `RUN_MIN_KEYS` keys
+/// identified by text as a run (a protection removed since keeps none); returns the others, to
+/// be written one by one.
+fn store_runs(pending: &[PendingTombstone]) -> Vec<&PendingTombstone> {
     let mut groups: FxHashMap<(i64, Token), Vec<&str>> = FxHashMap::default();
-    for (p, k, t, h) in &rows {
-        if h.is_none() {
-            groups.entry((*p, *t)).or_default().push(k);
+    for t in pending {
+        if t.hash.is_none() {
+            groups
+                .entry((t.protection, t.token))
+                .or_default()
+                .push(t.key.as_str());
         }
     }
-    let stored: rustc_hash::FxHashSet<(i64, Token)> = groups
-        .into_iter()
-        .filter(|(_, keys)| keys.len() >= tombstone_runs::RUN_MIN_KEYS)
-        .filter(|((p, t), keys)| tombstone_runs::store(*p, *t, keys, tombstone_floor(*p)))
-        .map(|(g, _)| g)
-        .collect();
-    if stored.is_empty() {
-        return rows;
+    let mut stored: rustc_hash::FxHashSet<(i64, Token)> = Default::default();
+    for ((p, t), keys) in groups {
+        if keys.len() < tombstone_runs::RUN_MIN_KEYS {
+            continue;
+        }
+        if !protection_exists(p) || tombstone_runs::store(p, t, &keys, tombstone_floor(p)) {
+            stored.insert((p, t));
+        }
     }
-    rows.into_iter()
-        .filter(|(p, _, t, h)| h.is_some() || !stored.contains(&(*p, *t)))
+    pending
+        .iter()
+        .filter(|t| t.hash.is_some() || !stored.contains(&(t.protection, t.token)))
         .collect()
 }
 

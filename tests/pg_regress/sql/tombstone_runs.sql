@@ -119,6 +119,26 @@ SELECT _pg_fencing.expand_tombstone_runs(id) FROM _pg_fencing.protected_table WH
 SELECT count(*) AS runs FROM q_runs;
 BEGIN; SET LOCAL pg_fencing.token = '9'; INSERT INTO q VALUES (950, 1); ROLLBACK;
 
+-- negative and extreme integer keys print as int8out prints them (the run's text and a row's)
+CREATE TABLE qi (id bigint PRIMARY KEY, v int);
+SELECT fencing_protect('qi');
+BEGIN; SET LOCAL pg_fencing.token = '1';
+INSERT INTO qi SELECT g, 0 FROM generate_series(-40, 40) g;
+INSERT INTO qi VALUES (-9223372036854775808, 0), (9223372036854775807, 0), (-1000, 0);
+COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '5'; DELETE FROM qi WHERE id <> -1000; COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '5'; DELETE FROM qi WHERE id = -1000; COMMIT;
+SELECT t.key FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id
+WHERE p.relid = 'qi'::regclass;
+SELECT k FROM _pg_fencing.tombstone_chunk c JOIN _pg_fencing.protected_table p ON p.id = c.protection_id,
+     unnest(c.keys) AS k WHERE p.relid = 'qi'::regclass AND k IN ('(-9223372036854775808)', '(9223372036854775807)', '(-7)', '(0)')
+ORDER BY 1;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO qi VALUES (-9223372036854775808, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO qi VALUES (9223372036854775807, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO qi VALUES (-7, 1); ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO qi VALUES (-1000, 1); ROLLBACK;
+DROP TABLE qi;
+
 -- keys identified by hash (numeric: 1.0 and 1.00 are one key) stay rows
 CREATE TABLE qn (id numeric PRIMARY KEY, v int);
 SELECT fencing_protect('qn');

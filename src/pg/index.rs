@@ -913,6 +913,79 @@ unsafe fn int8_elements(d: pg_sys::Datum) -> Vec<Option<i64>> {
     }
 }
 
+/// A one-dimensional `text[]` of `texts` (no NULLs), built in one allocation in the current
+/// memory context, as `construct_array` lays it out: the header, one dimension and its lower
+/// bound 1, MAXALIGNed; each element a 4-byte-header varlena at an int-aligned offset.
+pub fn text_array_datum(texts: &[&str]) -> pg_sys::Datum {
+    let header = header_bytes();
+    let mut size = header;
+    for t in texts {
+        size = size.next_multiple_of(4) + 4 + t.len();
+    }
+    // SAFETY: palloc0 returns `size` zeroed bytes (ERROR rather than NULL), enough for the
+    // header and every element at its offset as computed above; each element's varlena header
+    // is set for its own length and its bytes copied after it; the array's varlena header is
+    // set for the whole size. Both lengths fit a varlena (palloc refuses more than 1 GB).
+    unsafe {
+        let base = pg_sys::palloc0(size).cast::<u8>();
+        write_array_header(base, size, texts.len(), pg_sys::TEXTOID);
+        let mut at = header;
+        for t in texts {
+            at = at.next_multiple_of(4);
+            pgrx::varlena::set_varsize_4b(base.add(at).cast(), (4 + t.len()) as i32);
+            std::ptr::copy_nonoverlapping(t.as_ptr(), base.add(at + 4), t.len());
+            at += 4 + t.len();
+        }
+        pg_sys::Datum::from(base)
+    }
+}
+
+/// A one-dimensional `bigint[]` of `values`, laid out as [`text_array_datum`] lays out its
+/// header (the elements follow it, 8 bytes each).
+pub fn int8_array_datum(values: &[i64]) -> pg_sys::Datum {
+    let header = header_bytes();
+    let size = header + 8 * values.len();
+    // SAFETY: as in `text_array_datum`: `size` bytes hold the header and the values after it
+    // (the header's length is a multiple of 8, so each value is aligned).
+    unsafe {
+        let base = pg_sys::palloc0(size).cast::<u8>();
+        write_array_header(base, size, values.len(), pg_sys::INT8OID);
+        std::ptr::copy_nonoverlapping(
+            values.as_ptr().cast::<u8>(),
+            base.add(header),
+            8 * values.len(),
+        );
+        pg_sys::Datum::from(base)
+    }
+}
+
+/// ARR_OVERHEAD_NONULLS(1): the header, one dimension and one lower bound, MAXALIGNed.
+fn header_bytes() -> usize {
+    (std::mem::size_of::<pg_sys::ArrayType>() + 2 * std::mem::size_of::<i32>()).next_multiple_of(8)
+}
+
+/// Write a one-dimensional array's header (no NULL bitmap) of `size` bytes with `n` elements of
+/// type `elemtype` at `base`.
+///
+/// # Safety
+/// `base` must point to at least `header_bytes()` writable, suitably aligned bytes (palloc's).
+unsafe fn write_array_header(base: *mut u8, size: usize, n: usize, elemtype: pg_sys::Oid) {
+    // SAFETY: per the contract; ArrayType is plain C data at the start of the allocation, the
+    // dimension and lower bound the two ints after it.
+    unsafe {
+        pgrx::varlena::set_varsize_4b(base.cast(), size as i32);
+        let arr = base.cast::<pg_sys::ArrayType>();
+        (*arr).ndim = 1;
+        (*arr).dataoffset = 0;
+        (*arr).elemtype = elemtype;
+        let dims = base
+            .add(std::mem::size_of::<pg_sys::ArrayType>())
+            .cast::<i32>();
+        *dims = n as i32;
+        *dims.add(1) = 1;
+    }
+}
+
 /// The elements of array datum `d` (element type `typid` of length `len`, by value or not,
 /// alignment `align`) and their NULL flags.
 ///

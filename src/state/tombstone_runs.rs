@@ -27,7 +27,8 @@
 
 use crate::error::Token;
 use crate::pg::index::{
-    first_rows_hold, read_pairs_by_index, read_triples_by_index, Held, UniqueIndex,
+    first_rows_hold, int8_array_datum, read_pairs_by_index, read_triples_by_index,
+    text_array_datum, Held, UniqueIndex,
 };
 use crate::pg::spi::exec_internal;
 use crate::state::marks::as_token;
@@ -226,15 +227,12 @@ fn store_chunk(
     let marks: Option<pg_sys::Datum> = if uniform {
         None
     } else {
-        entries
-            .iter()
-            .map(|e| e.2)
-            .collect::<Vec<i64>>()
-            .into_datum()
+        Some(int8_array_datum(
+            &entries.iter().map(|e| e.2).collect::<Vec<i64>>(),
+        ))
     };
-    let (Some(hashes), Some(texts)) = (hashes.into_datum(), texts.into_datum()) else {
-        return;
-    };
+    let hashes = int8_array_datum(&hashes);
+    let texts = text_array_datum(&texts);
     let run = pg_sys::Datum::from(run);
     let last = pg_sys::Datum::from(bucket);
     let direct = crate::pg::index::insert_direct(

@@ -1026,7 +1026,7 @@ pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
         true,
     )?;
     let hash = crate::state::tombstones::key_hash_of_values(protection, &typed);
-    crate::state::tombstones::record_row_delete(protection, &key, hash, token);
+    crate::state::tombstones::record_row_delete(protection, key, hash, token);
     Ok(Some(token))
 }
 

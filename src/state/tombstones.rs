@@ -556,13 +556,13 @@ pub fn key_signature(relid: pg_sys::Oid) -> Option<String> {
 /// callback in `backend.rs`). Only the deleting transaction could see them earlier, and its reads
 /// flush first; other transactions see them at its commit, as before: a concurrent insert of the
 /// same key waits in the unique index for this transaction's end, then reads the tombstone.
-pub fn record_row_delete(protection: i64, key: &str, hash: Option<i64>, token: Token) {
+pub fn record_row_delete(protection: i64, key: impl Into<String>, hash: Option<i64>, token: Token) {
     let subxact = crate::pg::process::current_subxact();
     let full = PENDING_TOMBSTONES.with(|p| {
         let mut p = p.borrow_mut();
         p.push(PendingTombstone {
             protection,
-            key: key.to_string(),
+            key: key.into(),
             hash,
             token,
             subxact,

@@ -88,7 +88,8 @@ echo "== 1. publication FOR ALL TABLES"
 expect "publisher insert and delete of key 4 with 16, before any publication" ok \
     "$(write "$PUB" postgres 16 "INSERT INTO items VALUES (4, 15); DELETE FROM items WHERE id = 4")"
 # ... and a bulk delete's, one tombstone run (src/state/tombstone_runs.rs) until the feed,
-# which carries tombstones key by key, is filled.
+# which carries tombstones key by key, is filled. (Its keys, (1000) and up, are left out of the
+# lists of short keys compared below.)
 expect "publisher bulk delete of keys 1000..1099 with 16, before any publication" ok \
     "$(write "$PUB" postgres 16 "INSERT INTO items SELECT g, 16 FROM generate_series(1000, 1099) g; DELETE FROM items WHERE id >= 1000")"
 expect "the bulk delete left a run" "1/100" "$(pub -Atc "SELECT count(*) || '/' || sum(key_count) FROM _pg_fencing.tombstone_run")"
@@ -138,7 +139,7 @@ wait_for "tombstone of key 5 on the subscriber" 25 "$SUB" postgres \
 expect "subscriber re-insert of key 5 with 21" FT001 "$(write "$SUB" postgres 21 "INSERT INTO items VALUES (5, 21)")"
 expect "subscriber re-insert of key 5 with 25" ok "$(write "$SUB" postgres 25 "INSERT INTO items VALUES (5, 25)")"
 expect "publisher: its feed holds its tombstones" "(4) 16,(5) 25" \
-    "$(pub -Atc "SELECT string_agg(key || ' ' || high_water, ',' ORDER BY key) FROM _pg_fencing.tombstone_feed")"
+    "$(pub -Atc "SELECT string_agg(key || ' ' || high_water, ',' ORDER BY key) FROM _pg_fencing.tombstone_feed WHERE length(key) < 6")"
 
 echo "-- the subscriber's own state is untouched"
 expect "subscriber protections (ids)" "$local_ids" \
@@ -169,7 +170,7 @@ expect_shape -p "$SUB" -d partial
 expect "fencing_protected_tables.active on the subscriber" "true|true" \
     "$("${PSQL[@]}" -p "$SUB" -d partial -Atc "SELECT string_agg(active::text, '|' ORDER BY relation::text) FROM fencing_protected_tables")"
 wait_for "the tombstones from before the subscription" "(11) 55,(4) 16,(5) 25" "$SUB" partial \
-    "SELECT string_agg(t.key || ' ' || t.high_water, ',' ORDER BY t.key) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass"
+    "SELECT string_agg(t.key || ' ' || t.high_water, ',' ORDER BY t.key) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND length(t.key) < 6"
 wait_for "the tombstone floor from before the subscription" 26 "$SUB" partial \
     "SELECT tombstone_floor FROM fencing_protected_tables WHERE relation = 'items'::regclass"
 expect "subscriber insert of key 11 with 54" FT001 "$(write "$SUB" partial 54 "INSERT INTO items VALUES (11, 54)")"
@@ -199,7 +200,7 @@ wait_for "the disabled subscription's worker stopped" 0 "$SUB" late \
 "${PSQL[@]}" -p "$SUB" -d late -o /dev/null -c "SELECT fencing_protect('items')"
 expect_shape -p "$SUB" -d late
 expect "fencing_protect after the copy takes its tombstones and floor" "(11) 55,(2) 40,(4) 16,(5) 25 floor 26" \
-    "$("${PSQL[@]}" -p "$SUB" -d late -Atc "SELECT string_agg(t.key || ' ' || t.high_water, ',' ORDER BY t.key) || ' floor ' || min(p.tombstone_floor) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass")"
+    "$("${PSQL[@]}" -p "$SUB" -d late -Atc "SELECT string_agg(t.key || ' ' || t.high_water, ',' ORDER BY t.key) || ' floor ' || min(p.tombstone_floor) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id WHERE p.relid = 'items'::regclass AND length(t.key) < 6")"
 "${PSQL[@]}" -p "$SUB" -d late -c "DROP SUBSCRIPTION late"
 
 echo "== 3. a publication without pg_fencing's tables (a publisher without the extension's event trigger): the subscriber refuses local writes (FT004)"

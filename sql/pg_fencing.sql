@@ -85,8 +85,8 @@ CREATE INDEX row_tombstone_high_water ON _pg_fencing.row_tombstone (protection_i
 -- go into runs; a key's mark is the highest of its row_tombstone row and of every run that holds
 -- its text. A run is one row of tombstone_run (high_water: the highest mark in it) and its keys
 -- in tombstone_chunk by a 64-bit hash of the key's text (FNV-1a, the same on every platform): a
--- chunk holds the run's keys whose hashes have the same leading bits (its bucket; as many bits as
--- give the run 32 to 64 keys a chunk), sorted by hash. bloom: a Bloom filter of the run's key
+-- chunk holds the run's keys whose hashes have the same leading bits (its bucket; bucket_bits of
+-- them, as many as gave the run 32 to 64 keys a chunk when it was written), sorted by hash. bloom: a Bloom filter of the run's key
 -- hashes (10 bits a key, 5 hash functions; 64-bit words, least significant byte first), which a
 -- backend keeps and reads before the one chunk a lookup reads per run (NULL: none, the chunk is
 -- read). 8 runs of about the same size below 32,768 keys are merged into one (marks: each key's
@@ -100,6 +100,7 @@ CREATE TABLE _pg_fencing.tombstone_run (
     run            bigint NOT NULL DEFAULT pg_catalog.nextval('_pg_fencing.tombstone_run_seq'),
     high_water     bigint NOT NULL CHECK (high_water > 0),
     key_count      bigint NOT NULL CHECK (key_count > 0),
+    bucket_bits    bigint NOT NULL CHECK (bucket_bits BETWEEN 0 AND 48),
     bloom          bytea,
     PRIMARY KEY (protection_id, run)
 );

@@ -1197,8 +1197,9 @@ v1_finfo!(pg_finfo_pg_fencing_expand_tombstone_runs);
 /// transaction's pending tombstones written, then the tombstone runs of that per-row protection
 /// turned into `row_tombstone` rows (`state/tombstone_runs.rs`); returns how many keys they held.
 /// For the SQL paths that work on tombstones one by one (`fencing_protect` carrying a
-/// partition's, a key form changed, the tombstone feed filled, `fencing_reset_rows`). A run
-/// and its rows fence the same keys with the same marks, so anyone may call it.
+/// partition's, a key form changed, the tombstone feed filled, `fencing_reset_rows`). Owner of
+/// the protection's table only (`42501`; a protection without a table: superuser only); it
+/// waits for a merge of the protection's runs in progress (`state/tombstone_runs.rs`).
 ///
 /// SQL: `_pg_fencing.expand_tombstone_runs(protection bigint) RETURNS bigint VOLATILE STRICT PARALLEL UNSAFE`
 ///
@@ -1212,7 +1213,24 @@ pub unsafe extern "C-unwind" fn pg_fencing_expand_tombstone_runs(
     unsafe {
         run(fcinfo, || {
             let protection: Option<i64> = pgrx::fcinfo::pg_getarg(fcinfo, 0);
-            let n = protection.map_or(0, crate::state::tombstones::expand_runs);
+            let Some(protection) = protection else {
+                return Ok(pg_sys::Datum::from(0i64));
+            };
+            // The owner of the protection's table (as for fencing_prune_tombstones); a
+            // protection without a table, the superuser.
+            match crate::state::tombstones::protected_relation(protection) {
+                Some(relid) => require_owner(relid)?,
+                None => {
+                    // (superuser() reads the current user's role flags: main thread, inside the
+                    // calling statement's transaction; this closure runs in the block above)
+                    if !pg_sys::superuser() {
+                        return Err(FenceError::NotAllowed(crate::error::Text::new(format!(
+                            "only a superuser may expand the tombstone runs of protection {protection}, which has no table"
+                        ))));
+                    }
+                }
+            }
+            let n = crate::state::tombstones::expand_runs(protection);
             Ok(pg_sys::Datum::from(n))
         })
     }

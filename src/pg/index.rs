@@ -834,8 +834,10 @@ unsafe fn chunk_holds(
     unsafe {
         let mut null_h = false;
         let h = pg_sys::heap_getattr(tuple, hashes_attnum, tupdesc, &mut null_h);
+        // A chunk that cannot be read as written (NULL arrays, lengths that differ) may hold the
+        // key: it counts as holding it, on the safe side (a refusal, not a tombstone lost).
         if null_h {
-            return Held::No;
+            return Held::Yes(None);
         }
         let hv = int8_elements(h);
         let first = hv.partition_point(|v| v.is_some_and(|v| v < hash));
@@ -848,15 +850,15 @@ unsafe fn chunk_holds(
         let mut null_t = false;
         let t = pg_sys::heap_getattr(tuple, texts_attnum, tupdesc, &mut null_t);
         if null_t {
-            return Held::No;
+            return Held::Yes(None);
         }
         let (tv, tn) = deconstruct(t, pg_sys::TEXTOID, -1, false, b'i');
         if tv.len() != hv.len() {
-            return Held::No;
+            return Held::Yes(None);
         }
         for i in candidates {
             if tn[i] {
-                continue;
+                return Held::Yes(None);
             }
             let v = pg_sys::pg_detoast_datum_packed(tv[i].cast_mut_ptr());
             let bytes = std::slice::from_raw_parts(

@@ -26,6 +26,10 @@ const TAG_LEASE_WAITER: u16 = 0xFE02;
 /// token sequence (`lock_service/leases.rs`): `objsubid` 65027 (0xFE03).
 const TAG_LEASE_HISTORY: u16 = 0xFE03;
 
+/// `locktag_field4` of the lock under which a transaction merges a protection's tombstone runs
+/// or turns them into rows (`state/tombstone_runs.rs`): `objsubid` 65028 (0xFE04).
+const TAG_TOMBSTONE_RUNS: u16 = 0xFE04;
+
 fn tag(hash: u64, kind: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
         // SAFETY: MyDatabaseId is set once at backend start and only read afterwards.
@@ -55,6 +59,26 @@ fn lock(t: pg_sys::LOCKTAG, mode: LockMode) {
     unsafe {
         pg_sys::LockAcquire(&t, lockmode, false, false);
     }
+}
+
+/// Take the tombstone-runs lock of protection `protection` until the transaction ends, waiting
+/// for it as for any heavyweight lock (`_pg_fencing.expand_tombstone_runs`).
+pub fn lock_runs(protection: i64) {
+    lock(
+        tag(protection as u64, TAG_TOMBSTONE_RUNS),
+        LockMode::Exclusive,
+    );
+}
+
+/// Take the tombstone-runs lock of protection `protection` until the transaction ends if no
+/// other transaction holds it; false (not taken) otherwise, without waiting (a merge of runs).
+pub fn try_lock_runs(protection: i64) -> bool {
+    let t = tag(protection as u64, TAG_TOMBSTONE_RUNS);
+    // SAFETY: as in `lock`; with dontWait = true LockAcquire returns LOCKACQUIRE_NOT_AVAIL
+    // instead of waiting when another transaction holds the lock.
+    let got =
+        unsafe { pg_sys::LockAcquire(&t, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true) };
+    got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
 /// Take `resource`'s lock in `mode` until the transaction ends (see `rule` for what each mode

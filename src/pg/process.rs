@@ -177,6 +177,13 @@ pub fn on_exit(callback: unsafe extern "C-unwind" fn(i32, pg_sys::Datum)) {
     unsafe { pg_sys::before_shmem_exit(Some(callback), pg_sys::Datum::from(0usize)) };
 }
 
+/// Is the current transaction SERIALIZABLE (its reads take predicate locks)?
+pub fn serializable() -> bool {
+    // SAFETY: XactIsoLevel is a plain global of the backend's main thread, set for the
+    // transaction before any statement runs.
+    unsafe { pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as std::ffi::c_int }
+}
+
 /// `session_replication_role = replica` (logical replication's apply workers, or a session
 /// that set it): ordinary triggers do not fire, REPLICA ones do.
 pub fn replica_mode() -> bool {

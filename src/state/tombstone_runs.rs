@@ -16,8 +16,8 @@
 //!   mark (`fencing_reset_rows` turns runs into rows first).
 //! * A run is found by its protection (`tombstone_run_pkey`); a key in it by the 64-bit FNV-1a
 //!   hash of its text, the same on every platform (a dump restored elsewhere finds its keys):
-//!   the chunk of a run whose bucket is the hash's leading `bucket_bits(key_count)` bits holds it
-//!   if the run does (one equality read, which stops at that chunk), its keys sorted by hash.
+//!   the chunk of a run whose bucket is the hash's leading `bucket_bits` bits (as the run
+//!   recorded them) holds it if the run does (one equality read, which stops at that chunk), its keys sorted by hash.
 //! * A reader reads a key's runs and rows with one snapshot (`state::tombstones::read_tombstone`,
 //!   `pg::process::with_one_snapshot`): a merge or a run turned into rows (each one transaction)
 //!   is seen wholly or not at all.
@@ -74,8 +74,8 @@ const CHUNK_INDEX: UniqueIndex = UniqueIndex {
 };
 
 const SQL_NEW_RUN: &str =
-    "INSERT INTO _pg_fencing.tombstone_run (protection_id, high_water, key_count, bloom) \
-     VALUES ($1, $2, $3, $4) RETURNING run";
+    "INSERT INTO _pg_fencing.tombstone_run (protection_id, high_water, key_count, bucket_bits, bloom) \
+     VALUES ($1, $2, $3, $4, $5) RETURNING run";
 const SQL_NEW_CHUNK: &str = "INSERT INTO _pg_fencing.tombstone_chunk (protection_id, run, bucket, key_hashes, keys, marks) \
      VALUES ($1, $2, $3, $4, $5, $6)";
 
@@ -195,12 +195,14 @@ fn write_run(protection: i64, entries: &[(i64, &str, Token)], uniform: bool) -> 
             pg_sys::INT8OID,
             pg_sys::INT8OID,
             pg_sys::INT8OID,
+            pg_sys::INT8OID,
             pg_sys::BYTEAOID,
         ],
         &mut [
             p,
             pg_sys::Datum::from(high),
             pg_sys::Datum::from(entries.len() as i64),
+            pg_sys::Datum::from(i64::from(bucket_bits(entries.len() as i64))),
             bloom,
         ],
         false,
@@ -281,23 +283,18 @@ fn size_class(keys: i64) -> u32 {
     class
 }
 
-/// Merge the runs of `protection` where `MERGE_FANOUT` of one size class exist, the smallest
-/// class first, until none has that many. Only one transaction merges a protection's runs at a
-/// time (a transaction-scoped advisory lock, tried without waiting: another merger will see
-/// these runs); the runs it reads are committed or its own (the latest snapshot), and nothing
-/// else changes them while its writes hold the table (pruning, a protection replaced or reset
-/// and a dropped table all lock the table against writers).
+/// Merge `MERGE_FANOUT` runs of `protection` of one size class (the oldest of the smallest class
+/// that has that many) into one, until no class below `MAX_MERGE_CLASS` has that many. Only
+/// one transaction merges or expands a protection's runs at a time (a lock of pg_fencing's own
+/// that no SQL advisory lock call can take, `pg::lock_manager::try_lock_runs`, tried without
+/// waiting: another merger will see these runs); the runs it reads are committed or its own
+/// (the latest snapshot), and nothing else changes them while its writes hold the table
+/// (pruning, a protection replaced or reset and a dropped table all lock the table against
+/// writers). Not in a SERIALIZABLE transaction (see the body).
 fn compact(protection: i64, floor: Token) {
-    let locked = exec_internal(
-        "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(1885824626, ($1 OPERATOR(pg_catalog.%) 2147483647)::pg_catalog.int4) \
-         THEN 1 ELSE 0 END::pg_catalog.int8",
-        true,
-        &[pg_sys::INT8OID],
-        &mut [pg_sys::Datum::from(protection)],
-        false,
-        as_token,
-    ) == Some(1);
-    if !locked {
+    // A SERIALIZABLE transaction's reads of the runs take predicate locks: its merges would
+    // make concurrent bulk deletes fail (40001). A later writer merges them.
+    if crate::pg::process::serializable() || !crate::pg::lock_manager::try_lock_runs(protection) {
         return;
     }
     let p = pg_sys::Datum::from(protection);
@@ -310,12 +307,14 @@ fn compact(protection: i64, floor: Token) {
         for (run, keys) in runs {
             classes.entry(size_class(keys)).or_default().push(run);
         }
-        let Some((_, merge)) = classes
+        let Some((_, mut merge)) = classes
             .into_iter()
             .find(|(class, runs)| *class < MAX_MERGE_CLASS && runs.len() >= MERGE_FANOUT)
         else {
             return;
         };
+        merge.sort_unstable();
+        merge.truncate(MERGE_FANOUT);
         pgrx::check_for_interrupts!();
         if !merge_runs(protection, &merge, floor) {
             return;
@@ -453,14 +452,13 @@ pub fn on_event(ev: crate::backend_event::BackendEvent) {
     }
 }
 
-/// The Bloom filter of run `run` of `protection` (`keys` keys), as the run stored it, read with
+/// The Bloom filter of run `run` of `protection`, as the run stored it, read with
 /// the snapshot of the lookup; `None`: none stored, or beyond the budget (the chunk is read).
-fn bloom_of(protection: i64, run: i64, keys: i64) -> Option<std::rc::Rc<Bloom>> {
+fn bloom_of(protection: i64, run: i64) -> Option<std::rc::Rc<Bloom>> {
     if let Some(b) = BLOOMS.with(|b| b.borrow().get(&(protection, run)).cloned()) {
         return Some(b);
     }
-    let bytes = (keys.max(0) as usize * BLOOM_BITS_PER_KEY).div_ceil(8);
-    if BLOOM_BYTES.with(|b| b.get()) + bytes > BLOOM_BUDGET {
+    if BLOOM_BYTES.with(|b| b.get()) >= BLOOM_BUDGET {
         return None;
     }
     let stored: Option<Vec<u8>> = crate::pg::spi::exec_internal_row(
@@ -496,33 +494,29 @@ pub fn mark_of(protection: i64, text: &str) -> Option<Token> {
     let mut runs = read_triples_by_index(
         &RUN_INDEX,
         c"run",
-        c"key_count",
+        c"bucket_bits",
         &[(1, pg_sys::F_INT8EQ, p)],
     )?;
     if runs.is_empty() {
         return None;
     }
-    // Highest run mark first: a run's keys have at most its mark, so once a key's mark is known
-    // the runs whose mark is not above it need no look.
     runs.sort_unstable_by_key(|r| std::cmp::Reverse(r.2));
     let hash = key_hash(text);
     // Only the runs whose Bloom filter may hold the key (or that have none) are read.
-    runs.retain(|(run, keys, _)| {
-        bloom_of(protection, *run, *keys).is_none_or(|b| b.may_hold(hash))
-    });
+    runs.retain(|(run, _, _)| bloom_of(protection, *run).is_none_or(|b| b.may_hold(hash)));
     if runs.is_empty() {
         return None;
     }
     let probes: Vec<Vec<(i16, u32, pg_sys::Datum)>> = runs
         .iter()
-        .map(|(run, keys, _)| {
+        .map(|(run, bits, _)| {
             vec![
                 (1, pg_sys::F_INT8EQ, p),
                 (2, pg_sys::F_INT8EQ, pg_sys::Datum::from(*run)),
                 (
                     3,
                     pg_sys::F_INT8EQ,
-                    pg_sys::Datum::from(bucket_of(hash, bucket_bits(*keys))),
+                    pg_sys::Datum::from(bucket_of(hash, (*bits).clamp(0, 48) as u32)),
                 ),
             ]
         })
@@ -557,7 +551,7 @@ pub fn highest(protection: i64) -> Option<Option<Token>> {
 }
 
 /// `fencing_prune_tombstones`: delete the runs of `protection` whose mark is at most `floor`
-/// (whole runs, the oldest first, while their keys add up to at most `max`); returns how many
+/// (whole runs, in the order of their ids, while their keys add up to at most `max`); returns how many
 /// keys they held.
 pub fn prune(protection: i64, floor: Token, max: i64) -> i64 {
     if !available() || max <= 0 {
@@ -595,6 +589,8 @@ pub fn expand(protection: i64) -> i64 {
     if !available() {
         return 0;
     }
+    // No merge of these runs runs at the same time (nor starts until this transaction ends).
+    crate::pg::lock_manager::lock_runs(protection);
     exec_internal(
         "WITH r AS (DELETE FROM _pg_fencing.tombstone_run r WHERE r.protection_id OPERATOR(pg_catalog.=) $1 \
              RETURNING r.run, r.high_water, r.key_count), \

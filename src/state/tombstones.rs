@@ -661,6 +661,21 @@ pub fn flush_tombstones() {
     }
 }
 
+/// The table of protection `protection` (`None`: no such protection, or its table is gone).
+pub fn protected_relation(protection: i64) -> Option<pg_sys::Oid> {
+    exec_internal(
+        "SELECT p.relid::pg_catalog.oid::pg_catalog.int8 FROM _pg_fencing.protected_table p \
+         JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.relid::pg_catalog.oid \
+         WHERE p.id OPERATOR(pg_catalog.=) $1",
+        true,
+        &[pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection)],
+        true,
+        as_token,
+    )
+    .map(|r| pg_sys::Oid::from(r as u32))
+}
+
 /// `_pg_fencing.expand_tombstone_runs(protection)`: this transaction's pending tombstones
 /// written, then the protection's runs turned into rows (`tombstone_runs::expand`).
 pub fn expand_runs(protection: i64) -> i64 {

@@ -139,6 +139,16 @@ BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO qi VALUES (-7, 1); ROLLBACK
 BEGIN; SET LOCAL pg_fencing.token = '4'; INSERT INTO qi VALUES (-1000, 1); ROLLBACK;
 DROP TABLE qi;
 
+-- only the table's owner may turn its runs into rows (it waits for a merge in progress)
+CREATE ROLE runs_stranger;
+BEGIN; SET LOCAL pg_fencing.token = '11'; DELETE FROM q WHERE id BETWEEN 701 AND 800; COMMIT;
+SET ROLE runs_stranger;
+SELECT _pg_fencing.expand_tombstone_runs(id) FROM _pg_fencing.protected_table WHERE relid = 'q'::regclass;
+RESET ROLE;
+SELECT count(*) AS runs FROM q_runs;
+SELECT _pg_fencing.expand_tombstone_runs(id) FROM _pg_fencing.protected_table WHERE relid = 'q'::regclass;
+DROP ROLE runs_stranger;
+
 -- keys identified by hash (numeric: 1.0 and 1.00 are one key) stay rows
 CREATE TABLE qn (id numeric PRIMARY KEY, v int);
 SELECT fencing_protect('qn');

@@ -717,32 +717,6 @@ pub fn read_triples_by_index(
     Some(out)
 }
 
-/// Every row whose index columns equal `keys` (as for [`read_by_index`]), as (bigint column
-/// `other`, the bigint value column); rows with either NULL are skipped. `None` if the table,
-/// index or column cannot be found.
-pub fn read_pairs_by_index(
-    which: &UniqueIndex,
-    other: &CStr,
-    keys: &[(i16, u32, pg_sys::Datum)],
-) -> Option<Vec<(i64, i64)>> {
-    let other_attnum = i32::from(column_number(which, other)?);
-    let mut out = Vec::new();
-    scan(which, keys, |tuple, tupdesc, value_attnum| {
-        let (mut null_o, mut null_v) = (false, false);
-        // SAFETY: `tuple` is a tuple of `tupdesc` with bigint attributes `other_attnum` and
-        // `value_attnum` (`scan`), read by value.
-        unsafe {
-            let o = pg_sys::heap_getattr(tuple, other_attnum, tupdesc, &mut null_o);
-            let v = pg_sys::heap_getattr(tuple, value_attnum, tupdesc, &mut null_v);
-            if !null_o && !null_v {
-                out.push((o.value() as i64, v.value() as i64));
-            }
-        }
-        true
-    })?;
-    Some(out)
-}
-
 /// What [`first_row_holds`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Held {
@@ -913,6 +887,62 @@ unsafe fn int8_elements(d: pg_sys::Datum) -> Vec<Option<i64>> {
             .map(|(v, n)| (!n).then_some(v.value() as i64))
             .collect()
     }
+}
+
+/// Every entry of the rows of `which` whose index columns equal `keys`: (hash, text, value) from
+/// the rows' parallel `bigint[]` column `hashes`, `text[]` column `texts` and `bigint[]` column
+/// `values` (`None` where that column is NULL or its element is). A tombstone run's chunks
+/// (`state/tombstone_runs.rs`, a merge). `None` if the table, index or a column cannot be found,
+/// or a row's arrays cannot be read so (NULL hashes or texts, lengths that differ, a NULL text).
+pub fn read_entries(
+    which: &UniqueIndex,
+    keys: &[(i16, u32, pg_sys::Datum)],
+    hashes: &CStr,
+    texts: &CStr,
+    values: &CStr,
+) -> Option<Vec<(i64, String, Option<i64>)>> {
+    let hashes_attnum = i32::from(column_number(which, hashes)?);
+    let texts_attnum = i32::from(column_number(which, texts)?);
+    let values_attnum = i32::from(column_number(which, values)?);
+    let mut out = Vec::new();
+    let mut readable = true;
+    scan(which, keys, |tuple, tupdesc, _| {
+        let (mut null_h, mut null_t, mut null_v) = (false, false, false);
+        // SAFETY: `tuple` is a tuple of `tupdesc` (`scan`) whose attributes are a bigint[], a
+        // text[] and a bigint[] (the caller's table), read as in `chunk_holds`; each text is
+        // copied into a String before the detoasted arrays go.
+        unsafe {
+            let h = pg_sys::heap_getattr(tuple, hashes_attnum, tupdesc, &mut null_h);
+            let t = pg_sys::heap_getattr(tuple, texts_attnum, tupdesc, &mut null_t);
+            let v = pg_sys::heap_getattr(tuple, values_attnum, tupdesc, &mut null_v);
+            if null_h || null_t {
+                readable = false;
+                return false;
+            }
+            let hv = int8_elements(h);
+            let (tv, tn) = deconstruct(t, pg_sys::TEXTOID, -1, false, b'i');
+            let vv = if null_v { Vec::new() } else { int8_elements(v) };
+            if tv.len() != hv.len() || (!null_v && vv.len() != hv.len()) {
+                readable = false;
+                return false;
+            }
+            for i in 0..hv.len() {
+                let (Some(hash), false) = (hv[i], tn[i]) else {
+                    readable = false;
+                    return false;
+                };
+                let d = pg_sys::pg_detoast_datum_packed(tv[i].cast_mut_ptr());
+                let bytes = std::slice::from_raw_parts(
+                    pgrx::varlena::vardata_any(d.cast()).cast::<u8>(),
+                    pgrx::varlena::varsize_any_exhdr(d.cast()),
+                );
+                let text = String::from_utf8_lossy(bytes).into_owned();
+                out.push((hash, text, vv.get(i).copied().flatten()));
+            }
+        }
+        true
+    })?;
+    readable.then_some(out)
 }
 
 /// A one-dimensional `text[]` of `texts` (no NULLs), built in one allocation in the current

@@ -27,8 +27,7 @@
 
 use crate::error::Token;
 use crate::pg::index::{
-    first_rows_hold, int8_array_datum, read_pairs_by_index, read_triples_by_index,
-    text_array_datum, Held, UniqueIndex,
+    first_rows_hold, int8_array_datum, read_triples_by_index, text_array_datum, Held, UniqueIndex,
 };
 use crate::pg::spi::exec_internal;
 use crate::state::marks::as_token;
@@ -46,12 +45,6 @@ const RUN_INDEX: UniqueIndex = UniqueIndex {
     table: c"tombstone_run",
     index: c"tombstone_run_pkey",
     value: c"high_water",
-};
-
-const RUN_SIZE_INDEX: UniqueIndex = UniqueIndex {
-    table: c"tombstone_run",
-    index: c"tombstone_run_pkey",
-    value: c"key_count",
 };
 
 /// This many runs of one size class are merged into one.
@@ -299,13 +292,20 @@ fn compact(protection: i64, floor: Token) {
     }
     let p = pg_sys::Datum::from(protection);
     loop {
-        let Some(runs) = read_pairs_by_index(&RUN_SIZE_INDEX, c"run", &[(1, pg_sys::F_INT8EQ, p)])
-        else {
+        let Some(runs) = read_triples_by_index(
+            &RUN_INDEX,
+            c"run",
+            c"key_count",
+            &[(1, pg_sys::F_INT8EQ, p)],
+        ) else {
             return;
         };
-        let mut classes: std::collections::BTreeMap<u32, Vec<i64>> = Default::default();
-        for (run, keys) in runs {
-            classes.entry(size_class(keys)).or_default().push(run);
+        let mut classes: std::collections::BTreeMap<u32, Vec<(i64, Token)>> = Default::default();
+        for (run, keys, mark) in runs {
+            classes
+                .entry(size_class(keys))
+                .or_default()
+                .push((run, mark));
         }
         let Some((_, mut merge)) = classes
             .into_iter()
@@ -324,53 +324,50 @@ fn compact(protection: i64, floor: Token) {
 
 /// Replace `runs` of `protection` by one run of their keys (each with its highest mark; the
 /// keys at or below the tombstone floor left out). False if nothing could be read.
-fn merge_runs(protection: i64, runs: &[i64], floor: Token) -> bool {
-    let Some(run_ids) = runs.to_vec().into_datum() else {
+fn merge_runs(protection: i64, runs: &[(i64, Token)], floor: Token) -> bool {
+    let p = pg_sys::Datum::from(protection);
+    // Read through the chunks' index (the runs' lock keeps other mergers and expanders away, and
+    // pruning, resets and drops lock the table against this transaction's writes).
+    let mut read: Vec<(i64, String, Token)> = Vec::new();
+    for (run, mark) in runs {
+        let Some(entries) = crate::pg::index::read_entries(
+            &CHUNK_INDEX,
+            &[
+                (1, pg_sys::F_INT8EQ, p),
+                (2, pg_sys::F_INT8EQ, pg_sys::Datum::from(*run)),
+            ],
+            c"key_hashes",
+            c"keys",
+            c"marks",
+        ) else {
+            // A run that cannot be read as written is left as it is (it keeps fencing).
+            return false;
+        };
+        read.extend(
+            entries
+                .into_iter()
+                .map(|(h, k, m)| (h, k, m.unwrap_or(*mark)))
+                .filter(|e| e.2 > floor),
+        );
+    }
+    let ids: Vec<i64> = runs.iter().map(|r| r.0).collect();
+    let Some(run_ids) = ids.into_datum() else {
         return false;
     };
-    type Merged = (Vec<i64>, Vec<String>, Vec<i64>);
-    let merged: Option<Merged> = crate::pg::spi::exec_internal_row(
-        "WITH old AS (DELETE FROM _pg_fencing.tombstone_run r \
+    exec_internal(
+        "WITH r AS (DELETE FROM _pg_fencing.tombstone_run r \
              WHERE r.protection_id OPERATOR(pg_catalog.=) $1 AND r.run OPERATOR(pg_catalog.=) ANY ($2) \
-             RETURNING r.run, r.high_water), \
-         c AS (DELETE FROM _pg_fencing.tombstone_chunk c USING old \
-             WHERE c.protection_id OPERATOR(pg_catalog.=) $1 AND c.run OPERATOR(pg_catalog.=) old.run \
-             RETURNING c.key_hashes, c.keys, c.marks, old.high_water) \
-         SELECT pg_catalog.array_agg(u.h), pg_catalog.array_agg(u.k), pg_catalog.array_agg(COALESCE(u.m, c.high_water)) \
-         FROM c, ROWS FROM (pg_catalog.unnest(c.key_hashes), pg_catalog.unnest(c.keys), pg_catalog.unnest(c.marks)) AS u(h, k, m)",
+             RETURNING r.run) \
+         DELETE FROM _pg_fencing.tombstone_chunk c USING r \
+         WHERE c.protection_id OPERATOR(pg_catalog.=) $1 AND c.run OPERATOR(pg_catalog.=) r.run",
         true,
         &[pg_sys::INT8OID, pg_sys::INT8ARRAYOID],
-        &mut [pg_sys::Datum::from(protection), run_ids],
+        &mut [p, run_ids],
         false,
-        |row| {
-            let get = |i: usize| row.get(i).copied().flatten();
-            // SAFETY: the statement's three columns are a bigint[], a text[] and a bigint[]
-            // (or NULL), read and copied before SPI frees them.
-            unsafe {
-                Some((
-                    Vec::<i64>::from_datum(get(0)?, false)?,
-                    Vec::<String>::from_datum(get(1)?, false)?,
-                    Vec::<i64>::from_datum(get(2)?, false)?,
-                ))
-            }
-        },
-    )
-    .flatten();
-    let Some((hashes, texts, marks)) = merged else {
-        return true;
-    };
-    if hashes.len() != texts.len() || hashes.len() != marks.len() {
-        crate::pg::report::raise_in_guard(crate::error::FenceError::Internal(
-            "tombstone runs with arrays of different lengths".to_string(),
-        ));
-    }
-    let entries: Vec<(i64, &str, Token)> = hashes
-        .iter()
-        .zip(texts.iter())
-        .zip(marks.iter())
-        .filter(|(_, m)| **m > floor)
-        .map(|((h, k), m)| (*h, k.as_str(), *m))
-        .collect();
+        as_token,
+    );
+    let entries: Vec<(i64, &str, Token)> =
+        read.iter().map(|(h, k, m)| (*h, k.as_str(), *m)).collect();
     let entries = order_for_run(entries);
     let uniform = entries.windows(2).all(|w| w[0].2 == w[1].2);
     write_run(protection, &entries, uniform)

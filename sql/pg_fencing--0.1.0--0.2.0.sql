@@ -873,7 +873,7 @@ DECLARE
     t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['resource_high_water', 'protected_table', 'row_tombstone', 'reset_log',
-                             'watch', 'tombstone_feed', 'feed_name'] LOOP
+                             'watch', 'tombstone_feed', 'feed_name', 'tombstone_run', 'tombstone_chunk'] LOOP
         EXECUTE format('CREATE TRIGGER zz_pg_fencing_replicated BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.%I '
                        'FOR EACH ROW EXECUTE FUNCTION _pg_fencing.on_replicated_change()', t);
         EXECUTE format('ALTER TABLE _pg_fencing.%I ENABLE REPLICA TRIGGER zz_pg_fencing_replicated', t);
@@ -1885,15 +1885,3 @@ REVOKE ALL ON FUNCTION @extschema@.fencing_reset_rows(regclass, bigint) FROM PUB
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_run', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_chunk', '');
 SELECT pg_catalog.pg_extension_config_dump('_pg_fencing.tombstone_run_seq', '');
-
-DO $do$
-DECLARE
-    t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['tombstone_run', 'tombstone_chunk'] LOOP
-        EXECUTE format('CREATE TRIGGER zz_pg_fencing_replicated BEFORE INSERT OR UPDATE OR DELETE ON _pg_fencing.%I '
-                       'FOR EACH ROW EXECUTE FUNCTION _pg_fencing.on_replicated_change()', t);
-        EXECUTE format('ALTER TABLE _pg_fencing.%I ENABLE REPLICA TRIGGER zz_pg_fencing_replicated', t);
-    END LOOP;
-END
-$do$;

@@ -72,14 +72,10 @@ const SQL_NEW_RUN: &str =
 const SQL_NEW_CHUNK: &str = "INSERT INTO _pg_fencing.tombstone_chunk (protection_id, run, bucket, key_hashes, keys, marks) \
      VALUES ($1, $2, $3, $4, $5, $6)";
 
-/// The 64-bit FNV-1a hash of a key's text: where it sorts in a run.
+/// The 64-bit FNV-1a hash of a key's text (the project's `pg_fencing_core::hash::fnv1a`, the
+/// same on every platform): where it sorts in a run.
 pub fn key_hash(text: &str) -> i64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h as i64
+    pg_fencing_core::hash::fnv1a(&[text.as_bytes()]) as i64
 }
 
 /// How many leading hash bits a run of `keys` keys buckets its keys by: 32 to 64 keys a bucket

@@ -104,7 +104,7 @@ unsafe extern "C-unwind" fn planner(
             }),
             None => None,
         };
-        let checked = delete == Some(true) || inserted == Some(InsertPlan::Checked);
+        let checked = inserted == Some(InsertPlan::Checked);
         let prev = PREV_PLANNER.get().copied().flatten();
         let stmt = plan::plan_next(prev, parse, query_string, cursor_options, bound_params);
         if marked || inserted.is_some() || delete.is_some() {

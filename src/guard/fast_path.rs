@@ -429,9 +429,8 @@ fn plan_insert_inner(q: &mut InsertQuery, guard_address: usize) -> Option<Insert
 }
 
 /// Planner hook, for a DELETE `q` without RETURNING: `None` if it keeps the guard's triggers;
-/// else the plan is to be marked, and `Some(true)` if the checking expression was made its
-/// RETURNING list (per-row mode; then the list is to be hidden).
-pub fn plan_delete(q: &mut DeleteQuery, guard_address: usize) -> Option<bool> {
+/// else the plan is to be marked (per-row mode: `drop_row` was added as a junk column).
+pub fn plan_delete(q: &mut DeleteQuery, guard_address: usize) -> Option<()> {
     let relid = q.target()?;
     plan::with_relation(relid, |rel| {
         let guard = rel.trigger_named(GUARD)?;
@@ -458,6 +457,13 @@ pub fn plan_delete(q: &mut DeleteQuery, guard_address: usize) -> Option<bool> {
                     StampArg::Oid(relid),
                     StampArg::Int8(args.protection),
                     StampArg::Text(&column),
+                    // (a plain table's rows are its own; a partitioned table's, its partitions')
+                    if rel.is_plain_table() {
+                        StampArg::Oid(relid)
+                    } else {
+                        StampArg::RowTable
+                    },
+                    StampArg::RowId,
                 ];
                 call.extend(pk.iter().map(|a| StampArg::Column(*a)));
                 q.add_check(rel, funcs.drop_row?, &call);
@@ -470,10 +476,9 @@ pub fn plan_delete(q: &mut DeleteQuery, guard_address: usize) -> Option<bool> {
                 if !q.sets_tag() {
                     return None;
                 }
-                return Some(false);
             }
         }
-        Some(true)
+        Some(())
     })
 }
 
@@ -552,6 +557,19 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
             };
             begin_write(statement, relid, args.protection, work);
         }
+    } else if exec.is_delete() {
+        // Per-row DELETE: `drop_row` notes each row version it checked; the statement's row
+        // count tells which of them it deleted (`note_deleted`).
+        begin_write(
+            statement,
+            relid,
+            args.protection,
+            Work::Deletes(Box::new(Deletes {
+                count: exec.sets_tag().then(|| exec.delete_count()),
+                confirmed: 0,
+                noted: Vec::new(),
+            })),
+        );
     } else if new_keys {
         begin_write(
             statement,
@@ -608,6 +626,110 @@ enum Work {
         lowest: Option<Token>,
         keys: Vec<(String, Token)>,
     },
+    /// A per-row DELETE: the row versions `drop_row` checked whose deletion is not confirmed
+    /// yet.
+    Deletes(Box<Deletes>),
+}
+
+/// The row versions a per-row DELETE's `drop_row` checked, each to leave its key's tombstone
+/// once the DELETE is known to have deleted it. `drop_row` runs in the plan under the DELETE,
+/// before the DELETE deletes the version (which it may then leave alone: changed or deleted
+/// concurrently, skipped by a BEFORE DELETE trigger; under READ COMMITTED `drop_row` runs
+/// again on a concurrently changed row's latest version). Every version the DELETE deletes was
+/// checked, last right before its deletion, so the versions noted since the row count was last
+/// read are at least as many as the rows it deleted since: when they are as many, each of them
+/// was deleted. Else each is looked at (`RowVersion::deleted_by_this_transaction`). The noted
+/// versions are settled at the next call and when the statement finished (`finish_write`): one
+/// at a time, two after an EvalPlanQual re-check. A DELETE that does not set the row count (a
+/// rule's added action) looks at each.
+struct Deletes {
+    count: Option<plan::DeleteCount>,
+    /// The statement's row count when the noted versions were last settled.
+    confirmed: u64,
+    noted: Vec<NotedDelete>,
+}
+
+struct NotedDelete {
+    version: Option<plan::RowVersion>,
+    key: String,
+    hash: Option<i64>,
+    token: Token,
+}
+
+impl Deletes {
+    /// The noted versions, to be settled now that the statement deleted `rows` rows in all
+    /// (None: not known), and whether each of them is known deleted.
+    fn take(&mut self, rows: Option<u64>) -> Settle {
+        let all = rows.is_some_and(|r| r.checked_sub(self.confirmed) == Some(self.noted.len() as u64));
+        if let Some(r) = rows {
+            self.confirmed = r;
+        }
+        // (one version, the usual case: taken without a new allocation)
+        match self.noted.len() {
+            1 => Settle::One(all, self.noted.pop()),
+            _ => Settle::Many(all, std::mem::take(&mut self.noted)),
+        }
+    }
+}
+
+/// Noted row versions being settled (`Deletes::take`), and whether each of them is known
+/// deleted.
+enum Settle {
+    One(bool, Option<NotedDelete>),
+    Many(bool, Vec<NotedDelete>),
+}
+
+impl Settle {
+    /// Record the tombstones of the versions deleted (outside any borrow of `WRITES`: recording
+    /// may write tombstones, which runs statements).
+    fn record(self, protection: i64) {
+        let keep = |all: bool, d: NotedDelete| {
+            if all || d.version.is_none_or(|v| v.deleted_by_this_transaction()) {
+                crate::state::tombstones::record_row_delete(protection, d.key, d.hash, d.token);
+            }
+        };
+        match self {
+            Settle::One(all, d) => d.into_iter().for_each(|d| keep(all, d)),
+            Settle::Many(all, noted) => noted.into_iter().for_each(|d| keep(all, d)),
+        }
+    }
+}
+
+/// `drop_row` checked a row version of the running DELETE whose expression `call` is: note it
+/// (settling the one or two noted before it, which the DELETE has dealt with by now). Returns it back if
+/// there is no such statement (a call by hand): then its tombstone is recorded at once.
+fn note_deleted(call: &StampCall, d: NotedDelete) -> Option<NotedDelete> {
+    let settled = WRITES.with(|w| {
+        let mut w = w.borrow_mut();
+        if w.is_empty() {
+            return Err(d);
+        }
+        let Some(cxt) = call.contexts().find(|c| w.contains_key(c)) else {
+            return Err(d);
+        };
+        let Some(r) = w.get_mut(&cxt) else {
+            return Err(d);
+        };
+        let protection = r.protection;
+        let Work::Deletes(dels) = &mut r.work else {
+            return Err(d);
+        };
+        // The DELETE has dealt with every version noted before this call (deleted it or left
+        // it alone): it checks a version (this call) only once it is done with the previous
+        // one, and a version checked again under EvalPlanQual replaces the one checked first.
+        let settle = (!dels.noted.is_empty())
+            .then(|| dels.take(dels.count.as_ref().and_then(|c| call.statement_rows(c))));
+        dels.noted.push(d);
+        Ok(settle.map(|s| (protection, s)))
+    });
+    match settled {
+        Err(d) => Some(d),
+        Ok(Some((protection, s))) => {
+            s.record(protection);
+            None
+        }
+        Ok(None) => None,
+    }
 }
 
 /// At most this many keys of one statement wait for `finish_write` (about 40 bytes each);
@@ -667,7 +789,7 @@ fn note_new_key(call: &StampCall, key: &str, token: Token) -> Noted {
                         Noted::Yes
                     }
                     Work::NewKeys { .. } => Noted::Full,
-                    Work::Mark { .. } => Noted::NoStatement,
+                    Work::Mark { .. } | Work::Deletes(_) => Noted::NoStatement,
                 };
             }
         }
@@ -699,6 +821,12 @@ pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
     };
     let relid = running.relid;
     let (resource, highest, delete) = match running.work {
+        // A per-row DELETE: its last row versions (`note_deleted`).
+        Work::Deletes(mut dels) => {
+            let rows = dels.count.is_some().then_some(rows);
+            dels.take(rows).record(running.protection);
+            return Ok(());
+        }
         Work::Mark {
             resource,
             highest,
@@ -1003,10 +1131,12 @@ pub fn stamp_resource(call: &StampCall) -> Result<Option<Token>, FenceError> {
     Ok(Some(token))
 }
 
-/// `_pg_fencing.drop_row(old_token, table, protection, token_column, key…)`: the per-row
-/// guard's BEFORE DELETE work for one row a fast-path DELETE deleted (its RETURNING list,
-/// evaluated on the deleted version, which the executor locked): the row's token must be at most
-/// the session's, and the key leaves its tombstone. Returns the session's token.
+/// `_pg_fencing.drop_row(old_token, table, protection, token_column, row_table, row_id, key…)`:
+/// the per-row guard's BEFORE DELETE work for one row version a fast-path DELETE is about to
+/// delete (a junk column of the plan under it, evaluated on the version handed to the DELETE;
+/// under READ COMMITTED again on a concurrently changed row's latest version): the row's token
+/// must be at most the session's, and the key leaves its tombstone once the DELETE deleted the
+/// version (`note_deleted`; at once for a call by hand). Returns the session's token.
 pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     let old = call.bigint(0);
     if crate::pg::process::replica_mode() {
@@ -1015,8 +1145,12 @@ pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     let (relid, protection) = row_site(call, plan::EVENT_DELETE, plan::may_delete)?;
     let token = session_token(relid)?;
     trigger::count_guarded();
-    let typed = call.typed(4);
-    let key = crate::pg::trigger_event::key_text_of(&typed);
+    let (key, hash) = call.with_typed(6, |typed| {
+        (
+            crate::pg::trigger_event::key_text_of(typed),
+            crate::state::tombstones::key_hash_of_values(protection, typed),
+        )
+    });
     rule::admit_row(
         protection,
         &|| relation_name(relid),
@@ -1025,8 +1159,15 @@ pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
         old,
         true,
     )?;
-    let hash = crate::state::tombstones::key_hash_of_values(protection, &typed);
-    crate::state::tombstones::record_row_delete(protection, key, hash, token);
+    let noted = NotedDelete {
+        version: call.row_version(4, 5),
+        key,
+        hash,
+        token,
+    };
+    if let Some(d) = note_deleted(call, noted) {
+        crate::state::tombstones::record_row_delete(protection, d.key, d.hash, d.token);
+    }
     Ok(Some(token))
 }
 

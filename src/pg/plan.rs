@@ -258,6 +258,10 @@ pub enum StampArg<'s> {
     Oid(pg_sys::Oid),
     Int8(i64),
     Text(&'s str),
+    /// The row version's table (`tableoid`: a partition's own for a row of a partition).
+    RowTable,
+    /// The row version's physical position (`ctid`).
+    RowId,
 }
 
 impl UpdateQuery {
@@ -350,6 +354,24 @@ unsafe fn stamp_expr(
                         }
                     }
                 }
+                StampArg::RowTable => pg_sys::makeVar(
+                    varno,
+                    pg_sys::TableOidAttributeNumber as i16,
+                    pg_sys::OIDOID,
+                    -1,
+                    pg_sys::Oid::INVALID,
+                    0,
+                )
+                .cast(),
+                StampArg::RowId => pg_sys::makeVar(
+                    varno,
+                    pg_sys::SelfItemPointerAttributeNumber as i16,
+                    pg_sys::TIDOID,
+                    -1,
+                    pg_sys::Oid::INVALID,
+                    0,
+                )
+                .cast(),
                 StampArg::Oid(o) => pg_sys::makeConst(
                     pg_sys::OIDOID,
                     -1,
@@ -437,12 +459,30 @@ impl DeleteQuery {
         target_of(self.q)
     }
 
-    /// Make `function(args…)` the DELETE's RETURNING list (`rel` is the target table, open): it
-    /// is evaluated for each row the DELETE deletes, on the version it deleted. The statement
-    /// still returns no rows: [`hide_returning`] is called on its plan.
+    /// Add `function(args…)` to the DELETE's target list as a junk column (`rel` is the target
+    /// table, open): the plan under the DELETE evaluates it for each row it hands the DELETE to
+    /// delete, on that row version (for a row changed concurrently under READ COMMITTED,
+    /// EvalPlanQual evaluates it again on the latest version, which is the one deleted), before
+    /// the DELETE deletes it; nothing reads its value. A row it is evaluated for may still be
+    /// left alone (changed or deleted concurrently, skipped by a BEFORE DELETE trigger): the
+    /// statement's row count tells (`DeleteCount`).
     pub fn add_check(&mut self, rel: Relation, function: pg_sys::Oid, args: &[StampArg]) {
-        // SAFETY: the planner's Query of a DELETE without RETURNING (`of`).
-        unsafe { returning_check(self.q, rel, function, args) }
+        // SAFETY: main thread, inside the planner's call; the expression is made by `stamp_expr`
+        // in the current memory context (the planner's, where the Query lives). A DELETE's
+        // target list before planning holds only junk entries (numbered from 1); the planner
+        // adds its row identity columns after them.
+        unsafe {
+            let q = &mut *self.q;
+            let expr = stamp_expr(q.resultRelation, rel, function, args, std::ptr::null_mut());
+            let resno = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList).len() + 1;
+            let tle = pg_sys::makeTargetEntry(
+                expr.cast(),
+                resno as i16,
+                pg_sys::pstrdup(c"pg_fencing_check".as_ptr()),
+                true,
+            );
+            q.targetList = pg_sys::lappend(q.targetList, tle.cast());
+        }
     }
 }
 
@@ -957,6 +997,26 @@ impl ModifyExecution {
         }
     }
 
+    /// The statement's row count, to be read by its own expressions' calls.
+    pub fn delete_count(&self) -> DeleteCount {
+        // SAFETY: the started executor's EState, valid for the call; only its address and its
+        // memory context's are kept.
+        unsafe {
+            let estate = (*self.qd).estate;
+            DeleteCount {
+                estate,
+                context: (*estate).es_query_cxt as usize,
+            }
+        }
+    }
+
+    /// Does this statement set the command's row count (`es_processed` counts its rows)? A
+    /// rule's added actions do not.
+    pub fn sets_tag(&self) -> bool {
+        // SAFETY: the ModifyTable state, valid for the call.
+        unsafe { (*self.mt).canSetTag }
+    }
+
     /// The statement's memory context (its identity while it runs).
     pub fn query_context(&self) -> usize {
         // SAFETY: the started executor's EState, valid for the call.
@@ -1283,9 +1343,59 @@ impl StampCall {
         .take(8)
     }
 
+    /// Arguments `table` (an oid) and `id` (a tid) as a row version (NULL: None).
+    pub fn row_version(&self, table: usize, id: usize) -> Option<RowVersion> {
+        let table = pg_sys::Oid::from(self.arg(table)?.value() as u32);
+        let id = self.arg(id)?;
+        // SAFETY: argument `id` of `drop_row` is declared tid, passed by reference: a pointer to
+        // an ItemPointerData valid for the call, copied out here.
+        let ip = unsafe { *id.cast_mut_ptr::<pg_sys::ItemPointerData>() };
+        Some(RowVersion {
+            table,
+            block: (u32::from(ip.ip_blkid.bi_hi) << 16) | u32::from(ip.ip_blkid.bi_lo),
+            offset: ip.ip_posid,
+        })
+    }
+
+    /// The row count of the running statement `count` belongs to, if this call is one of that
+    /// statement's (its memory context is the statement's or inside it; then the statement's
+    /// EState, allocated in that context, is alive).
+    pub fn statement_rows(&self, count: &DeleteCount) -> Option<u64> {
+        if !self.contexts().any(|c| c == count.context) {
+            return None;
+        }
+        // SAFETY: the EState lives in the statement's memory context, an ancestor of this
+        // call's (checked above), so it has not been freed; the counter is read only.
+        Some(unsafe { (*count.estate).es_processed })
+    }
+
     /// The arguments from `from` on, printed as a key (see `trigger_event::key_text_of`).
     pub fn key_text(&self, from: usize) -> String {
         crate::pg::trigger_event::key_text_of(&self.typed(from))
+    }
+
+    /// `f` of the arguments from `from` on, with their types (as [`typed`](Self::typed)), kept
+    /// on the stack when there are at most 8 of them (a key of 8 columns or fewer).
+    pub fn with_typed<T>(
+        &self,
+        from: usize,
+        f: impl FnOnce(&[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> T,
+    ) -> T {
+        // SAFETY: `fcinfo` and its `flinfo` are valid for the call; get_fn_expr_argtype reads
+        // the call's expression for each argument's type.
+        let n = unsafe { (*self.fcinfo).nargs as usize };
+        let count = n.saturating_sub(from);
+        if count > 8 {
+            return f(&self.typed(from));
+        }
+        let mut out = [(None, pg_sys::Oid::INVALID); 8];
+        for (slot, i) in out.iter_mut().zip(from..n) {
+            // SAFETY: as above.
+            *slot = (self.arg(i), unsafe {
+                pg_sys::get_fn_expr_argtype((*self.fcinfo).flinfo, i as c_int)
+            });
+        }
+        f(&out[..count])
     }
 
     /// The arguments from `from` on, with their types (NULL: None).
@@ -1302,6 +1412,95 @@ impl StampCall {
                     )
                 })
                 .collect()
+        }
+    }
+}
+
+/// A running DELETE's row count (`es_processed`: the rows it deleted so far), read through a
+/// call of its own expressions ([`StampCall::statement_rows`]).
+pub struct DeleteCount {
+    estate: *mut pg_sys::EState,
+    context: usize,
+}
+
+/// One row version of a table: its table (a partition's own) and its position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowVersion {
+    pub table: pg_sys::Oid,
+    block: u32,
+    offset: u16,
+}
+
+impl RowVersion {
+    /// Did this transaction delete this row version (its `xmax` is this transaction's, or one of
+    /// its subtransactions', not only a row lock, and it points to itself: a deletion, not an
+    /// update)? A version that cannot be read (a table that is not a heap, a position past
+    /// its end) counts as deleted: the caller then keeps a tombstone it may not need, never
+    /// drops one it needs. A pruned one (its line pointer no longer a tuple's) does not: only
+    /// a version whose deleter committed is pruned.
+    pub fn deleted_by_this_transaction(&self) -> bool {
+        // SAFETY: main thread inside a transaction. The table is opened with AccessShareLock
+        // (the DELETE holds RowExclusiveLock on it already) and closed before returning; only a
+        // heap (relam checked) is read, by heap_fetch with SnapshotAny, which returns a pinned
+        // buffer (released here) when it found a normal line pointer in range (else false);
+        // the tuple header is read under the buffer's share lock; HeapTupleGetUpdateXid is
+        // PostgreSQL's own reading of a multixact xmax.
+        unsafe {
+            let rel = pg_sys::try_relation_open(self.table, pg_sys::AccessShareLock as _);
+            if rel.is_null() {
+                return true;
+            }
+            let heap = (*(*rel).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID
+                && self.block < pg_sys::RelationGetNumberOfBlocksInFork(
+                    rel,
+                    pg_sys::ForkNumber::MAIN_FORKNUM,
+                );
+            if !heap {
+                pg_sys::relation_close(rel, pg_sys::AccessShareLock as _);
+                return true;
+            }
+            let mut tuple = pg_sys::HeapTupleData::default();
+            tuple.t_self.ip_blkid.bi_hi = (self.block >> 16) as u16;
+            tuple.t_self.ip_blkid.bi_lo = (self.block & 0xFFFF) as u16;
+            tuple.t_self.ip_posid = self.offset;
+            let mut buffer: pg_sys::Buffer = 0;
+            let found = pg_sys::heap_fetch(
+                rel,
+                &raw mut pg_sys::SnapshotAnyData,
+                &mut tuple,
+                &mut buffer,
+                true,
+            );
+            // Not found with SnapshotAny: the line pointer is no longer a tuple's (pruned), which
+            // only a version whose deleter committed can be; not this transaction's deletion.
+            let deleted = if !found && buffer == pg_sys::InvalidBuffer as pg_sys::Buffer {
+                false
+            } else {
+                pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as _);
+                let h = &*tuple.t_data;
+                let mask = u32::from(h.t_infomask);
+                let locked_only = mask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
+                    || mask & (pg_sys::HEAP_XMAX_IS_MULTI | pg_sys::HEAP_LOCK_MASK)
+                        == pg_sys::HEAP_XMAX_EXCL_LOCK;
+                let out = if mask & pg_sys::HEAP_XMAX_INVALID != 0 || locked_only {
+                    false
+                } else {
+                    let xmax = if mask & pg_sys::HEAP_XMAX_IS_MULTI != 0 {
+                        pg_sys::HeapTupleGetUpdateXid(tuple.t_data)
+                    } else {
+                        h.t_choice.t_heap.t_xmax
+                    };
+                    pg_sys::TransactionIdIsCurrentTransactionId(xmax)
+                        && h.t_ctid.ip_blkid.bi_hi == tuple.t_self.ip_blkid.bi_hi
+                        && h.t_ctid.ip_blkid.bi_lo == tuple.t_self.ip_blkid.bi_lo
+                        && h.t_ctid.ip_posid == tuple.t_self.ip_posid
+                };
+                pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as _);
+                pg_sys::ReleaseBuffer(buffer);
+                out
+            };
+            pg_sys::relation_close(rel, pg_sys::AccessShareLock as _);
+            deleted
         }
     }
 }

@@ -612,6 +612,21 @@ unsafe fn trigger_info(t: &pg_sys::Trigger) -> TriggerInfo {
 /// output settings unless every type prints the same under any settings) and quoted like a
 /// record field when needed; NULLs print as nothing. `values`: (datum or NULL, type).
 pub fn key_text_of(values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> String {
+    // One integer column (the usual key of a queue's table): printed at once.
+    if let [(Some(d), t)] = values {
+        let v = match *t {
+            pg_sys::INT4OID => Some(i64::from(d.value() as i32)),
+            pg_sys::INT8OID => Some(d.value() as i64),
+            _ => None,
+        };
+        if let Some(v) = v {
+            let mut out = String::with_capacity(22);
+            out.push('(');
+            push_decimal(&mut out, v);
+            out.push(')');
+            return out;
+        }
+    }
     if values.iter().all(|(_, t)| SETTING_FREE_TYPES.contains(t)) {
         key_text_pinned(values)
     } else {
@@ -635,9 +650,8 @@ fn push_decimal(out: &mut String, v: i64) {
     if v < 0 {
         out.push('-');
     }
-    for d in &digits[i..] {
-        out.push(char::from(*d));
-    }
+    // SAFETY: `digits[i..]` holds only ASCII digits, which are valid UTF-8.
+    out.push_str(unsafe { std::str::from_utf8_unchecked(&digits[i..]) });
 }
 
 fn key_text_pinned(values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> String {

@@ -154,7 +154,7 @@ fn order_for_run(entries: Vec<(i64, &str, Token)>) -> Vec<(i64, &str, Token)> {
             next[b] += 1;
         }
         for b in 0..buckets {
-            out[start[b]..start[b + 1]].sort_unstable_by(by_key);
+            sort_bucket(&mut out[start[b]..start[b + 1]], by_key);
         }
         out
     };
@@ -164,6 +164,27 @@ fn order_for_run(entries: Vec<(i64, &str, Token)>) -> Vec<(i64, &str, Token)> {
         return order_for_run(out);
     }
     out
+}
+
+/// Sort `bucket` by `by_key` (hash, text, highest mark first): by hash alone first (integers),
+/// then each range of equal hashes (two texts' hashes are rarely equal; a text deleted twice
+/// in a batch has its hash twice) by the whole of `by_key`.
+fn sort_bucket(
+    bucket: &mut [(i64, &str, Token)],
+    by_key: impl Fn(&(i64, &str, Token), &(i64, &str, Token)) -> std::cmp::Ordering,
+) {
+    bucket.sort_unstable_by_key(|e| e.0);
+    let mut i = 0;
+    while i < bucket.len() {
+        let mut j = i + 1;
+        while j < bucket.len() && bucket[j].0 == bucket[i].0 {
+            j += 1;
+        }
+        if j - i > 1 {
+            bucket[i..j].sort_unstable_by(&by_key);
+        }
+        i = j;
+    }
 }
 
 /// Write `entries` (ordered by `order_for_run`) as one run; `uniform`: every

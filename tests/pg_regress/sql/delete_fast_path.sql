@@ -164,12 +164,12 @@ ROLLBACK;
 SELECT fencing_protect('dp_row'), fencing_protect('dp_res', 'dp-resource');
 
 -- drop_row called by hand: only for the table's own protection and by a role that may delete.
-SELECT _pg_fencing.drop_row(1, 'dp_row'::regclass, 999, 'fence_token', 1);
+SELECT _pg_fencing.drop_row(1, 'dp_row'::regclass, 999, 'fence_token', NULL, NULL, 1);
 \echo :LAST_ERROR_SQLSTATE
 CREATE ROLE dp_reader;
 GRANT SELECT ON dp_row TO dp_reader;
 SET ROLE dp_reader;
-SELECT _pg_fencing.drop_row(1, 'dp_row'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass), 'fence_token', 1);
+SELECT _pg_fencing.drop_row(1, 'dp_row'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass), 'fence_token', NULL, NULL, 1);
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
 -- A role that may delete only through a view (the view owner's privileges count, as for the
@@ -187,7 +187,7 @@ GRANT UPDATE ON dp_row TO dp_reader;
 SET ROLE dp_reader;
 BEGIN; SET LOCAL pg_fencing.token = '1000';
 UPDATE dp_row SET v = v WHERE id = 20
-  AND _pg_fencing.drop_row(NULL, 'dp_row'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass), 'fence_token', 777) IS NOT NULL;
+  AND _pg_fencing.drop_row(NULL, 'dp_row'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass), 'fence_token', NULL, NULL, 777) IS NOT NULL;
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 RESET ROLE;

@@ -86,7 +86,7 @@ BEGIN; SET LOCAL pg_fencing.token = '500'; DELETE FROM rls_jobs WHERE id = 1; CO
 -- its own statements on its own row still take the fast paths
 BEGIN; SET LOCAL pg_fencing.token = '12'; UPDATE rls_jobs SET owner_name = owner_name WHERE id = 2; DELETE FROM rls_jobs WHERE id = 2; COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '500';
-SELECT _pg_fencing.drop_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1);
+SELECT _pg_fencing.drop_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', NULL, NULL, 1);
 COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '500';
 SELECT _pg_fencing.stamp_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1);
@@ -94,7 +94,7 @@ COMMIT;
 -- The same calls written into the role's own fast-path statement on the table: still made by
 -- hand (only the stamping calls the planner adds act for the statement), refused the same way.
 BEGIN; SET LOCAL pg_fencing.token = '500';
-DELETE FROM rls_jobs WHERE id = (SELECT 99 WHERE _pg_fencing.drop_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1) IS NOT NULL);
+DELETE FROM rls_jobs WHERE id = (SELECT 99 WHERE _pg_fencing.drop_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', NULL, NULL, 1) IS NOT NULL);
 COMMIT;
 BEGIN; SET LOCAL pg_fencing.token = '500';
 UPDATE rls_jobs SET owner_name = owner_name WHERE id = (SELECT 99 WHERE _pg_fencing.stamp_row(NULL, 'rls_jobs'::regclass, :pid, 'fence_token', 1) IS NOT NULL);

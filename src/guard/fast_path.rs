@@ -5,10 +5,11 @@
 //! statement finished (`finish_write`); an INSERT of one row whose key expressions may be
 //! evaluated twice notes its key in the stamp itself (`stamp_insert_key`) for that check.
 //! Resource mode stores the mark when the statement finished. A DELETE
-//! without RETURNING gets `_pg_fencing.drop_row(…)` as its hidden RETURNING list
-//! (per-row mode: each deleted row checked on the version deleted, its tombstone left) or, in
-//! resource mode, nothing per row: the mark is checked when the executor starts and stored when
-//! it finished if a row was deleted (`finish_delete`). The rest of this header is the UPDATE's.
+//! without RETURNING gets `_pg_fencing.drop_row(…)` as a junk column of the plan under it
+//! (per-row mode: each row version handed to the DELETE checked, its key's tombstone left once
+//! the statement's row count or the version shows it was deleted: `Deletes`) or, in resource
+//! mode, nothing per row: the mark is checked when the executor starts and stored when it
+//! finished if a row was deleted (`finish_write`). The rest of this header is the UPDATE's.
 //!
 //! The UPDATE fast path: a plain `UPDATE` of a
 //! protected table is fenced by an expression in its own SET list instead of the guard's row and
@@ -699,6 +700,11 @@ impl Settle {
 /// (settling the one or two noted before it, which the DELETE has dealt with by now). Returns it back if
 /// there is no such statement (a call by hand): then its tombstone is recorded at once.
 fn note_deleted(call: &StampCall, d: NotedDelete) -> Option<NotedDelete> {
+    // A call written into the statement by hand (say in its WHERE clause) is not one the DELETE
+    // deletes a version after: recorded at once, as anywhere else.
+    if !call.planned() {
+        return Some(d);
+    }
     let settled = WRITES.with(|w| {
         let mut w = w.borrow_mut();
         if w.is_empty() {

@@ -661,7 +661,8 @@ impl Deletes {
     /// The noted versions, to be settled now that the statement deleted `rows` rows in all
     /// (None: not known), and whether each of them is known deleted.
     fn take(&mut self, rows: Option<u64>) -> Settle {
-        let all = rows.is_some_and(|r| r.checked_sub(self.confirmed) == Some(self.noted.len() as u64));
+        let all =
+            rows.is_some_and(|r| r.checked_sub(self.confirmed) == Some(self.noted.len() as u64));
         if let Some(r) = rows {
             self.confirmed = r;
         }

@@ -1451,10 +1451,11 @@ impl RowVersion {
                 return true;
             }
             let heap = (*(*rel).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID
-                && self.block < pg_sys::RelationGetNumberOfBlocksInFork(
-                    rel,
-                    pg_sys::ForkNumber::MAIN_FORKNUM,
-                );
+                && self.block
+                    < pg_sys::RelationGetNumberOfBlocksInFork(
+                        rel,
+                        pg_sys::ForkNumber::MAIN_FORKNUM,
+                    );
             if !heap {
                 pg_sys::relation_close(rel, pg_sys::AccessShareLock as _);
                 return true;

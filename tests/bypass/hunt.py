@@ -24,6 +24,9 @@ import psycopg2
 OUTCOMES = {}  # how often each outcome was seen, to show the sequences exercise every answer
 # The same per preloading state and shape of the written table: {(preloaded, shape, outcome): n}.
 PRELOAD_OUTCOMES = {}
+# Bulk deletes (runs): admitted ones, and later inserts of a key one of them deleted, by outcome
+# (an FT001 there below the run's token is the run refusing a stale writer).
+BULK = {"admitted": 0, "insert after": {}}
 # Writes judged without the library preloaded, per table ("r", "p", ...): refused (FT004) only for
 # that (set-based, active otherwise), and admitted (row-trigger).
 NOT_PRELOADED = {"refused only for it": {}, "admitted": {}}
@@ -54,10 +57,18 @@ SOURCES = {
     "lease_savepoint": True,
 }
 PATHS = ["insert", "upsert", "update", "update_key", "delete", "merge", "copy", "truncate",
-         "view_update", "plpgsql", "prepared", "fenced", "prepared_insert", "insert_select"]
+         "view_update", "plpgsql", "prepared", "fenced", "prepared_insert", "insert_select",
+         "bulk_delete", "bulk_delete", "bulk_delete"]
+# "bulk_delete" (three times as likely as each other path: most writes are refused, and an
+# admitted one is what a later stale insert of its key meets): the key deleted in one statement with BULK_PAD keys inserted just before in the
+# same transaction (fresh keys, never written again), so that the transaction's tombstones are
+# one run (docs/design.md, "Tombstone runs": 64 keys or more of one token) and the key's later
+# writes are judged against the run. The padding INSERT is refused where the key's DELETE would
+# be, and also below the tombstone floor (a fresh key's mark).
+BULK_PAD = 70
 # Sources that run the write inside a function body: only SQL statements can go there.
 IN_FUNCTION = {"function_set_clause", "definer_set_clause"}
-SQL_ONLY = {"insert", "upsert", "update", "update_key", "delete", "merge", "truncate", "view_update",
+SQL_ONLY = {"insert", "upsert", "update", "update_key", "delete", "bulk_delete", "merge", "truncate", "view_update",
             "insert_select"}
 # Table states reached by DDL (Server.set_state), and "disable_attempt": an owner's DISABLE
 # TRIGGER of a protection's trigger outside a restore, which the contract refuses (55000) and
@@ -159,7 +170,7 @@ class Model:
         op = {"upsert": "update" if key in rows else "insert",
               "merge": "update" if key in rows else "insert",
               "copy": "insert", "prepared_insert": "insert", "insert_select": "insert", "view_update": "update", "plpgsql": "update", "prepared": "update",
-              "fenced": "update" if key in rows else "insert"}.get(path, path)
+              "fenced": "update" if key in rows else "insert", "bulk_delete": "delete"}.get(path, path)
         if t["resource"]:
             if token < mark:
                 return "FT001", None
@@ -189,7 +200,7 @@ class Model:
                 tomb[key] = max(tomb.get(key, 0), token)
                 rows[new_key] = token
             elif op == "delete":
-                if token < rows[key]:
+                if token < rows[key] or (path == "bulk_delete" and token < floor):
                     return "FT001", None
                 del rows[key]
                 tomb[key] = max(tomb.get(key, 0), token)
@@ -358,6 +369,11 @@ class Server:
             return [f"UPDATE {name} SET id = {new_key} WHERE id = {key}"]
         if path == "delete":
             return [f"DELETE FROM {name} WHERE id = {key}"]
+        if path == "bulk_delete":
+            self.pad = getattr(self, "pad", 1_000_000) + BULK_PAD
+            lo, hi = self.pad, self.pad + BULK_PAD - 1
+            return [f"INSERT INTO {name} SELECT g, 1 FROM generate_series({lo}, {hi}) g",
+                    f"DELETE FROM {name} WHERE id = {key} OR id BETWEEN {lo} AND {hi}"]
         if path == "merge":
             return [f"MERGE INTO {name} t USING (VALUES ({key})) s(id) ON t.id = s.id "
                     f"WHEN MATCHED THEN UPDATE SET v = t.v + 1 WHEN NOT MATCHED THEN INSERT VALUES (s.id, 1)"]
@@ -629,7 +645,7 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
         t = model.t[name]
         rows = t["rows"]
         # Writes touch a row that exists (an UPDATE of nothing fires no row trigger); inserts a new key.
-        if path in ("update", "update_key", "delete", "view_update", "plpgsql", "prepared"):
+        if path in ("update", "update_key", "delete", "bulk_delete", "view_update", "plpgsql", "prepared"):
             if not rows:
                 continue
             key = sorted(rows)[key % len(rows)]
@@ -666,6 +682,13 @@ def replay_steps(srv, model, seq, name_of, lease, verbose):
             return i, (f"step {i}: {path} of {name} (key {key}{', new key ' + str(new_key) if path == 'update_key' else ''}) "
                        f"with token {token} via {source} ({where}): the contract says {want}, the server answered {got}")
         OUTCOMES[got] = OUTCOMES.get(got, 0) + 1
+        bulk_keys = t.setdefault("bulk_keys", {})
+        if path == "bulk_delete" and got == "ok":
+            BULK["admitted"] += 1
+            bulk_keys[key] = token
+        elif path in ("insert", "copy", "prepared_insert", "insert_select", "upsert", "merge") and key in bulk_keys:
+            outcome = f"{got} below its run's token" if token < bulk_keys.pop(key) else got
+            BULK["insert after"][outcome] = BULK["insert after"].get(outcome, 0) + 1
         k = (model.preloaded, t["shape"], got)
         PRELOAD_OUTCOMES[k] = PRELOAD_OUTCOMES.get(k, 0) + 1
         if not model.preloaded:
@@ -742,6 +765,11 @@ def main():
     print(f"hunt: seed {args.seed}: {args.sequences} sequences, {writes} writes generated "
           f"({sum(OUTCOMES.values())} run; outcomes {dict(sorted(OUTCOMES.items()))}); "
           "the server agreed with the contract on every one")
+    print(f"  bulk deletes admitted (a run of {BULK_PAD + 1} keys each): {BULK['admitted']}; a later insert "
+          f"of a key one of them deleted: {dict(sorted(BULK['insert after'].items()))}")
+    if BULK["admitted"] == 0:
+        print("hunt: no bulk delete was admitted: runs were not hunted")
+        return 1
     for pre in (True, False):
         by_shape = {}
         for (p, shape, got), k in PRELOAD_OUTCOMES.items():

@@ -411,6 +411,8 @@ stage_pg18_suites() {
     # (seed 2 wrote no FT001 once the preloading axis changed every sequence: the hunter fails a
     # run that misses an outcome; seed 5 reaches all of them, 42P10 of the temporal key included)
     tests/bypass/run.sh --seed 5 --sequences 20 --steps 40
+    step "18/19 on PostgreSQL 18: a Citus cluster, Citus built from its source (tests/citus)"
+    tests/citus/run.sh
     step "18/19 on PostgreSQL 18: PostgreSQL leases under concurrency (tests/leases)"
     tests/leases/run.sh
     step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, lease tokens carried, a lost first grant, the set-based shape without preloading)"

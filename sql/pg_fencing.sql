@@ -596,6 +596,7 @@ DECLARE
     old record;
     moved bigint[];
     replaced regclass[];
+    citus_table boolean := false;
 BEGIN
     IF relation IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
@@ -614,6 +615,19 @@ BEGIN
     IF rel.relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', relation),
             HINT = 'fencing_protect accepts plain and partitioned tables.';
+    END IF;
+    -- A table Citus manages (distributed, reference, a Citus local table, or a partition of
+    -- one): its writes run on its shards, on other nodes, where this protection's triggers,
+    -- marks and tombstones are not (docs/citus.md). Refused rather than left half protected.
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid OPERATOR(pg_catalog.=) $1)'
+            INTO citus_table USING relation;
+        IF citus_table THEN
+            RAISE EXCEPTION USING ERRCODE = '0A000',
+                MESSAGE = format('%s is a Citus table (distributed, reference or Citus local): pg_fencing does not protect Citus tables yet', relation),
+                DETAIL = 'Writes to a Citus table run on its shards, on the cluster''s nodes, where a protection made here would not check them.',
+                HINT = 'Keep the table on the coordinator (SELECT undistribute_table(...)) and protect it there; docs/citus.md says what holds on a Citus cluster today.';
+        END IF;
     END IF;
     IF rel.relpersistence = 't' THEN
         -- A temporary table is dropped at session end without the DDL event triggers, which
@@ -871,7 +885,7 @@ BEGIN
 END
 $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_protect(regclass, text, name) IS
-'Puts a plain or partitioned table under fencing. resource NULL: per-row mode (each row is its own fencing domain, deleted keys keep a tombstone); resource given: resource mode (one high-water mark fences every row). Adds token_column (bigint) if missing. Idempotent. Switching a protected table to another resource, the other mode or (resource mode) another token column carries the fence: the new resource''s mark, or in per-row mode the tombstone floor, starts at the old protection''s highest mark, row token and tombstone. Repairs the firing modes of the protection''s triggers. A publication of the table gets pg_fencing''s own tables added. Errors: 42501 not the owner; 42809 not a table, a partition or a temporary table; 42P16 no primary key in per-row mode; 42804 token column not bigint; 22023 empty resource; 55000 another token column for a per-row table, or a per-row table that is UNLOGGED.';
+'Puts a plain or partitioned table under fencing. resource NULL: per-row mode (each row is its own fencing domain, deleted keys keep a tombstone); resource given: resource mode (one high-water mark fences every row). Adds token_column (bigint) if missing. Idempotent. Switching a protected table to another resource, the other mode or (resource mode) another token column carries the fence: the new resource''s mark, or in per-row mode the tombstone floor, starts at the old protection''s highest mark, row token and tombstone. Repairs the firing modes of the protection''s triggers. A publication of the table gets pg_fencing''s own tables added. Errors: 42501 not the owner; 42809 not a table, a partition or a temporary table; 0A000 a table Citus manages (docs/citus.md); 42P16 no primary key in per-row mode; 42804 token column not bigint; 22023 empty resource; 55000 another token column for a per-row table, or a per-row table that is UNLOGGED.';
 
 CREATE FUNCTION @extschema@.fencing_unprotect(relation regclass) RETURNS void
 LANGUAGE plpgsql AS $fn$

@@ -24,7 +24,7 @@ if [ -z "${CITUS_REBUILD:-}" ] && [ -f "$CONTROL" ] && grep -q "^default_version
 fi
 BUILD=$(mktemp -d /tmp/pg_fencing-citus.XXXXXX)
 trap 'rm -rf "$BUILD"' EXIT
-VENDOR="$ROOT/../shared/vendor"
+VENDOR="$(dirname "$ROOT")/shared/vendor"  # beside the checkout
 TARBALL=""
 if [ -n "${CITUS_SRC:-}" ]; then
     if [ -d "$CITUS_SRC" ]; then

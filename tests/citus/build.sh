@@ -3,8 +3,8 @@
 # 18 (the wheel's, PG18_BIN) and installed into it. Citus is in no package registry; its source
 # is taken, in this order, from:
 #   1. CITUS_SRC: a directory of Citus's source, or a .tar.gz of it;
-#   2. ../shared/vendor/citus-14.0.1.tar.gz beside the checkout, checked against the sha256 that
-#      ../shared/vendor/README.md gives for it;
+#   2. citus-14.0.1.tar.gz in the vendor directory beside the checkout (shared/vendor in the
+#      checkout's parent), checked against the sha256 its README.md gives for it;
 #   3. the public release tag v14.0.1 (github.com/citusdata/citus), if it can be fetched.
 # None of them: it says so and fails (the suite never passes without Citus). Nothing to do when
 # the same version is installed already (CITUS_REBUILD=1 builds anyway).

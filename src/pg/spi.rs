@@ -201,6 +201,20 @@ pub fn text_of(d: pg_sys::Datum) -> String {
     unsafe { String::from_datum(d, false).unwrap_or_default() }
 }
 
+/// A decoder for `exec_internal` of a statement whose one column is `text[]`: its elements (NULL
+/// elements left out), copied before SPI frees them.
+pub fn text_array_of(d: pg_sys::Datum) -> Vec<String> {
+    // SAFETY: `exec_internal` passes only non-NULL values of the statement's first column, which
+    // the caller's statement declares as text[]; Vec::<Option<String>>::from_datum copies it.
+    unsafe {
+        Vec::<Option<String>>::from_datum(d, false)
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
 /// Run a statement as the extension owner, with the latest committed snapshot, and decode the
 /// first column of the first row (if any, and not NULL) with `decode`. `cached`: keep the plan
 /// for the life of the backend (only for the fixed statements above).

@@ -916,7 +916,6 @@ pub fn truncate_rows(
     flush_tombstones();
     let row_key = format!("ROW({})::text", pk_names.join(", "));
     let from = format!("ONLY {table}");
-    let _ = relid;
     let check = format!(
         "SELECT {row_key} || ' ' || {token_col} FROM {from} WHERE {token_col} > $1 ORDER BY {token_col} DESC LIMIT 1"
     );
@@ -945,6 +944,47 @@ pub fn truncate_rows(
             token,
             high_water,
         });
+    }
+    // Keys identified by their text, the feed not published: pending, as a DELETE's keys are
+    // (`record_row_delete`), so that many become runs (`tombstone_runs.rs`), not a row each. Read
+    // a range of blocks at a time (a TID range scan), so that no more than one range's keys are
+    // held at once besides the pending ones.
+    if keys_identified_by_text(protection) && !feed_published() {
+        let blocks = exec_internal(
+            "SELECT pg_catalog.pg_relation_size($1::pg_catalog.oid::pg_catalog.regclass) \
+             OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8",
+            false,
+            &[pg_sys::INT8OID],
+            &mut [pg_sys::Datum::from(i64::from(relid.to_u32()))],
+            true,
+            as_token,
+        )
+        .unwrap_or(0);
+        let read = format!(
+            "SELECT pg_catalog.array_agg({row_key}) FROM {from} \
+             WHERE ctid OPERATOR(pg_catalog.>=) pg_catalog.format('(%s,0)', $1)::pg_catalog.tid \
+               AND ctid OPERATOR(pg_catalog.<) pg_catalog.format('(%s,0)', $2)::pg_catalog.tid"
+        );
+        const BLOCKS_AT_ONCE: i64 = 256;
+        let mut start = 0;
+        while start < blocks {
+            pgrx::check_for_interrupts!();
+            let end = start + BLOCKS_AT_ONCE;
+            let keys = exec_internal(
+                &read,
+                false,
+                &[pg_sys::INT8OID, pg_sys::INT8OID],
+                &mut [pg_sys::Datum::from(start), pg_sys::Datum::from(end)],
+                true,
+                crate::pg::spi::text_array_of,
+            )
+            .unwrap_or_default();
+            for key in keys {
+                record_row_delete(protection, key, None, token);
+            }
+            start = end;
+        }
+        return Ok(());
     }
     // Keys identified by hash get it from the rows' values (their text only where those are not
     // of the key's types: `tombstone_key_hash_of` says NULL, as for text identity, where parsing

@@ -217,6 +217,40 @@ SELECT t.high_water, count(*) FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.
 WHERE p.relid = 'm'::regclass GROUP BY 1 ORDER BY 1;
 DROP TABLE m;
 
+-- TRUNCATE leaves its keys as a DELETE does: 64 or more of one token are a run (keys that need
+-- quoting in their text included), taken back with a rolled-back savepoint.
+CREATE TABLE tr (a text, b int, PRIMARY KEY (a, b));
+SELECT fencing_protect('tr');
+BEGIN; SET LOCAL pg_fencing.token = '5';
+INSERT INTO tr SELECT 'k' || g, g FROM generate_series(1, 150) g;
+INSERT INTO tr VALUES ('x y', 1), ('q"uote', 2), ('com,ma', 3), ('(paren)', 4), ('back\slash', 5), ('', 6);
+COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '6';
+SAVEPOINT s; TRUNCATE tr; ROLLBACK TO SAVEPOINT s;
+COMMIT;
+SELECT count(*) AS rows_left FROM tr;
+SELECT count(*) AS runs FROM _pg_fencing.tombstone_run r JOIN _pg_fencing.protected_table p ON p.id = r.protection_id
+WHERE p.relid = 'tr'::regclass;
+BEGIN; SET LOCAL pg_fencing.token = '7'; TRUNCATE tr; COMMIT;
+SELECT r.high_water, r.key_count FROM _pg_fencing.tombstone_run r JOIN _pg_fencing.protected_table p ON p.id = r.protection_id
+WHERE p.relid = 'tr'::regclass;
+SELECT tombstones FROM fencing_protected_tables WHERE relation = 'tr'::regclass;
+-- every key refused below the TRUNCATE's token, accepted at it
+CREATE FUNCTION tr_try(k text, n int, t bigint) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM set_config('pg_fencing.token', t::text, true);
+  INSERT INTO tr VALUES (k, n);
+  RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'undo';
+EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE;
+END $$;
+SELECT k, tr_try(k, n, 6) AS at_6, tr_try(k, n, 7) AS at_7
+FROM (VALUES ('x y', 1), ('q"uote', 2), ('com,ma', 3), ('(paren)', 4), ('back\slash', 5), ('', 6), ('k77', 77)) v(k, n);
+SELECT count(*) FILTER (WHERE tr_try('k' || g, g, 6) = 'FT001') AS refused_at_6,
+       count(*) FILTER (WHERE tr_try('k' || g, g, 7) = 'P0001') AS accepted_at_7
+FROM generate_series(1, 150) g;
+DROP FUNCTION tr_try(text, int, bigint);
+DROP TABLE tr;
+
 -- a dropped table takes its runs with it
 CREATE TEMP TABLE dropped AS SELECT id FROM _pg_fencing.protected_table WHERE relid::text IN ('q', 'root');
 SELECT count(*) > 0 AS runs_before FROM _pg_fencing.tombstone_run WHERE protection_id IN (SELECT id FROM dropped);

@@ -213,6 +213,13 @@ unsafe extern "C-unwind" fn executor_finish(query_desc: *mut pg_sys::QueryDesc) 
     // guard; its error is raised here, in the hook's frame, which holds only plain values (as
     // `raise` requires).
     unsafe {
+        // A per-row DELETE's last row versions leave their tombstones before PostgreSQL's
+        // ExecutorFinish runs AFTER triggers and unread data-modifying WITH queries, which
+        // could write their keys again (its row count is final once the executor ran).
+        let (statement, rows) = plan::processed(query_desc);
+        pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+            fast_path::finish_delete(statement, rows)
+        });
         let prev = PREV_EXECUTOR_FINISH.get().copied().flatten();
         plan::executor_finish_next(prev, query_desc);
         let (statement, rows) = plan::processed(query_desc);

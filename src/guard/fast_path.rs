@@ -7,7 +7,7 @@
 //! Resource mode stores the mark when the statement finished. A DELETE
 //! without RETURNING gets `_pg_fencing.drop_row(…)` as a junk column of the plan under it
 //! (per-row mode: each row version handed to the DELETE checked, its key's tombstone left once
-//! the statement's row count or the version shows it was deleted: `Deletes`) or, in resource
+//! the statement's row count or the version shows it was deleted: `tombstones::note_unconfirmed`) or, in resource
 //! mode, nothing per row: the mark is checked when the executor starts and stored when it
 //! finished if a row was deleted (`finish_write`). The rest of this header is the UPDATE's.
 //!
@@ -55,6 +55,7 @@ use crate::pg::plan::{
 };
 use crate::pg::trigger_event::{relation_name, Relation};
 use crate::rule;
+use crate::state::tombstones::NotedDelete;
 use pgrx::pg_sys;
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
@@ -560,16 +561,11 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
         }
     } else if exec.is_delete() {
         // Per-row DELETE: `drop_row` notes each row version it checked; the statement's row
-        // count tells which of them it deleted (`note_deleted`).
-        begin_write(
+        // count tells which of them it deleted (`tombstones::note_unconfirmed`).
+        crate::state::tombstones::begin_unconfirmed(
             statement,
-            relid,
             args.protection,
-            Work::Deletes(Box::new(Deletes {
-                count: exec.sets_tag().then(|| exec.delete_count()),
-                confirmed: 0,
-                noted: Vec::new(),
-            })),
+            exec.sets_tag().then(|| exec.delete_count()),
         );
     } else if new_keys {
         begin_write(
@@ -627,116 +623,22 @@ enum Work {
         lowest: Option<Token>,
         keys: Vec<(String, Token)>,
     },
-    /// A per-row DELETE: the row versions `drop_row` checked whose deletion is not confirmed
-    /// yet.
-    Deletes(Box<Deletes>),
-}
-
-/// The row versions a per-row DELETE's `drop_row` checked, each to leave its key's tombstone
-/// once the DELETE is known to have deleted it. `drop_row` runs in the plan under the DELETE,
-/// before the DELETE deletes the version (which it may then leave alone: changed or deleted
-/// concurrently, skipped by a BEFORE DELETE trigger; under READ COMMITTED `drop_row` runs
-/// again on a concurrently changed row's latest version). Every version the DELETE deletes was
-/// checked, last right before its deletion, so the versions noted since the row count was last
-/// read are at least as many as the rows it deleted since: when they are as many, each of them
-/// was deleted. Else each is looked at (`RowVersion::deleted_by_this_transaction`). The noted
-/// versions are settled at the next call and when the statement finished (`finish_write`): one
-/// at a time, two after an EvalPlanQual re-check. A DELETE that does not set the row count (a
-/// rule's added action) looks at each.
-struct Deletes {
-    count: Option<plan::DeleteCount>,
-    /// The statement's row count when the noted versions were last settled.
-    confirmed: u64,
-    noted: Vec<NotedDelete>,
-}
-
-struct NotedDelete {
-    version: Option<plan::RowVersion>,
-    key: String,
-    hash: Option<i64>,
-    token: Token,
-}
-
-impl Deletes {
-    /// The noted versions, to be settled now that the statement deleted `rows` rows in all
-    /// (None: not known), and whether each of them is known deleted.
-    fn take(&mut self, rows: Option<u64>) -> Settle {
-        let all =
-            rows.is_some_and(|r| r.checked_sub(self.confirmed) == Some(self.noted.len() as u64));
-        if let Some(r) = rows {
-            self.confirmed = r;
-        }
-        // (one version, the usual case: taken without a new allocation)
-        match self.noted.len() {
-            1 => Settle::One(all, self.noted.pop()),
-            _ => Settle::Many(all, std::mem::take(&mut self.noted)),
-        }
-    }
-}
-
-/// Noted row versions being settled (`Deletes::take`), and whether each of them is known
-/// deleted.
-enum Settle {
-    One(bool, Option<NotedDelete>),
-    Many(bool, Vec<NotedDelete>),
-}
-
-impl Settle {
-    /// Record the tombstones of the versions deleted (outside any borrow of `WRITES`: recording
-    /// may write tombstones, which runs statements).
-    fn record(self, protection: i64) {
-        let keep = |all: bool, d: NotedDelete| {
-            if all || d.version.is_none_or(|v| v.deleted_by_this_transaction()) {
-                crate::state::tombstones::record_row_delete(protection, d.key, d.hash, d.token);
-            }
-        };
-        match self {
-            Settle::One(all, d) => d.into_iter().for_each(|d| keep(all, d)),
-            Settle::Many(all, noted) => noted.into_iter().for_each(|d| keep(all, d)),
-        }
-    }
 }
 
 /// `drop_row` checked a row version of the running DELETE whose expression `call` is: note it
-/// (settling the one or two noted before it, which the DELETE has dealt with by now). Returns it back if
-/// there is no such statement (a call by hand): then its tombstone is recorded at once.
+/// until the DELETE is known to have deleted it (`tombstones::note_unconfirmed`). Returns it back
+/// if there is no such statement (a call by hand): then its tombstone is recorded at once.
 fn note_deleted(call: &StampCall, d: NotedDelete) -> Option<NotedDelete> {
     // A call written into the statement by hand (say in its WHERE clause) is not one the DELETE
     // deletes a version after: recorded at once, as anywhere else.
     if !call.planned() {
         return Some(d);
     }
-    let settled = WRITES.with(|w| {
-        let mut w = w.borrow_mut();
-        if w.is_empty() {
-            return Err(d);
-        }
-        let Some(cxt) = call.contexts().find(|c| w.contains_key(c)) else {
-            return Err(d);
-        };
-        let Some(r) = w.get_mut(&cxt) else {
-            return Err(d);
-        };
-        let protection = r.protection;
-        let Work::Deletes(dels) = &mut r.work else {
-            return Err(d);
-        };
-        // The DELETE has dealt with every version noted before this call (deleted it or left
-        // it alone): it checks a version (this call) only once it is done with the previous
-        // one, and a version checked again under EvalPlanQual replaces the one checked first.
-        let settle = (!dels.noted.is_empty())
-            .then(|| dels.take(dels.count.as_ref().and_then(|c| call.statement_rows(c))));
-        dels.noted.push(d);
-        Ok(settle.map(|s| (protection, s)))
-    });
-    match settled {
-        Err(d) => Some(d),
-        Ok(Some((protection, s))) => {
-            s.record(protection);
-            None
-        }
-        Ok(None) => None,
-    }
+    crate::state::tombstones::note_unconfirmed(
+        call.contexts(),
+        |count| call.statement_rows(count),
+        d,
+    )
 }
 
 /// At most this many keys of one statement wait for `finish_write` (about 40 bytes each);
@@ -796,7 +698,7 @@ fn note_new_key(call: &StampCall, key: &str, token: Token) -> Noted {
                         Noted::Yes
                     }
                     Work::NewKeys { .. } => Noted::Full,
-                    Work::Mark { .. } | Work::Deletes(_) => Noted::NoStatement,
+                    Work::Mark { .. } => Noted::NoStatement,
                 };
             }
         }
@@ -816,6 +718,14 @@ enum Noted {
     NoStatement,
 }
 
+/// ExecutorFinish, before PostgreSQL's (which runs AFTER triggers and data-modifying WITH
+/// queries nobody read): a per-row DELETE on the fast path whose memory context is `statement`
+/// deleted `rows` rows; the row versions it checked last leave their tombstones now, before
+/// any of that can write their keys again (`tombstones::finish_unconfirmed`).
+pub fn finish_delete(statement: usize, rows: u64) {
+    crate::state::tombstones::finish_unconfirmed(statement, rows);
+}
+
 /// ExecutorFinish: the statement whose memory context is `statement` wrote `rows` rows. A
 /// resource-mode DELETE or INSERT on the fast path that wrote a row is a write: a raised mark is
 /// stored, as the guard's row triggers did (BEFORE DELETE, AFTER INSERT): for an INSERT the
@@ -828,12 +738,6 @@ pub fn finish_write(statement: usize, rows: u64) -> Result<(), FenceError> {
     };
     let relid = running.relid;
     let (resource, highest, delete) = match running.work {
-        // A per-row DELETE: its last row versions (`note_deleted`).
-        Work::Deletes(mut dels) => {
-            let rows = dels.count.is_some().then_some(rows);
-            dels.take(rows).record(running.protection);
-            return Ok(());
-        }
         Work::Mark {
             resource,
             highest,
@@ -954,6 +858,7 @@ thread_local! {
 
 /// ExecutorEnd: the statement whose memory context is `statement` is over.
 pub fn end_update(statement: usize) {
+    crate::state::tombstones::end_unconfirmed(statement);
     WRITES.with(|w| {
         let mut w = w.borrow_mut();
         if !w.is_empty() {

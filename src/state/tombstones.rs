@@ -7,6 +7,7 @@ use crate::backend_event::BackendEvent;
 use crate::error::{Domain, FenceError, Token};
 use crate::pg::index::{read_by_index, UniqueIndex};
 use crate::pg::key_identity::{key_columns_of, KeyIdentity};
+use crate::pg::plan;
 use crate::pg::spi::{exec_internal, text_datum};
 use crate::state::marks::as_token;
 use crate::state::stats;
@@ -604,8 +605,239 @@ thread_local! {
         const { RefCell::new(Vec::new()) };
 }
 
+/// A row version a per-row DELETE on the fast path checked (`guard/fast_path.rs`, `drop_row`),
+/// whose key leaves its tombstone once the DELETE is known to have deleted it.
+pub struct NotedDelete {
+    /// The version (None: not known; then it counts as deleted).
+    pub version: Option<plan::RowVersion>,
+    pub key: String,
+    pub hash: Option<i64>,
+    pub token: Token,
+}
+
+/// The row versions a running per-row DELETE on the fast path checked and did not yet confirm
+/// deleted. `drop_row` runs in the plan under the DELETE, before the DELETE deletes the version
+/// (which it may then leave alone: changed or deleted concurrently, skipped by a BEFORE DELETE
+/// trigger; under READ COMMITTED `drop_row` runs again on a concurrently changed row's latest
+/// version). Every version the DELETE deletes was checked, last right before its deletion, so
+/// the versions noted since the row count was last read are at least as many as the rows it
+/// deleted since: when they are as many, each of them was deleted; else each is looked at
+/// (`RowVersion::deleted_by_this_transaction`). Noted versions are settled:
+/// * at the statement's next `drop_row` call (the DELETE checks a version only once it is done
+///   with the previous one), by the row count: one at a time, two after a re-check;
+/// * before any tombstone is read or written (`flush_tombstones`), by looking at each: a version
+///   deleted already leaves its tombstone at once, so no write inside the statement (a function
+///   in its WHERE clause, a trigger) re-creates a key it deleted below its token; one not
+///   deleted yet stays noted;
+/// * when the statement finished, before its AFTER triggers and unread WITH queries run
+///   (`finish_unconfirmed`), by the final row count.
+/// A DELETE that does not set the row count (a rule's added action) looks at each.
+struct Unconfirmed {
+    /// The statement's memory context (0 once it ended or its context may be another's).
+    statement: usize,
+    protection: i64,
+    subxact: pg_sys::SubTransactionId,
+    count: Option<plan::DeleteCount>,
+    /// The statement's row count when the noted versions were last settled by it.
+    confirmed: u64,
+    noted: Vec<NotedDelete>,
+}
+
+thread_local! {
+    /// Running per-row DELETEs on the fast path (a few at most: nested statements).
+    static UNCONFIRMED: RefCell<Vec<Unconfirmed>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A per-row DELETE on the fast path whose memory context is `statement` starts (its row count
+/// read through `count`, if it sets one).
+pub fn begin_unconfirmed(statement: usize, protection: i64, count: Option<plan::DeleteCount>) {
+    let subxact = crate::pg::process::current_subxact();
+    UNCONFIRMED.with(|u| {
+        let mut u = u.borrow_mut();
+        // An entry left with this context is an earlier statement's (its context reused): it
+        // is settled by looking at its versions.
+        for e in u.iter_mut().filter(|e| e.statement == statement) {
+            e.statement = 0;
+        }
+        u.push(Unconfirmed {
+            statement,
+            protection,
+            subxact,
+            count,
+            confirmed: 0,
+            noted: Vec::new(),
+        });
+    });
+}
+
+/// Versions taken out to be settled, and whether each of them is known deleted.
+enum Settle {
+    None,
+    One(i64, bool, NotedDelete),
+    Many(i64, bool, Vec<NotedDelete>),
+}
+
+impl Unconfirmed {
+    /// The noted versions, now that the statement deleted `rows` rows in all (None: not known).
+    fn take(&mut self, rows: Option<u64>) -> Settle {
+        let all =
+            rows.is_some_and(|r| r.checked_sub(self.confirmed) == Some(self.noted.len() as u64));
+        if let Some(r) = rows {
+            self.confirmed = r;
+        }
+        // (one version, the usual case: taken without a new allocation)
+        match (self.noted.len(), self.noted.pop()) {
+            (1, Some(d)) => Settle::One(self.protection, all, d),
+            (_, Some(d)) => {
+                let mut many = std::mem::take(&mut self.noted);
+                many.push(d);
+                Settle::Many(self.protection, all, many)
+            }
+            (_, None) => Settle::None,
+        }
+    }
+}
+
+impl Settle {
+    /// Record the tombstones of the versions deleted (outside the borrow of `UNCONFIRMED`:
+    /// recording may write tombstones).
+    fn record(self) {
+        let keep = |protection: i64, all: bool, d: NotedDelete| {
+            if all || d.version.is_none_or(|v| v.deleted_by_this_transaction()) {
+                record_row_delete(protection, d.key, d.hash, d.token);
+            }
+        };
+        match self {
+            Settle::None => {}
+            Settle::One(p, all, d) => keep(p, all, d),
+            Settle::Many(p, all, noted) => noted.into_iter().for_each(|d| keep(p, all, d)),
+        }
+    }
+}
+
+/// `drop_row` checked version `d` of the running DELETE whose memory context is one of
+/// `contexts`: note it, settling the versions noted before it by the row count (`rows_of` reads
+/// it). Returns `d` back if no such DELETE runs (a call by hand: its tombstone is recorded at
+/// once).
+pub fn note_unconfirmed(
+    mut contexts: impl Iterator<Item = usize>,
+    rows_of: impl Fn(&plan::DeleteCount) -> Option<u64>,
+    d: NotedDelete,
+) -> Option<NotedDelete> {
+    let settle = UNCONFIRMED.with(|u| {
+        let mut u = u.borrow_mut();
+        if u.is_empty() {
+            return Err(d);
+        }
+        let Some(cxt) = contexts.find(|c| u.iter().any(|e| e.statement == *c)) else {
+            return Err(d);
+        };
+        let Some(e) = u.iter_mut().rev().find(|e| e.statement == cxt) else {
+            return Err(d);
+        };
+        let settle = if e.noted.is_empty() {
+            Settle::None
+        } else {
+            let rows = e.count.as_ref().and_then(&rows_of);
+            e.take(rows)
+        };
+        e.noted.push(d);
+        Ok(settle)
+    });
+    match settle {
+        Err(d) => Some(d),
+        Ok(s) => {
+            s.record();
+            None
+        }
+    }
+}
+
+/// The per-row DELETE whose memory context is `statement` finished, having deleted `rows` rows:
+/// its last noted versions are settled.
+pub fn finish_unconfirmed(statement: usize, rows: u64) {
+    let settle = UNCONFIRMED.with(|u| {
+        let mut u = u.borrow_mut();
+        let at = u.iter().rposition(|e| e.statement == statement)?;
+        let mut e = u.remove(at);
+        let rows = e.count.is_some().then_some(rows);
+        Some(e.take(rows))
+    });
+    if let Some(s) = settle {
+        s.record();
+    }
+}
+
+/// Before tombstones are read or written: every noted version deleted by now leaves its
+/// tombstone; the others stay noted (their DELETE is still dealing with them). Entries of
+/// statements that ended are settled and dropped.
+fn settle_unconfirmed() {
+    let taken: Vec<(usize, i64, Vec<NotedDelete>)> = UNCONFIRMED.with(|u| {
+        let mut u = u.borrow_mut();
+        if u.iter().all(|e| e.noted.is_empty() && e.statement != 0) {
+            return Vec::new();
+        }
+        let taken = u
+            .iter_mut()
+            .filter(|e| !e.noted.is_empty())
+            .map(|e| (e.statement, e.protection, std::mem::take(&mut e.noted)))
+            .collect();
+        u.retain(|e| e.statement != 0);
+        taken
+    });
+    for (statement, protection, noted) in taken {
+        let mut left = Vec::new();
+        let mut deleted = 0u64;
+        for d in noted {
+            if d.version.is_none_or(|v| v.deleted_by_this_transaction()) {
+                record_row_delete(protection, d.key, d.hash, d.token);
+                deleted += 1;
+            } else if statement != 0 {
+                left.push(d);
+            }
+        }
+        if statement == 0 {
+            continue;
+        }
+        // Those recorded are no longer counted against the row count: it has grown by them.
+        UNCONFIRMED.with(|u| {
+            if let Some(e) = u
+                .borrow_mut()
+                .iter_mut()
+                .rev()
+                .find(|e| e.statement == statement)
+            {
+                e.confirmed += deleted;
+                left.append(&mut e.noted);
+                e.noted = left;
+            }
+        });
+    }
+}
+
+/// Subtransaction `sub` aborted: the DELETEs it (or one inside it) started failed with it.
+fn forget_unconfirmed_of(sub: pg_sys::SubTransactionId) {
+    UNCONFIRMED.with(|u| u.borrow_mut().retain(|e| e.subxact < sub));
+}
+
+/// ExecutorEnd of the statement whose memory context is `statement`: if it is still noted (it
+/// ended without ExecutorFinish), its versions are settled by looking at them, at the next
+/// flush at the latest.
+pub fn end_unconfirmed(statement: usize) {
+    UNCONFIRMED.with(|u| {
+        for e in u
+            .borrow_mut()
+            .iter_mut()
+            .filter(|e| e.statement == statement)
+        {
+            e.statement = 0;
+        }
+    });
+}
+
 /// Write the pending tombstones (one statement; the highest token per key).
 pub fn flush_tombstones() {
+    settle_unconfirmed();
     let pending = PENDING_TOMBSTONES.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if pending.is_empty() {
         return;
@@ -900,6 +1132,7 @@ fn forget_tombstones_of(subxact: pg_sys::SubTransactionId) {
 /// Transaction end (commit after the pre-commit flush, or abort).
 fn forget_tombstones() {
     PENDING_TOMBSTONES.with(|p| *p.borrow_mut() = Vec::new());
+    UNCONFIRMED.with(|u| u.borrow_mut().clear());
     FLUSHED_LATER.with(|f| f.borrow_mut().clear());
 }
 
@@ -1049,6 +1282,7 @@ pub fn truncate_rows(
 pub fn on_event(ev: BackendEvent) {
     match ev {
         BackendEvent::SubAbort(sub) => {
+            forget_unconfirmed_of(sub);
             forget_tombstones_of(sub);
             forget_floors();
         }

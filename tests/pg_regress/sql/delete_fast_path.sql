@@ -337,5 +337,44 @@ INSERT INTO dp_part VALUES (100, 0);
 ROLLBACK;
 DROP TABLE dp_part;
 DROP FUNCTION dp_skip_even(), dp_skip_odd();
+-- A key the DELETE deleted has its tombstone before anything else in the statement can write it
+-- again with a lower token: a data-modifying WITH query nobody reads (run after the DELETE), an
+-- AFTER DELETE trigger, a function in the WHERE clause evaluated for the next row. Each is
+-- refused (FT001), as on the trigger path.
+CREATE TABLE dp_again (id int PRIMARY KEY, v text);
+SELECT fencing_protect('dp_again');
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO dp_again VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd'); COMMIT;
+\set LAST_ERROR_SQLSTATE 00000
+BEGIN; SET LOCAL pg_fencing.token = '10';
+WITH ins AS (INSERT INTO dp_again (id, v) VALUES (1, set_config('pg_fencing.token', '3', true)) RETURNING id)
+DELETE FROM dp_again WHERE id = 1;
+COMMIT;
+\echo :LAST_ERROR_SQLSTATE
+CREATE FUNCTION dp_reinsert() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN PERFORM set_config('pg_fencing.token', '3', true); INSERT INTO dp_again VALUES (OLD.id, 'zombie'); RETURN NULL; END$$;
+CREATE TRIGGER dp_reinsert AFTER DELETE ON dp_again FOR EACH ROW EXECUTE FUNCTION dp_reinsert();
+\set LAST_ERROR_SQLSTATE 00000
+BEGIN; SET LOCAL pg_fencing.token = '10';
+DELETE FROM dp_again WHERE id = 2;
+COMMIT;
+\echo :LAST_ERROR_SQLSTATE
+DROP TRIGGER dp_reinsert ON dp_again;
+CREATE FUNCTION dp_reinsert_first(id int) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN
+  IF id = 4 THEN
+    PERFORM set_config('pg_fencing.token', '3', true);
+    INSERT INTO dp_again VALUES (3, 'zombie');
+    PERFORM set_config('pg_fencing.token', '10', true);
+  END IF;
+  RETURN true;
+END$$;
+\set LAST_ERROR_SQLSTATE 00000
+BEGIN; SET LOCAL pg_fencing.token = '10';
+DELETE FROM dp_again WHERE id IN (3, 4) AND dp_reinsert_first(id);
+COMMIT;
+\echo :LAST_ERROR_SQLSTATE
+SELECT id, v, fence_token FROM dp_again ORDER BY id;
+DROP TABLE dp_again;
+DROP FUNCTION dp_reinsert(), dp_reinsert_first(int);
 DROP TABLE dp_row, dp_res;
 DROP FUNCTION dp_reset(), dp_calls(), dp_plan(text), dp_tombs();

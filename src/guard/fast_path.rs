@@ -1057,12 +1057,20 @@ pub fn drop_row(call: &StampCall) -> Result<Option<Token>, FenceError> {
     let (relid, protection) = row_site(call, plan::EVENT_DELETE, plan::may_delete)?;
     let token = session_token(relid)?;
     trigger::count_guarded();
-    let (key, hash) = call.with_typed(6, |typed| {
+    let (key, hash, is_key) = call.with_typed(6, |typed| {
         (
             crate::pg::trigger_event::key_text_of(typed),
             crate::state::tombstones::key_hash_of_values(protection, typed),
+            // (the planner passes the key's own columns; a call by hand may pass anything)
+            call.planned() || crate::state::tombstones::is_key_of(protection, typed),
         )
     });
+    if !is_key {
+        return Err(FenceError::InvalidArgument(format!(
+            "_pg_fencing.drop_row() needs a key of {}: one non-NULL value of each key column's type",
+            relation_name(relid)
+        )));
+    }
     rule::admit_row(
         protection,
         &|| relation_name(relid),

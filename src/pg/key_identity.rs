@@ -287,6 +287,15 @@ impl KeyIdentity {
         self.hashed
     }
 
+    /// Are `values` a key of these columns: as many, each non-NULL and of its column's type?
+    pub fn is_key(&self, values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> bool {
+        values.len() == self.cols.len()
+            && values
+                .iter()
+                .zip(&self.cols)
+                .all(|((v, typid), c)| v.is_some() && *typid == c.spec.typid)
+    }
+
     /// What the stored tombstones depend on: text identity and the key's types, or hash
     /// identity with the columns' types, collations and hash functions, and the byte order.
     /// Tombstones written under another signature must be brought up to date

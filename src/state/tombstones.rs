@@ -517,6 +517,12 @@ pub fn key_hash_of_text(protection: i64, key: &str) -> Option<i64> {
     identity_of(protection)?.hash_of_text(key)
 }
 
+/// Are `values` a key of protection `protection`'s table (its key's number of columns, each
+/// non-NULL and of its column's type)? False if it cannot tell.
+pub fn is_key_of(protection: i64, values: &[(Option<pg_sys::Datum>, pg_sys::Oid)]) -> bool {
+    identity_of(protection).is_some_and(|i| i.is_key(values))
+}
+
 /// Are the keys of protection `protection` identified by their text (not by hash)? False if
 /// it cannot tell (an unknown protection, no primary key).
 pub fn keys_identified_by_text(protection: i64) -> bool {

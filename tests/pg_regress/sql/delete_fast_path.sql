@@ -173,6 +173,27 @@ SET ROLE dp_reader;
 SELECT _pg_fencing.drop_row(1, 'dp_row'::regclass, (SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass), 'fence_token', NULL, NULL, 1);
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
+-- ... and only with a key of the table (as many values as key columns, each of its type, none
+-- NULL): 22023 otherwise.
+\set dp_pid `echo "SELECT id FROM _pg_fencing.protected_table WHERE relid = 'dp_row'::regclass"`
+BEGIN; SET LOCAL pg_fencing.token = '50';
+SELECT _pg_fencing.drop_row(NULL, 'dp_row'::regclass, (:dp_pid), 'fence_token', NULL, NULL, 'abc'::text);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '50';
+SELECT _pg_fencing.drop_row(NULL, 'dp_row'::regclass, (:dp_pid), 'fence_token', NULL, NULL, 1, 2);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '50';
+SELECT _pg_fencing.drop_row(NULL, 'dp_row'::regclass, (:dp_pid), 'fence_token', NULL, NULL, NULL::int);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN; SET LOCAL pg_fencing.token = '50';
+SELECT _pg_fencing.drop_row(NULL, 'dp_row'::regclass, (:dp_pid), 'fence_token', NULL, NULL, 4242);
+SET LOCAL pg_fencing.token = '49';
+INSERT INTO dp_row VALUES (4242, 0);
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
 -- A role that may delete only through a view (the view owner's privileges count, as for the
 -- DELETE itself).
 GRANT SELECT, DELETE ON dp_view TO dp_reader;

@@ -637,6 +637,7 @@ pub struct NotedDelete {
 ///   deleted yet stays noted;
 /// * when the statement finished, before its AFTER triggers and unread WITH queries run
 ///   (`finish_unconfirmed`), by the final row count.
+///
 /// A DELETE that does not set the row count (a rule's added action) looks at each.
 struct Unconfirmed {
     /// The statement's memory context (0 once it ended or its context may be another's).

@@ -565,6 +565,7 @@ pub fn start_modify(mut exec: ModifyExecution, guard_address: usize) -> Result<(
         crate::state::tombstones::begin_unconfirmed(
             statement,
             args.protection,
+            exec.output_command(),
             exec.sets_tag().then(|| exec.delete_count()),
         );
     } else if new_keys {

@@ -1010,6 +1010,13 @@ impl ModifyExecution {
         }
     }
 
+    /// The command id the statement writes with (`es_output_cid`: a row version it deleted has
+    /// it as its `cmax`).
+    pub fn output_command(&self) -> pg_sys::CommandId {
+        // SAFETY: the started executor's EState, valid for the call.
+        unsafe { (*(*self.qd).estate).es_output_cid }
+    }
+
     /// Does this statement set the command's row count (`es_processed` counts its rows)? A
     /// rule's added actions do not.
     pub fn sets_tag(&self) -> bool {
@@ -1432,19 +1439,20 @@ pub struct RowVersion {
 }
 
 impl RowVersion {
-    /// Did this transaction delete this row version (its `xmax` is this transaction's, or one of
-    /// its subtransactions', not only a row lock, and it points to itself: a deletion, not an
-    /// update)? A version that cannot be read (a table that is not a heap, a position past
-    /// its end) counts as deleted: the caller then keeps a tombstone it may not need, never
-    /// drops one it needs. A pruned one (its line pointer no longer a tuple's) does not: only
-    /// a version whose deleter committed is pruned.
-    pub fn deleted_by_this_transaction(&self) -> bool {
+    /// Did command `command` of this transaction delete this row version (its `xmax` is this
+    /// transaction's, or one of its subtransactions', not only a row lock, its `cmax` is
+    /// `command`, and it points to itself: a deletion, not an update)? A version that cannot be
+    /// read (a table that is not a heap, a position past its end) counts as deleted: the caller
+    /// then keeps a tombstone it may not need, never drops one it needs. A pruned one (its line
+    /// pointer no longer a tuple's) does not: only a version whose deleter committed is pruned.
+    pub fn deleted_by(&self, command: pg_sys::CommandId) -> bool {
         // SAFETY: main thread inside a transaction. The table is opened with AccessShareLock
         // (the DELETE holds RowExclusiveLock on it already) and closed before returning; only a
         // heap (relam checked) is read, by heap_fetch with SnapshotAny, which returns a pinned
         // buffer (released here) when it found a normal line pointer in range (else false);
-        // the tuple header is read under the buffer's share lock; HeapTupleGetUpdateXid is
-        // PostgreSQL's own reading of a multixact xmax.
+        // the tuple header is read under the buffer's share lock; HeapTupleGetUpdateXid and
+        // HeapTupleHeaderGetCmax are PostgreSQL's own readings of a multixact xmax and of a
+        // (combo) command id, the latter asked only of a version this transaction deleted.
         unsafe {
             let rel = pg_sys::try_relation_open(self.table, pg_sys::AccessShareLock as _);
             if rel.is_null() {
@@ -1495,6 +1503,7 @@ impl RowVersion {
                         && h.t_ctid.ip_blkid.bi_hi == tuple.t_self.ip_blkid.bi_hi
                         && h.t_ctid.ip_blkid.bi_lo == tuple.t_self.ip_blkid.bi_lo
                         && h.t_ctid.ip_posid == tuple.t_self.ip_posid
+                        && pg_sys::HeapTupleHeaderGetCmax(tuple.t_data) == command
                 };
                 pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as _);
                 pg_sys::ReleaseBuffer(buffer);

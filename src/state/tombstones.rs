@@ -575,6 +575,18 @@ pub fn key_signature(relid: pg_sys::Oid) -> Option<String> {
 /// same key waits in the unique index for this transaction's end, then reads the tombstone.
 pub fn record_row_delete(protection: i64, key: impl Into<String>, hash: Option<i64>, token: Token) {
     let subxact = crate::pg::process::current_subxact();
+    record_row_delete_in(protection, key, hash, token, subxact);
+}
+
+/// [`record_row_delete`] of a row deleted in subtransaction `subxact` (this one or one around it:
+/// the tombstone is taken back only if that one aborts).
+fn record_row_delete_in(
+    protection: i64,
+    key: impl Into<String>,
+    hash: Option<i64>,
+    token: Token,
+    subxact: pg_sys::SubTransactionId,
+) {
     let full = PENDING_TOMBSTONES.with(|p| {
         let mut p = p.borrow_mut();
         p.push(PendingTombstone {
@@ -628,7 +640,7 @@ pub struct NotedDelete {
 /// version). Every version the DELETE deletes was checked, last right before its deletion, so
 /// the versions noted since the row count was last read are at least as many as the rows it
 /// deleted since: when they are as many, each of them was deleted; else each is looked at
-/// (`RowVersion::deleted_by_this_transaction`). Noted versions are settled:
+/// (`RowVersion::deleted_by`, with the statement's command id). Noted versions are settled:
 /// * at the statement's next `drop_row` call (the DELETE checks a version only once it is done
 ///   with the previous one), by the row count: one at a time, two after a re-check;
 /// * before any tombstone is read or written (`flush_tombstones`), by looking at each: a version
@@ -643,7 +655,12 @@ struct Unconfirmed {
     /// The statement's memory context (0 once it ended or its context may be another's).
     statement: usize,
     protection: i64,
+    /// The subtransaction the DELETE deletes in: its tombstones are pending for it, whichever
+    /// subtransaction settles them (a flush inside an EXCEPTION block of a function in the
+    /// DELETE's WHERE clause must not take them back when that block rolls back).
     subxact: pg_sys::SubTransactionId,
+    /// The command id the DELETE deletes with.
+    command: pg_sys::CommandId,
     count: Option<plan::DeleteCount>,
     /// The statement's row count when the noted versions were last settled by it.
     confirmed: u64,
@@ -657,7 +674,12 @@ thread_local! {
 
 /// A per-row DELETE on the fast path whose memory context is `statement` starts (its row count
 /// read through `count`, if it sets one).
-pub fn begin_unconfirmed(statement: usize, protection: i64, count: Option<plan::DeleteCount>) {
+pub fn begin_unconfirmed(
+    statement: usize,
+    protection: i64,
+    command: pg_sys::CommandId,
+    count: Option<plan::DeleteCount>,
+) {
     let subxact = crate::pg::process::current_subxact();
     UNCONFIRMED.with(|u| {
         let mut u = u.borrow_mut();
@@ -670,6 +692,7 @@ pub fn begin_unconfirmed(statement: usize, protection: i64, count: Option<plan::
             statement,
             protection,
             subxact,
+            command,
             count,
             confirmed: 0,
             noted: Vec::new(),
@@ -677,11 +700,39 @@ pub fn begin_unconfirmed(statement: usize, protection: i64, count: Option<plan::
     });
 }
 
-/// Versions taken out to be settled, and whether each of them is known deleted.
+/// Versions taken out to be settled, with their DELETE (protection, subtransaction, command)
+/// and whether each of them is known deleted.
 enum Settle {
     None,
-    One(i64, bool, NotedDelete),
-    Many(i64, bool, Vec<NotedDelete>),
+    One(Deleter, bool, NotedDelete),
+    Many(Deleter, bool, Vec<NotedDelete>),
+}
+
+/// The DELETE that noted versions: its protection, subtransaction and command id.
+#[derive(Clone, Copy)]
+struct Deleter {
+    protection: i64,
+    subxact: pg_sys::SubTransactionId,
+    command: pg_sys::CommandId,
+}
+
+impl Deleter {
+    /// Did this DELETE delete `d`'s version (looked at; one not known counts as deleted)?
+    fn deleted(self, d: &NotedDelete) -> bool {
+        d.version.is_none_or(|v| v.deleted_by(self.command))
+    }
+
+    /// Record `d`'s tombstone, for this DELETE's subtransaction.
+    fn keep(self, d: NotedDelete) {
+        record_row_delete_in(self.protection, d.key, d.hash, d.token, self.subxact);
+    }
+
+    /// Record `d`'s tombstone if `known` deleted or if the version was deleted by this DELETE.
+    fn record(self, known: bool, d: NotedDelete) {
+        if known || self.deleted(&d) {
+            self.keep(d);
+        }
+    }
 }
 
 impl Unconfirmed {
@@ -692,15 +743,24 @@ impl Unconfirmed {
         if let Some(r) = rows {
             self.confirmed = r;
         }
+        let by = self.deleter();
         // (one version, the usual case: taken without a new allocation)
         match (self.noted.len(), self.noted.pop()) {
-            (1, Some(d)) => Settle::One(self.protection, all, d),
+            (1, Some(d)) => Settle::One(by, all, d),
             (_, Some(d)) => {
                 let mut many = std::mem::take(&mut self.noted);
                 many.push(d);
-                Settle::Many(self.protection, all, many)
+                Settle::Many(by, all, many)
             }
             (_, None) => Settle::None,
+        }
+    }
+
+    fn deleter(&self) -> Deleter {
+        Deleter {
+            protection: self.protection,
+            subxact: self.subxact,
+            command: self.command,
         }
     }
 }
@@ -709,15 +769,16 @@ impl Settle {
     /// Record the tombstones of the versions deleted (outside the borrow of `UNCONFIRMED`:
     /// recording may write tombstones).
     fn record(self) {
-        let keep = |protection: i64, all: bool, d: NotedDelete| {
-            if all || d.version.is_none_or(|v| v.deleted_by_this_transaction()) {
-                record_row_delete(protection, d.key, d.hash, d.token);
-            }
-        };
         match self {
             Settle::None => {}
-            Settle::One(p, all, d) => keep(p, all, d),
-            Settle::Many(p, all, noted) => noted.into_iter().for_each(|d| keep(p, all, d)),
+            Settle::One(by, all, d) => {
+                by.record(all, d);
+            }
+            Settle::Many(by, all, noted) => {
+                for d in noted {
+                    by.record(all, d);
+                }
+            }
         }
     }
 }
@@ -779,7 +840,7 @@ pub fn finish_unconfirmed(statement: usize, rows: u64) {
 /// tombstone; the others stay noted (their DELETE is still dealing with them). Entries of
 /// statements that ended are settled and dropped.
 fn settle_unconfirmed() {
-    let taken: Vec<(usize, i64, Vec<NotedDelete>)> = UNCONFIRMED.with(|u| {
+    let taken: Vec<(usize, Deleter, Vec<NotedDelete>)> = UNCONFIRMED.with(|u| {
         let mut u = u.borrow_mut();
         if u.iter().all(|e| e.noted.is_empty() && e.statement != 0) {
             return Vec::new();
@@ -787,17 +848,17 @@ fn settle_unconfirmed() {
         let taken = u
             .iter_mut()
             .filter(|e| !e.noted.is_empty())
-            .map(|e| (e.statement, e.protection, std::mem::take(&mut e.noted)))
+            .map(|e| (e.statement, e.deleter(), std::mem::take(&mut e.noted)))
             .collect();
         u.retain(|e| e.statement != 0);
         taken
     });
-    for (statement, protection, noted) in taken {
+    for (statement, by, noted) in taken {
         let mut left = Vec::new();
         let mut deleted = 0u64;
         for d in noted {
-            if d.version.is_none_or(|v| v.deleted_by_this_transaction()) {
-                record_row_delete(protection, d.key, d.hash, d.token);
+            if by.deleted(&d) {
+                by.keep(d);
                 deleted += 1;
             } else if statement != 0 {
                 left.push(d);

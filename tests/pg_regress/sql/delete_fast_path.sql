@@ -394,8 +394,73 @@ BEGIN; SET LOCAL pg_fencing.token = '10';
 DELETE FROM dp_again WHERE id IN (3, 4) AND dp_reinsert_first(id);
 COMMIT;
 \echo :LAST_ERROR_SQLSTATE
+-- The same with the refused attempt caught by an EXCEPTION block: the block's rollback does not
+-- take back the deleted key's tombstone (it belongs to the DELETE's subtransaction), so the next
+-- attempt, in the same statement and after it, is refused too.
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO dp_again VALUES (11, 'a'), (12, 'b'), (15, 'e'), (16, 'f'); COMMIT;
+CREATE FUNCTION dp_reinsert_caught(id int) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN
+  IF id = 12 THEN
+    PERFORM set_config('pg_fencing.token', '3', true);
+    BEGIN
+      INSERT INTO dp_again VALUES (11, 'zombie');
+    EXCEPTION WHEN others THEN RAISE NOTICE 'caught %', SQLSTATE;
+    END;
+    INSERT INTO dp_again VALUES (11, 'zombie again');
+    PERFORM set_config('pg_fencing.token', '10', true);
+  END IF;
+  RETURN true;
+END$$;
+\set LAST_ERROR_SQLSTATE 00000
+BEGIN; SET LOCAL pg_fencing.token = '10';
+DELETE FROM dp_again WHERE id IN (11, 12) AND dp_reinsert_caught(id);
+COMMIT;
+\echo :LAST_ERROR_SQLSTATE
+CREATE OR REPLACE FUNCTION dp_reinsert_caught(id int) RETURNS boolean LANGUAGE plpgsql AS
+$$BEGIN
+  IF id = 16 THEN
+    PERFORM set_config('pg_fencing.token', '3', true);
+    BEGIN
+      INSERT INTO dp_again VALUES (15, 'zombie');
+    EXCEPTION WHEN others THEN RAISE NOTICE 'caught %', SQLSTATE;
+    END;
+    PERFORM set_config('pg_fencing.token', '10', true);
+  END IF;
+  RETURN true;
+END$$;
+BEGIN; SET LOCAL pg_fencing.token = '10';
+DELETE FROM dp_again WHERE id IN (15, 16) AND dp_reinsert_caught(id);
+COMMIT;
+\set LAST_ERROR_SQLSTATE 00000
+BEGIN; SET LOCAL pg_fencing.token = '3';
+INSERT INTO dp_again VALUES (15, 'stale');
+COMMIT;
+\echo :LAST_ERROR_SQLSTATE
 SELECT id, v, fence_token FROM dp_again ORDER BY id;
+-- A version deleted by another command of the transaction (a BEFORE DELETE trigger's own
+-- DELETE of the row, with token 6) is not this DELETE's: the tombstone is the trigger's 6, as on
+-- the trigger path, not the outer DELETE's 10.
+BEGIN; SET LOCAL pg_fencing.token = '5'; INSERT INTO dp_again VALUES (7, 'g'), (8, 'h'); COMMIT;
+CREATE FUNCTION dp_delete_itself() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN
+  IF current_setting('pg_fencing.token') = '10' THEN
+    PERFORM set_config('pg_fencing.token', '6', true);
+    DELETE FROM dp_again WHERE id = OLD.id;
+    PERFORM set_config('pg_fencing.token', '10', true);
+    RETURN NULL;
+  END IF;
+  RETURN OLD;
+END$$;
+CREATE TRIGGER dp_delete_itself BEFORE DELETE ON dp_again FOR EACH ROW EXECUTE FUNCTION dp_delete_itself();
+BEGIN; SET LOCAL pg_fencing.token = '10';
+DELETE FROM dp_again WHERE id = 7;
+COMMIT;
+BEGIN; SET LOCAL pg_fencing.token = '10';
+DELETE FROM dp_again WHERE id = 8 RETURNING id;
+COMMIT;
+SELECT t.key, t.high_water FROM _pg_fencing.row_tombstone t JOIN _pg_fencing.protected_table p ON p.id = t.protection_id
+WHERE p.relid = 'dp_again'::regclass AND t.key IN ('(7)', '(8)') ORDER BY t.key;
 DROP TABLE dp_again;
-DROP FUNCTION dp_reinsert(), dp_reinsert_first(int);
+DROP FUNCTION dp_reinsert(), dp_reinsert_first(int), dp_reinsert_caught(int), dp_delete_itself();
 DROP TABLE dp_row, dp_res;
 DROP FUNCTION dp_reset(), dp_calls(), dp_plan(text), dp_tombs();

@@ -9,12 +9,12 @@
 
 # What survives: where the machine's tools are, how it reaches package registries (cargo may
 # download crates during a build), CI, and the project's own documented knobs (ports, LEASE_TTL,
-# KEEP_WORK, BENCH_*, PGF_PG_MAJOR; docs/testing.md lists them).
+# KEEP_WORK, BENCH_*, PGF_PG_MAJOR, CITUS_SRC; docs/testing.md lists them).
 HERMETIC_KEEP='^(PATH|HOME|USER|LOGNAME|SHELL|TERM|CI|CARGO_HOME|RUSTUP_HOME|PGRX_HOME'
 HERMETIC_KEEP+='|https?_proxy|HTTPS?_PROXY|no_proxy|NO_PROXY|all_proxy|ALL_PROXY|SSL_CERT_FILE|SSL_CERT_DIR'
 HERMETIC_KEEP+='|CURL_CA_BUNDLE|CARGO_HTTP_[A-Z_]+|CARGO_NET_[A-Z_]+|CARGO_REGISTRIES_[A-Z0-9_]+'
 HERMETIC_KEEP+='|RUSTUP_DIST_SERVER|RUSTUP_UPDATE_ROOT'
-HERMETIC_KEEP+='|PGF_PG_MAJOR|PGF_SHAPE|PGPORT_[A-Z0-9_]+|ETCD_[A-Z_]+_PORT|ZK_[A-Z_]*PORT|REDIS_[A-Z_]*PORT|BOUNCER_PORT|LEASE_TTL|KEEP_WORK|BENCH_[A-Z_]+)$'
+HERMETIC_KEEP+='|PGF_PG_MAJOR|PGF_SHAPE|CITUS_SRC|CITUS_REBUILD|PGPORT_[A-Z0-9_]+|ETCD_[A-Z_]+_PORT|ZK_[A-Z_]*PORT|REDIS_[A-Z_]*PORT|BOUNCER_PORT|LEASE_TTL|KEEP_WORK|BENCH_[A-Z_]+)$'
 
 if [ -z "${PGF_HERMETIC:-}" ]; then
     _pgf_keep=()

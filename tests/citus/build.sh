@@ -11,9 +11,10 @@
 #
 #   tests/citus/build.sh
 set -euo pipefail
+source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-source scripts/pg18.sh
+source scripts/lib.sh
 VERSION=14.0.1
 PG_CONFIG=$PG18_BIN/pg_config
 CONTROL=$("$PG_CONFIG" --sharedir)/extension/citus.control

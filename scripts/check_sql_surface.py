@@ -41,8 +41,9 @@ its `v1_finfo!(pg_finfo_SYMBOL)`), and its declaration `CREATE FUNCTION ... LANG
    crate): `pgrx::fcinfo::pg_getarg(fcinfo, N)` with the Rust type it is decoded as (a `let`
    annotation, a turbofish, or the parameter type of the function it is passed to),
    `pg_getarg_datum(fcinfo, N)` and `(*fcinfo).args...[N]` (raw datums: only the index is
-   checked), and the accessors of `crate::pg::plan::StampCall` (`bigint`, `oid`, `text`, and
-   `typed`/`key_text` for a trailing `VARIADIC "any"`), followed into the functions a
+   checked), and the accessors of `crate::pg::plan::StampCall` (`bigint`, `oid`, `text`,
+   `row_version` (an oid and a tid), and `typed`/`with_typed`/`key_text` for a trailing
+   `VARIADIC "any"`), followed into the functions a
    `StampCall` is passed to. Then: every index read exists in the declaration; its Rust type
    maps to the declared SQL type (String/&str: text; i64: bigint; i32: integer; bool: boolean;
    pg_sys::Oid: oid or a reg* type; JsonB: jsonb; Interval: interval; ...); a read that does
@@ -996,10 +997,19 @@ def collect_reads(entry, fns, findings):
                     meth, arg = m.group(1), m.group(2).strip()
                     off = body0 + m.start()
                     where = f"{fn.path}:{fn.line(off)}"
-                    if meth in STAMP_ACCESSORS:
+                    if meth == "row_version":  # (table oid, row id tid)
+                        parts = [a.strip() for a in arg.split(",")]
+                        for a, types in zip(parts, (OID_TYPES, {"tid"})):
+                            reads.append(Read(literal_index(a), a, types, False, where, "StampCall::row_version"))
+                    elif meth in STAMP_ACCESSORS:
                         reads.append(Read(literal_index(arg), arg, STAMP_ACCESSORS[meth], False, where, f"StampCall::{meth}"))
                     elif re.fullmatch(r"\d+", arg):
                         findings.append(f"{where}: {entry.name}: StampCall::{meth}({arg}) is not an argument accessor this check knows (add it to STAMP_ACCESSORS)")
+                # `with_typed(N, |values| …)`: the arguments from N on, as `typed(N)`.
+                for m in re.finditer(r"(?<![\w.])%s\s*\.\s*with_typed\s*\(\s*(\d+)\s*," % name, text):
+                    off = body0 + m.start()
+                    reads.append(Read(int(m.group(1)), m.group(1), "VARIADIC", False,
+                                      f"{fn.path}:{fn.line(off)}", "StampCall::with_typed"))
         # Follow the values into the functions they are passed to.
         for m in re.finditer(r"(\.\s*)?((?:[A-Za-z_]\w*\s*::\s*)*[A-Za-z_]\w*)\s*(?:::\s*<[^()]*?>\s*)?\(", text):
             callee = re.sub(r"\s+", "", m.group(2))

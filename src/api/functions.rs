@@ -189,10 +189,11 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_resource(
 
 v1_finfo!(pg_finfo_pg_fencing_drop_row);
 /// `_pg_fencing.drop_row(old_token bigint, relation oid, protection bigint, token_column text,
-/// VARIADIC key "any") RETURNS bigint`: the DELETE fast path's per-row check (see
-/// `guard/fast_path.rs`), made a DELETE's RETURNING list by the planner hook.
+/// row_table oid, row_id tid, VARIADIC key "any") RETURNS bigint`: the DELETE fast path's per-row
+/// check (see `guard/fast_path.rs`), made a junk column of the plan under a DELETE by the planner
+/// hook.
 ///
-/// SQL: `_pg_fencing.drop_row(old_token bigint, relation oid, protection bigint, token_column text, VARIADIC key "any") RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
+/// SQL: `_pg_fencing.drop_row(old_token bigint, relation oid, protection bigint, token_column text, row_table oid, row_id tid, VARIADIC key "any") RETURNS bigint VOLATILE CALLED ON NULL INPUT PARALLEL UNSAFE`
 ///
 /// # Safety
 /// As `pg_fencing_stamp_row`.

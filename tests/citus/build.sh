@@ -17,6 +17,10 @@ ROOT=$(pwd)
 source scripts/lib.sh
 VERSION=14.0.1
 PG_CONFIG=$PG18_BIN/pg_config
+if [ ! -x "$PG_CONFIG" ]; then
+    echo "FAIL: no PostgreSQL 18 at $PG18_BIN: run scripts/setup.sh --test first (docs/citus.md)" >&2
+    exit 1
+fi
 CONTROL=$("$PG_CONFIG" --sharedir)/extension/citus.control
 if [ -z "${CITUS_REBUILD:-}" ] && [ -f "$CONTROL" ] && grep -q "^default_version = '14.0-1'" "$CONTROL" \
     && [ -f "$("$PG_CONFIG" --pkglibdir)/citus.so" ]; then

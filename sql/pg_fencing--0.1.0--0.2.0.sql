@@ -485,12 +485,16 @@ LANGUAGE c STABLE PARALLEL SAFE AS 'MODULE_PATHNAME', 'pg_fencing_preloaded';
 COMMENT ON FUNCTION _pg_fencing.preloaded() IS
 'Was the library preloaded into this backend (shared_preload_libraries = ''pg_fencing'')? The set-based shape needs it in every backend that writes its tables.';
 -- The shape of a protected table, as its guard row trigger says: ''set-based'' without a BEFORE
--- INSERT row trigger, ''row-trigger'' with one; NULL without a guard trigger.
+-- INSERT row trigger, ''row-trigger'' with one; ''citus'' for a Citus table's marker constraint
+-- (_pg_fencing.protect_citus); NULL without either.
 CREATE FUNCTION _pg_fencing.table_shape(relation regclass) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
-    SELECT CASE WHEN tg.tgtype::int & 4 = 0 THEN 'set-based' ELSE 'row-trigger' END
-    FROM pg_catalog.pg_trigger tg
-    WHERE tg.tgrelid OPERATOR(pg_catalog.=) relation AND tg.tgname OPERATOR(pg_catalog.=) 'zz_pg_fencing_guard'
+    SELECT COALESCE(
+        (SELECT CASE WHEN tg.tgtype::int & 4 = 0 THEN 'set-based' ELSE 'row-trigger' END
+         FROM pg_catalog.pg_trigger tg
+         WHERE tg.tgrelid OPERATOR(pg_catalog.=) relation AND tg.tgname OPERATOR(pg_catalog.=) 'zz_pg_fencing_guard'),
+        (SELECT 'citus' FROM pg_catalog.pg_constraint c
+         WHERE c.conrelid OPERATOR(pg_catalog.=) relation AND c.conname LIKE 'zz\_pg\_fencing\_citus\_%' LIMIT 1))
 $fn$;
 -- Why a table of the set-based shape cannot be fenced by it in this backend (NULL: it can).
 CREATE FUNCTION _pg_fencing.set_based_problem(relation regclass, pid bigint, resource text, token_column name) RETURNS text
@@ -916,6 +920,9 @@ BEGIN
                      AND NOT a.attisdropped AND a.atttypid = 'int8'::regtype AND a.attgenerated = '') THEN
         RETURN format('the token column of %s is missing, renamed, not bigint, or generated', relation);
     END IF;
+    IF _pg_fencing.citus_kind(relation) IS NOT NULL THEN
+        RETURN _pg_fencing.citus_problem(relation);
+    END IF;
     IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhparent
                WHERE i.inhparent = relation AND c.relkind = 'r') THEN
         RETURN format('%s has inheritance children, which are not fenced', relation);
@@ -1104,6 +1111,159 @@ BEGIN
 END
 $fn$;
 
+-- ---------------------------------------------------------------------------------------------
+-- The Citus shape (docs/citus.md; src/guard/citus.rs): a hash-distributed or reference table in
+-- resource mode, checked where Citus plans its writes.
+
+-- What kind of Citus table relation is: 'distributed' (by hash), 'reference', 'other' (a Citus
+-- local table, append or range distribution, a distributed partitioned table or one of its
+-- partitions); NULL for a table Citus does not manage (or without Citus).
+CREATE FUNCTION _pg_fencing.citus_kind(relation regclass) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    kind text;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE 'SELECT CASE WHEN c.relkind OPERATOR(pg_catalog.=) ''p'' OR c.relispartition THEN ''other'' '
+            '            WHEN d.partmethod OPERATOR(pg_catalog.=) ''h'' THEN ''distributed'' '
+            '            WHEN d.partmethod OPERATOR(pg_catalog.=) ''n'' AND d.repmodel OPERATOR(pg_catalog.=) ''t'' THEN ''reference'' '
+            '            ELSE ''other'' END '
+            'FROM pg_catalog.pg_dist_partition d JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.logicalrelid '
+            'WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1'
+        INTO kind USING relation;
+    RETURN kind;
+END
+$fn$;
+
+CREATE FUNCTION _pg_fencing.citus_stamp(protection bigint) RETURNS bigint
+LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_citus_stamp';
+COMMENT ON FUNCTION _pg_fencing.citus_stamp(bigint) IS
+'Internal (the Citus shape: the token column''s default and the value the planner gives it in an INSERT or UPDATE of a protected distributed or reference table; a DELETE''s added condition): on the coordinator, admits the session''s pg_fencing.token against the mark of protection''s resource (under its lock, raised when higher) and returns it. STABLE, so that Citus evaluates it on the coordinator, once per statement, and sends the shards its value. Errors: FT001 token below the mark; FT002 no token; FT003 the token''s lock or lease was lost; FT004 the protection is not active, or the call runs on a worker (writes enter through the coordinator); 42501 not allowed to write the table; 22023 no such protection.';
+
+-- Put hash-distributed or reference table relation under the Citus shape (from fencing_protect,
+-- whose checks ran; kind from citus_kind). What fences it: the coordinator's planner hook makes
+-- every INSERT, UPDATE and DELETE of it call _pg_fencing.citus_stamp(protection), and its
+-- utility hook checks COPY and TRUNCATE; the marker constraint zz_pg_fencing_citus_<protection>
+-- (CHECK (token_column IS NOT NULL) NOT VALID), which Citus copies to every shard, moved or
+-- split, tells the hooks on every node which relations are such a table's shell or shards.
+CREATE FUNCTION _pg_fencing.protect_citus(relation regclass, resource text, token_column name, kind text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    prev record;
+    carried bigint;
+    prev_max bigint;
+    col record;
+    pid bigint;
+    missing text;
+    marker name;
+    con name;
+BEGIN
+    IF kind = 'other' THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('%s is a Citus table of a kind pg_fencing does not protect', relation),
+            DETAIL = 'pg_fencing protects hash-distributed and reference tables; not Citus local tables, append or range distribution, or distributed partitioned tables and their partitions.',
+            HINT = 'Distribute the table by hash or make it a reference table, or keep it on the coordinator (SELECT undistribute_table(...)) and protect it there; docs/citus.md.';
+    END IF;
+    IF resource IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('per-row mode is not available for Citus table %s', relation),
+            DETAIL = 'Per-row mode keeps each deleted key''s tombstone, which would have to live and move with the key''s shard.',
+            HINT = 'Protect it in resource mode: fencing_protect(table, ''resource-name''); docs/citus.md.';
+    END IF;
+    IF NOT pg_has_role(current_user, (SELECT c.relowner FROM pg_class c WHERE c.oid = relation), 'USAGE') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('must be owner of table %s', relation);
+    END IF;
+    -- The hooks that fence the table must be in every backend of every node.
+    EXECUTE 'SELECT pg_catalog.string_agg(r.nodeid::pg_catalog.text, '', '' ORDER BY r.nodeid) '
+            'FROM pg_catalog.run_command_on_all_nodes(''SELECT _pg_fencing.preloaded()'') r '
+            'WHERE NOT r.success OR r.result OPERATOR(pg_catalog.<>) ''t'''
+        INTO missing;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('pg_fencing is not preloaded on every node of the Citus cluster (node ids %s)', missing),
+            DETAIL = 'A protected distributed table is fenced by pg_fencing''s planner, executor and utility hooks on the coordinator and on the nodes of its shards; only a preloaded library has them in every backend.',
+            HINT = 'Set shared_preload_libraries = ''citus,pg_fencing'' on every node, restart them, and create the extension on each; docs/citus.md.';
+    END IF;
+    SELECT a.atttypid, a.attgenerated INTO col FROM pg_attribute a
+    WHERE a.attrelid = relation AND a.attname = token_column AND a.attnum > 0 AND NOT a.attisdropped;
+    IF NOT FOUND THEN
+        EXECUTE format('ALTER TABLE %s ADD COLUMN %I bigint', relation, token_column);
+    ELSIF col.atttypid <> 'int8'::regtype THEN
+        RAISE EXCEPTION USING ERRCODE = '42804',
+            MESSAGE = format('token column %I of %s has type %s, not bigint', token_column, relation, col.atttypid::regtype);
+    ELSIF col.attgenerated <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = '42P16',
+            MESSAGE = format('token column %I of %s is a generated column', token_column, relation),
+            HINT = 'pg_fencing stamps the token column itself; use a plain bigint column.';
+    END IF;
+    -- Switching to another resource or token column carries the fence (as fencing_protect does).
+    SELECT pt.id, pt.resource, pt.token_column INTO prev FROM _pg_fencing.protected_table pt WHERE pt.relid = relation;
+    IF FOUND AND (prev.resource IS DISTINCT FROM resource OR prev.token_column <> token_column) THEN
+        IF prev.resource IS NOT NULL THEN
+            carried := @extschema@.fencing_high_water(prev.resource);
+        END IF;
+        IF EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = relation AND a.attname = prev.token_column
+                   AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid = 'int8'::regtype) THEN
+            EXECUTE format('SELECT max(%I) FROM %s', prev.token_column, relation) INTO prev_max;
+            carried := greatest(carried, prev_max);
+        END IF;
+    END IF;
+    -- A marker names its protection; one of an earlier protection is dropped once that is gone.
+    PERFORM _pg_fencing.unregister(relation);
+    FOR con IN SELECT c.conname FROM pg_constraint c
+               WHERE c.conrelid = relation AND c.conname LIKE 'zz\_pg\_fencing\_citus\_%' LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', relation, con);
+    END LOOP;
+    pid := _pg_fencing.register(relation, resource, token_column::text);
+    marker := format('zz_pg_fencing_citus_%s', pid);
+    EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %I CHECK (%I IS NOT NULL) NOT VALID', relation, marker, token_column);
+    EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT _pg_fencing.citus_stamp(%s)', relation, token_column, pid);
+    IF carried IS NOT NULL AND coalesce(@extschema@.fencing_high_water(resource), 0) < carried THEN
+        PERFORM @extschema@.fencing_advance(resource, carried);
+        RAISE NOTICE 'pg_fencing: the protection of % carries the old one''s fence: resource % accepts tokens from % on', relation, resource, carried;
+    END IF;
+END
+$fn$;
+
+-- Why the Citus shape of relation cannot hold (NULL: it can); from inactive_reason.
+CREATE FUNCTION _pg_fencing.citus_problem(relation regclass) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    p record;
+BEGIN
+    SELECT pt.id, pt.token_column INTO p FROM _pg_fencing.protected_table pt WHERE pt.relid = relation;
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conrelid = relation AND c.contype = 'c'
+                   AND c.conname = format('zz_pg_fencing_citus_%s', p.id)) THEN
+        RETURN format('the marker constraint zz_pg_fencing_citus_%s of Citus table %s is missing; run fencing_protect again', p.id, relation);
+    END IF;
+    IF NOT _pg_fencing.preloaded() THEN
+        RETURN format('Citus table %s is fenced by pg_fencing''s hooks, and this backend did not preload the library', relation);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- The Citus shape's objects on relation (marker constraints, the token column's default), once its
+-- protection is removed (from fencing_unprotect, after _pg_fencing.unregister).
+CREATE FUNCTION _pg_fencing.unprotect_citus(relation regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    con name;
+    col name;
+BEGIN
+    FOR con IN SELECT c.conname FROM pg_constraint c
+               WHERE c.conrelid = relation AND c.conname LIKE 'zz\_pg\_fencing\_citus\_%' LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', relation, con);
+    END LOOP;
+    FOR col IN SELECT a.attname FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+               WHERE d.adrelid = relation AND pg_get_expr(d.adbin, d.adrelid) ~ '^_pg_fencing\.citus_stamp\(' LOOP
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN %I DROP DEFAULT', relation, col);
+    END LOOP;
+END
+$fn$;
+
 CREATE OR REPLACE FUNCTION @extschema@.fencing_protect(relation regclass, resource text DEFAULT NULL,
                                             token_column name DEFAULT 'fence_token')
 RETURNS void
@@ -1123,7 +1283,7 @@ DECLARE
     old record;
     moved bigint[];
     replaced regclass[];
-    citus_table boolean := false;
+    citus_kind text;
 BEGIN
     IF relation IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22004', MESSAGE = 'relation must not be NULL';
@@ -1143,18 +1303,13 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '42809', MESSAGE = format('%s is not a table', relation),
             HINT = 'fencing_protect accepts plain and partitioned tables.';
     END IF;
-    -- A table Citus manages (distributed, reference, a Citus local table, or a partition of
-    -- one): its writes run on its shards, on other nodes, where this protection's triggers,
-    -- marks and tombstones are not (docs/citus.md). Refused rather than left half protected.
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid OPERATOR(pg_catalog.=) $1)'
-            INTO citus_table USING relation;
-        IF citus_table THEN
-            RAISE EXCEPTION USING ERRCODE = '0A000',
-                MESSAGE = format('%s is a Citus table (distributed, reference or Citus local): pg_fencing does not protect Citus tables yet', relation),
-                DETAIL = 'Writes to a Citus table run on its shards, on the cluster''s nodes, where a protection made here would not check them.',
-                HINT = 'Keep the table on the coordinator (SELECT undistribute_table(...)) and protect it there; docs/citus.md says what holds on a Citus cluster today.';
-        END IF;
+    -- A table Citus manages: hash-distributed and reference tables get the Citus shape in resource
+    -- mode (docs/citus.md; _pg_fencing.protect_citus); every other kind, and per-row mode, is
+    -- refused rather than left half protected.
+    citus_kind := _pg_fencing.citus_kind(relation);
+    IF citus_kind IS NOT NULL THEN
+        PERFORM _pg_fencing.protect_citus(relation, resource, token_column, citus_kind);
+        RETURN;
     END IF;
     IF rel.relpersistence = 't' THEN
         -- A temporary table is dropped at session end without the DDL event triggers, which
@@ -1425,6 +1580,7 @@ BEGIN
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_rekey');
     PERFORM _pg_fencing.drop_trigger(relation, 'zz_pg_fencing_replica');
     PERFORM _pg_fencing.drop_own_default(relation, NULL);
+    PERFORM _pg_fencing.unprotect_citus(relation);
     FOR part IN SELECT t.relid FROM _pg_fencing.tree(relation) t LOOP
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_truncate');
         PERFORM _pg_fencing.drop_trigger(part, 'zz_pg_fencing_stmt');
@@ -1676,7 +1832,7 @@ $fn$;
 REVOKE ALL ON FUNCTION _pg_fencing.before_retype(oid, text) FROM PUBLIC;
 
 COMMENT ON FUNCTION @extschema@.fencing_protect(regclass, text, name) IS
-'Puts a plain or partitioned table under fencing. resource NULL: per-row mode (each row is its own fencing domain, deleted keys keep a tombstone); resource given: resource mode (one high-water mark fences every row). Adds token_column (bigint) if missing. Idempotent. Switching a protected table to another resource, the other mode or (resource mode) another token column carries the fence: the new resource''s mark, or in per-row mode the tombstone floor, starts at the old protection''s highest mark, row token and tombstone. Repairs the firing modes of the protection''s triggers. A publication of the table gets pg_fencing''s own tables added. Errors: 42501 not the owner; 42809 not a table, a partition or a temporary table; 0A000 a table Citus manages (docs/citus.md); 42P16 no primary key in per-row mode; 42804 token column not bigint; 22023 empty resource; 55000 another token column for a per-row table, or a per-row table that is UNLOGGED.';
+'Puts a plain or partitioned table under fencing. resource NULL: per-row mode (each row is its own fencing domain, deleted keys keep a tombstone); resource given: resource mode (one high-water mark fences every row). Adds token_column (bigint) if missing. Idempotent. Switching a protected table to another resource, the other mode or (resource mode) another token column carries the fence: the new resource''s mark, or in per-row mode the tombstone floor, starts at the old protection''s highest mark, row token and tombstone. Repairs the firing modes of the protection''s triggers. A publication of the table gets pg_fencing''s own tables added. Errors: 42501 not the owner; 42809 not a table, a partition or a temporary table; 0A000 a Citus table of a kind it does not protect, or per-row mode for a Citus table (docs/citus.md); 55000 pg_fencing not preloaded on every node of a Citus cluster; 42P16 no primary key in per-row mode; 42804 token column not bigint; 22023 empty resource; 55000 another token column for a per-row table, or a per-row table that is UNLOGGED.';
 
 -- Triggers created or replaced on a protected table (also by a role with the TRIGGER privilege
 -- only): one named as a trigger of the protection must be the protection's (fencing_guard, with

@@ -270,6 +270,25 @@ pub unsafe extern "C-unwind" fn pg_fencing_stamp_default(
     }
 }
 
+v1_finfo!(pg_finfo_pg_fencing_citus_stamp);
+/// `_pg_fencing.citus_stamp(protection bigint) RETURNS bigint`: the check of the Citus shape,
+/// evaluated by Citus on the coordinator (see `guard/citus.rs`); returns the token to stamp.
+///
+/// SQL: `_pg_fencing.citus_stamp(protection bigint) RETURNS bigint STABLE CALLED ON NULL INPUT PARALLEL UNSAFE`
+///
+/// # Safety
+/// As `pg_fencing_stamp_row`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn pg_fencing_citus_stamp(fcinfo: FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: as in `pg_fencing_stamp_row`.
+    unsafe {
+        run(fcinfo, || {
+            let call = crate::pg::plan::StampCall::new(fcinfo);
+            crate::guard::citus::stamp(call.bigint(0)).map(|t| stamp_result(fcinfo, t))
+        })
+    }
+}
+
 v1_finfo!(pg_finfo_pg_fencing_insert_check_due);
 /// `_pg_fencing.insert_check_due(protection bigint) RETURNS boolean`: the WHEN clause of the
 /// AFTER INSERT row trigger of a table of the set-based shape: false only for the rows of the

@@ -9,6 +9,7 @@
 
 use crate::guard::copy_from;
 use crate::guard::fast_path::{self, InsertPlan};
+use crate::pg::citus;
 use crate::pg::copy_stmt::{self, CopyFrom};
 use crate::pg::plan::{self, DeleteQuery, InsertQuery, ModifyExecution, UpdateQuery};
 use crate::pg::report::{raise, Raiser};
@@ -104,6 +105,14 @@ unsafe extern "C-unwind" fn planner(
             }),
             None => None,
         };
+        if let Some(mut q) = citus::WriteQuery::of(parse) {
+            let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+                crate::guard::citus::plan_write(&mut q)
+            });
+            if let Err(e) = outcome {
+                raise(e, Raiser::Hook("pg_fencing planner hook"));
+            }
+        }
         let checked = inserted == Some(InsertPlan::Checked);
         let prev = PREV_PLANNER.get().copied().flatten();
         let stmt = plan::plan_next(prev, parse, query_string, cursor_options, bound_params);
@@ -154,6 +163,20 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         // A statement run inside an admitted COPY (by a trigger or function of its rows): its
         // own inserted rows are not the COPY's (`copy_from::insert_check_due`).
         copy_from::executor_started(query_desc as usize);
+        // A write to a protected Citus table's shard (guard/citus.rs).
+        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int == 0 {
+            let written = citus::written_relations(query_desc);
+            if !written.is_empty() {
+                let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+                    written
+                        .iter()
+                        .try_for_each(|r| crate::guard::citus::check_write(*r))
+                });
+                if let Err(e) = outcome {
+                    raise(e, Raiser::Hook("pg_fencing ExecutorStart hook"));
+                }
+            }
+        }
         let prev = PREV_EXECUTOR_START.get().copied().flatten();
         plan::executor_start_next(prev, query_desc, eflags);
         if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int != 0 {
@@ -268,6 +291,28 @@ unsafe extern "C-unwind" fn process_utility(
     unsafe {
         let mut pstmt = pstmt;
         let mut admitted = false;
+        // Protected Citus tables (guard/citus.rs): a COPY into one, a TRUNCATE, a change of the
+        // marker constraint.
+        let truncated = citus::truncated_relations(pstmt);
+        let marker = citus::touched_markers(pstmt);
+        let copy_target = CopyFrom::of(pstmt).and_then(|c| c.relid().map(|r| (c, r)));
+        let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+            if let Some(relids) = &truncated {
+                crate::guard::citus::truncate(relids)?;
+            }
+            if let Some((relid, name)) = &marker {
+                crate::guard::citus::touch_marker(*relid, name)?;
+            }
+            if let Some((copy, relid)) = &copy_target {
+                crate::guard::citus::begin_copy(*relid, &|column: &str| {
+                    std::ffi::CString::new(column).is_ok_and(|c| copy.names_column(&c))
+                })?;
+            }
+            Ok(())
+        });
+        if let Err(e) = outcome {
+            raise(e, Raiser::Hook("pg_fencing ProcessUtility hook"));
+        }
         if let Some(mut copy) = CopyFrom::of(pstmt) {
             let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(|| {
                 copy_from::begin(&copy, guard_address())

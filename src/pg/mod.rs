@@ -10,6 +10,7 @@
 //! `// SAFETY:` notes say so.
 
 pub mod catalog;
+pub mod citus;
 pub mod compat;
 pub mod copy_stmt;
 pub mod event_trigger;

@@ -184,6 +184,29 @@ impl<'a> Relation<'a> {
         unsafe { trigger_named_in((*self.rel).trigdesc, name) }
     }
 
+    /// The names of the relation's CHECK constraints that start with `prefix`.
+    pub fn check_constraint_names(&self, prefix: &str) -> Vec<String> {
+        // SAFETY: the relation is open, so are its pg_class row and tuple descriptor; `constr`
+        // is NULL or holds `num_check` ConstrCheck entries (loaded with the relcache entry when
+        // the table has CHECK constraints) whose names are NUL-terminated strings it owns,
+        // copied out.
+        unsafe {
+            if (*(*self.rel).rd_rel).relchecks == 0 {
+                return Vec::new();
+            }
+            let constr = (*(*self.rel).rd_att).constr;
+            if constr.is_null() || (*constr).check.is_null() {
+                return Vec::new();
+            }
+            std::slice::from_raw_parts((*constr).check, (*constr).num_check as usize)
+                .iter()
+                .filter(|c| !c.ccname.is_null())
+                .map(|c| CStr::from_ptr(c.ccname).to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        }
+    }
+
     /// Is this a plain table (not partitioned) with inheritance children?
     pub fn has_inheritance_children(&self) -> bool {
         // SAFETY: the open relation's pg_class row, valid while it is open.

@@ -26,6 +26,26 @@ pub fn inactive_reason(protection: i64) -> Option<String> {
     .filter(|r| !r.is_empty())
 }
 
+/// Table, resource and token column of protection `protection` (`None`: no such protection, or
+/// removed), read with a new snapshot (a change of the calling statement's own transaction counts).
+pub fn protection_of(protection: i64) -> Option<(pg_sys::Oid, Option<String>, String)> {
+    crate::pg::spi::exec_internal_row(
+        "SELECT p.relid::pg_catalog.oid, p.resource, p.token_column::pg_catalog.text \
+         FROM _pg_fencing.protected_table p WHERE p.id OPERATOR(pg_catalog.=) $1 AND p.protected",
+        true,
+        &[pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(protection)],
+        false,
+        |row| {
+            let relid = pg_sys::Oid::from(row.first().copied().flatten()?.value() as u32);
+            let resource = row.get(1).copied().flatten().map(text_of);
+            let column = text_of(row.get(2).copied().flatten()?);
+            Some((relid, resource, column))
+        },
+    )
+    .flatten()
+}
+
 /// The protected tables that still exist, as a list for a message (`None`: none).
 pub fn protected_tables() -> Option<String> {
     exec_internal(

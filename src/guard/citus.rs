@@ -1,0 +1,235 @@
+//! The Citus shape (docs/citus.md, "How a distributed table is fenced"): a hash-distributed or
+//! reference table protected in resource mode, fenced where Citus plans its writes.
+//!
+//! Citus plans every write to a distributed table on the node it enters and sends each shard its
+//! own statement; it evaluates a statement's stable expressions once, on that node, and sends
+//! the shards their values. So:
+//! * **Coordinator, planner hook** (`plan_write`): an INSERT or UPDATE of such a table gets
+//!   `_pg_fencing.citus_stamp(protection)` as its token column's value (replacing whatever the
+//!   statement gave it), a DELETE the condition `citus_stamp(protection) IS NOT NULL`; a MERGE
+//!   is refused (`0A000`). `citus_stamp` (`stamp`) is the one check of the shape: the protection
+//!   active (`FT004`), the session's token (`FT002`, `FT003`) admitted against the resource's mark
+//!   under its lock, raised when higher (`FT001`), the same rule as every other path
+//!   (`rule::admit_resource`). It is also the token column's default.
+//! * **Coordinator, utility hook** (`begin_copy`, `truncate`): a COPY into such a table is
+//!   checked once before it runs, and must leave the token column to its default (`0A000`
+//!   otherwise: Citus's COPY has no per-row hook through which pg_fencing could overwrite a
+//!   value); a TRUNCATE is checked as a write.
+//! * **Every node, a write to a shard** (`check_write`: executor start of a statement whose
+//!   result relations carry the marker, COPY, TRUNCATE): let through only Citus's own
+//!   connections for a command that started on the coordinator (which checked it); on the
+//!   coordinator, any other write (Citus's local execution of a shard there, a write aimed at a
+//!   shard directly) is checked itself; on a worker it is refused (`FT004`): a write entering
+//!   at a worker, or aimed at a shard directly, is not checked there.
+//! * The marker constraint that tells the hooks which relations these are is refused to
+//!   `ALTER TABLE … DROP CONSTRAINT` and `RENAME CONSTRAINT` while its protection stands
+//!   (`55000`; `fencing_unprotect` removes it).
+//!
+//! Invariant: on every node, a write to a relation carrying the marker runs only after
+//! `admit` admitted its token on the coordinator, in the same distributed transaction (whose
+//! commit raises the mark), or is refused.
+
+#![forbid(unsafe_code)]
+
+use crate::error::{FenceError, Text, Token};
+use crate::pg::citus::{self, Marker, Node, WriteCommand, WriteQuery};
+use crate::pg::plan;
+use crate::pg::trigger_event::relation_name;
+use crate::rule;
+use pgrx::pg_sys;
+use std::ffi::CString;
+
+/// The planner hook, before Citus plans a write: an INSERT, UPDATE or DELETE of a table of the
+/// Citus shape calls `citus_stamp` (see the module header). `Err` for a MERGE, or a marker
+/// whose protection is gone.
+pub fn plan_write(q: &mut WriteQuery) -> Result<(), FenceError> {
+    let Some(relid) = q.target() else {
+        return Ok(());
+    };
+    let Some(Marker { protection }) = citus::marker_of(relid) else {
+        return Ok(());
+    };
+    if !citus::is_citus_table(relid) {
+        return Ok(()); // a shard (or a table taken back from Citus): `check_write`
+    }
+    if citus::node() != Node::Coordinator {
+        return Err(on_worker(Some(relid)));
+    }
+    let (table, _, column) = crate::state::protections::protection_of(protection)
+        .filter(|(t, _, _)| *t == relid)
+        .ok_or_else(|| lost_marker(relid, protection))?;
+    let function = plan::internal_function(c"citus_stamp").ok_or_else(|| {
+        FenceError::Internal("_pg_fencing.citus_stamp(bigint) does not exist".into())
+    })?;
+    match q.command() {
+        WriteCommand::Merge => Err(FenceError::NotSupported(Text {
+            message: format!(
+                "MERGE into protected Citus table {} is not supported",
+                relation_name(relid)
+            ),
+            detail: Some(
+                "pg_fencing fences a distributed table's INSERT, UPDATE, DELETE, COPY and TRUNCATE."
+                    .into(),
+            ),
+            hint: Some("Write the MERGE as INSERT … ON CONFLICT, UPDATE or DELETE statements; docs/citus.md.".into()),
+        })),
+        WriteCommand::Delete => {
+            q.add_condition(function, protection);
+            Ok(())
+        }
+        WriteCommand::Insert | WriteCommand::Update => {
+            let name = CString::new(column).unwrap_or_default();
+            let attnum = plan::with_relation(relid, |rel| rel.bigint_column(&name).ok())
+                .ok_or_else(|| lost_marker(table, protection))?;
+            q.set_column(attnum, &name, function, protection);
+            Ok(())
+        }
+    }
+}
+
+/// `FT004`: the marker names a protection that is gone or another table's.
+fn lost_marker(relid: pg_sys::Oid, protection: i64) -> FenceError {
+    rule::inactive(
+        &relation_name(relid),
+        &format!(
+            "its marker constraint zz_pg_fencing_citus_{protection} names no protection of the table, or its token column is missing; run fencing_protect again"
+        ),
+    )
+}
+
+/// The one check of the Citus shape, on the coordinator: protection `protection` active, the
+/// session's token admitted against its resource's mark. Returns the token. `Err` on a worker.
+fn admit(protection: i64) -> Result<Token, FenceError> {
+    if citus::node() != Node::Coordinator {
+        return Err(on_worker(None));
+    }
+    let (relid, resource, _) =
+        crate::state::protections::protection_of(protection).ok_or_else(|| {
+            FenceError::InvalidArgument(format!("there is no protection {protection}"))
+        })?;
+    rule::require_active(protection, &|| relation_name(relid))?;
+    let resource = resource.ok_or_else(|| lost_marker(relid, protection))?;
+    let token =
+        rule::write_token(&|| format!("a write to protected table {}", relation_name(relid)))?;
+    crate::guard::trigger::count_guarded();
+    rule::admit_resource(&resource, token, true)
+}
+
+/// `FT004`: a write to a table of the Citus shape that is not checked on this node.
+fn on_worker(relid: Option<pg_sys::Oid>) -> FenceError {
+    rule::inactive(
+        &relid.map_or_else(|| "a protected Citus table".to_string(), relation_name),
+        &format!(
+            "writes to a protected Citus table are checked on the coordinator, and this one runs on a worker (application_name {:?}): it entered at a worker, was aimed at a shard directly, or is an INSERT … SELECT whose rows Citus computes on the workers",
+            citus::application_name()
+        ),
+    )
+}
+
+/// `_pg_fencing.citus_stamp(protection)`: `admit`, for a caller allowed to write the table.
+pub fn stamp(protection: Option<i64>) -> Result<Option<Token>, FenceError> {
+    let protection = protection
+        .ok_or_else(|| FenceError::InvalidArgument("protection must not be NULL".into()))?;
+    if let Some((relid, _, _)) = crate::state::protections::protection_of(protection) {
+        if !(plan::may_insert(relid) || plan::may_update(relid) || plan::may_delete(relid)) {
+            return Err(FenceError::NotAllowed(Text::new(format!(
+                "permission denied for table {}",
+                relation_name(relid)
+            ))));
+        }
+    }
+    admit(protection).map(Some)
+}
+
+/// A write to relation `relid` about to run (a statement's result relation, a COPY's or a
+/// TRUNCATE's table): if it carries the marker, the rule of the module header. `Ok` for every
+/// other relation.
+pub fn check_write(relid: pg_sys::Oid) -> Result<(), FenceError> {
+    let Some(marker) = citus::marker_of(relid) else {
+        return Ok(());
+    };
+    if citus::from_coordinator() {
+        return Ok(());
+    }
+    match citus::node() {
+        Node::Coordinator => admit(marker.protection).map(|_| ()),
+        Node::Worker => Err(on_worker(Some(relid))),
+    }
+}
+
+/// The utility hook, before a `COPY … FROM` into relation `relid`: a table of the Citus shape
+/// is checked once, and its token column must be left to its default. A shard: `check_write`.
+pub fn begin_copy(
+    relid: pg_sys::Oid,
+    names_column: &dyn Fn(&str) -> bool,
+) -> Result<(), FenceError> {
+    let Some(marker) = citus::marker_of(relid) else {
+        return Ok(());
+    };
+    if !citus::is_citus_table(relid) {
+        return check_write(relid);
+    }
+    if citus::node() != Node::Coordinator {
+        return Err(on_worker(Some(relid)));
+    }
+    let (_, _, column) = crate::state::protections::protection_of(marker.protection)
+        .filter(|(t, _, _)| *t == relid)
+        .ok_or_else(|| lost_marker(relid, marker.protection))?;
+    if names_column(&column) {
+        return Err(FenceError::NotSupported(Text {
+            message: format!(
+                "COPY into protected Citus table {} gives token column {column} values",
+                relation_name(relid)
+            ),
+            detail: Some(
+                "pg_fencing stamps the token column of a distributed table through its default; Citus's COPY gives no way to overwrite a value the COPY carries.".into(),
+            ),
+            hint: Some(format!(
+                "List the COPY's columns without {column} (COPY t (a, b) FROM …); docs/citus.md."
+            )),
+        }));
+    }
+    if !(plan::may_insert(relid)) {
+        return Ok(()); // COPY's own privilege check refuses it
+    }
+    admit(marker.protection).map(|_| ())
+}
+
+/// The utility hook, before a `TRUNCATE` of `relids`: each table of the Citus shape (or shard)
+/// is a write (`check_write`; the table itself is checked on the coordinator).
+pub fn truncate(relids: &[pg_sys::Oid]) -> Result<(), FenceError> {
+    for relid in relids {
+        if citus::marker_of(*relid).is_some() && !citus::is_citus_table(*relid) {
+            check_write(*relid)?;
+        } else if let Some(Marker { protection }) = citus::marker_of(*relid) {
+            if citus::node() != Node::Coordinator {
+                return Err(on_worker(Some(*relid)));
+            }
+            admit(protection)?;
+        }
+    }
+    Ok(())
+}
+
+/// The utility hook, before an `ALTER TABLE` that drops or renames marker `name` of `relid`:
+/// refused (`55000`) while its protection stands.
+pub fn touch_marker(relid: pg_sys::Oid, name: &str) -> Result<(), FenceError> {
+    let Some(marker) = citus::parse_marker(name) else {
+        return Ok(());
+    };
+    let standing = crate::state::protections::protection_of(marker.protection)
+        .is_some_and(|(t, _, _)| t == relid);
+    if !standing {
+        return Ok(());
+    }
+    Err(FenceError::SchemaChangeRefused(Text {
+        message: format!(
+            "constraint {name} of {} marks a table protected by pg_fencing",
+            relation_name(relid)
+        ),
+        detail: Some(
+            "The hooks of every node find a protected Citus table and its shards by this constraint; without it their writes would not be checked.".into(),
+        ),
+        hint: Some("Remove the protection with fencing_unprotect(table) first.".into()),
+    }))
+}

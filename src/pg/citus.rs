@@ -1,0 +1,408 @@
+//! Citus as pg_fencing sees it (docs/citus.md, "How a distributed table is fenced";
+//! `guard/citus.rs` decides): the marker constraint that names a protected distributed or
+//! reference table's protection on its shell table and, with Citus's shard suffix, on each of
+//! its shards; the writes of a statement, a COPY or a TRUNCATE to such relations; the node this
+//! backend runs on; and whether the backend is one of Citus's own connections from the
+//! coordinator.
+//!
+//! Invariant: a protected Citus table, its shell on every worker and each of its shards carry
+//! the marker `zz_pg_fencing_citus_<protection>` (Citus copies constraints to shells and shards,
+//! with or without its shard-id suffix, also when it moves or splits shards); whether a relation
+//! is the table (or its shell) or a shard is Citus's metadata's to say (`is_citus_table`).
+
+use crate::pg::spi::exec_internal;
+use crate::pg::trigger_event::Relation;
+use pgrx::{pg_sys, PgList};
+use std::ffi::{c_char, CStr};
+
+/// The prefix of the marker constraint's name.
+pub const MARKER_PREFIX: &str = "zz_pg_fencing_citus_";
+
+/// What a relation's marker constraint says: the protection
+/// (`_pg_fencing.protected_table.id`) of the distributed table it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Marker {
+    pub protection: i64,
+}
+
+/// Read a marker from a constraint's name (`None`: not a marker). A shard's copy may carry
+/// Citus's shard suffix (`_<shard id>`) or not (a shard made by a move keeps the table's name).
+pub fn parse_marker(name: &str) -> Option<Marker> {
+    let rest = name.strip_prefix(MARKER_PREFIX)?;
+    let mut parts = rest.split('_');
+    let protection = parts.next()?.parse::<i64>().ok()?;
+    match parts.next() {
+        None => {}
+        Some(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {}
+        Some(_) => return None,
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(Marker { protection })
+}
+
+/// Is relation `relid` a table Citus manages (in `pg_dist_partition`: the table itself on the
+/// coordinator, its shell on a worker), rather than a shard? Only for a relation with a marker
+/// (Citus is installed).
+pub fn is_citus_table(relid: pg_sys::Oid) -> bool {
+    exec_internal(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition d \
+         WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1::pg_catalog.regclass)",
+        true,
+        &[pg_sys::OIDOID],
+        &mut [pg_sys::Datum::from(relid)],
+        true,
+        |d| d.value() != 0,
+    )
+    .unwrap_or(false)
+}
+
+/// The marker of open relation `rel` (`None`: it has none).
+pub fn marker(rel: &Relation) -> Option<Marker> {
+    rel.check_constraint_names(MARKER_PREFIX)
+        .iter()
+        .find_map(|n| parse_marker(n))
+}
+
+/// The marker of relation `relid` (`None`: none, or no such relation).
+pub fn marker_of(relid: pg_sys::Oid) -> Option<Marker> {
+    crate::pg::plan::with_relation(relid, |rel| marker(&rel))
+}
+
+/// A top-level INSERT, UPDATE, DELETE or MERGE the planner is about to plan.
+pub struct WriteQuery {
+    q: *mut pg_sys::Query,
+}
+
+/// Which statement a [`WriteQuery`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteCommand {
+    Insert,
+    Update,
+    Delete,
+    Merge,
+}
+
+impl WriteQuery {
+    /// The write of `parse`, or `None` for any other statement.
+    ///
+    /// # Safety
+    /// `parse` must be the planner hook's Query, not used by anyone else while this lives.
+    pub unsafe fn of(parse: *mut pg_sys::Query) -> Option<WriteQuery> {
+        // SAFETY: the planner's Query is valid for the hook's call (this function's contract).
+        let q = unsafe { &*parse };
+        let write = matches!(
+            q.commandType,
+            pg_sys::CmdType::CMD_INSERT
+                | pg_sys::CmdType::CMD_UPDATE
+                | pg_sys::CmdType::CMD_DELETE
+                | pg_sys::CmdType::CMD_MERGE
+        );
+        (write && q.resultRelation > 0).then_some(WriteQuery { q: parse })
+    }
+
+    /// The statement's kind.
+    pub fn command(&self) -> WriteCommand {
+        // SAFETY: the planner's Query, valid for the hook's call.
+        match unsafe { (*self.q).commandType } {
+            pg_sys::CmdType::CMD_INSERT => WriteCommand::Insert,
+            pg_sys::CmdType::CMD_UPDATE => WriteCommand::Update,
+            pg_sys::CmdType::CMD_DELETE => WriteCommand::Delete,
+            _ => WriteCommand::Merge,
+        }
+    }
+
+    /// The target relation's OID.
+    pub fn target(&self) -> Option<pg_sys::Oid> {
+        // SAFETY: the planner's Query; `resultRelation` (> 0, checked in `of`) indexes its range
+        // table, a List of RangeTblEntry nodes.
+        unsafe {
+            let q = &*self.q;
+            let rte =
+                pg_sys::list_nth(q.rtable, q.resultRelation - 1).cast::<pg_sys::RangeTblEntry>();
+            (!rte.is_null() && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION)
+                .then(|| (*rte).relid)
+        }
+    }
+
+    /// Make `function(protection)` the value the statement gives column `attnum` (an INSERT's
+    /// target entry, an UPDATE's SET entry), replacing what the statement gave it. The
+    /// expression has no column reference, so Citus evaluates it on the coordinator.
+    pub fn set_column(&mut self, attnum: i16, name: &CStr, function: pg_sys::Oid, protection: i64) {
+        // SAFETY: main thread, inside the planner's call; the target list is a List of
+        // TargetEntry nodes (an INSERT's in column order, an UPDATE's SET entries before its junk
+        // entries), which stays so: the entry of `attnum` gets the new expression, or a new entry
+        // goes before the first entry of a higher column (INSERT) or the first junk entry.
+        unsafe {
+            let q = &mut *self.q;
+            let expr = call_expr(function, protection);
+            let tlist = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList);
+            if let Some(t) = tlist
+                .iter_ptr()
+                .find(|t| !(**t).resjunk && (**t).resno == attnum)
+            {
+                (*t).expr = expr;
+                return;
+            }
+            let insert = q.commandType == pg_sys::CmdType::CMD_INSERT;
+            let pos = tlist
+                .iter_ptr()
+                .take_while(|t| !(**t).resjunk && (!insert || (**t).resno < attnum))
+                .count();
+            let tle = pg_sys::makeTargetEntry(expr, attnum, pg_sys::pstrdup(name.as_ptr()), false);
+            q.targetList = pg_sys::list_insert_nth(q.targetList, pos as i32, tle.cast());
+        }
+    }
+
+    /// AND `function(protection) IS NOT NULL` to the statement's WHERE clause.
+    pub fn add_condition(&mut self, function: pg_sys::Oid, protection: i64) {
+        // SAFETY: main thread, inside the planner's call; the jointree is a FromExpr (made when
+        // missing), its quals NULL or an expression; the NullTest node is allocated zeroed with
+        // its tag set, in the planner's memory context.
+        unsafe {
+            let q = &mut *self.q;
+            let test =
+                pg_sys::palloc0(std::mem::size_of::<pg_sys::NullTest>()).cast::<pg_sys::NullTest>();
+            (*test).xpr.type_ = pg_sys::NodeTag::T_NullTest;
+            (*test).arg = call_expr(function, protection);
+            (*test).nulltesttype = pg_sys::NullTestType::IS_NOT_NULL;
+            (*test).argisrow = false;
+            (*test).location = -1;
+            if q.jointree.is_null() {
+                q.jointree = pg_sys::makeFromExpr(std::ptr::null_mut(), std::ptr::null_mut());
+            }
+            let jt = &mut *q.jointree;
+            jt.quals = pg_sys::make_and_qual(jt.quals, test.cast());
+        }
+    }
+}
+
+/// `function(protection::bigint)` returning bigint.
+///
+/// # Safety
+/// Main thread, in the memory context the expression must live in.
+unsafe fn call_expr(function: pg_sys::Oid, protection: i64) -> *mut pg_sys::Expr {
+    // SAFETY: per the contract; makeConst copies the by-value datum, makeFuncExpr a List.
+    unsafe {
+        let arg = pg_sys::makeConst(
+            pg_sys::INT8OID,
+            -1,
+            pg_sys::Oid::INVALID,
+            8,
+            pg_sys::Datum::from(protection),
+            false,
+            true,
+        );
+        let mut args = PgList::<pg_sys::Node>::new();
+        args.push(arg.cast());
+        pg_sys::makeFuncExpr(
+            function,
+            pg_sys::INT8OID,
+            args.into_pg(),
+            pg_sys::Oid::INVALID,
+            pg_sys::Oid::INVALID,
+            pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+        )
+        .cast()
+    }
+}
+
+/// The relations statement `query_desc` writes (its result relations, partitioned roots
+/// included).
+///
+/// # Safety
+/// `query_desc` must be the executor hook's QueryDesc, valid for the call.
+pub unsafe fn written_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys::Oid> {
+    // SAFETY: per the contract; `resultRelations` is NIL or an integer List of range table
+    // indexes of the plan's range table, a List of RangeTblEntry nodes.
+    unsafe {
+        let stmt = (*query_desc).plannedstmt;
+        if stmt.is_null() || (*stmt).resultRelations.is_null() {
+            return Vec::new();
+        }
+        let list = (*stmt).resultRelations;
+        (0..(*list).length)
+            .filter_map(|i| {
+                let index = (*(*list).elements.add(i as usize)).int_value;
+                let rte =
+                    pg_sys::list_nth((*stmt).rtable, index - 1).cast::<pg_sys::RangeTblEntry>();
+                (!rte.is_null() && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION)
+                    .then(|| (*rte).relid)
+            })
+            .collect()
+    }
+}
+
+/// The relations a `TRUNCATE` (utility statement `pstmt`) names, resolved without a lock
+/// (`None`: not a TRUNCATE).
+///
+/// # Safety
+/// `pstmt` must be the ProcessUtility hook's statement, valid for the call.
+pub unsafe fn truncated_relations(pstmt: *mut pg_sys::PlannedStmt) -> Option<Vec<pg_sys::Oid>> {
+    // SAFETY: per the contract; the node tag is checked before the cast; `relations` is a List
+    // of RangeVar nodes; RangeVarGetRelidExtended with RVR_MISSING_OK returns InvalidOid for a
+    // missing table (TRUNCATE itself then raises its error).
+    unsafe {
+        if pstmt.is_null() {
+            return None;
+        }
+        let node = (*pstmt).utilityStmt;
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_TruncateStmt {
+            return None;
+        }
+        let stmt = node.cast::<pg_sys::TruncateStmt>();
+        Some(
+            PgList::<pg_sys::RangeVar>::from_pg((*stmt).relations)
+                .iter_ptr()
+                .map(|rv| {
+                    pg_sys::RangeVarGetRelidExtended(
+                        rv,
+                        pg_sys::NoLock as pg_sys::LOCKMODE,
+                        pg_sys::RVROption::RVR_MISSING_OK,
+                        None,
+                        std::ptr::null_mut(),
+                    )
+                })
+                .filter(|o| *o != pg_sys::InvalidOid)
+                .collect(),
+        )
+    }
+}
+
+/// The marker constraints an `ALTER TABLE` (utility statement `pstmt`) drops or renames, with
+/// the relation (`None`: none). Resolved without a lock.
+///
+/// # Safety
+/// `pstmt` must be the ProcessUtility hook's statement, valid for the call.
+pub unsafe fn touched_markers(pstmt: *mut pg_sys::PlannedStmt) -> Option<(pg_sys::Oid, String)> {
+    // SAFETY: per the contract; node tags are checked before each cast; an AlterTableStmt's
+    // `cmds` is a List of AlterTableCmd nodes, whose `name` is NULL or a NUL-terminated string;
+    // a RenameStmt's `subname` likewise.
+    unsafe {
+        if pstmt.is_null() {
+            return None;
+        }
+        let node = (*pstmt).utilityStmt;
+        if node.is_null() {
+            return None;
+        }
+        let relid = |rv: *mut pg_sys::RangeVar| {
+            if rv.is_null() {
+                return pg_sys::InvalidOid;
+            }
+            pg_sys::RangeVarGetRelidExtended(
+                rv,
+                pg_sys::NoLock as pg_sys::LOCKMODE,
+                pg_sys::RVROption::RVR_MISSING_OK,
+                None,
+                std::ptr::null_mut(),
+            )
+        };
+        let is_marker = |name: *const c_char| {
+            !name.is_null()
+                && CStr::from_ptr(name)
+                    .to_str()
+                    .is_ok_and(|n| parse_marker(n).is_some())
+        };
+        match (*node).type_ {
+            pg_sys::NodeTag::T_AlterTableStmt => {
+                let stmt = node.cast::<pg_sys::AlterTableStmt>();
+                let cmd = PgList::<pg_sys::AlterTableCmd>::from_pg((*stmt).cmds)
+                    .iter_ptr()
+                    .find(|c| {
+                        (**c).subtype == pg_sys::AlterTableType::AT_DropConstraint
+                            && is_marker((**c).name)
+                    })?;
+                let name = CStr::from_ptr((*cmd).name).to_string_lossy().into_owned();
+                Some((relid((*stmt).relation), name))
+            }
+            pg_sys::NodeTag::T_RenameStmt => {
+                let stmt = node.cast::<pg_sys::RenameStmt>();
+                ((*stmt).renameType == pg_sys::ObjectType::OBJECT_TABCONSTRAINT
+                    && is_marker((*stmt).subname))
+                .then(|| {
+                    (
+                        relid((*stmt).relation),
+                        CStr::from_ptr((*stmt).subname)
+                            .to_string_lossy()
+                            .into_owned(),
+                    )
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The node this backend runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Node {
+    /// The coordinator (group 0): Citus plans the writes that enter here.
+    Coordinator,
+    /// A worker (another group): it holds shards, and Citus also runs queries entering here.
+    Worker,
+}
+
+/// The node this backend runs on (without Citus's metadata: the coordinator of itself).
+pub fn node() -> Node {
+    let group = exec_internal(
+        "SELECT CASE WHEN pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NULL THEN 0::pg_catalog.int8 \
+         ELSE (SELECT g.groupid::pg_catalog.int8 FROM pg_catalog.pg_dist_local_group g LIMIT 1) END",
+        true,
+        &[],
+        &mut [],
+        true,
+        |d| d.value() as i64,
+    )
+    .unwrap_or(0);
+    if group == 0 {
+        Node::Coordinator
+    } else {
+        Node::Worker
+    }
+}
+
+/// This backend's `application_name`.
+pub fn application_name() -> String {
+    // SAFETY: main thread; `application_name` is PostgreSQL's GUC variable, NULL or a
+    // NUL-terminated string it owns, copied at once.
+    unsafe {
+        let p = pg_sys::application_name;
+        if p.is_null() {
+            return String::new();
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// Citus's multiplier of a node id in a global process id (`citus_internal gpid=<nodeid ×
+/// 10^10 + pid>`, the application name of its connections between nodes).
+const GPID_NODE_MULTIPLIER: u64 = 10_000_000_000;
+/// The node id Citus puts in the global process ids of a node not in its metadata.
+const NODE_NOT_IN_METADATA: u64 = 99_999_999;
+
+/// Is this backend one of Citus's own connections, opened for a command that started on the
+/// coordinator (its application name `citus_internal gpid=…`, or `citus_rebalancer gpid=…` for
+/// shard moves and splits, with the coordinator's node id)? Not `citus_run_command gpid=…`, the
+/// connections of `run_command_on_*`, which run a user's own SQL.
+pub fn from_coordinator() -> bool {
+    let name = application_name();
+    let Some(gpid) = ["citus_internal gpid=", "citus_rebalancer gpid="]
+        .iter()
+        .find_map(|p| name.strip_prefix(p))
+        .and_then(|g| g.parse::<u64>().ok())
+    else {
+        return false;
+    };
+    let coordinator = exec_internal(
+        "SELECT COALESCE((SELECT n.nodeid::pg_catalog.int8 FROM pg_catalog.pg_dist_node n \
+         WHERE n.groupid OPERATOR(pg_catalog.=) 0 AND n.isactive LIMIT 1), $1)",
+        true,
+        &[pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(NODE_NOT_IN_METADATA as i64)],
+        true,
+        |d| d.value() as u64,
+    );
+    coordinator.is_some_and(|c| gpid / GPID_NODE_MULTIPLIER == c)
+}

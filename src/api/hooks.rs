@@ -105,9 +105,17 @@ unsafe extern "C-unwind" fn planner(
             }),
             None => None,
         };
-        if let Some(mut q) = citus::WriteQuery::of(parse) {
+        // Writes to protected Citus tables, the statement's and its data-modifying WITH
+        // queries' (guard/citus.rs).
+        let writes: Vec<_> = std::iter::once(parse)
+            .chain(citus::modifying_ctes(parse))
+            .filter_map(|q| citus::WriteQuery::of(q))
+            .collect();
+        if !writes.is_empty() {
             let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-                crate::guard::citus::plan_write(&mut q)
+                writes
+                    .into_iter()
+                    .try_for_each(|mut q| crate::guard::citus::plan_write(&mut q))
             });
             if let Err(e) = outcome {
                 raise(e, Raiser::Hook("pg_fencing planner hook"));

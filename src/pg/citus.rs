@@ -178,6 +178,39 @@ impl WriteQuery {
     }
 }
 
+/// The data-modifying `WITH` queries of the planner hook's Query `parse`, nested ones included
+/// (each an INSERT, UPDATE, DELETE or MERGE that `WriteQuery::of` takes).
+///
+/// # Safety
+/// `parse` must be the planner hook's Query, valid for the call; the returned Queries are parts
+/// of it, to be used only while it is planned.
+pub unsafe fn modifying_ctes(parse: *mut pg_sys::Query) -> Vec<*mut pg_sys::Query> {
+    let mut out = Vec::new();
+    // SAFETY: per the contract; `cteList` is NIL or a List of CommonTableExpr nodes whose
+    // `ctequery` is an analysed Query (the node tag is checked), each walked at most 32 deep.
+    unsafe fn walk(q: *mut pg_sys::Query, depth: u32, out: &mut Vec<*mut pg_sys::Query>) {
+        unsafe {
+            if q.is_null() || depth > 32 || !(*q).hasModifyingCTE {
+                return;
+            }
+            for cte in PgList::<pg_sys::CommonTableExpr>::from_pg((*q).cteList).iter_ptr() {
+                let inner = (*cte).ctequery;
+                if inner.is_null() || (*inner).type_ != pg_sys::NodeTag::T_Query {
+                    continue;
+                }
+                let inner = inner.cast::<pg_sys::Query>();
+                if (*inner).commandType != pg_sys::CmdType::CMD_SELECT {
+                    out.push(inner);
+                }
+                walk(inner, depth + 1, out);
+            }
+        }
+    }
+    // SAFETY: as above.
+    unsafe { walk(parse, 0, &mut out) };
+    out
+}
+
 /// `function(protection::bigint)` returning bigint.
 ///
 /// # Safety

@@ -13,7 +13,7 @@
 
 use crate::api::fenced;
 use crate::backend_event::BackendEvent;
-use crate::guard::{copy_from, fast_path, trigger};
+use crate::guard::{citus, copy_from, fast_path, trigger};
 use crate::lock_service::{etcd_locks, leases, watch};
 use crate::pg::{index, process, report, session, spi};
 use crate::rule::{self, session_token};
@@ -36,6 +36,10 @@ const STATEFUL: &[Stateful] = &[
     Stateful {
         file: "src/api/fenced.rs",
         on_event: fenced::on_event,
+    },
+    Stateful {
+        file: "src/guard/citus.rs",
+        on_event: citus::on_event,
     },
     Stateful {
         file: "src/guard/copy_from.rs",

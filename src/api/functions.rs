@@ -284,7 +284,7 @@ pub unsafe extern "C-unwind" fn pg_fencing_citus_stamp(fcinfo: FunctionCallInfo)
     unsafe {
         run(fcinfo, || {
             let call = crate::pg::plan::StampCall::new(fcinfo);
-            crate::guard::citus::stamp(call.bigint(0)).map(|t| stamp_result(fcinfo, t))
+            crate::guard::citus::stamp(&call).map(|t| stamp_result(fcinfo, t))
         })
     }
 }

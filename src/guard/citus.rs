@@ -31,13 +31,84 @@
 
 #![forbid(unsafe_code)]
 
+use crate::backend_event::BackendEvent;
 use crate::error::{FenceError, Text, Token};
 use crate::pg::citus::{self, Marker, Node, WriteCommand, WriteQuery};
 use crate::pg::plan;
 use crate::pg::trigger_event::relation_name;
 use crate::rule;
 use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::CString;
+
+/// What this backend learnt of Citus and of the Citus shape's protections, until the next
+/// relcache invalidation (every change of a protection of the Citus shape changes its table's
+/// marker constraint, which invalidates the table's relcache entry in every backend; Citus
+/// invalidates relcache entries when its metadata changes).
+#[derive(Default)]
+struct Known {
+    /// The node this backend runs on.
+    node: Option<Node>,
+    /// Relations with a marker: the Citus table (or its shell), or a shard.
+    citus_tables: HashMap<u32, bool>,
+    /// Protections: table, resource, token column.
+    protections: HashMap<i64, (pg_sys::Oid, Option<String>, String)>,
+    /// The protection, table and resource of the `citus_stamp` call site checked last
+    /// (`StampCall::checked_for` says which site and user: each new site checks again).
+    site: Option<(i64, pg_sys::Oid, String)>,
+}
+
+thread_local! {
+    static KNOWN: RefCell<Known> = RefCell::new(Known::default());
+}
+
+/// The node this backend runs on (`citus::node`, once a transaction).
+fn node() -> Node {
+    if let Some(n) = KNOWN.with(|k| k.borrow().node) {
+        return n;
+    }
+    let n = citus::node();
+    KNOWN.with(|k| k.borrow_mut().node = Some(n));
+    n
+}
+
+/// Is `relid` the Citus table (or its shell) rather than a shard (`citus::is_citus_table`,
+/// remembered until the transaction ends or the relcache is invalidated)?
+fn is_citus_table(relid: pg_sys::Oid) -> bool {
+    if let Some(b) = KNOWN.with(|k| k.borrow().citus_tables.get(&relid.to_u32()).copied()) {
+        return b;
+    }
+    let b = citus::is_citus_table(relid);
+    KNOWN.with(|k| {
+        crate::cache::cache_insert(&mut k.borrow_mut().citus_tables, relid.to_u32(), b, 1_000)
+    });
+    b
+}
+
+/// Table, resource and token column of protection `protection` (`protections::protection_of`,
+/// remembered until the next relcache invalidation).
+fn protection_of(protection: i64) -> Option<(pg_sys::Oid, Option<String>, String)> {
+    if let Some(p) = KNOWN.with(|k| k.borrow().protections.get(&protection).cloned()) {
+        return Some(p);
+    }
+    let p = crate::state::protections::protection_of(protection)?;
+    KNOWN.with(|k| {
+        crate::cache::cache_insert(&mut k.borrow_mut().protections, protection, p.clone(), 1_000)
+    });
+    Some(p)
+}
+
+/// What each backend event clears: a relcache invalidation everything; the end of a
+/// transaction or subtransaction the call site checked last.
+pub fn on_event(ev: BackendEvent) {
+    match ev {
+        BackendEvent::Relcache(_) => KNOWN.with(|k| *k.borrow_mut() = Known::default()),
+        e if e.ends_any_transaction() => KNOWN.with(|k| k.borrow_mut().site = None),
+        BackendEvent::SubAbort(_) => KNOWN.with(|k| k.borrow_mut().site = None),
+        _ => {}
+    }
+}
 
 /// The planner hook, before Citus plans a write: an INSERT, UPDATE or DELETE of a table of the
 /// Citus shape calls `citus_stamp` (see the module header). `Err` for a MERGE, or a marker
@@ -49,13 +120,13 @@ pub fn plan_write(q: &mut WriteQuery) -> Result<(), FenceError> {
     let Some(Marker { protection }) = citus::marker_of(relid) else {
         return Ok(());
     };
-    if !citus::is_citus_table(relid) {
+    if !is_citus_table(relid) {
         return Ok(()); // a shard (or a table taken back from Citus): `check_write`
     }
-    if citus::node() != Node::Coordinator {
+    if node() != Node::Coordinator {
         return Err(on_worker(Some(relid)));
     }
-    let (table, _, column) = crate::state::protections::protection_of(protection)
+    let (table, _, column) = protection_of(protection)
         .filter(|(t, _, _)| *t == relid)
         .ok_or_else(|| lost_marker(relid, protection))?;
     let function = plan::internal_function(c"citus_stamp").ok_or_else(|| {
@@ -100,19 +171,25 @@ fn lost_marker(relid: pg_sys::Oid, protection: i64) -> FenceError {
 /// The one check of the Citus shape, on the coordinator: protection `protection` active, the
 /// session's token admitted against its resource's mark. Returns the token. `Err` on a worker.
 fn admit(protection: i64) -> Result<Token, FenceError> {
-    if citus::node() != Node::Coordinator {
+    if node() != Node::Coordinator {
         return Err(on_worker(None));
     }
-    let (relid, resource, _) =
-        crate::state::protections::protection_of(protection).ok_or_else(|| {
+    let (relid, resource, _) = protection_of(protection)
+        .ok_or_else(|| {
             FenceError::InvalidArgument(format!("there is no protection {protection}"))
         })?;
-    rule::require_active(protection, &|| relation_name(relid))?;
     let resource = resource.ok_or_else(|| lost_marker(relid, protection))?;
-    let token =
-        rule::write_token(&|| format!("a write to protected table {}", relation_name(relid)))?;
+    admit_site(protection, relid, &resource)
+}
+
+/// `admit` once the protection's table and resource are known (on the coordinator).
+fn admit_site(protection: i64, relid: pg_sys::Oid, resource: &str) -> Result<Token, FenceError> {
+    rule::require_active(protection, &|| relation_name(relid))?;
+    let token = rule::write_token(&|| {
+        format!("a write to protected table {}", relation_name(relid))
+    })?;
     crate::guard::trigger::count_guarded();
-    rule::admit_resource(&resource, token, true)
+    rule::admit_resource(resource, token, true)
 }
 
 /// `FT004`: a write to a table of the Citus shape that is not checked on this node.
@@ -126,19 +203,46 @@ fn on_worker(relid: Option<pg_sys::Oid>) -> FenceError {
     )
 }
 
-/// `_pg_fencing.citus_stamp(protection)`: `admit`, for a caller allowed to write the table.
-pub fn stamp(protection: Option<i64>) -> Result<Option<Token>, FenceError> {
-    let protection = protection
+/// `_pg_fencing.citus_stamp(protection)`: `admit`, for a caller allowed to write the table. A
+/// call site (one expression of one statement, such as a COPY's default evaluated for each row)
+/// looks up its protection, node and privilege once per user; each call admits the token.
+pub fn stamp(call: &plan::StampCall) -> Result<Option<Token>, FenceError> {
+    let protection = call
+        .bigint(0)
         .ok_or_else(|| FenceError::InvalidArgument("protection must not be NULL".into()))?;
-    if let Some((relid, _, _)) = crate::state::protections::protection_of(protection) {
-        if !(plan::may_insert(relid) || plan::may_update(relid) || plan::may_delete(relid)) {
-            return Err(FenceError::NotAllowed(Text::new(format!(
-                "permission denied for table {}",
-                relation_name(relid)
-            ))));
+    let user = crate::pg::process::current_user();
+    let known = KNOWN.with(|k| {
+        k.borrow()
+            .site
+            .as_ref()
+            .filter(|(p, _, _)| *p == protection)
+            .map(|(_, relid, resource)| (*relid, resource.clone()))
+    });
+    let (relid, resource) = match known {
+        Some(site) if call.checked_for() == user => site,
+        _ => {
+            if node() != Node::Coordinator {
+                return Err(on_worker(None));
+            }
+            let (relid, resource, _) = protection_of(protection)
+                .ok_or_else(|| {
+                    FenceError::InvalidArgument(format!("there is no protection {protection}"))
+                })?;
+            if !(plan::may_insert(relid) || plan::may_update(relid) || plan::may_delete(relid)) {
+                return Err(FenceError::NotAllowed(Text::new(format!(
+                    "permission denied for table {}",
+                    relation_name(relid)
+                ))));
+            }
+            let resource = resource.ok_or_else(|| lost_marker(relid, protection))?;
+            KNOWN.with(|k| {
+                k.borrow_mut().site = Some((protection, relid, resource.clone()))
+            });
+            call.set_checked_for(user);
+            (relid, resource)
         }
-    }
-    admit(protection).map(Some)
+    };
+    admit_site(protection, relid, &resource).map(Some)
 }
 
 /// A write to relation `relid` about to run (a statement's result relation, a COPY's or a
@@ -148,10 +252,15 @@ pub fn check_write(relid: pg_sys::Oid) -> Result<(), FenceError> {
     let Some(marker) = citus::marker_of(relid) else {
         return Ok(());
     };
+    if is_citus_table(relid) && node() == Node::Coordinator {
+        // The table itself, on the coordinator: its statement was planned with
+        // `citus_stamp` (`plan_write`), which checks it.
+        return Ok(());
+    }
     if citus::from_coordinator() {
         return Ok(());
     }
-    match citus::node() {
+    match node() {
         Node::Coordinator => admit(marker.protection).map(|_| ()),
         Node::Worker => Err(on_worker(Some(relid))),
     }
@@ -166,13 +275,13 @@ pub fn begin_copy(
     let Some(marker) = citus::marker_of(relid) else {
         return Ok(());
     };
-    if !citus::is_citus_table(relid) {
+    if !is_citus_table(relid) {
         return check_write(relid);
     }
-    if citus::node() != Node::Coordinator {
+    if node() != Node::Coordinator {
         return Err(on_worker(Some(relid)));
     }
-    let (_, _, column) = crate::state::protections::protection_of(marker.protection)
+    let (_, _, column) = protection_of(marker.protection)
         .filter(|(t, _, _)| *t == relid)
         .ok_or_else(|| lost_marker(relid, marker.protection))?;
     if names_column(&column) {
@@ -199,10 +308,10 @@ pub fn begin_copy(
 /// is a write (`check_write`; the table itself is checked on the coordinator).
 pub fn truncate(relids: &[pg_sys::Oid]) -> Result<(), FenceError> {
     for relid in relids {
-        if citus::marker_of(*relid).is_some() && !citus::is_citus_table(*relid) {
+        if citus::marker_of(*relid).is_some() && !is_citus_table(*relid) {
             check_write(*relid)?;
         } else if let Some(Marker { protection }) = citus::marker_of(*relid) {
-            if citus::node() != Node::Coordinator {
+            if node() != Node::Coordinator {
                 return Err(on_worker(Some(*relid)));
             }
             admit(protection)?;

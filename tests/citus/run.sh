@@ -29,46 +29,14 @@ PGBIN=$PG18_BIN
 
 tests/citus/build.sh
 
-CHILD_PIDS=""
-fresh_workdir
-[ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK"
-BASE=${PGPORT_CITUS:-54484}
-NODES="coordinator worker1 worker2"
-stop_nodes() {
-    for n in $NODES; do
-        [ -f "$WORK/$n/postmaster.pid" ] && as_pg "$PGBIN/pg_ctl" -D "$WORK/$n" -m immediate -w -t 60 stop >/dev/null 2>&1 || true
-    done
-    if [ -n "${WORK:-}" ] && [ -z "${KEEP_WORK:-}" ]; then rm -rf "$WORK"; fi
-}
-trap stop_nodes EXIT
-trap 'exit 130' INT TERM
-i=0
-for n in $NODES; do
-    port=$((BASE + i)); i=$((i + 1))
-    as_pg "$PGBIN/initdb" -D "$WORK/$n" -U postgres -A trust --no-sync >"$WORK/$n.initdb.log" 2>&1
-    cat >>"$WORK/$n/postgresql.conf" <<CONF
-port = $port
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$WORK'
-fsync = off
-shared_preload_libraries = 'citus,pg_fencing'
-max_prepared_transactions = 20
-wal_level = logical
-log_line_prefix = '%m [%p] %a: '
-CONF
-    pg_ctl_start "$WORK/$n" "$WORK/$n.log"
-    "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres \
-        -c "CREATE EXTENSION citus" -c "CREATE EXTENSION pg_fencing"
-done
+source tests/citus/cluster.sh
+start_citus_cluster "${PGPORT_CITUS:-54484}"
 C=(-h 127.0.0.1 -p "$BASE" -U postgres)
 PSQL=("$PGBIN/psql" -X -q -v ON_ERROR_STOP=1)
 q() { "${PSQL[@]}" "${C[@]}" -Atc "$1"; }
 qon() { "${PSQL[@]}" -h 127.0.0.1 -p "$1" -U postgres -Atc "$2"; }
 state() { sqlstate_of "${PSQL[@]}" "${C[@]}" -c "$1"; }
 write() { state "BEGIN; SET LOCAL pg_fencing.token = '$1'; $2; COMMIT;"; }
-q "SELECT citus_set_coordinator_host('127.0.0.1', $BASE)" >/dev/null
-q "SELECT citus_add_node('127.0.0.1', $((BASE + 1)))" >/dev/null
-q "SELECT citus_add_node('127.0.0.1', $((BASE + 2)))" >/dev/null
 expect "the cluster: Citus $(q "SELECT extversion FROM pg_extension WHERE extname = 'citus'") with two active workers" \
     2 "$(q "SELECT count(*) FROM pg_dist_node WHERE isactive AND noderole = 'primary' AND nodeport <> $BASE")"
 

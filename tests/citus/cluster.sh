@@ -1,0 +1,45 @@
+# A Citus cluster of a coordinator and two workers on loopback, for tests/citus/run.sh and
+# bench/citus.sh (sourced; scripts/lib.sh and PGBIN, PostgreSQL 18's bin directory, first):
+#   start_citus_cluster <port>   the coordinator on <port>, the workers on the two ports above;
+#                                each preloads citus and pg_fencing and has both extensions;
+#                                sets WORK (KEEP_WORK=1 keeps it), BASE and NODES, and stops the
+#                                nodes when the calling script exits.
+start_citus_cluster() {
+    CHILD_PIDS=""
+    fresh_workdir
+    [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK"
+    BASE=$1
+    NODES="coordinator worker1 worker2"
+    trap stop_citus_cluster EXIT
+    trap 'exit 130' INT TERM
+    local i=0 n port
+    for n in $NODES; do
+        port=$((BASE + i)); i=$((i + 1))
+        as_pg "$PGBIN/initdb" -D "$WORK/$n" -U postgres -A trust --no-sync >"$WORK/$n.initdb.log" 2>&1
+        cat >>"$WORK/$n/postgresql.conf" <<CONF
+port = $port
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$WORK'
+fsync = off
+shared_preload_libraries = 'citus,pg_fencing'
+max_prepared_transactions = 20
+wal_level = logical
+log_line_prefix = '%m [%p] %a: '
+CONF
+        pg_ctl_start "$WORK/$n" "$WORK/$n.log"
+        "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres \
+            -c "CREATE EXTENSION citus" -c "CREATE EXTENSION pg_fencing"
+    done
+    "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$BASE" -U postgres \
+        -c "SELECT citus_set_coordinator_host('127.0.0.1', $BASE)" \
+        -c "SELECT citus_add_node('127.0.0.1', $((BASE + 1)))" \
+        -c "SELECT citus_add_node('127.0.0.1', $((BASE + 2)))" >/dev/null
+}
+
+stop_citus_cluster() {
+    local n
+    for n in $NODES; do
+        [ -f "$WORK/$n/postmaster.pid" ] && as_pg "$PGBIN/pg_ctl" -D "$WORK/$n" -m immediate -w -t 60 stop >/dev/null 2>&1 || true
+    done
+    if [ -n "${WORK:-}" ] && [ -z "${KEEP_WORK:-}" ]; then rm -rf "$WORK"; fi
+}

@@ -50,6 +50,8 @@ use std::ffi::CString;
 struct Known {
     /// The node this backend runs on.
     node: Option<Node>,
+    /// The coordinator's node id.
+    coordinator: Option<u64>,
     /// Relations with a marker: the Citus table (or its shell), or a shard.
     citus_tables: HashMap<u32, bool>,
     /// Protections: table, resource, token column.
@@ -71,6 +73,17 @@ fn node() -> Node {
     let n = citus::node();
     KNOWN.with(|k| k.borrow_mut().node = Some(n));
     n
+}
+
+/// Is this backend one of Citus's connections for a command that started on the coordinator
+/// (`citus::from_coordinator`, the coordinator's node id remembered)?
+fn from_coordinator() -> bool {
+    let id = KNOWN.with(|k| k.borrow().coordinator).unwrap_or_else(|| {
+        let id = citus::coordinator_node_id();
+        KNOWN.with(|k| k.borrow_mut().coordinator = Some(id));
+        id
+    });
+    citus::from_coordinator(id)
 }
 
 /// Is `relid` the Citus table (or its shell) rather than a shard (`citus::is_citus_table`,
@@ -257,7 +270,7 @@ pub fn check_write(relid: pg_sys::Oid) -> Result<(), FenceError> {
         // `citus_stamp` (`plan_write`), which checks it.
         return Ok(());
     }
-    if citus::from_coordinator() {
+    if from_coordinator() {
         return Ok(());
     }
     match node() {

@@ -417,18 +417,20 @@ const NODE_NOT_IN_METADATA: u64 = 99_999_999;
 
 /// Is this backend one of Citus's own connections, opened for a command that started on the
 /// coordinator (its application name `citus_internal gpid=…`, or `citus_rebalancer gpid=…` for
-/// shard moves and splits, with the coordinator's node id)? Not `citus_run_command gpid=…`, the
+/// shard moves and splits, with the coordinator's node id `coordinator`)? Not `citus_run_command gpid=…`, the
 /// connections of `run_command_on_*`, which run a user's own SQL.
-pub fn from_coordinator() -> bool {
+pub fn from_coordinator(coordinator: u64) -> bool {
     let name = application_name();
-    let Some(gpid) = ["citus_internal gpid=", "citus_rebalancer gpid="]
+    ["citus_internal gpid=", "citus_rebalancer gpid="]
         .iter()
         .find_map(|p| name.strip_prefix(p))
         .and_then(|g| g.parse::<u64>().ok())
-    else {
-        return false;
-    };
-    let coordinator = exec_internal(
+        .is_some_and(|gpid| gpid / GPID_NODE_MULTIPLIER == coordinator)
+}
+
+/// The coordinator's node id, as Citus puts it in global process ids (`from_coordinator`).
+pub fn coordinator_node_id() -> u64 {
+    exec_internal(
         "SELECT COALESCE((SELECT n.nodeid::pg_catalog.int8 FROM pg_catalog.pg_dist_node n \
          WHERE n.groupid OPERATOR(pg_catalog.=) 0 AND n.isactive LIMIT 1), $1)",
         true,
@@ -436,6 +438,6 @@ pub fn from_coordinator() -> bool {
         &mut [pg_sys::Datum::from(NODE_NOT_IN_METADATA as i64)],
         true,
         |d| d.value() as u64,
-    );
-    coordinator.is_some_and(|c| gpid / GPID_NODE_MULTIPLIER == c)
+    )
+    .unwrap_or(NODE_NOT_IN_METADATA)
 }

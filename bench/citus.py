@@ -14,7 +14,10 @@ and COPY of BENCH_COPY_ROWS rows (the token column left to the default on the pr
 given on the floor, left out on the baseline), BENCH_ROUNDS interleaved rounds. Prints a
 markdown table of medians and ratios.
 
-  bench/citus.py --port <coordinator port> --pgbin <PostgreSQL 18 bin> [--out FILE]
+  bench/citus.py --port <coordinator port> --pgbin <PostgreSQL 18 bin> [--work DIR] [--out FILE]
+
+With --work (the cluster's directory), also the servers' CPU time per autocommit UPDATE, summed
+over the three nodes from /proc: steadier than TPS on a small noisy machine.
 """
 import argparse
 import os
@@ -65,6 +68,32 @@ def setup(conn):
             cur.execute("COMMIT")
 
 
+def server_cpu(work):
+    """CPU seconds used so far by the cluster's servers (postmasters, their live children, and
+    the children that exited), from /proc."""
+    if not work:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for node in ("coordinator", "worker1", "worker2"):
+        with open(os.path.join(work, node, "postmaster.pid")) as f:
+            pm = f.readline().strip()
+        pids = [pm]
+        try:
+            with open(f"/proc/{pm}/task/{pm}/children") as f:
+                pids += f.read().split()
+        except OSError:
+            pass
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / tick
+
+
 def pgbench_tps(pgbin, port, script):
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(f"\\set a random(1, {ROWS})\n{script}\n")
@@ -77,10 +106,15 @@ def pgbench_tps(pgbin, port, script):
             env=dict(os.environ, PGOPTIONS="-c pg_fencing.token=5")).stdout
     finally:
         os.unlink(path)
+    tps = txns = None
     for line in out.splitlines():
         if line.startswith("tps = "):
-            return float(line.split()[2])
-    raise RuntimeError(out)
+            tps = float(line.split()[2])
+        if line.startswith("number of transactions actually processed:"):
+            txns = int(line.split(":")[1].split("/")[0])
+    if tps is None or not txns:
+        raise RuntimeError(out)
+    return tps, txns
 
 
 def copy_seconds(conn, variant, round_no):
@@ -103,23 +137,34 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--pgbin", required=True)
     ap.add_argument("--out")
+    ap.add_argument("--work", help="the cluster's directory (coordinator, worker1, worker2): server CPU too")
     a = ap.parse_args()
     conn = psycopg.connect(host="127.0.0.1", port=a.port, user="postgres", dbname="postgres",
                            autocommit=True)
     setup(conn)
     tps = {v: [] for v in UPDATE}
     tps_tx = {v: [] for v in UPDATE_TX}
+    cpu = {v: [] for v in UPDATE}
     copy = {v: [] for v in COPY}
+
+    def run(script):
+        before = server_cpu(a.work)
+        t, n = pgbench_tps(a.pgbin, a.port, script)
+        return t, (server_cpu(a.work) - before) / n * 1e6
+
     for r in range(ROUNDS):
         order = list(UPDATE) if r % 2 == 0 else list(reversed(list(UPDATE)))
         for v in order:
-            tps[v].append(pgbench_tps(a.pgbin, a.port, UPDATE[v]))
+            t, c = run(UPDATE[v])
+            tps[v].append(t)
+            cpu[v].append(c)
         for v in order:
-            tps_tx[v].append(pgbench_tps(a.pgbin, a.port, UPDATE_TX[v]))
+            tps_tx[v].append(run(UPDATE_TX[v])[0])
         for v in order:
             copy[v].append(copy_seconds(conn, v, r))
     med = {v: statistics.median(x) for v, x in tps.items()}
     med_tx = {v: statistics.median(x) for v, x in tps_tx.items()}
+    cmed_cpu = {v: statistics.median(x) for v, x in cpu.items()}
     cmed = {v: statistics.median(x) for v, x in copy.items()}
 
     def row(name, m):
@@ -137,12 +182,16 @@ def main():
         "|---|---:|---:|---:|---:|---:|",
         row(f"single-row UPDATE through the coordinator, autocommit, token as a connection option (TPS, 1 client, {SECONDS} s a round)", med),
         row("the same in `BEGIN; SET LOCAL pg_fencing.token …; UPDATE …; COMMIT;` (the baseline without SET LOCAL)", med_tx),
+        f"| the autocommit UPDATE's server CPU, all three nodes (µs a transaction; ratios are speeds) "
+        f"| {cmed_cpu['protected']:.0f} | {cmed_cpu['floor']:.0f} | {cmed_cpu['baseline']:.0f} "
+        f"| {cmed_cpu['floor'] / cmed_cpu['protected']:.2f} | {cmed_cpu['baseline'] / cmed_cpu['protected']:.2f} |" if a.work else "",
         f"| COPY of {COPY_ROWS:,} rows in a transaction with SET LOCAL (seconds; ratios are speeds) "
         f"| {cmed['protected']:.3f} | {cmed['floor']:.3f} | {cmed['baseline']:.3f} "
         f"| {cmed['floor'] / cmed['protected']:.2f} | {cmed['baseline'] / cmed['protected']:.2f} |",
         "",
         rounds("UPDATE TPS", tps, lambda x: f"{x:.0f}") + ". " + rounds("In a transaction", tps_tx, lambda x: f"{x:.0f}")
-        + ". " + rounds("COPY seconds", copy, lambda x: f"{x:.3f}") + ".",
+        + ". " + rounds("COPY seconds", copy, lambda x: f"{x:.3f}")
+        + (". " + rounds("Server CPU µs", cpu, lambda x: f"{x:.0f}") if a.work else "") + ".",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

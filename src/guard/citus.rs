@@ -56,6 +56,8 @@ struct Known {
     citus_tables: HashMap<u32, bool>,
     /// Protections: table, resource, token column.
     protections: HashMap<i64, (pg_sys::Oid, Option<String>, String)>,
+    /// `_pg_fencing.citus_stamp(bigint)`.
+    stamp_function: Option<pg_sys::Oid>,
     /// The protection, table and resource of the `citus_stamp` call site checked last
     /// (`StampCall::checked_for` says which site and user: each new site checks again).
     site: Option<(i64, pg_sys::Oid, String)>,
@@ -142,9 +144,16 @@ pub fn plan_write(q: &mut WriteQuery) -> Result<(), FenceError> {
     let (table, _, column) = protection_of(protection)
         .filter(|(t, _, _)| *t == relid)
         .ok_or_else(|| lost_marker(relid, protection))?;
-    let function = plan::internal_function(c"citus_stamp").ok_or_else(|| {
-        FenceError::Internal("_pg_fencing.citus_stamp(bigint) does not exist".into())
-    })?;
+    let function = match KNOWN.with(|k| k.borrow().stamp_function) {
+        Some(f) => f,
+        None => {
+            let f = plan::internal_function(c"citus_stamp").ok_or_else(|| {
+                FenceError::Internal("_pg_fencing.citus_stamp(bigint) does not exist".into())
+            })?;
+            KNOWN.with(|k| k.borrow_mut().stamp_function = Some(f));
+            f
+        }
+    };
     match q.command() {
         WriteCommand::Merge => Err(FenceError::NotSupported(Text {
             message: format!(

@@ -151,6 +151,35 @@ expect "stale 20 on the moved shard" FT001 "$(write 20 "UPDATE ledger SET v = -1
 expect "holder 30 on the moved shard" ok "$(write 30 "UPDATE ledger SET v = v + 1 WHERE account = $other")"
 expect "a write aimed at the moved shard on its new worker" FT004 \
     "$(sqlstate_of "${PSQL[@]}" -h 127.0.0.1 -p "$to" -U postgres -c "UPDATE ledger_$moved SET v = -1")"
+# A shard split in two, its halves on both workers: each half carries the marker; the fence holds.
+split=$(q "SELECT get_shard_id_for_distribution_column('ledger', 1)")
+range=$(q "SELECT shardminvalue || ' AND ' || shardmaxvalue FROM pg_dist_shard WHERE shardid = $split")
+mid=$(q "SELECT ((shardminvalue::bigint + shardmaxvalue::bigint) / 2)::int FROM pg_dist_shard WHERE shardid = $split")
+expect "citus_split_shard_by_split_points of account 1's shard" ok \
+    "$(state "SELECT citus_split_shard_by_split_points($split, ARRAY['$mid'], ARRAY[(SELECT nodeid FROM pg_dist_node WHERE nodeport = $((BASE + 1))), (SELECT nodeid FROM pg_dist_node WHERE nodeport = $((BASE + 2)))], shard_transfer_mode => 'block_writes')")"
+q "CALL citus_cleanup_orphaned_resources()" >/dev/null
+for n in 1 2; do
+    expect "worker :$((BASE + n)): every shard of ledger there carries the marker after the split" "$(shards_on $((BASE + n)) ledger)" "$(markers $((BASE + n)) ledger)"
+done
+expect "stale 20 on each half of the split shard" "FT001|FT001" \
+    "$(write 20 "UPDATE ledger SET v = -1 WHERE account = 1")|$(write 20 "UPDATE ledger SET v = -1 WHERE account = $(q "SELECT min(account) FROM ledger WHERE worker_hash(account) BETWEEN $range AND get_shard_id_for_distribution_column('ledger', account) <> get_shard_id_for_distribution_column('ledger', 1)")")"
+expect "holder 30 across the split shards" ok "$(write 30 "UPDATE ledger SET v = v + 1")"
+# A worker down: writes that need it fail (never pass unchecked), and raise no mark.
+on_worker() {  # on_worker <port>: the lowest account whose shard is on that worker
+    q "SELECT min(account) FROM ledger l WHERE (SELECT nodeport FROM citus_shards s WHERE s.shardid = get_shard_id_for_distribution_column('ledger', l.account)) = $1"
+}
+down=$(on_worker $((BASE + 2)))
+up=$(on_worker $((BASE + 1)))
+as_pg "$PGBIN/pg_ctl" -D "$WORK/worker2" -m immediate -w stop >/dev/null
+expect "a write of a row on the stopped worker fails" t "$(r=$(write 30 "UPDATE ledger SET v = v + 1 WHERE account = $down"); [ "$r" != ok ] && echo t || echo "$r")"
+expect "a multi-shard UPDATE fails" t "$(r=$(write 30 "UPDATE ledger SET v = v + 1"); [ "$r" != ok ] && echo t || echo "$r")"
+expect "a failed write with a higher token (50)" t "$(r=$(write 50 "UPDATE ledger SET v = v + 1 WHERE account = $down"); [ "$r" != ok ] && echo t || echo "$r")"
+expect "… raised no mark" 30 "$(q "SELECT fencing_high_water('settlement')")"
+expect "stale 20 on the worker still up" FT001 "$(write 20 "UPDATE ledger SET v = -1 WHERE account = $up")"
+expect "holder 30 on the worker still up" ok "$(write 30 "UPDATE ledger SET v = v + 1 WHERE account = $up")"
+pg_ctl_start "$WORK/worker2" "$WORK/worker2.log"
+expect "the worker back: holder 30 writes its row" ok "$(write 30 "UPDATE ledger SET v = v + 1 WHERE account = $down")"
+expect "… and a stale 20 is refused there" FT001 "$(write 20 "UPDATE ledger SET v = -1 WHERE account = $down")"
 # PostgreSQL leases taken on the coordinator: the time fence.
 lease=$(q "SELECT fencing_lease_acquire('settlement-lease', '1 minute')")
 expect "fencing_advance to the lease's token" "$lease" "$(q "SELECT fencing_advance('settlement', $lease)")"

@@ -17,6 +17,9 @@
 #     refused (0A000) with nothing left on any node; Citus refuses to distribute a table
 #     protected by triggers, which stays a protected table of the coordinator; a table taken
 #     back with undistribute_table can be protected;
+#   - the bypass hunter's contract (tests/citus/hunt.py, CITUS_HUNT_SEEDS="1 2",
+#     CITUS_HUNT_STEPS=150): random writes of every path and token class between shard moves,
+#     each outcome against a model of docs/citus.md, no refused value ever visible, marks equal;
 #   - and what docs/citus.md reports of Citus for the design: a stable SET expression reaches the
 #     shard as its value, volatile UPDATE functions and non-immutable RETURNING are refused.
 #
@@ -260,5 +263,11 @@ expect "a volatile function in a distributed UPDATE is refused by Citus" 0A000 \
     "$(state "UPDATE probe SET v = random()::int WHERE account = 1")"
 expect "a non-immutable function in a distributed RETURNING list is refused by Citus" 0A000 \
     "$(state "UPDATE probe SET v = 1 WHERE account = 1 RETURNING current_setting('pg_fencing.token', true)")"
+# The bypass hunter's contract on the cluster (tests/citus/hunt.py): random writes of every path
+# and token class, shard moves between them, each outcome against the model of docs/citus.md.
+need_python
+for seed in ${CITUS_HUNT_SEEDS:-1 2}; do
+    $PY tests/citus/hunt.py --port "$BASE" --seed "$seed" --steps "${CITUS_HUNT_STEPS:-150}" || fail=1
+done
 [ "${fail:-0}" -eq 0 ] || { echo "citus: FAILED"; exit 1; }
 echo "citus: all checks passed"

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A protected distributed table against unprotected ones on the same Citus cluster (issue 45;
 docs/citus.md, "What it costs"), run by bench/citus.sh on a coordinator and two workers.
 
@@ -14,7 +13,7 @@ and COPY of BENCH_COPY_ROWS rows (the token column left to the default on the pr
 given on the floor, left out on the baseline), BENCH_ROUNDS interleaved rounds. Prints a
 markdown table of medians and ratios.
 
-  bench/citus.py --port <coordinator port> --pgbin <PostgreSQL 18 bin> [--work DIR] [--out FILE]
+  "$PY" bench/citus.py --port <coordinator port> --pgbin <PostgreSQL 18 bin> [--work DIR] [--out FILE]
 
 With --work (the cluster's directory), also the servers' CPU time per autocommit UPDATE, summed
 over the three nodes from /proc: steadier than TPS on a small noisy machine.

@@ -14,4 +14,5 @@ PGBIN=$PG18_BIN
 tests/citus/build.sh
 source tests/citus/cluster.sh
 start_citus_cluster "${PGPORT_CITUS_BENCH:-54494}"
-.venv/bin/python bench/citus.py --port "$BASE" --pgbin "$PGBIN" --work "$WORK" --out bench/citus.md
+need_python
+"$PY" bench/citus.py --port "$BASE" --pgbin "$PGBIN" --work "$WORK" --out bench/citus.md

@@ -100,7 +100,7 @@ done
 for f in "${shells[@]}"; do
     # Not entry points: what entry scripts source (lib.sh, hermetic.sh, pg18.sh), setup (it runs
     # with the caller's environment on purpose) and CI's wrapper.
-    case "$f" in scripts/lib.sh | scripts/hermetic.sh | scripts/pg18.sh | scripts/pkg-env.sh | scripts/system-install.sh | scripts/setup.sh | .ci/run) continue ;; esac
+    case "$f" in scripts/lib.sh | scripts/hermetic.sh | scripts/pg18.sh | scripts/pkg-env.sh | scripts/system-install.sh | scripts/setup.sh | .ci/run | tests/citus/cluster.sh) continue ;; esac  # (libraries the entry scripts source)
     herm=$(grep -nE '^[[:space:]]*(source|\.)[[:space:]].*hermetic\.sh" "\$@"' "$f" | head -1 | cut -d: -f1 || true)
     firstcd=$(grep -nE '^[[:space:]]*cd[[:space:]]' "$f" | head -1 | cut -d: -f1 || true)
     if [ -z "$herm" ]; then

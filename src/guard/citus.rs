@@ -109,7 +109,12 @@ fn protection_of(protection: i64) -> Option<(pg_sys::Oid, Option<String>, String
     }
     let p = crate::state::protections::protection_of(protection)?;
     KNOWN.with(|k| {
-        crate::cache::cache_insert(&mut k.borrow_mut().protections, protection, p.clone(), 1_000)
+        crate::cache::cache_insert(
+            &mut k.borrow_mut().protections,
+            protection,
+            p.clone(),
+            1_000,
+        )
     });
     Some(p)
 }
@@ -196,10 +201,9 @@ fn admit(protection: i64) -> Result<Token, FenceError> {
     if node() != Node::Coordinator {
         return Err(on_worker(None));
     }
-    let (relid, resource, _) = protection_of(protection)
-        .ok_or_else(|| {
-            FenceError::InvalidArgument(format!("there is no protection {protection}"))
-        })?;
+    let (relid, resource, _) = protection_of(protection).ok_or_else(|| {
+        FenceError::InvalidArgument(format!("there is no protection {protection}"))
+    })?;
     let resource = resource.ok_or_else(|| lost_marker(relid, protection))?;
     admit_site(protection, relid, &resource)
 }
@@ -207,9 +211,8 @@ fn admit(protection: i64) -> Result<Token, FenceError> {
 /// `admit` once the protection's table and resource are known (on the coordinator).
 fn admit_site(protection: i64, relid: pg_sys::Oid, resource: &str) -> Result<Token, FenceError> {
     rule::require_active(protection, &|| relation_name(relid))?;
-    let token = rule::write_token(&|| {
-        format!("a write to protected table {}", relation_name(relid))
-    })?;
+    let token =
+        rule::write_token(&|| format!("a write to protected table {}", relation_name(relid)))?;
     crate::guard::trigger::count_guarded();
     rule::admit_resource(resource, token, true)
 }
@@ -246,10 +249,9 @@ pub fn stamp(call: &plan::StampCall) -> Result<Option<Token>, FenceError> {
             if node() != Node::Coordinator {
                 return Err(on_worker(None));
             }
-            let (relid, resource, _) = protection_of(protection)
-                .ok_or_else(|| {
-                    FenceError::InvalidArgument(format!("there is no protection {protection}"))
-                })?;
+            let (relid, resource, _) = protection_of(protection).ok_or_else(|| {
+                FenceError::InvalidArgument(format!("there is no protection {protection}"))
+            })?;
             if !(plan::may_insert(relid) || plan::may_update(relid) || plan::may_delete(relid)) {
                 return Err(FenceError::NotAllowed(Text::new(format!(
                     "permission denied for table {}",
@@ -257,9 +259,7 @@ pub fn stamp(call: &plan::StampCall) -> Result<Option<Token>, FenceError> {
                 ))));
             }
             let resource = resource.ok_or_else(|| lost_marker(relid, protection))?;
-            KNOWN.with(|k| {
-                k.borrow_mut().site = Some((protection, relid, resource.clone()))
-            });
+            KNOWN.with(|k| k.borrow_mut().site = Some((protection, relid, resource.clone())));
             call.set_checked_for(user);
             (relid, resource)
         }

@@ -186,9 +186,11 @@ impl WriteQuery {
 /// of it, to be used only while it is planned.
 pub unsafe fn modifying_ctes(parse: *mut pg_sys::Query) -> Vec<*mut pg_sys::Query> {
     let mut out = Vec::new();
-    // SAFETY: per the contract; `cteList` is NIL or a List of CommonTableExpr nodes whose
-    // `ctequery` is an analysed Query (the node tag is checked), each walked at most 32 deep.
+    /// # Safety
+    /// `q` is NULL or a Query of the planner hook's tree, valid for the call.
     unsafe fn walk(q: *mut pg_sys::Query, depth: u32, out: &mut Vec<*mut pg_sys::Query>) {
+        // SAFETY: per the contract; `cteList` is NIL or a List of CommonTableExpr nodes whose
+        // `ctequery` is an analysed Query (the node tag is checked), each walked at most 32 deep.
         unsafe {
             if q.is_null() || depth > 32 || !(*q).hasModifyingCTE {
                 return;

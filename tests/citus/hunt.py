@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The bypass hunter's contract on a Citus cluster (issue 45; docs/citus.md): random sequences
 of writes to a protected hash-distributed table and a protected reference table, through every
 write path Citus offers (entering at the coordinator or at a worker, or aimed at a shard), with
@@ -17,7 +16,7 @@ After every step: no value a refused write tried to write (negative) is in eithe
 row carries a token that some admitted write carried, at most the mark; and at the end the
 resources' marks equal the model's.
 
-  tests/citus/hunt.py --port <coordinator port> [--seed S] [--steps N]
+  "$PY" tests/citus/hunt.py --port <coordinator port> [--seed S] [--steps N]
 """
 import argparse
 import random

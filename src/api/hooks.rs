@@ -171,6 +171,7 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         // A statement run inside an admitted COPY (by a trigger or function of its rows): its
         // own inserted rows are not the COPY's (`copy_from::insert_check_due`).
         copy_from::executor_started(query_desc as usize);
+        crate::guard::citus::executor_started();
         // A write to a protected Citus table's shard (guard/citus.rs).
         if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int == 0 {
             let written = citus::written_relations(query_desc);
@@ -275,6 +276,7 @@ unsafe extern "C-unwind" fn executor_end(query_desc: *mut pg_sys::QueryDesc) {
         let prev = PREV_EXECUTOR_END.get().copied().flatten();
         plan::executor_end_next(prev, query_desc);
         copy_from::executor_ended(query_desc as usize);
+        crate::guard::citus::executor_ended();
     }
 }
 
@@ -351,6 +353,7 @@ unsafe extern "C-unwind" fn process_utility(
             }
         }
         let prev = PREV_PROCESS_UTILITY.get().copied().flatten();
+        // (An ERROR ends the COPY's transaction or subtransaction, which clears its entry.)
         copy_stmt::process_utility_next(
             prev,
             pstmt,
@@ -362,6 +365,7 @@ unsafe extern "C-unwind" fn process_utility(
             dest,
             qc,
         );
+        crate::guard::citus::end_copy();
         if admitted {
             let rows = copy_stmt::rows_processed(qc);
             let outcome =

@@ -58,9 +58,22 @@ struct Known {
     protections: HashMap<i64, (pg_sys::Oid, Option<String>, String)>,
     /// `_pg_fencing.citus_stamp(bigint)`.
     stamp_function: Option<pg_sys::Oid>,
+    /// The COPY into a table of the Citus shape running now (`begin_copy`), if any.
+    copying: Option<Copying>,
     /// The protection, table and resource of the `citus_stamp` call site checked last
     /// (`StampCall::checked_for` says which site and user: each new site checks again).
     site: Option<(i64, pg_sys::Oid, String)>,
+}
+
+/// A COPY admitted by `begin_copy`: its rows' defaults (`citus_stamp`, evaluated for each row by
+/// Citus's COPY on the coordinator) stamp the admitted token without checking it again, as a
+/// COPY of one server is checked once (docs/design.md, "The set-based shape"). Not for a
+/// statement that runs inside the COPY (`inner`: executors started since).
+#[derive(Clone, Copy)]
+struct Copying {
+    protection: i64,
+    token: Token,
+    inner: u32,
 }
 
 thread_local! {
@@ -124,10 +137,38 @@ fn protection_of(protection: i64) -> Option<(pg_sys::Oid, Option<String>, String
 pub fn on_event(ev: BackendEvent) {
     match ev {
         BackendEvent::Relcache(_) => KNOWN.with(|k| *k.borrow_mut() = Known::default()),
-        e if e.ends_any_transaction() => KNOWN.with(|k| k.borrow_mut().site = None),
-        BackendEvent::SubAbort(_) => KNOWN.with(|k| k.borrow_mut().site = None),
+        e if e.ends_any_transaction() || matches!(e, BackendEvent::SubAbort(_)) => {
+            KNOWN.with(|k| {
+                let mut k = k.borrow_mut();
+                k.site = None;
+                k.copying = None;
+            })
+        }
         _ => {}
     }
+}
+
+/// The utility hook, once the COPY `begin_copy` admitted finished (or failed).
+pub fn end_copy() {
+    KNOWN.with(|k| k.borrow_mut().copying = None);
+}
+
+/// The executor hooks: a statement starts or ends (inside an admitted COPY: not the COPY's).
+pub fn executor_started() {
+    KNOWN.with(|k| {
+        if let Some(c) = k.borrow_mut().copying.as_mut() {
+            c.inner += 1;
+        }
+    });
+}
+
+/// See `executor_started`.
+pub fn executor_ended() {
+    KNOWN.with(|k| {
+        if let Some(c) = k.borrow_mut().copying.as_mut() {
+            c.inner = c.inner.saturating_sub(1);
+        }
+    });
 }
 
 /// The planner hook, before Citus plans a write: an INSERT, UPDATE or DELETE of a table of the
@@ -235,6 +276,10 @@ pub fn stamp(call: &plan::StampCall) -> Result<Option<Token>, FenceError> {
     let protection = call
         .bigint(0)
         .ok_or_else(|| FenceError::InvalidArgument("protection must not be NULL".into()))?;
+    let copying = KNOWN.with(|k| k.borrow().copying);
+    if let Some(c) = copying.filter(|c| c.protection == protection && c.inner == 0) {
+        return Ok(Some(c.token));
+    }
     let user = crate::pg::process::current_user();
     let known = KNOWN.with(|k| {
         k.borrow()
@@ -289,7 +334,8 @@ pub fn check_write(relid: pg_sys::Oid) -> Result<(), FenceError> {
 }
 
 /// The utility hook, before a `COPY … FROM` into relation `relid`: a table of the Citus shape
-/// is checked once, and its token column must be left to its default. A shard: `check_write`.
+/// is checked once, and its token column must be left to its default, which stamps the admitted
+/// token (`Copying`; `end_copy` when the COPY ended). A shard: `check_write`.
 pub fn begin_copy(
     relid: pg_sys::Oid,
     names_column: &dyn Fn(&str) -> bool,
@@ -323,7 +369,15 @@ pub fn begin_copy(
     if !(plan::may_insert(relid)) {
         return Ok(()); // COPY's own privilege check refuses it
     }
-    admit(marker.protection).map(|_| ())
+    let token = admit(marker.protection)?;
+    KNOWN.with(|k| {
+        k.borrow_mut().copying = Some(Copying {
+            protection: marker.protection,
+            token,
+            inner: 0,
+        })
+    });
+    Ok(())
 }
 
 /// The utility hook, before a `TRUNCATE` of `relids`: each table of the Citus shape (or shard)

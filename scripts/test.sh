@@ -28,7 +28,8 @@
 #                                          tests/zookeeper; Redis tokens across a failover,
 #                                          tests/redis;
 #                                          job queues pgqueuer, procrastinate, pg-boss and
-#                                          graphile-worker with PostgreSQL leases, tests/jobqueue)
+#                                          graphile-worker with PostgreSQL leases, tests/jobqueue;
+#                                          the Python package pg-fencing, tests/pyclient)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
@@ -337,6 +338,8 @@ stage_clients() {
     tests/redis/run.sh
     step "14/19 zombie job workers in real job queues with PostgreSQL leases: pgqueuer and procrastinate (PyPI), pg-boss and graphile-worker (npm), each with its negative control (tests/jobqueue)"
     tests/jobqueue/run.sh
+    step "14/19 the Python package pg-fencing (clients/): its wheel installed from the artifact; psycopg 3, psycopg2, asyncpg, leases (tests/pyclient)"
+    tests/pyclient/run.sh
 }
 
 stage_fuzz() {

@@ -1,0 +1,38 @@
+"""pg-fencing: fencing tokens enforced by PostgreSQL (the pg_fencing extension).
+
+A client that holds a lock (a PostgreSQL lease, an etcd lock, …) writes in a transaction that
+carries the lock's fencing token; PostgreSQL refuses the write when a newer holder has written
+(docs/clients.md of the extension). This package makes that one call per driver:
+
+* ``pg_fencing.psycopg`` (psycopg 3, sync and async), ``pg_fencing.psycopg2``,
+  ``pg_fencing.asyncpg``: ``fenced(conn, token)`` opens a transaction whose token is sent with its
+  ``BEGIN`` (no extra round trip) and is transaction-scoped (never seen by the next user of a
+  pooled connection); ``Lease`` takes a PostgreSQL lease and renews it in the background on its
+  own connection; ``run_with_lease`` does all of it around one function.
+* typed errors (``StaleToken`` FT001 … ``NotCurrentHolder`` FT006), raised from the driver's
+  errors, with the resource or row and the numbers from the server's message.
+"""
+from .errors import (
+    FencingError,
+    LeaseLost,
+    LockServiceUnavailable,
+    NoToken,
+    NotCurrentHolder,
+    ProtectionInactive,
+    StaleToken,
+    from_error,
+)
+from ._sql import check_token
+
+__all__ = [
+    "FencingError",
+    "StaleToken",
+    "NoToken",
+    "LeaseLost",
+    "ProtectionInactive",
+    "LockServiceUnavailable",
+    "NotCurrentHolder",
+    "from_error",
+    "check_token",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,91 @@
+"""The renewal loop of a PostgreSQL lease, shared by the drivers' ``Lease`` classes: renew every
+third of the TTL on the lease's own connection; the first renewal that fails (``FT003``: the
+lease ended; or the connection broke and the lease may have ended) marks the lease lost."""
+import threading
+
+from ._sql import RELEASE, RENEW, check_token, seconds
+from .errors import LeaseLost, from_error
+
+
+class LeaseBase:
+    """What every ``Lease`` has: ``name``, ``ttl`` (seconds), ``token`` once acquired, ``lost``
+    (a ``threading.Event`` set when a renewal failed), ``error`` (why), ``check()``."""
+
+    def __init__(self, name, ttl, wait=0, renew_every=None):
+        if not isinstance(name, str) or not name:
+            raise ValueError("a lease's name is a non-empty string")
+        self.name = name
+        self.ttl = seconds(ttl)
+        self.wait = float(wait)
+        self.renew_every = float(renew_every) if renew_every else self.ttl / 3
+        if not 0 < self.renew_every < self.ttl:
+            raise ValueError("renew_every must be positive and shorter than the ttl")
+        self.token = None
+        self.lost = threading.Event()
+        self.error = None
+
+    def check(self):
+        """Raise ``LeaseLost`` if the lease was lost (call it before each write, and it is called
+        before a fenced transaction of ``run_with_lease`` commits)."""
+        if self.lost.is_set():
+            raise LeaseLost(f"lease {self.name!r} (token {self.token}) was lost: {self.error}")
+
+    def _lose(self, exc):
+        typed = from_error(exc)
+        self.error = typed.message if typed else f"renewal failed: {exc}"
+        self.lost.set()
+
+
+class ThreadLease(LeaseBase):
+    """A lease renewed by a daemon thread; ``execute(sql, params)`` is the driver's one-row call
+    on the lease's own connection (``_connect``/``_close`` open and close it)."""
+
+    def _execute(self, sql, params):
+        raise NotImplementedError
+
+    def _connect(self):
+        raise NotImplementedError
+
+    def _close(self):
+        raise NotImplementedError
+
+    def acquire(self):
+        from ._sql import ACQUIRE
+
+        self._connect()
+        try:
+            self.token = check_token(self._execute(ACQUIRE, (self.name, self.ttl, self.wait)))
+        except Exception as e:
+            self._close()
+            raise from_error(e) or e
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew_loop, name=f"lease {self.name}",
+                                         daemon=True)
+        self._thread.start()
+        return self
+
+    def _renew_loop(self):
+        while not self._stop.wait(self.renew_every):
+            try:
+                self._execute(RENEW, (self.token, self.ttl))
+            except Exception as e:  # the lease ended, or its connection broke
+                self._lose(e)
+                return
+
+    def release(self):
+        """Stop renewing and release the lease (``True`` if it was still held)."""
+        self._stop.set()
+        self._thread.join()
+        try:
+            return bool(self._execute(RELEASE, (self.token,))) if not self.lost.is_set() else False
+        except Exception:
+            return False
+        finally:
+            self._close()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False

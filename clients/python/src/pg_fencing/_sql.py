@@ -1,0 +1,37 @@
+"""The SQL the drivers' modules send, in one place."""
+from datetime import timedelta
+
+MAX_TOKEN = 2**63 - 1
+
+
+def check_token(token):
+    """The token as an int: a positive bigint (``TypeError`` for anything but an int,
+    ``ValueError`` out of range). Tokens are never interpolated from text: only this int is."""
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"a fencing token is an int, not {type(token).__name__}")
+    if not 0 < token <= MAX_TOKEN:
+        raise ValueError(f"fencing token {token} is out of range (1 .. {MAX_TOKEN})")
+    return token
+
+
+def begin_fenced(token):
+    """One simple-protocol query: open the transaction and give it the token
+    (``set_config(..., true)``: transaction-scoped). Sent instead of the driver's own BEGIN, so a
+    fenced transaction takes as many round trips as an unfenced one."""
+    return (
+        "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', "
+        f"'{check_token(token)}', true)"
+    )
+
+
+def seconds(ttl):
+    """A TTL as float seconds (a number of seconds or a ``timedelta``; positive)."""
+    s = ttl.total_seconds() if isinstance(ttl, timedelta) else float(ttl)
+    if not s > 0:
+        raise ValueError(f"a lease's ttl must be positive, not {ttl!r}")
+    return s
+
+
+ACQUIRE = "SELECT fencing_lease_acquire(%s, make_interval(secs => %s), make_interval(secs => %s))"
+RENEW = "SELECT fencing_lease_renew(%s, make_interval(secs => %s))"
+RELEASE = "SELECT fencing_lease_release(%s)"

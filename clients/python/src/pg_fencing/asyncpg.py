@@ -1,0 +1,106 @@
+"""pg_fencing with asyncpg: ``fenced(conn, token)``, ``Lease`` (renewed by an asyncio task) and
+``run_with_lease``.
+
+    async with fenced(conn, token):
+        await conn.execute("UPDATE ledger SET v = v + 1 WHERE id = $1", 1)
+"""
+import asyncio
+import contextlib
+
+import asyncpg
+
+from ._lease import LeaseBase
+from ._sql import begin_fenced, check_token
+from .errors import from_error
+
+_ACQUIRE = "SELECT fencing_lease_acquire($1, make_interval(secs => $2), make_interval(secs => $3))"
+_RENEW = "SELECT fencing_lease_renew($1, make_interval(secs => $2))"
+_RELEASE = "SELECT fencing_lease_release($1)"
+
+
+@contextlib.asynccontextmanager
+async def fenced(conn, token):
+    """A transaction on ``conn`` (not in a transaction) fenced by ``token``. ``BEGIN`` and the
+    token go in one simple query, instead of asyncpg's own ``BEGIN``."""
+    sql = begin_fenced(token)
+    if conn.is_in_transaction():
+        raise RuntimeError("fenced() starts its own transaction: the connection is in one")
+    await conn.execute(sql)
+    try:
+        yield conn
+    except BaseException as e:
+        if not conn.is_closed() and conn.is_in_transaction():
+            await conn.execute("ROLLBACK")
+        if isinstance(e, asyncpg.PostgresError):
+            t = from_error(e)
+            if t is not None:
+                raise t from e
+        raise
+    try:
+        await conn.execute("COMMIT")
+    except asyncpg.PostgresError as e:
+        raise (from_error(e) or e) from e
+
+
+class Lease(LeaseBase):
+    """A PostgreSQL lease on its own asyncpg connection (``dsn``), renewed by an asyncio task;
+    ``async with Lease(dsn, name, ttl) as lease``."""
+
+    def __init__(self, dsn, name, ttl, wait=0, renew_every=None):
+        super().__init__(name, ttl, wait, renew_every)
+        self.dsn = dsn
+        self._conn = None
+        self._task = None
+
+    async def acquire(self):
+        self._conn = await asyncpg.connect(self.dsn)
+        try:
+            self.token = check_token(await self._conn.fetchval(_ACQUIRE, self.name, self.ttl, self.wait))
+        except Exception as e:
+            await self._conn.close()
+            raise (from_error(e) or e)
+        self._task = asyncio.get_running_loop().create_task(self._renew_loop())
+        return self
+
+    async def _renew_loop(self):
+        while True:
+            await asyncio.sleep(self.renew_every)
+            try:
+                await self._conn.fetchval(_RENEW, self.token, self.ttl)
+            except Exception as e:
+                self._lose(e)
+                return
+
+    async def release(self):
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        try:
+            if self.lost.is_set():
+                return False
+            return bool(await self._conn.fetchval(_RELEASE, self.token))
+        except Exception:
+            return False
+        finally:
+            await self._conn.close()
+
+    async def __aenter__(self):
+        return await self.acquire()
+
+    async def __aexit__(self, *exc):
+        await self.release()
+        return False
+
+
+async def run_with_lease(dsn, name, ttl, fn, wait=0):
+    """``pg_fencing.psycopg.run_with_lease`` for asyncpg: ``await fn(conn)`` in a transaction
+    fenced by the lease's token, the lease checked before the commit."""
+    async with Lease(dsn, name, ttl, wait) as lease:
+        conn = await asyncpg.connect(dsn)
+        try:
+            async with fenced(conn, lease.token):
+                result = await fn(conn)
+                lease.check()
+            return result
+        finally:
+            await conn.close()

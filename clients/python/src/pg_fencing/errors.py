@@ -1,0 +1,104 @@
+"""Typed errors for pg_fencing's SQLSTATEs, from any driver's exception (``from_error``).
+
+``superseded`` is true where the token will never be accepted again (a newer holder exists, or
+the lock or lease is gone): stop, do not retry with this token, and do not report the job as
+failed (another holder owns it now). ``FT002``/``FT004``/``FT005`` are faults to fix or retry.
+"""
+import re
+
+_STALE = re.compile(
+    r'stale fencing token (?P<token>\d+) for (?:resource "(?P<resource>(?:[^"]|"")*)"'
+    r"|row (?P<row>.*) of table (?P<table>\S+))"
+)
+_MARK = re.compile(r"high-water mark of .* is (?P<high_water>\d+)")
+
+
+class FencingError(Exception):
+    """A write or lock operation refused by pg_fencing (SQLSTATE class FT)."""
+
+    sqlstate = "FT000"
+    superseded = False
+
+    def __init__(self, message, *, detail=None, hint=None, sqlstate=None, cause=None):
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+        self.hint = hint
+        if sqlstate:
+            self.sqlstate = sqlstate
+        self.cause = cause
+        m = _STALE.search(message or "")
+        self.token = int(m.group("token")) if m else None
+        self.resource = m.group("resource").replace('""', '"') if m and m.group("resource") else None
+        self.row = m.group("row") if m and m.group("row") else None
+        self.table = m.group("table") if m and m.group("table") else None
+        h = _MARK.search(detail or "")
+        self.high_water = int(h.group("high_water")) if h else None
+
+
+class StaleToken(FencingError):
+    """FT001: the token is below the high-water mark of the resource or row (``resource``,
+    ``row``/``table``, ``token``, ``high_water``)."""
+
+    sqlstate = "FT001"
+    superseded = True
+
+
+class NoToken(FencingError):
+    """FT002: a write to a protected table without a token that counts."""
+
+    sqlstate = "FT002"
+
+
+class LeaseLost(FencingError):
+    """FT003: the token's lock or lease was lost (expired, released, revoked, taken over); also
+    raised by ``Lease.check()`` when the background renewal failed."""
+
+    sqlstate = "FT003"
+    superseded = True
+
+
+class ProtectionInactive(FencingError):
+    """FT004: the table's protection cannot hold right now; writes are refused until it is
+    repaired (the detail says why)."""
+
+    sqlstate = "FT004"
+
+
+class LockServiceUnavailable(FencingError):
+    """FT005: the lock service (etcd) is unreachable or went backwards; retry later."""
+
+    sqlstate = "FT005"
+
+
+class NotCurrentHolder(FencingError):
+    """FT006: verify mode: the token is not the current holder's."""
+
+    sqlstate = "FT006"
+    superseded = True
+
+
+_BY_STATE = {c.sqlstate: c for c in (StaleToken, NoToken, LeaseLost, ProtectionInactive,
+                                     LockServiceUnavailable, NotCurrentHolder)}
+
+
+def _fields(exc):
+    """(sqlstate, message, detail, hint) of a psycopg 3, psycopg2 or asyncpg exception."""
+    state = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    diag = getattr(exc, "diag", None)
+    if diag is not None:  # psycopg 3, psycopg2
+        return (state or getattr(diag, "sqlstate", None), diag.message_primary or str(exc),
+                diag.message_detail, diag.message_hint)
+    return (state, getattr(exc, "message", None) or str(exc), getattr(exc, "detail", None),
+            getattr(exc, "hint", None))
+
+
+def from_error(exc):
+    """The typed error for a driver's exception with an FT SQLSTATE (``None`` otherwise)."""
+    if isinstance(exc, FencingError):
+        return exc
+    state, message, detail, hint = _fields(exc)
+    if not state or not state.startswith("FT"):
+        return None
+    cls = _BY_STATE.get(state, FencingError)
+    return cls(message, detail=detail, hint=hint, sqlstate=state, cause=exc)

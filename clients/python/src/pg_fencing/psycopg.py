@@ -1,0 +1,127 @@
+"""pg_fencing with psycopg 3 (sync and async).
+
+    from pg_fencing.psycopg import fenced, Lease, run_with_lease
+
+    with Lease(conninfo, "settlement", ttl=30) as lease:
+        with psycopg.connect(conninfo) as conn, fenced(conn, lease.token):
+            lease.check()
+            conn.execute("UPDATE ledger SET v = v + 1 WHERE id = %s", (1,))
+
+``fenced`` sends ``BEGIN`` and the token in one query (instead of psycopg's own ``BEGIN``), so the
+transaction takes the round trips of an unfenced one; the token is transaction-scoped
+(``set_config(…, true)``), so the next user of a pooled connection never carries it. Errors with a
+pg_fencing SQLSTATE are raised as ``pg_fencing`` errors (``StaleToken`` …), the driver's error as
+their ``__cause__``.
+"""
+import contextlib
+
+import psycopg
+
+from ._lease import ThreadLease
+from ._sql import begin_fenced
+from .errors import from_error
+
+
+def _typed(e):
+    return from_error(e) or e
+
+
+@contextlib.contextmanager
+def fenced(conn, token):
+    """A transaction on ``conn`` (idle, not in a transaction) fenced by ``token``: committed when
+    the block ends, rolled back if it raises."""
+    sql = begin_fenced(token)
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError("fenced() starts its own transaction: the connection is in one")
+    autocommit = conn.autocommit
+    conn.autocommit = True
+    try:
+        try:
+            conn.execute(sql)
+            yield conn
+        except BaseException as e:
+            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+            if isinstance(e, psycopg.Error):
+                t = _typed(e)
+                if t is not e:
+                    raise t from e
+            raise
+        try:
+            conn.execute("COMMIT")
+        except psycopg.Error as e:
+            raise _typed(e) from e
+    finally:
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.autocommit = autocommit
+
+
+@contextlib.asynccontextmanager
+async def afenced(aconn, token):
+    """``fenced`` for an ``AsyncConnection``."""
+    sql = begin_fenced(token)
+    if aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError("afenced() starts its own transaction: the connection is in one")
+    autocommit = aconn.autocommit
+    await aconn.set_autocommit(True)
+    try:
+        try:
+            await aconn.execute(sql)
+            yield aconn
+        except BaseException as e:
+            if not aconn.closed and aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                await aconn.execute("ROLLBACK")
+            if isinstance(e, psycopg.Error):
+                t = _typed(e)
+                if t is not e:
+                    raise t from e
+            raise
+        try:
+            await aconn.execute("COMMIT")
+        except psycopg.Error as e:
+            raise _typed(e) from e
+    finally:
+        if not aconn.closed and aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            await aconn.set_autocommit(autocommit)
+
+
+class Lease(ThreadLease):
+    """A PostgreSQL lease (``fencing_lease_acquire``) on its own psycopg 3 connection to
+    ``conninfo``, renewed every third of ``ttl`` (seconds or a timedelta) by a background thread
+    until released; ``token`` is its fencing token, ``lost`` an Event set when a renewal failed,
+    ``check()`` raises ``LeaseLost`` then. ``wait``: seconds to wait for a held lease
+    (``55P03`` after it)."""
+
+    def __init__(self, conninfo, name, ttl, wait=0, renew_every=None):
+        super().__init__(name, ttl, wait, renew_every)
+        self.conninfo = conninfo
+        self._conn = None
+
+    def _connect(self):
+        self._conn = psycopg.connect(self.conninfo, autocommit=True)
+
+    def _close(self):
+        if self._conn is not None:
+            self._conn.close()
+
+    def _execute(self, sql, params):
+        row = self._conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+    @property
+    def backend_pid(self):
+        """The process id of the lease's own connection on the server."""
+        return self._conn.info.backend_pid
+
+
+def run_with_lease(conninfo, name, ttl, fn, wait=0):
+    """Take lease ``name``, run ``fn(conn)`` in a transaction fenced by its token on a new
+    connection while the lease is renewed, check the lease before committing, release it; returns
+    what ``fn`` returns. ``LeaseLost`` if the lease was lost (nothing committed), ``StaleToken``
+    if a newer holder wrote."""
+    with Lease(conninfo, name, ttl, wait) as lease:
+        with psycopg.connect(conninfo) as conn:
+            with fenced(conn, lease.token):
+                result = fn(conn)
+                lease.check()
+            return result

@@ -1,0 +1,68 @@
+"""pg_fencing with psycopg2: ``fenced(conn, token)`` and ``Lease``, as in ``pg_fencing.psycopg``.
+
+    with fenced(conn, token) as cur:
+        cur.execute("UPDATE ledger SET v = v + 1 WHERE id = %s", (1,))
+"""
+import contextlib
+
+import psycopg2
+import psycopg2.extensions as ext
+
+from ._lease import ThreadLease
+from ._sql import begin_fenced
+from .errors import from_error
+
+
+@contextlib.contextmanager
+def fenced(conn, token):
+    """A transaction on ``conn`` (not in a transaction) fenced by ``token``; yields a cursor.
+    ``BEGIN`` and the token go in one query, instead of psycopg2's own ``BEGIN``."""
+    sql = begin_fenced(token)
+    if conn.get_transaction_status() != ext.TRANSACTION_STATUS_IDLE:
+        raise RuntimeError("fenced() starts its own transaction: the connection is in one")
+    autocommit = conn.autocommit
+    conn.autocommit = True
+    cur = conn.cursor()
+    try:
+        try:
+            cur.execute(sql)
+            yield cur
+        except BaseException as e:
+            if not conn.closed and conn.get_transaction_status() != ext.TRANSACTION_STATUS_IDLE:
+                cur.execute("ROLLBACK")
+            if isinstance(e, psycopg2.Error):
+                t = from_error(e)
+                if t is not None:
+                    raise t from e
+            raise
+        try:
+            cur.execute("COMMIT")
+        except psycopg2.Error as e:
+            raise (from_error(e) or e) from e
+    finally:
+        cur.close()
+        if not conn.closed and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE:
+            conn.autocommit = autocommit
+
+
+class Lease(ThreadLease):
+    """``pg_fencing.psycopg.Lease`` on a psycopg2 connection to ``dsn``."""
+
+    def __init__(self, dsn, name, ttl, wait=0, renew_every=None):
+        super().__init__(name, ttl, wait, renew_every)
+        self.dsn = dsn
+        self._conn = None
+
+    def _connect(self):
+        self._conn = psycopg2.connect(self.dsn)
+        self._conn.autocommit = True
+
+    def _close(self):
+        if self._conn is not None:
+            self._conn.close()
+
+    def _execute(self, sql, params):
+        with self._conn.cursor() as cur:
+            cur.execute(sql, params)
+            row = cur.fetchone()
+            return row[0] if row else None

@@ -1,0 +1,270 @@
+"""Tests of the Python package pg-fencing (clients/python), installed from its built wheel by
+tests/pyclient/run.sh, against a real server with pg_fencing preloaded and
+log_statement = all (the statements each transaction sends are counted from the server's log).
+
+  "$PY" tests/pyclient/test_client.py --dsn DSN --url URL --log FILE
+"""
+import argparse
+import asyncio
+import sys
+import time
+
+import asyncpg
+import psycopg
+import psycopg2
+import psycopg_pool
+
+import pg_fencing
+from pg_fencing import (LeaseLost, LockServiceUnavailable, NoToken, NotCurrentHolder,
+                        ProtectionInactive, StaleToken)
+from pg_fencing import asyncpg as pf_asyncpg
+from pg_fencing import psycopg as pf_psycopg
+from pg_fencing import psycopg2 as pf_psycopg2
+
+FAILS = []
+
+
+def check(what, cond, got=None):
+    print(f"  {'ok' if cond else 'FAIL'}: {what}" + ("" if cond else f" (got {got!r})"))
+    if not cond:
+        FAILS.append(what)
+
+
+def raises(what, exc_type, fn, **attrs):
+    try:
+        fn()
+    except exc_type as e:
+        bad = {k: getattr(e, k, None) for k, v in attrs.items() if getattr(e, k, None) != v}
+        check(what, not bad, bad)
+        return e
+    except Exception as e:  # noqa: BLE001
+        check(what, False, f"{type(e).__name__}: {e}")
+        return None
+    check(what, False, "no error")
+    return None
+
+
+async def araises(what, exc_type, coro, **attrs):
+    try:
+        await coro
+    except exc_type as e:
+        bad = {k: getattr(e, k, None) for k, v in attrs.items() if getattr(e, k, None) != v}
+        check(what, not bad, bad)
+        return
+    except Exception as e:  # noqa: BLE001
+        check(what, False, f"{type(e).__name__}: {e}")
+        return
+    check(what, False, "no error")
+
+
+def statements(log, app):
+    """The statements the server logged for connections named ``app``."""
+    with open(log) as f:
+        return [l for l in f if f"[{app}]" in l and "LOG:  statement:" in l or
+                (f"[{app}]" in l and "LOG:  execute" in l)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dsn", required=True)
+    ap.add_argument("--url", required=True, help="the same server as a URL (asyncpg)")
+    ap.add_argument("--log", required=True)
+    a = ap.parse_args()
+    dsn = a.dsn
+    admin = psycopg.connect(dsn, autocommit=True)
+    admin.execute("CREATE TABLE IF NOT EXISTS acct (id int PRIMARY KEY, v int)")
+    admin.execute("SELECT fencing_protect('acct', 'py')")
+    admin.execute("SELECT fencing_advance('py', 10)")
+
+    print("-- tokens")
+    raises("a str token is refused", TypeError, lambda: pg_fencing.check_token("10"))
+    raises("a bool token is refused", TypeError, lambda: pg_fencing.check_token(True))
+    raises("token 0 is refused", ValueError, lambda: pg_fencing.check_token(0))
+    raises("token 2^63 is refused", ValueError, lambda: pg_fencing.check_token(2**63))
+
+    print("-- psycopg 3")
+    conn = psycopg.connect(dsn, application_name="pf_psycopg")
+    with pf_psycopg.fenced(conn, 10):
+        conn.execute("INSERT INTO acct VALUES (1, 1) ON CONFLICT (id) DO UPDATE SET v = 1")
+    check("a fenced transaction commits, the row stamped with its token",
+          admin.execute("SELECT fence_token FROM acct WHERE id = 1").fetchone()[0] == 10)
+    check("the connection is back to its own mode (not autocommit)", conn.autocommit is False)
+
+    def stale():
+        with pf_psycopg.fenced(conn, 9):
+            conn.execute("UPDATE acct SET v = 2 WHERE id = 1")
+    e = raises("a stale token raises StaleToken with the resource and numbers", StaleToken, stale,
+               sqlstate="FT001", token=9, high_water=10, resource="py", superseded=True)
+    check("StaleToken's cause is psycopg's error", isinstance(getattr(e, "__cause__", None), psycopg.Error))
+    check("the refused transaction left nothing", admin.execute("SELECT v FROM acct WHERE id = 1").fetchone()[0] == 1)
+
+    try:
+        with conn.transaction():
+            conn.execute("UPDATE acct SET v = 3 WHERE id = 1")
+        check("the same connection after a fenced transaction carries no token", False, "committed")
+    except psycopg.Error as err:
+        check("the same connection after a fenced transaction carries no token (FT002 → NoToken)",
+              isinstance(pg_fencing.from_error(err), NoToken), err.sqlstate)
+
+    def in_block():
+        with pf_psycopg.fenced(conn, 10):
+            conn.execute("UPDATE acct SET v = 4 WHERE id = 1")
+            raise KeyError("the handler failed")
+    raises("an exception in the block rolls back and propagates unchanged", KeyError, in_block)
+    check("… nothing committed", admin.execute("SELECT v FROM acct WHERE id = 1").fetchone()[0] == 1)
+
+    conn.close()
+    # Round trips: a fenced transaction sends as many statements as the same unfenced one.
+    fc = psycopg.connect(dsn, application_name="pf_rt_fenced")
+    uc = psycopg.connect(dsn, application_name="pf_rt_plain")
+    with pf_psycopg.fenced(fc, 10):
+        fc.execute("UPDATE acct SET v = v + 1 WHERE id = %s", (1,))
+    admin.execute("CREATE TABLE IF NOT EXISTS plain (id int PRIMARY KEY, v int)")
+    admin.execute("INSERT INTO plain VALUES (1, 0) ON CONFLICT DO NOTHING")
+    with uc.transaction():
+        uc.execute("UPDATE plain SET v = v + 1 WHERE id = %s", (1,))
+    time.sleep(0.3)
+    nf, nu = len(statements(a.log, "pf_rt_fenced")), len(statements(a.log, "pf_rt_plain"))
+    check(f"psycopg 3: a fenced one-row transaction sends as many statements as an unfenced one ({nf} and {nu})",
+          nf == nu and nf > 0, (nf, nu))
+    fc.close()
+    uc.close()
+
+    print("-- psycopg_pool: the next borrower never carries the token")
+    with psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
+        with pool.connection() as c1:
+            pid1 = c1.info.backend_pid
+            with pf_psycopg.fenced(c1, 10):
+                c1.execute("UPDATE acct SET v = v + 1 WHERE id = 1")
+        with pool.connection() as c2:
+            check("the same server connection is lent again", c2.info.backend_pid == pid1)
+            try:
+                with c2.transaction():
+                    c2.execute("UPDATE acct SET v = v + 1 WHERE id = 1")
+                check("the next borrower's write without a token is refused", False, "committed")
+            except psycopg.Error as err:
+                check("the next borrower's write without a token is refused (FT002 → NoToken)",
+                      isinstance(pg_fencing.from_error(err), NoToken), err.sqlstate)
+
+    print("-- typed errors for every SQLSTATE")
+    for state, cls in (("FT001", StaleToken), ("FT002", NoToken), ("FT003", LeaseLost),
+                       ("FT004", ProtectionInactive), ("FT005", LockServiceUnavailable),
+                       ("FT006", NotCurrentHolder)):
+        try:
+            admin.execute(f"DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{state}'; END $$")
+        except psycopg.Error as err:
+            t = pg_fencing.from_error(err)
+            check(f"{state} → {cls.__name__}", type(t) is cls and t.sqlstate == state, type(t))
+    try:
+        admin.execute("SELECT 1/0")
+    except psycopg.Error as err:
+        check("another SQLSTATE is not a fencing error", pg_fencing.from_error(err) is None)
+    c = psycopg.connect(dsn)
+
+    def inactive():
+        with pf_psycopg.fenced(c, 10):
+            c.execute("""SELECT fenced_update('plain', '{"id": 1}', '{"v": 5}', 10)""")
+    raises("fenced_update of a table that is not protected: ProtectionInactive", ProtectionInactive,
+           inactive, sqlstate="FT004")
+    c.close()
+
+    print("-- psycopg2")
+    c2 = psycopg2.connect(dsn, application_name="pf_psycopg2")
+    with pf_psycopg2.fenced(c2, 10) as cur:
+        cur.execute("UPDATE acct SET v = %s WHERE id = %s", (6, 1))
+    check("psycopg2: committed", admin.execute("SELECT v FROM acct WHERE id = 1").fetchone()[0] == 6)
+
+    def stale2():
+        with pf_psycopg2.fenced(c2, 3) as cur:
+            cur.execute("UPDATE acct SET v = 7 WHERE id = 1")
+    raises("psycopg2: StaleToken", StaleToken, stale2, token=3, high_water=10, resource="py")
+    check("psycopg2: the connection is back to its own mode", c2.autocommit is False)
+    c2.close()
+
+    print("-- a PostgreSQL lease (psycopg 3)")
+    with pf_psycopg.Lease(dsn, "py-lease", ttl=1.2) as lease:
+        check("the lease has a token", isinstance(lease.token, int) and lease.token > 0)
+        admin.execute("SELECT fencing_advance('py', %s)", (lease.token,))
+        time.sleep(2.0)
+        check("renewed past its TTL, it is not lost", not lease.lost.is_set(), lease.error)
+        w = psycopg.connect(dsn)
+        with pf_psycopg.fenced(w, lease.token):
+            lease.check()
+            w.execute("UPDATE acct SET v = 8 WHERE id = 1")
+        check("a write with the live lease's token", admin.execute("SELECT v FROM acct WHERE id = 1").fetchone()[0] == 8)
+        admin.execute("SELECT pg_terminate_backend(%s)", (lease.backend_pid,))
+        lost = lease.lost.wait(3)
+        check("a lease whose renewal fails is lost", lost)
+        raises("lease.check() raises LeaseLost", LeaseLost, lease.check)
+        w.close()
+    token = lease.token
+    time.sleep(1.3)
+    w = psycopg.connect(dsn)
+
+    def expired():
+        with pf_psycopg.fenced(w, token):
+            w.execute("UPDATE acct SET v = 9 WHERE id = 1")
+    raises("the lost lease's token, expired, is refused by the server (LeaseLost)", LeaseLost, expired, sqlstate="FT003")
+    w.close()
+
+    print("-- run_with_lease: a lease lost mid-job stops the handler before its write commits")
+
+    def job(conn):
+        conn.execute("UPDATE acct SET v = 10 WHERE id = 1")
+        pid = admin.execute("SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT fencing_lease_%' "
+                            "AND pid <> pg_backend_pid() ORDER BY backend_start DESC LIMIT 1").fetchone()
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid[0],))
+        time.sleep(1.0)
+        return "done"
+    raises("run_with_lease raises LeaseLost", LeaseLost,
+           lambda: pf_psycopg.run_with_lease(dsn, "py-job", 0.9, job))
+    check("… and its write was not committed", admin.execute("SELECT v FROM acct WHERE id = 1").fetchone()[0] == 8)
+    r = pf_psycopg.run_with_lease(dsn, "py-job2", 5, lambda conn: conn.execute(
+        "SELECT fencing_advance('py', current_setting('pg_fencing.token')::bigint)").fetchone()[0])
+    check("run_with_lease returns the function's result", isinstance(r, int) and r > 0, r)
+
+    print("-- psycopg 3 async and asyncpg")
+
+    admin.execute("CREATE TABLE acct2 (id int PRIMARY KEY, v int)")
+    admin.execute("SELECT fencing_protect('acct2', 'py2')")
+    admin.execute("SELECT fencing_advance('py2', 20)")
+
+    async def async_part():
+        top = 20
+        ac = await psycopg.AsyncConnection.connect(dsn)
+        async with pf_psycopg.afenced(ac, top):
+            await ac.execute("INSERT INTO acct2 VALUES (1, 11)")
+        check("psycopg async: committed", admin.execute("SELECT v FROM acct2 WHERE id = 1").fetchone()[0] == 11)
+
+        async def astale():
+            async with pf_psycopg.afenced(ac, 5):
+                await ac.execute("UPDATE acct2 SET v = 12 WHERE id = 1")
+        await araises("psycopg async: StaleToken", StaleToken, astale(), token=5)
+        await ac.close()
+        conn = await asyncpg.connect(a.url, server_settings={"application_name": "pf_asyncpg"})
+        async with pf_asyncpg.fenced(conn, top):
+            await conn.execute("UPDATE acct2 SET v = $1 WHERE id = $2", 13, 1)
+        check("asyncpg: committed", admin.execute("SELECT v FROM acct2 WHERE id = 1").fetchone()[0] == 13)
+
+        async def astale2():
+            async with pf_asyncpg.fenced(conn, 5):
+                await conn.execute("UPDATE acct2 SET v = 14 WHERE id = 1")
+        await araises("asyncpg: StaleToken with the numbers", StaleToken, astale2(), token=5, high_water=top)
+        try:
+            await conn.execute("UPDATE acct2 SET v = 15 WHERE id = 1")
+            check("asyncpg: no token after the fenced transaction", False, "committed")
+        except asyncpg.PostgresError as err:
+            check("asyncpg: no token after the fenced transaction (NoToken)",
+                  isinstance(pg_fencing.from_error(err), NoToken), err.sqlstate)
+        async with pf_asyncpg.Lease(a.url, "py-async-lease", ttl=1.2) as lease:
+            await asyncio.sleep(1.8)
+            check("asyncpg lease renewed past its TTL", not lease.lost.is_set(), lease.error)
+        await conn.close()
+
+    asyncio.run(async_part())
+    print(f"python client: {'FAILED' if FAILS else 'all checks passed'}")
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

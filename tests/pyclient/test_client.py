@@ -130,6 +130,32 @@ def main():
     fc.close()
     uc.close()
 
+    # The same for psycopg2 and asyncpg.
+    f2 = psycopg2.connect(dsn, application_name="pf2_rt_fenced")
+    u2 = psycopg2.connect(dsn, application_name="pf2_rt_plain")
+    with pf_psycopg2.fenced(f2, 10) as cur:
+        cur.execute("UPDATE acct SET v = v + 1 WHERE id = %s", (1,))
+    with u2, u2.cursor() as cur:
+        cur.execute("UPDATE plain SET v = v + 1 WHERE id = %s", (1,))
+    f2.close()
+    u2.close()
+
+    async def asyncpg_round_trips():
+        fa = await asyncpg.connect(a.url, server_settings={"application_name": "pfa_rt_fenced"})
+        ua = await asyncpg.connect(a.url, server_settings={"application_name": "pfa_rt_plain"})
+        async with pf_asyncpg.fenced(fa, 10):
+            await fa.execute("UPDATE acct SET v = v + 1 WHERE id = $1", 1)
+        async with ua.transaction():
+            await ua.execute("UPDATE plain SET v = v + 1 WHERE id = $1", 1)
+        await fa.close()
+        await ua.close()
+    asyncio.run(asyncpg_round_trips())
+    time.sleep(0.3)
+    for drv, app in (("psycopg2", "pf2"), ("asyncpg", "pfa")):
+        nf, nu = len(statements(a.log, f"{app}_rt_fenced")), len(statements(a.log, f"{app}_rt_plain"))
+        check(f"{drv}: a fenced one-row transaction sends as many statements as an unfenced one ({nf} and {nu})",
+              nf == nu and nf > 0, (nf, nu))
+
     print("-- psycopg_pool: the next borrower never carries the token")
     with psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
         with pool.connection() as c1:

@@ -15,13 +15,11 @@ def check_token(token):
 
 
 def begin_fenced(token):
-    """One simple-protocol query: open the transaction and give it the token
-    (``set_config(..., true)``: transaction-scoped). Sent instead of the driver's own BEGIN, so a
-    fenced transaction takes as many round trips as an unfenced one."""
-    return (
-        "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', "
-        f"'{check_token(token)}', true)"
-    )
+    """One simple-protocol query: open the transaction and give it the token (``SET LOCAL``:
+    transaction-scoped; the token is an int checked by ``check_token``, written as digits). Sent
+    instead of the driver's own BEGIN, so a fenced transaction takes as many round trips as an
+    unfenced one."""
+    return f"BEGIN; SET LOCAL pg_fencing.token = '{check_token(token)}'"
 
 
 def seconds(ttl):

@@ -9,7 +9,7 @@
 
 ``fenced`` sends ``BEGIN`` and the token in one query (instead of psycopg's own ``BEGIN``), so the
 transaction takes the round trips of an unfenced one; the token is transaction-scoped
-(``set_config(…, true)``), so the next user of a pooled connection never carries it. Errors with a
+(``SET LOCAL``), so the next user of a pooled connection never carries it. Errors with a
 pg_fencing SQLSTATE are raised as ``pg_fencing`` errors (``StaleToken`` …), the driver's error as
 their ``__cause__``.
 """

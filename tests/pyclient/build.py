@@ -10,7 +10,9 @@ import sys
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SOURCE = os.path.join(ROOT, "clients", "python")
+# The package's directory: the one folder of clients/ with a pyproject.toml.
+SOURCE = next(os.path.dirname(p) for p in sorted(
+    __import__("glob").glob(os.path.join(ROOT, "clients", "*", "pyproject.toml"))))
 
 
 def main():

@@ -172,24 +172,22 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         // own inserted rows are not the COPY's (`copy_from::insert_check_due`).
         copy_from::executor_started(query_desc as usize);
         crate::guard::citus::executor_started();
-        // A write to a protected Citus table's shard (guard/citus.rs).
-        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int == 0 {
-            let written = citus::written_relations(query_desc);
-            if !written.is_empty() {
-                let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-                    written
-                        .iter()
-                        .try_for_each(|r| crate::guard::citus::check_write(*r))
-                });
-                if let Err(e) = outcome {
-                    raise(e, Raiser::Hook("pg_fencing ExecutorStart hook"));
-                }
-            }
-        }
         let prev = PREV_EXECUTOR_START.get().copied().flatten();
         plan::executor_start_next(prev, query_desc, eflags);
         if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int != 0 {
             return;
+        }
+        // A write to a protected Citus table's shard (guard/citus.rs), before any row.
+        let marked = citus::marked_result_relations(query_desc);
+        if !marked.is_empty() {
+            let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+                marked
+                    .iter()
+                    .try_for_each(|r| crate::guard::citus::check_write(*r))
+            });
+            if let Err(e) = outcome {
+                raise(e, Raiser::Hook("pg_fencing ExecutorStart hook"));
+            }
         }
         let Some(exec) = ModifyExecution::of(query_desc) else {
             return;

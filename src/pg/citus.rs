@@ -243,27 +243,28 @@ unsafe fn call_expr(function: pg_sys::Oid, protection: i64) -> *mut pg_sys::Expr
     }
 }
 
-/// The relations statement `query_desc` writes (its result relations, partitioned roots
-/// included).
+/// The result relations of started statement `query_desc` that carry a marker (those the
+/// executor opened when it started; read from their open relcache entries, no lookup).
 ///
 /// # Safety
-/// `query_desc` must be the executor hook's QueryDesc, valid for the call.
-pub unsafe fn written_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys::Oid> {
-    // SAFETY: per the contract; `resultRelations` is NIL or an integer List of range table
-    // indexes of the plan's range table, a List of RangeTblEntry nodes.
+/// `query_desc` must be the executor hook's QueryDesc, after the executor started it.
+pub unsafe fn marked_result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys::Oid> {
+    // SAFETY: per the contract; `estate` is the started executor's state, whose
+    // `es_opened_result_relations` is NIL or a List of ResultRelInfo nodes with open relations
+    // (`Relation::from_open` borrows each only for this call).
     unsafe {
-        let stmt = (*query_desc).plannedstmt;
-        if stmt.is_null() || (*stmt).resultRelations.is_null() {
+        let estate = (*query_desc).estate;
+        if estate.is_null() {
             return Vec::new();
         }
-        let list = (*stmt).resultRelations;
-        (0..(*list).length)
-            .filter_map(|i| {
-                let index = (*(*list).elements.add(i as usize)).int_value;
-                let rte =
-                    pg_sys::list_nth((*stmt).rtable, index - 1).cast::<pg_sys::RangeTblEntry>();
-                (!rte.is_null() && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION)
-                    .then(|| (*rte).relid)
+        PgList::<pg_sys::ResultRelInfo>::from_pg((*estate).es_opened_result_relations)
+            .iter_ptr()
+            .filter_map(|ri| {
+                let rel = (*ri).ri_RelationDesc;
+                if rel.is_null() || (*(*rel).rd_rel).relchecks == 0 {
+                    return None;
+                }
+                marker(&Relation::from_open(rel)).map(|_| (*rel).rd_id)
             })
             .collect()
     }

@@ -711,6 +711,12 @@ BEGIN
                    AND c.conname = format('zz_pg_fencing_citus_%s', p.id)) THEN
         RETURN format('the marker constraint zz_pg_fencing_citus_%s of Citus table %s is missing; run fencing_protect again', p.id, relation);
     END IF;
+    IF (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+        WHERE d.adrelid = relation AND a.attname = p.token_column) !~ format('^_pg_fencing\.citus_stamp\(\(?%s\)?(::bigint)?\)$', p.id)
+       OR NOT EXISTS (SELECT 1 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                      WHERE d.adrelid = relation AND a.attname = p.token_column) THEN
+        RETURN format('the default of token column %I of Citus table %s is not pg_fencing''s stamp (_pg_fencing.citus_stamp(%s)), which stamps a COPY''s rows; run fencing_protect again', p.token_column, relation, p.id);
+    END IF;
     IF NOT _pg_fencing.preloaded() THEN
         RETURN format('Citus table %s is fenced by pg_fencing''s hooks, and this backend did not preload the library', relation);
     END IF;

@@ -173,17 +173,23 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         copy_from::executor_started(query_desc as usize);
         crate::guard::citus::executor_started();
         let prev = PREV_EXECUTOR_START.get().copied().flatten();
+        let explain_only = eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int != 0;
+        if explain_only {
+            crate::guard::citus::explain_only(true);
+        }
         plan::executor_start_next(prev, query_desc, eflags);
-        if eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as c_int != 0 {
+        if explain_only {
+            crate::guard::citus::explain_only(false);
             return;
         }
         // A write to a protected Citus table's shard (guard/citus.rs), before any row.
         let marked = citus::marked_result_relations(query_desc);
         if !marked.is_empty() {
+            let sent = citus::sent_by_client(query_desc);
             let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
                 marked
                     .iter()
-                    .try_for_each(|r| crate::guard::citus::check_write(*r))
+                    .try_for_each(|r| crate::guard::citus::check_write(*r, sent))
             });
             if let Err(e) = outcome {
                 raise(e, Raiser::Hook("pg_fencing ExecutorStart hook"));
@@ -303,16 +309,21 @@ unsafe extern "C-unwind" fn process_utility(
         // marker constraint.
         let truncated = citus::truncated_relations(pstmt);
         let marker = citus::touched_markers(pstmt);
+        let child = citus::becoming_child(pstmt);
         let copy_target = CopyFrom::of(pstmt).and_then(|c| c.relid().map(|r| (c, r)));
+        let sent = context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL;
         let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-            if let Some(relids) = &truncated {
-                crate::guard::citus::truncate(relids)?;
+            if let Some((relids, cascade)) = &truncated {
+                crate::guard::citus::truncate(relids, *cascade, sent)?;
             }
             if let Some((relid, name)) = &marker {
                 crate::guard::citus::touch_marker(*relid, name)?;
             }
+            if let Some(relid) = child {
+                crate::guard::citus::becoming_child(relid)?;
+            }
             if let Some((copy, relid)) = &copy_target {
-                crate::guard::citus::begin_copy(*relid, &|column: &str| {
+                crate::guard::citus::begin_copy(*relid, sent, &|column: &str| {
                     std::ffi::CString::new(column).is_ok_and(|c| copy.names_column(&c))
                 })?;
             }

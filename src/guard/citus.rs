@@ -60,6 +60,9 @@ struct Known {
     stamp_function: Option<pg_sys::Oid>,
     /// The COPY into a table of the Citus shape running now (`begin_copy`), if any.
     copying: Option<Copying>,
+    /// Executors started for EXPLAIN without ANALYZE now (Citus evaluates a statement's
+    /// functions for its plan then too): `citus_stamp` admits nothing there.
+    explaining: u32,
     /// The protection, table and resource of the `citus_stamp` call site checked last
     /// (`StampCall::checked_for` says which site and user: each new site checks again).
     site: Option<(i64, pg_sys::Oid, String)>,
@@ -142,6 +145,7 @@ pub fn on_event(ev: BackendEvent) {
                 let mut k = k.borrow_mut();
                 k.site = None;
                 k.copying = None;
+                k.explaining = 0;
             })
         }
         _ => {}
@@ -159,6 +163,18 @@ pub fn executor_started() {
         if let Some(c) = k.borrow_mut().copying.as_mut() {
             c.inner += 1;
         }
+    });
+}
+
+/// The executor hook, around the start of a statement only explained (`on`), and after it.
+pub fn explain_only(on: bool) {
+    KNOWN.with(|k| {
+        let mut k = k.borrow_mut();
+        k.explaining = if on {
+            k.explaining + 1
+        } else {
+            k.explaining.saturating_sub(1)
+        };
     });
 }
 
@@ -221,6 +237,7 @@ pub fn plan_write(q: &mut WriteQuery) -> Result<(), FenceError> {
             let attnum = plan::with_relation(relid, |rel| rel.bigint_column(&name).ok())
                 .ok_or_else(|| lost_marker(table, protection))?;
             q.set_column(attnum, &name, function, protection);
+            q.set_conflict_column(attnum, &name);
             Ok(())
         }
     }
@@ -242,9 +259,8 @@ fn admit(protection: i64) -> Result<Token, FenceError> {
     if node() != Node::Coordinator {
         return Err(on_worker(None));
     }
-    let (relid, resource, _) = protection_of(protection).ok_or_else(|| {
-        FenceError::InvalidArgument(format!("there is no protection {protection}"))
-    })?;
+    let (relid, resource, _) =
+        protection_of(protection).ok_or_else(|| no_protection(protection))?;
     let resource = resource.ok_or_else(|| lost_marker(relid, protection))?;
     admit_site(protection, relid, &resource)
 }
@@ -256,6 +272,15 @@ fn admit_site(protection: i64, relid: pg_sys::Oid, resource: &str) -> Result<Tok
         rule::write_token(&|| format!("a write to protected table {}", relation_name(relid)))?;
     crate::guard::trigger::count_guarded();
     rule::admit_resource(resource, token, true)
+}
+
+/// `FT004`: a marker or default names protection `protection`, which is gone (the table was
+/// unprotected, or taken back from Citus by `undistribute_table`).
+fn no_protection(protection: i64) -> FenceError {
+    rule::inactive(
+        "a protected Citus table",
+        &format!("protection {protection}, which its marker constraint or its token column's default names, no longer exists; run fencing_protect again, or remove them with fencing_unprotect"),
+    )
 }
 
 /// `FT004`: a write to a table of the Citus shape that is not checked on this node.
@@ -276,6 +301,9 @@ pub fn stamp(call: &plan::StampCall) -> Result<Option<Token>, FenceError> {
     let protection = call
         .bigint(0)
         .ok_or_else(|| FenceError::InvalidArgument("protection must not be NULL".into()))?;
+    if KNOWN.with(|k| k.borrow().explaining) > 0 {
+        return Ok(None); // EXPLAIN without ANALYZE: nothing is written
+    }
     let copying = KNOWN.with(|k| k.borrow().copying);
     if let Some(c) = copying.filter(|c| c.protection == protection && c.inner == 0) {
         return Ok(Some(c.token));
@@ -294,9 +322,8 @@ pub fn stamp(call: &plan::StampCall) -> Result<Option<Token>, FenceError> {
             if node() != Node::Coordinator {
                 return Err(on_worker(None));
             }
-            let (relid, resource, _) = protection_of(protection).ok_or_else(|| {
-                FenceError::InvalidArgument(format!("there is no protection {protection}"))
-            })?;
+            let (relid, resource, _) =
+                protection_of(protection).ok_or_else(|| no_protection(protection))?;
             if !(plan::may_insert(relid) || plan::may_update(relid) || plan::may_delete(relid)) {
                 return Err(FenceError::NotAllowed(Text::new(format!(
                     "permission denied for table {}",
@@ -313,9 +340,9 @@ pub fn stamp(call: &plan::StampCall) -> Result<Option<Token>, FenceError> {
 }
 
 /// A write to relation `relid` about to run (a statement's result relation, a COPY's or a
-/// TRUNCATE's table): if it carries the marker, the rule of the module header. `Ok` for every
-/// other relation.
-pub fn check_write(relid: pg_sys::Oid) -> Result<(), FenceError> {
+/// TRUNCATE's table; `sent`: the statement the client sent, not one run inside it): if it
+/// carries the marker, the rule of the module header. `Ok` for every other relation.
+pub fn check_write(relid: pg_sys::Oid, sent: bool) -> Result<(), FenceError> {
     let Some(marker) = citus::marker_of(relid) else {
         return Ok(());
     };
@@ -324,7 +351,9 @@ pub fn check_write(relid: pg_sys::Oid) -> Result<(), FenceError> {
         // `citus_stamp` (`plan_write`), which checks it.
         return Ok(());
     }
-    if from_coordinator() {
+    // Citus's connection from the coordinator, and the statement it sent (not one that a
+    // function, trigger or foreign key action of it runs: those the coordinator never checked).
+    if sent && from_coordinator() {
         return Ok(());
     }
     match node() {
@@ -338,13 +367,14 @@ pub fn check_write(relid: pg_sys::Oid) -> Result<(), FenceError> {
 /// token (`Copying`; `end_copy` when the COPY ended). A shard: `check_write`.
 pub fn begin_copy(
     relid: pg_sys::Oid,
+    sent: bool,
     names_column: &dyn Fn(&str) -> bool,
 ) -> Result<(), FenceError> {
     let Some(marker) = citus::marker_of(relid) else {
         return Ok(());
     };
     if !is_citus_table(relid) {
-        return check_write(relid);
+        return check_write(relid, sent);
     }
     if node() != Node::Coordinator {
         return Err(on_worker(Some(relid)));
@@ -380,12 +410,21 @@ pub fn begin_copy(
     Ok(())
 }
 
-/// The utility hook, before a `TRUNCATE` of `relids`: each table of the Citus shape (or shard)
-/// is a write (`check_write`; the table itself is checked on the coordinator).
-pub fn truncate(relids: &[pg_sys::Oid]) -> Result<(), FenceError> {
+/// The utility hook, before a `TRUNCATE` of `relids` (`cascade`: with the tables that reference
+/// them): each table of the Citus shape (or shard) is a write (`check_write`; the table itself is
+/// checked on the coordinator).
+pub fn truncate(relids: &[pg_sys::Oid], cascade: bool, sent: bool) -> Result<(), FenceError> {
+    // CASCADE empties the tables whose foreign keys reference these too.
+    let all;
+    let relids = if cascade && node() == Node::Coordinator {
+        all = citus::referencing_closure(relids);
+        &all[..]
+    } else {
+        relids
+    };
     for relid in relids {
         if citus::marker_of(*relid).is_some() && !is_citus_table(*relid) {
-            check_write(*relid)?;
+            check_write(*relid, sent)?;
         } else if let Some(Marker { protection }) = citus::marker_of(*relid) {
             if node() != Node::Coordinator {
                 return Err(on_worker(Some(*relid)));
@@ -396,14 +435,39 @@ pub fn truncate(relids: &[pg_sys::Oid]) -> Result<(), FenceError> {
     Ok(())
 }
 
+/// The utility hook, before an `ALTER TABLE … ATTACH PARTITION` or `INHERIT` that would make
+/// `relid` a child of another table: refused (`0A000`) for a table of the Citus shape, whose
+/// writes through the parent would not be checked.
+pub fn becoming_child(relid: pg_sys::Oid) -> Result<(), FenceError> {
+    if citus::marker_of(relid).is_none() {
+        return Ok(());
+    }
+    Err(FenceError::NotSupported(Text {
+        message: format!(
+            "protected Citus table {} cannot become a partition or an inheritance child",
+            relation_name(relid)
+        ),
+        detail: Some("Writes through the parent table would not be checked.".into()),
+        hint: Some(
+            "Remove the protection with fencing_unprotect(table) first; docs/citus.md.".into(),
+        ),
+    }))
+}
+
 /// The utility hook, before an `ALTER TABLE` that drops or renames marker `name` of `relid`:
-/// refused (`55000`) while its protection stands.
+/// refused (`55000`) while its protection stands (on a worker: unless the coordinator sent it).
 pub fn touch_marker(relid: pg_sys::Oid, name: &str) -> Result<(), FenceError> {
     let Some(marker) = citus::parse_marker(name) else {
         return Ok(());
     };
-    let standing = crate::state::protections::protection_of(marker.protection)
-        .is_some_and(|(t, _, _)| t == relid);
+    // On a worker the protection is not known: only the coordinator's own DDL (fencing_unprotect
+    // and fencing_protect, propagated by Citus) may change a marker there.
+    let standing = if node() == Node::Coordinator {
+        crate::state::protections::protection_of(marker.protection)
+            .is_some_and(|(t, _, _)| t == relid)
+    } else {
+        !from_coordinator()
+    };
     if !standing {
         return Ok(());
     }

@@ -155,6 +155,44 @@ impl WriteQuery {
         }
     }
 
+    /// Make the SET list of an INSERT's `ON CONFLICT … DO UPDATE` (none: nothing) give column
+    /// `attnum` the value the INSERT gave it (`EXCLUDED.column`, the stamp `set_column` made;
+    /// Citus takes no stable function there).
+    pub fn set_conflict_column(&mut self, attnum: i16, name: &CStr) {
+        // SAFETY: main thread, inside the planner's call; `onConflict` is NULL or an
+        // OnConflictExpr whose `onConflictSet` is a List of TargetEntry nodes in column order
+        // (the rewriter's), which stays so: the entry of `attnum` gets the new expression, or a
+        // new entry goes before the first entry of a higher column; `exclRelIndex` is the
+        // range table index of EXCLUDED.
+        unsafe {
+            let oc = (*self.q).onConflict;
+            if oc.is_null() || (*oc).action != pg_sys::OnConflictAction::ONCONFLICT_UPDATE {
+                return;
+            }
+            let var = pg_sys::makeVar(
+                (*oc).exclRelIndex as _,
+                attnum,
+                pg_sys::INT8OID,
+                -1,
+                pg_sys::Oid::INVALID,
+                0,
+            )
+            .cast::<pg_sys::Expr>();
+            let tlist = PgList::<pg_sys::TargetEntry>::from_pg((*oc).onConflictSet);
+            if let Some(t) = tlist.iter_ptr().find(|t| (**t).resno == attnum) {
+                (*t).expr = var;
+                return;
+            }
+            let pos = tlist
+                .iter_ptr()
+                .take_while(|t| !(**t).resjunk && (**t).resno < attnum)
+                .count();
+            let tle = pg_sys::makeTargetEntry(var, attnum, pg_sys::pstrdup(name.as_ptr()), false);
+            (*oc).onConflictSet =
+                pg_sys::list_insert_nth((*oc).onConflictSet, pos as i32, tle.cast());
+        }
+    }
+
     /// AND `function(protection) IS NOT NULL` to the statement's WHERE clause.
     pub fn add_condition(&mut self, function: pg_sys::Oid, protection: i64) {
         // SAFETY: main thread, inside the planner's call; the jointree is a FromExpr (made when
@@ -275,7 +313,9 @@ pub unsafe fn marked_result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec
 ///
 /// # Safety
 /// `pstmt` must be the ProcessUtility hook's statement, valid for the call.
-pub unsafe fn truncated_relations(pstmt: *mut pg_sys::PlannedStmt) -> Option<Vec<pg_sys::Oid>> {
+pub unsafe fn truncated_relations(
+    pstmt: *mut pg_sys::PlannedStmt,
+) -> Option<(Vec<pg_sys::Oid>, bool)> {
     // SAFETY: per the contract; the node tag is checked before the cast; `relations` is a List
     // of RangeVar nodes; RangeVarGetRelidExtended with RVR_MISSING_OK returns InvalidOid for a
     // missing table (TRUNCATE itself then raises its error).
@@ -288,7 +328,8 @@ pub unsafe fn truncated_relations(pstmt: *mut pg_sys::PlannedStmt) -> Option<Vec
             return None;
         }
         let stmt = node.cast::<pg_sys::TruncateStmt>();
-        Some(
+        let cascade = (*stmt).behavior == pg_sys::DropBehavior::DROP_CASCADE;
+        Some((
             PgList::<pg_sys::RangeVar>::from_pg((*stmt).relations)
                 .iter_ptr()
                 .map(|rv| {
@@ -302,7 +343,100 @@ pub unsafe fn truncated_relations(pstmt: *mut pg_sys::PlannedStmt) -> Option<Vec
                 })
                 .filter(|o| *o != pg_sys::InvalidOid)
                 .collect(),
-        )
+            cascade,
+        ))
+    }
+}
+
+/// The tables a `TRUNCATE … CASCADE` of `relids` empties besides them: those whose foreign keys
+/// reference them, and so on (as PostgreSQL's TRUNCATE follows them).
+pub fn referencing_closure(relids: &[pg_sys::Oid]) -> Vec<pg_sys::Oid> {
+    let list = relids
+        .iter()
+        .map(|r| r.to_u32().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let text = crate::pg::spi::text_datum(&format!("{{{list}}}"));
+    exec_internal(
+        "WITH RECURSIVE r(relid) AS (SELECT pg_catalog.unnest($1::pg_catalog.text::pg_catalog.oid[]) \
+         UNION SELECT c.conrelid FROM pg_catalog.pg_constraint c JOIN r ON c.confrelid OPERATOR(pg_catalog.=) r.relid \
+         WHERE c.contype OPERATOR(pg_catalog.=) 'f') \
+         SELECT pg_catalog.string_agg(r.relid::pg_catalog.text, ',') FROM r",
+        false,
+        &[pg_sys::TEXTOID],
+        &mut [text],
+        true,
+        crate::pg::spi::text_of,
+    )
+    .unwrap_or_default()
+    .split(',')
+    .filter_map(|n| n.parse::<u32>().ok())
+    .map(pg_sys::Oid::from)
+    .collect()
+}
+
+/// The relation an `ALTER TABLE` (utility statement `pstmt`) makes a partition or an
+/// inheritance child of another (`ATTACH PARTITION`, `INHERIT`), resolved without a lock.
+///
+/// # Safety
+/// `pstmt` must be the ProcessUtility hook's statement, valid for the call.
+pub unsafe fn becoming_child(pstmt: *mut pg_sys::PlannedStmt) -> Option<pg_sys::Oid> {
+    // SAFETY: per the contract; node tags are checked before each cast; an AlterTableStmt's
+    // `cmds` is a List of AlterTableCmd nodes; ATTACH PARTITION's `def` is a PartitionCmd whose
+    // `name` is a RangeVar.
+    unsafe {
+        if pstmt.is_null() || (*pstmt).utilityStmt.is_null() {
+            return None;
+        }
+        let node = (*pstmt).utilityStmt;
+        if (*node).type_ != pg_sys::NodeTag::T_AlterTableStmt {
+            return None;
+        }
+        let stmt = node.cast::<pg_sys::AlterTableStmt>();
+        let resolve = |rv: *mut pg_sys::RangeVar| {
+            (!rv.is_null())
+                .then(|| {
+                    pg_sys::RangeVarGetRelidExtended(
+                        rv,
+                        pg_sys::NoLock as pg_sys::LOCKMODE,
+                        pg_sys::RVROption::RVR_MISSING_OK,
+                        None,
+                        std::ptr::null_mut(),
+                    )
+                })
+                .filter(|o| *o != pg_sys::InvalidOid)
+        };
+        for cmd in PgList::<pg_sys::AlterTableCmd>::from_pg((*stmt).cmds).iter_ptr() {
+            match (*cmd).subtype {
+                pg_sys::AlterTableType::AT_AttachPartition => {
+                    let def = (*cmd).def;
+                    if !def.is_null() && (*def).type_ == pg_sys::NodeTag::T_PartitionCmd {
+                        return resolve((*def.cast::<pg_sys::PartitionCmd>()).name);
+                    }
+                }
+                pg_sys::AlterTableType::AT_AddInherit => return resolve((*stmt).relation),
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+/// Is statement `query_desc` the one the client sent (its text is the query being run at the
+/// top level), not one run inside it by a function, a trigger or a foreign key's action?
+///
+/// # Safety
+/// `query_desc` must be the executor hook's QueryDesc.
+pub unsafe fn sent_by_client(query_desc: *mut pg_sys::QueryDesc) -> bool {
+    // SAFETY: per the contract; both are NULL or NUL-terminated strings, compared by content.
+    // PostgreSQL runs a client's statement (simple query, or the extended protocol's Execute of
+    // a copy of the same text) with `debug_query_string` set to that text; SPI, triggers and
+    // foreign key actions run statements of their own text inside it. (A statement run inside
+    // that has the very text of the client's is the client's statement again.)
+    unsafe {
+        let text = (*query_desc).sourceText;
+        let top = pg_sys::debug_query_string;
+        !text.is_null() && !top.is_null() && CStr::from_ptr(text) == CStr::from_ptr(top)
     }
 }
 

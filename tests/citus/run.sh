@@ -139,6 +139,50 @@ expect "a COPY aimed at a shard on its worker" FT004 "$(printf '%s\n' "6001	-1	9
 expect "run_command_on_shards from the coordinator (a user's command on the shards): refused on every shard" "0|4" \
     "$(q "SELECT count(*) FILTER (WHERE success), count(*) FILTER (WHERE result LIKE '%is not active%') FROM run_command_on_shards('ledger', 'UPDATE %s SET v = -1')")"
 expect "no stale value was written (v = -1)" 0 "$(q "SELECT count(*) FROM ledger WHERE v = -1")"
+# Code that runs inside a statement Citus sent from the coordinator is not that statement: a
+# function pushed down to the workers, a distributed function, a foreign key's action (outside
+# check, issue 45; each admitted no token before).
+q "CREATE TABLE other (id int PRIMARY KEY, v int)"
+q "SELECT create_distributed_table('other', 'id', shard_count => 4)" >/dev/null
+q "INSERT INTO other SELECT g, g FROM generate_series(1, 20) g"
+q "CREATE FUNCTION hit_shards(int) RETURNS int LANGUAGE plpgsql AS \$f\$
+DECLARE r regclass; n int := 0; k int;
+BEGIN
+  FOR r IN SELECT to_regclass('public.ledger_' || s.shardid) FROM pg_dist_shard s WHERE s.logicalrelid = 'ledger'::regclass LOOP
+    IF r IS NOT NULL THEN EXECUTE format('UPDATE %s SET v = -1, fence_token = 1', r); GET DIAGNOSTICS k = ROW_COUNT; n := n + k; END IF;
+  END LOOP;
+  RETURN n;
+END \$f\$"
+expect "a function pushed down to the workers (a SELECT of another table) that writes shards" FT004 \
+    "$(state "SELECT id, hit_shards(id) FROM other WHERE id IN (1, 2)")"
+q "SELECT create_distributed_function('hit_shards(int)', '\$1', colocate_with := 'other')" >/dev/null
+expect "a distributed function, delegated to a worker, that writes shards" FT004 "$(state "SELECT hit_shards(3)")"
+expect "no row written by them" 0 "$(q "SELECT count(*) FROM ledger WHERE v = -1")"
+q "CREATE TABLE kinds2 (id int PRIMARY KEY)"
+q "SELECT create_reference_table('kinds2')" >/dev/null
+q "INSERT INTO kinds2 SELECT generate_series(1, 5)"
+q "CREATE TABLE led2 (account int PRIMARY KEY, kind int REFERENCES kinds2 (id) ON DELETE CASCADE ON UPDATE CASCADE, v int)"
+q "SELECT create_distributed_table('led2', 'account', shard_count => 4)" >/dev/null
+q "SELECT fencing_protect('led2', 'led2')" >/dev/null
+expect "holder 10 fills the table with a cascading foreign key" ok "$(write 10 "INSERT INTO led2 SELECT g, g % 5 + 1, 0 FROM generate_series(1, 20) g")"
+expect "a DELETE of a referenced row whose cascade would delete protected rows" FT004 "$(state "DELETE FROM kinds2 WHERE id = 1")"
+expect "an UPDATE of a referenced key whose cascade would change protected rows" FT004 "$(state "UPDATE kinds2 SET id = 50 WHERE id = 2")"
+expect "TRUNCATE … CASCADE of the referenced table without a token" FT002 "$(state "TRUNCATE kinds2 CASCADE")"
+q "SELECT fencing_advance('led2', 20)" >/dev/null
+expect "TRUNCATE … CASCADE of the referenced table with a stale token" FT001 "$(write 10 "TRUNCATE kinds2 CASCADE")"
+expect "the protected rows are all there" 20 "$(q "SELECT count(*) FROM led2")"
+expect "a protected table attached as a partition (writes through the parent would not be checked)" 0A000 \
+    "$(q "CREATE TABLE led_parent (account int, kind int, v int, fence_token bigint, PRIMARY KEY (account)) PARTITION BY RANGE (account)" && state "ALTER TABLE led_parent ATTACH PARTITION led2 FOR VALUES FROM (0) TO (1000)")"
+expect "run_command_on_shards dropping the marker of every shard is refused" "0|4" \
+    "$(q "SELECT count(*) FILTER (WHERE success), count(*) FILTER (WHERE result LIKE '%marks a table protected%') FROM run_command_on_shards('led2', \$c\$DO \$x\$ BEGIN EXECUTE (SELECT format('ALTER TABLE %1\$s DROP CONSTRAINT %%I', conname) FROM pg_constraint WHERE conrelid = '%1\$s'::regclass AND conname LIKE 'zz%%'); END \$x\$\$c\$)")"
+expect "a changed default of the token column makes the protection inactive" "f|FT004" \
+    "$(q "ALTER TABLE led2 ALTER COLUMN fence_token SET DEFAULT 1" && q "SELECT active FROM fencing_protected_tables WHERE relation = 'led2'::regclass")|$(write 20 "UPDATE led2 SET v = 1 WHERE account = 1")"
+expect "fencing_protect repairs it" "ok|t" "$(state "SELECT fencing_protect('led2', 'led2')")|$(q "SELECT active FROM fencing_protected_tables WHERE relation = 'led2'::regclass")"
+expect "holder 20: INSERT … ON CONFLICT DO UPDATE that sets the token column is stamped with 20" ok \
+    "$(write 20 "INSERT INTO led2 VALUES (1, 1, 5) ON CONFLICT (account) DO UPDATE SET v = 5, fence_token = 3")"
+expect "… the row carries 20" 20 "$(q "SELECT fence_token FROM led2 WHERE account = 1")"
+expect "EXPLAIN (without ANALYZE) of an UPDATE with a higher token" ok "$(write 99 "EXPLAIN UPDATE led2 SET v = 1 WHERE account = 1")"
+expect "… raised no mark" 20 "$(q "SELECT fencing_high_water('led2')")"
 # The marker is the table's, on every node, while the protection stands.
 expect "ALTER TABLE … DROP CONSTRAINT of the marker" 55000 \
     "$(state "ALTER TABLE ledger DROP CONSTRAINT $(q "SELECT conname FROM pg_constraint WHERE conrelid = 'ledger'::regclass AND conname LIKE 'zz%'")")"

@@ -416,7 +416,7 @@ pub fn begin_copy(
 pub fn truncate(relids: &[pg_sys::Oid], cascade: bool, sent: bool) -> Result<(), FenceError> {
     // CASCADE empties the tables whose foreign keys reference these too.
     let all;
-    let relids = if cascade && node() == Node::Coordinator {
+    let relids = if cascade && citus::installed() && node() == Node::Coordinator {
         all = citus::referencing_closure(relids);
         &all[..]
     } else {

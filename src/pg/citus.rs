@@ -514,11 +514,25 @@ pub enum Node {
     Worker,
 }
 
+/// Is Citus installed in this database (its metadata table `pg_dist_local_group` exists)?
+pub fn installed() -> bool {
+    // SAFETY: main thread inside a transaction; a catalog cache lookup by name, InvalidOid if
+    // there is no such relation.
+    unsafe {
+        pg_sys::get_relname_relid(
+            c"pg_dist_local_group".as_ptr(),
+            pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE),
+        ) != pg_sys::InvalidOid
+    }
+}
+
 /// The node this backend runs on (without Citus's metadata: the coordinator of itself).
 pub fn node() -> Node {
+    if !installed() {
+        return Node::Coordinator;
+    }
     let group = exec_internal(
-        "SELECT CASE WHEN pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NULL THEN 0::pg_catalog.int8 \
-         ELSE (SELECT g.groupid::pg_catalog.int8 FROM pg_catalog.pg_dist_local_group g LIMIT 1) END",
+        "SELECT g.groupid::pg_catalog.int8 FROM pg_catalog.pg_dist_local_group g LIMIT 1",
         true,
         &[],
         &mut [],

@@ -16,14 +16,17 @@
 //!   otherwise: Citus's COPY has no per-row hook through which pg_fencing could overwrite a
 //!   value); a TRUNCATE is checked as a write.
 //! * **Every node, a write to a shard** (`check_write`: executor start of a statement whose
-//!   result relations carry the marker, COPY, TRUNCATE): let through only Citus's own
-//!   connections for a command that started on the coordinator (which checked it); on the
+//!   result relations carry the marker, COPY, TRUNCATE): let through only the statement that
+//!   Citus's own connection for a command started on the coordinator sent (which the coordinator
+//!   checked), not one a function, trigger or foreign key action runs inside it; on the
 //!   coordinator, any other write (Citus's local execution of a shard there, a write aimed at a
 //!   shard directly) is checked itself; on a worker it is refused (`FT004`): a write entering
 //!   at a worker, or aimed at a shard directly, is not checked there.
 //! * The marker constraint that tells the hooks which relations these are is refused to
 //!   `ALTER TABLE … DROP CONSTRAINT` and `RENAME CONSTRAINT` while its protection stands
-//!   (`55000`; `fencing_unprotect` removes it).
+//!   (`55000`; on a worker unless the coordinator sent it; `fencing_unprotect` removes it); the
+//!   table cannot become a partition or an inheritance child (`0A000`), and a token column
+//!   default other than `citus_stamp` makes the protection inactive (`citus_problem`, FT004).
 //!
 //! Invariant: on every node, a write to a relation carrying the marker runs only after
 //! `admit` admitted its token on the coordinator, in the same distributed transaction (whose

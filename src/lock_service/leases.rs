@@ -106,6 +106,9 @@ const SQL_RENEW_SAME: &str = "UPDATE _pg_fencing.lease SET \
      expires_at = pg_catalog.timestamptz_larger(expires_at, pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl) \
      WHERE token OPERATOR(pg_catalog.=) $1 \
      AND expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() RETURNING expires_at";
+// The grant's own token, issued once it holds the name (see `retoken`).
+const SQL_RETOKEN: &str = "UPDATE _pg_fencing.lease SET token = $2 \
+     WHERE token OPERATOR(pg_catalog.=) $1 RETURNING token";
 const SQL_RELEASE: &str = "DELETE FROM _pg_fencing.lease WHERE token OPERATOR(pg_catalog.=) $1 \
      RETURNING name, expires_at";
 const SQL_HISTORY: &str = "SELECT last_value FROM _pg_fencing.lease_history_seq";
@@ -348,6 +351,25 @@ fn look(name: &str, now: i64) -> Seen {
     }
 }
 
+/// The token of a grant that now holds its name's row (inserted or taken over, not yet
+/// committed): issued again, after the row was won. The first token was issued before the
+/// statement that won the row, which may have waited (in the unique index, for a row lock) or
+/// been delayed while another grant of the name committed and was released; a token issued now
+/// comes after every token of a grant that committed before this one got the row (tokens come
+/// from one sequence), so the name's grants and their tokens go up together.
+fn retoken(placeholder: Token) -> Result<Token, FenceError> {
+    let token = issue_token()?;
+    exec_internal(
+        SQL_RETOKEN,
+        true,
+        &[pg_sys::INT8OID, pg_sys::INT8OID],
+        &mut [pg_sys::Datum::from(placeholder), pg_sys::Datum::from(token)],
+        false,
+        |_| (),
+    );
+    Ok(token)
+}
+
 /// `fencing_lease_acquire`: grant lease `name` for `ttl` (an `interval` datum, checked positive
 /// by the caller) if it is free or expired, else wait up to `wait_ms` (woken by a release's
 /// commit or at the holder's expiry) and then fail with `55P03`. Returns the token.
@@ -396,6 +418,7 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
                             |_| (),
                         );
                     }
+                    let token = retoken(token)?;
                     process::make_commit_durable();
                     return Ok(token);
                 }
@@ -426,6 +449,7 @@ pub fn acquire(name: &str, ttl: pg_sys::Datum, wait_ms: i64) -> Result<Token, Fe
                     |d| d.value() as i64,
                 );
                 if granted.is_some() {
+                    let token = retoken(token)?;
                     exec_internal(
                         SQL_NOTIFY_TAKE_OVER,
                         true,

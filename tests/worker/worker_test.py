@@ -468,13 +468,26 @@ def scenarios_single(etcd, pg):
     row = cur.fetchone()
     ok(queued and row is not None and row[0] is not None,
        f"the request waits in etcd's queue under its own lease ({row}, keys {etcd.keys('queued/')})")
+    # Give the request time to be waiting in etcd's Lock service (it queues right after its key
+    # is in), so that the revoke finds it there: etcd 3.4 keeps such a request waiting for the
+    # holder even though its key is gone.
+    time.sleep(0.5)
     if row and row[0]:
         etcd.ctl("lease", "revoke", format(row[0], "x"))
-    th.join(LONG)
+    revoked_at = time.time()
+    # A bound: the request fails while etcdctl still holds the lock, within two TTLs of the revoke
+    # (the keepalive finds the lease gone within TTL/3), not when the holder lets go.
+    th.join(2 * TTL)
+    held_meanwhile = holder.p.poll() is None
     holder.release()
+    th.join(LONG)
     msg = outcome.get("message", "")
-    ok(outcome.get("state") == "FT003" and "was not granted" in msg and "token 0" not in msg,
-       f"fencing_acquire fails with FT003: not granted, no token issued ({outcome})")
+    took = outcome.get("end", float("inf")) - revoked_at
+    ok(outcome.get("state") == "FT003" and "was not granted" in msg and "token 0" not in msg
+       and took < 2 * TTL and held_meanwhile,
+       f"fencing_acquire fails with FT003 within two TTLs of the revoke, while the holder still "
+       f"holds the lock: not granted, no token issued ({took:.1f}s, holder still held it: "
+       f"{held_meanwhile}; {outcome})")
     waiter.close()
 
     print("== waits longer than 5 s, cancelled requests leave no slot behind")

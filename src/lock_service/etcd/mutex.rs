@@ -354,8 +354,16 @@ async fn acquire(
         }
     };
     let lease_id = lease.id;
-    let (token, key) = match grant(&mut c, sh, slot, generation, &name, lease_id, &first, floor)
-        .await
+    let (token, key) = match grant(
+        &mut c,
+        sh,
+        slot,
+        generation,
+        (&name, lease_id, &lease.retired),
+        &first,
+        floor,
+    )
+    .await
     {
         Ok(granted) => granted,
         Err(why) => return give_up(c, slot, generation, &session, lease_id, &my_key, why).await,
@@ -409,17 +417,18 @@ async fn acquire(
 /// known when it was sent): the token and the key that holds the lock, or why to give up. Ours
 /// at once if our key is the oldest (the token is the transaction's revision); else queued
 /// behind the holders with etcd's Lock service, and after that wait our key read back.
-#[allow(clippy::too_many_arguments)]
+/// `request` is the lock's name, the lease our key is under and that lease's `retired` flag
+/// (set when the keepalive finds the lease gone, or the session gives it up).
 async fn grant(
     c: &mut Client,
     sh: &'static Shared,
     slot: &Slot,
     generation: u64,
-    name: &str,
-    lease_id: i64,
+    request: (&str, i64, &std::sync::atomic::AtomicBool),
     first: &TxnResponse,
     floor: i64,
 ) -> Result<(i64, Vec<u8>), Failure> {
+    let (name, lease_id, retired) = request;
     observe(sh, first.header(), floor).map_err(|why| Some((AcquireFailure::Other, why)))?;
     // When our key was created: by this transaction, or before (it found the key in place).
     let created = key_created(first);
@@ -436,7 +445,25 @@ async fn grant(
         name.as_bytes(),
         Some(LockOptions::new().with_lease(lease_id)),
     );
-    let resp = step(lock, slot, generation).await?;
+    // etcd 3.4's Lock service waits for the keys before ours even when ours is deleted meanwhile
+    // (its lease revoked or expired: `concurrency.Mutex.Lock` waits only for older keys), so a
+    // request whose lease is gone would wait for the holder to let go. Stop waiting as soon as
+    // the keepalive finds the lease gone (within TTL/3): such a request can never be granted.
+    let lease_gone = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if retired.load(Ordering::Acquire) {
+                return;
+            }
+        }
+    };
+    let resp = tokio::select! {
+        r = step(lock, slot, generation) => r?,
+        _ = lease_gone => {
+            let why = "the request's lease expired or was revoked while it waited in etcd's queue";
+            return Err(Some((AcquireFailure::Lease, why.to_string())));
+        }
+    };
     observe(sh, resp.header(), floor).map_err(|why| Some((AcquireFailure::Other, why)))?;
     let (token, key) = match resp.header().map(|h| h.revision()) {
         Some(rev) if rev > 0 => (rev, resp.key().to_vec()),

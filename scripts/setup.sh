@@ -22,7 +22,8 @@
 #                   image, tests/image), pgxnclient unzip (tests/pgxn)
 #              cargo install pgxn_meta 0.7.0 (PGXN's META.json validator, tests/pgxn)
 #              npm ci in examples/job-queues/node (pg-boss and pg as its package-lock.json pins
-#                   them, for tests/jobqueue), with the machine's Node.js (20 or later) and npm
+#                   them, for tests/jobqueue) and in tests/nodeclient (pg and drizzle-orm, for the
+#                   Node package's tests), with the machine's Node.js (20 or later) and npm
 #              the project's Python: a virtualenv in .venv (ignored by git) made by Debian's
 #                   /usr/bin/python3 from the pinned tests/requirements.txt; made again whenever
 #                   that file changes. Every script runs Python as .venv/bin/python, never the
@@ -162,11 +163,18 @@ fi
 # The Node example of tests/jobqueue: its packages as package-lock.json pins them (node_modules is
 # ignored by git); again whenever the lock file is newer than what npm last installed.
 JOBQ_NODE=examples/job-queues/node
+NODE_CLIENT_TESTS=tests/nodeclient
 if [ "$PROFILE" = test ] && command -v npm >/dev/null 2>&1; then
     if [ ! -f "$JOBQ_NODE/node_modules/.package-lock.json" ] \
         || [ "$JOBQ_NODE/package-lock.json" -nt "$JOBQ_NODE/node_modules/.package-lock.json" ]; then
         log "npm ci in $JOBQ_NODE (pg-boss for tests/jobqueue)"
         (cd "$JOBQ_NODE" && pkg_run npm ci --no-audit --no-fund --loglevel=error)
+    fi
+    # The Node package's tests (tests/nodeclient): node-postgres and Drizzle ORM, pinned.
+    if [ ! -f "$NODE_CLIENT_TESTS/node_modules/.package-lock.json" ] \
+        || [ "$NODE_CLIENT_TESTS/package-lock.json" -nt "$NODE_CLIENT_TESTS/node_modules/.package-lock.json" ]; then
+        log "npm ci in $NODE_CLIENT_TESTS (node-postgres and Drizzle for tests/nodeclient)"
+        (cd "$NODE_CLIENT_TESTS" && pkg_run npm ci --no-audit --no-fund --loglevel=error)
     fi
 fi
 
@@ -220,6 +228,7 @@ if [ "$PROFILE" = test ]; then
     node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' 2>/dev/null \
         || problems+=("Node.js 20 or later is missing (pg-boss 10 of $JOBQ_NODE needs it)")
     [ -f "$JOBQ_NODE/node_modules/pg-boss/package.json" ] || problems+=("$JOBQ_NODE/node_modules is missing (npm ci)")  # not run: text
+    [ -f "$NODE_CLIENT_TESTS/node_modules/drizzle-orm/package.json" ] || problems+=("$NODE_CLIENT_TESTS/node_modules is missing (npm ci)")  # not run: text
 fi
 if [ -n "$NEED_VENV" ]; then
     for m in "${modules[@]}"; do

@@ -29,7 +29,8 @@
 #                                          tests/redis;
 #                                          job queues pgqueuer, procrastinate, pg-boss and
 #                                          graphile-worker with PostgreSQL leases, tests/jobqueue;
-#                                          the Python package pg-fencing, tests/pyclient)
+#                                          the Python package pg-fencing, tests/pyclient; the
+#                                          Node package pg-fencing, tests/nodeclient)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
@@ -340,6 +341,8 @@ stage_clients() {
     tests/jobqueue/run.sh
     step "14/19 the Python package pg-fencing (clients/): its wheel installed from the artifact; psycopg 3, psycopg2, asyncpg, leases (tests/pyclient)"
     tests/pyclient/run.sh
+    step "14/19 the Node package pg-fencing (clients/node): its npm tarball installed; node-postgres client and pool, Drizzle ORM, leases (tests/nodeclient)"
+    tests/nodeclient/run.sh
 }
 
 stage_fuzz() {

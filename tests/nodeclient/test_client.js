@@ -1,0 +1,250 @@
+'use strict';
+// Tests of the Node package pg-fencing (clients/node), installed from its `npm pack` tarball by
+// tests/nodeclient/run.sh into node_modules/pg-fencing, against a real server with pg_fencing
+// preloaded and log_statement = all (a fenced transaction's statements are counted from the
+// server's log).
+//   node tests/nodeclient/test_client.js --url URL --log FILE
+const fs = require('node:fs');
+const path = require('node:path');
+const pg = require('pg');
+const pf = require('pg-fencing');
+const { fencedDb } = require('pg-fencing/drizzle');
+const { pgTable, integer, bigint } = require('drizzle-orm/pg-core');
+const { eq, sql } = require('drizzle-orm');
+
+const args = process.argv.slice(2);
+const arg = (name) => args[args.indexOf(name) + 1];
+const URL_ = arg('--url');
+const LOG = arg('--log');
+const FAILS = [];
+
+function check(what, cond, got) {
+  console.log(`  ${cond ? 'ok' : 'FAIL'}: ${what}${cond ? '' : ` (got ${String(got)})`}`);
+  if (!cond) FAILS.push(what);
+}
+
+/** `fn` rejects with an instance of `Cls` whose fields equal `fields`; returns the error. */
+async function rejects(what, Cls, fn, fields = {}) {
+  try {
+    await fn();
+  } catch (e) {
+    if (!(e instanceof Cls)) {
+      check(what, false, `${e && e.constructor && e.constructor.name}: ${e && e.message}`);
+      return e;
+    }
+    const bad = Object.entries(fields).filter(([k, v]) => e[k] !== v);
+    check(what, bad.length === 0, JSON.stringify(bad.map(([k]) => [k, String(e[k])])));
+    return e;
+  }
+  check(what, false, 'no error');
+  return undefined;
+}
+
+function statements(app) {
+  return fs
+    .readFileSync(LOG, 'utf8')
+    .split('\n')
+    .filter((l) => l.includes(`[${app}]`) && (l.includes('LOG:  statement:') || l.includes('LOG:  execute')));
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function main() {
+  const installed = require.resolve('pg-fencing');
+  check(`pg-fencing is the installed package, not the checkout (${path.relative(process.cwd(), installed)})`,
+    installed.includes(`${path.sep}node_modules${path.sep}pg-fencing${path.sep}`), installed);
+  const admin = new pg.Client(URL_);
+  await admin.connect();
+  const one = async (q, p) => (await admin.query(q, p)).rows[0];
+  await admin.query('CREATE TABLE acct (id int PRIMARY KEY, v int)');
+  await admin.query("SELECT fencing_protect('acct', 'js')");
+  await admin.query("SELECT fencing_advance('js', 10)");
+  await admin.query('CREATE TABLE plain (id int PRIMARY KEY, v int)');
+  await admin.query('INSERT INTO plain VALUES (1, 0)');
+
+  console.log('-- tokens');
+  check('a BigInt, a safe integer and a string of digits are tokens',
+    pf.checkToken(10n) === 10n && pf.checkToken(10) === 10n && pf.checkToken('10') === 10n);
+  for (const [what, bad, Cls] of [
+    ['a string that is not digits', '10; DROP TABLE acct', TypeError],
+    ['a Number beyond 2^53', 2 ** 60, TypeError],
+    ['a fraction', 1.5, TypeError],
+    ['null', null, TypeError],
+    ['0', 0n, RangeError],
+    ['2^63', 1n << 63n, RangeError],
+    ['-1', -1, RangeError],
+  ]) {
+    let e;
+    try {
+      pf.checkToken(bad);
+    } catch (err) {
+      e = err;
+    }
+    check(`${what} is refused (${Cls.name})`, e instanceof Cls, e);
+  }
+
+  console.log('-- node-postgres: a client');
+  const conn = new pg.Client({ connectionString: URL_, application_name: 'pfjs_client' });
+  await conn.connect();
+  const r = await pf.fenced(conn, 10n, async (c) => {
+    await c.query('INSERT INTO acct VALUES (1, 1)');
+    return 'done';
+  });
+  check('a fenced transaction commits and returns fn\'s value', r === 'done');
+  check('the row is stamped with its token', Number((await one('SELECT fence_token FROM acct WHERE id = 1')).fence_token) === 10);
+  const stale = await rejects('a stale token: StaleToken with the resource and numbers', pf.StaleToken,
+    () => pf.fenced(conn, '9', (c) => c.query('UPDATE acct SET v = 2 WHERE id = 1')),
+    { code: 'FT001', token: 9n, highWater: 10n, resource: 'js', superseded: true });
+  check("StaleToken's cause is node-postgres's DatabaseError", stale && stale.cause instanceof pg.DatabaseError, stale && stale.cause);
+  check('the refused transaction left nothing', (await one('SELECT v FROM acct WHERE id = 1')).v === 1);
+  check('the connection is idle again', conn.getTransactionStatus() === 'I', conn.getTransactionStatus());
+  await rejects('the same connection after a fenced transaction carries no token (NoToken)', pf.NoToken, async () => {
+    try {
+      await conn.query('UPDATE acct SET v = 3 WHERE id = 1');
+    } catch (e) {
+      throw pf.fromError(e) || e;
+    }
+  }, { code: 'FT002', superseded: false });
+  class HandlerFailed extends Error {}
+  await rejects('an error in fn rolls back and propagates unchanged', HandlerFailed, () =>
+    pf.fenced(conn, 10, async (c) => {
+      await c.query('UPDATE acct SET v = 4 WHERE id = 1');
+      throw new HandlerFailed('the handler failed');
+    }));
+  check('… nothing committed', (await one('SELECT v FROM acct WHERE id = 1')).v === 1);
+  await conn.query('BEGIN');
+  await rejects('fenced() on a connection already in a transaction is refused', Error, () =>
+    pf.fenced(conn, 10, (c) => c.query('UPDATE acct SET v = 5 WHERE id = 1')));
+  check('… and the caller\'s transaction is left as it was', conn.getTransactionStatus() === 'T', conn.getTransactionStatus());
+  await conn.query('ROLLBACK');
+  await rejects('a bad token is refused before anything is sent', TypeError, () =>
+    pf.fenced(conn, "10'; RESET pg_fencing.token; --", (c) => c.query('UPDATE acct SET v = 5 WHERE id = 1')));
+  await conn.end();
+
+  console.log('-- round trips: a fenced transaction sends as many statements as an unfenced one');
+  const fc = new pg.Client({ connectionString: URL_, application_name: 'pfjs_rt_fenced' });
+  const uc = new pg.Client({ connectionString: URL_, application_name: 'pfjs_rt_plain' });
+  await fc.connect();
+  await uc.connect();
+  await pf.fenced(fc, 10, (c) => c.query('UPDATE acct SET v = v + 1 WHERE id = $1', [1]));
+  await uc.query('BEGIN');
+  await uc.query('UPDATE plain SET v = v + 1 WHERE id = $1', [1]);
+  await uc.query('COMMIT');
+  await fc.end();
+  await uc.end();
+  await sleep(300);
+  const nf = statements('pfjs_rt_fenced').length;
+  const nu = statements('pfjs_rt_plain').length;
+  check(`node-postgres: ${nf} statements fenced, ${nu} unfenced`, nf === nu && nf > 0, [nf, nu]);
+
+  console.log('-- pg.Pool: the next borrower never carries the token');
+  const pool = new pg.Pool({ connectionString: URL_, max: 1 });
+  await pf.fenced(pool, 10, (c) => c.query('UPDATE acct SET v = v + 1 WHERE id = 1'));
+  check('the pool got its client back', pool.idleCount === 1 && pool.totalCount === 1, [pool.idleCount, pool.totalCount]);
+  const c2 = await pool.connect();
+  try {
+    await c2.query('UPDATE acct SET v = v + 1 WHERE id = 1');
+    check('the next borrower\'s write without a token is refused', false, 'committed');
+  } catch (e) {
+    check('the next borrower\'s write without a token is refused (NoToken)', pf.fromError(e) instanceof pf.NoToken, e.code);
+  } finally {
+    c2.release();
+  }
+  await rejects('a stale token through the pool: StaleToken', pf.StaleToken,
+    () => pf.fenced(pool, 3, (c) => c.query('UPDATE acct SET v = 0 WHERE id = 1')), { token: 3n });
+  check('… the pool got its client back after the refusal', pool.idleCount === 1, pool.idleCount);
+
+  console.log('-- typed errors for every SQLSTATE');
+  for (const [code, Cls] of [['FT001', pf.StaleToken], ['FT002', pf.NoToken], ['FT003', pf.LeaseLost],
+    ['FT004', pf.ProtectionInactive], ['FT005', pf.LockServiceUnavailable], ['FT006', pf.NotCurrentHolder]]) {
+    try {
+      await admin.query(`DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '${code}'; END $$`);
+      check(`${code} raised`, false, 'no error');
+    } catch (e) {
+      const t = pf.fromError(e);
+      check(`${code} → ${Cls.name}`, t instanceof Cls && t.constructor === Cls && t.code === code && t instanceof pf.FencingError, t);
+    }
+  }
+  try {
+    await admin.query('SELECT 1/0');
+  } catch (e) {
+    check('another SQLSTATE is not a fencing error', pf.fromError(e) === undefined, pf.fromError(e));
+  }
+  await rejects('fenced_update of a table that is not protected: ProtectionInactive', pf.ProtectionInactive,
+    () => pf.fenced(pool, 10, (c) => c.query(`SELECT fenced_update('plain', '{"id": 1}', '{"v": 5}', 10)`)), { code: 'FT004' });
+
+  console.log('-- per-row mode: the row in the error');
+  await admin.query('CREATE TABLE rows_t (id int PRIMARY KEY, v int)');
+  await admin.query("SELECT fencing_protect('rows_t')");
+  await pf.fenced(pool, 50, (c) => c.query('INSERT INTO rows_t VALUES (7, 1)'));
+  const rowErr = await rejects('a stale token on a row: StaleToken with the row and table', pf.StaleToken,
+    () => pf.fenced(pool, 40, (c) => c.query('UPDATE rows_t SET v = 2 WHERE id = 7')), { token: 40n, highWater: 50n });
+  check(`… the row and its table are parsed (${rowErr && rowErr.row}, ${rowErr && rowErr.table})`,
+    rowErr && rowErr.row !== undefined && /7/.test(rowErr.row) && /rows_t/.test(rowErr.table || ''), rowErr && rowErr.message);
+
+  console.log('-- Drizzle ORM');
+  const acct = pgTable('acct', { id: integer('id').primaryKey(), v: integer('v'), fenceToken: bigint('fence_token', { mode: 'bigint' }) });
+  await admin.query("SELECT fencing_advance('js', 20)");
+  const rows = await fencedDb(pool, 20n, async (db) => {
+    await db.update(acct).set({ v: 21 }).where(eq(acct.id, 1));
+    return db.select().from(acct).where(eq(acct.id, 1));
+  });
+  check('a Drizzle update in a fenced transaction commits, stamped', rows[0].v === 21 && rows[0].fenceToken === 20n, JSON.stringify(rows, (k, v) => (typeof v === 'bigint' ? String(v) : v)));
+  await rejects('Drizzle with a stale token: StaleToken', pf.StaleToken, () =>
+    fencedDb(pool, 19n, (db) => db.update(acct).set({ v: 22 }).where(eq(acct.id, 1))), { token: 19n, highWater: 20n });
+  const tokenInside = await fencedDb(pool, 20n, (db) => db.execute(sql`SELECT current_setting('pg_fencing.token') AS t`));
+  check('the token is set inside the Drizzle transaction', tokenInside.rows[0].t === '20', tokenInside.rows[0].t);
+  check('… and the pool\'s client came back', pool.idleCount === 1, pool.idleCount);
+
+  console.log('-- a PostgreSQL lease');
+  const lease = await pf.Lease.acquire(URL_, 'js-lease', { ttlMs: 1200 });
+  check('the lease has a BigInt token', typeof lease.token === 'bigint' && lease.token > 0n, lease.token);
+  await admin.query("SELECT fencing_advance('js', $1)", [lease.token.toString()]);
+  await sleep(2000);
+  check('renewed past its TTL, it is not lost', !lease.lost, lease.error);
+  await pf.fenced(pool, lease.token, async (c) => {
+    lease.check();
+    await c.query('UPDATE acct SET v = 8 WHERE id = 1');
+  });
+  check('a write with the live lease\'s token', (await one('SELECT v FROM acct WHERE id = 1')).v === 8);
+  const aborted = new Promise((resolve) => lease.signal.addEventListener('abort', () => resolve(lease.signal.reason)));
+  await admin.query('SELECT pg_terminate_backend($1)', [lease.backendPid]);
+  const reason = await Promise.race([aborted, sleep(3000).then(() => undefined)]);
+  check('a lease whose renewal fails aborts its signal with LeaseLost', reason instanceof pf.LeaseLost, reason);
+  await rejects('lease.check() throws LeaseLost', pf.LeaseLost, async () => lease.check(), { superseded: true });
+  check('release() of a lost lease is false', (await lease.release()) === false);
+  await sleep(1300);
+  await rejects('the lost lease\'s token, expired, is refused by the server (LeaseLost)', pf.LeaseLost, () =>
+    pf.fenced(pool, lease.token, (c) => c.query('UPDATE acct SET v = 9 WHERE id = 1')), { code: 'FT003' });
+
+  const held = await pf.Lease.acquire(URL_, 'js-held', { ttlMs: 5000 });
+  await rejects('a lease already held, without waiting: the server\'s 55P03', Error, () =>
+    pf.Lease.acquire(URL_, 'js-held', { ttlMs: 5000 }), { code: '55P03' });
+  check('release() of a live lease is true', (await held.release()) === true);
+
+  console.log('-- runWithLease: a lease lost mid-job stops the handler before its write commits');
+  await rejects('runWithLease rejects with LeaseLost', pf.LeaseLost, () =>
+    pf.runWithLease(pool, 'js-job', async (c, l) => {
+      await c.query('UPDATE acct SET v = 10 WHERE id = 1');
+      await admin.query('SELECT pg_terminate_backend($1)', [l.backendPid]);
+      await sleep(1000);
+      return 'done';
+    }, { ttlMs: 900, leaseConfig: URL_ }));
+  check('… and its write was not committed', (await one('SELECT v FROM acct WHERE id = 1')).v === 8);
+  check('… and the pool got its client back', pool.idleCount === 1, pool.idleCount);
+  const adv = await pf.runWithLease(pool, 'js-job2', async (c) =>
+    (await c.query("SELECT fencing_advance('js', current_setting('pg_fencing.token')::bigint) AS m")).rows[0].m,
+  { ttlMs: 5000, leaseConfig: URL_ });
+  check('runWithLease resolves to fn\'s value', typeof adv === 'string' && BigInt(adv) > 0n, adv);
+  check('… and released its lease', (await one("SELECT count(*)::int AS n FROM fencing_leases WHERE name = 'js-job2' AND live")).n === 0);
+
+  await pool.end();
+  await admin.end();
+  console.log(`node client: ${FAILS.length ? `${FAILS.length} checks FAILED` : 'all checks passed'}`);
+  process.exitCode = FAILS.length ? 1 : 0;
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exitCode = 2;
+});

@@ -114,6 +114,23 @@ def main():
     check("… nothing committed", admin.execute("SELECT v FROM acct WHERE id = 1").fetchone()[0] == 1)
 
     conn.close()
+    ac = psycopg.connect(dsn, autocommit=True)
+    with pf_psycopg.fenced(ac, 10):
+        ac.execute("UPDATE acct SET v = 41 WHERE id = 1")
+        ac.execute("UPDATE acct SET v = 42 WHERE id = 1")
+        check("in autocommit mode the block's statements share one transaction",
+              ac.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS, ac.info.transaction_status)
+    check("… committed at its end, and the connection stays in autocommit mode",
+          admin.execute("SELECT v FROM acct WHERE id = 1").fetchone()[0] == 42 and ac.autocommit is True)
+
+    def stale_ac():
+        with pf_psycopg.fenced(ac, 9):
+            ac.execute("UPDATE acct SET v = 43 WHERE id = 1")
+    raises("in autocommit mode a stale token raises StaleToken", StaleToken, stale_ac, token=9)
+    check("… and the connection is idle again", ac.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+    ac.close()
+    with psycopg.connect(dsn) as fix, pf_psycopg.fenced(fix, 10):
+        fix.execute("UPDATE acct SET v = 1 WHERE id = 1")
     # Round trips: a fenced transaction sends as many statements as the same unfenced one.
     fc = psycopg.connect(dsn, application_name="pf_rt_fenced")
     uc = psycopg.connect(dsn, application_name="pf_rt_plain")

@@ -26,34 +26,42 @@ def _typed(e):
     return from_error(e) or e
 
 
+def _begin(conn, sql):
+    """``BEGIN`` and the token as one simple query on the connection's ``pgconn`` (psycopg's
+    documented low-level interface): psycopg then sees the transaction open and sends no
+    ``BEGIN`` of its own, in autocommit mode or not, and ``commit()``/``rollback()`` end it.
+    (``conn.execute`` would cost a cursor and, outside autocommit mode, a ``BEGIN`` of psycopg's
+    first.) Neither statement waits for anything on the server."""
+    res = conn.pgconn.exec_(sql.encode())
+    if res.status != psycopg.pq.ExecStatus.COMMAND_OK:
+        why = (res.error_message or conn.pgconn.error_message or b"").decode(errors="replace").strip()
+        if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.pgconn.exec_(b"ROLLBACK")
+        raise psycopg.OperationalError(f"could not start the fenced transaction: {why}")
+
+
 @contextlib.contextmanager
 def fenced(conn, token):
     """A transaction on ``conn`` (idle, not in a transaction) fenced by ``token``: committed when
-    the block ends, rolled back if it raises."""
+    the block ends, rolled back if it raises. The connection's autocommit setting is not touched."""
     sql = begin_fenced(token)
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise RuntimeError("fenced() starts its own transaction: the connection is in one")
-    autocommit = conn.autocommit
-    conn.autocommit = True
+    _begin(conn, sql)
     try:
-        try:
-            conn.execute(sql)
-            yield conn
-        except BaseException as e:
-            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
-            if isinstance(e, psycopg.Error):
-                t = _typed(e)
-                if t is not e:
-                    raise t from e
-            raise
-        try:
-            conn.execute("COMMIT")
-        except psycopg.Error as e:
-            raise _typed(e) from e
-    finally:
-        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-            conn.autocommit = autocommit
+        yield conn
+    except BaseException as e:
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        if isinstance(e, psycopg.Error):
+            t = _typed(e)
+            if t is not e:
+                raise t from e
+        raise
+    try:
+        conn.commit()
+    except psycopg.Error as e:
+        raise _typed(e) from e
 
 
 @contextlib.asynccontextmanager

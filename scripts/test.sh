@@ -30,7 +30,8 @@
 #                                          job queues pgqueuer, procrastinate, pg-boss and
 #                                          graphile-worker with PostgreSQL leases, tests/jobqueue;
 #                                          the Python package pg-fencing, tests/pyclient; the
-#                                          Node package pg-fencing, tests/nodeclient)
+#                                          Node package pg-fencing, tests/nodeclient; the Go
+#                                          module pgfencing, tests/goclient)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
@@ -343,6 +344,8 @@ stage_clients() {
     tests/pyclient/run.sh
     step "14/19 the Node package pg-fencing (clients/node): its npm tarball installed; node-postgres client and pool, Drizzle ORM, leases (tests/nodeclient)"
     tests/nodeclient/run.sh
+    step "14/19 the Go module pgfencing (clients/go): pgx v4 and its pool, database/sql with lib/pq, etcd 3.4 locks, leases (tests/goclient)"
+    tests/goclient/run.sh
 }
 
 stage_fuzz() {

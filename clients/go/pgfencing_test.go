@@ -1,0 +1,39 @@
+package pgfencing
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestTokens(t *testing.T) {
+	if q, err := BeginSQL(42); err != nil || q != "BEGIN; SET LOCAL pg_fencing.token = '42'" {
+		t.Fatalf("BeginSQL(42) = %q, %v", q, err)
+	}
+	for _, bad := range []int64{0, -1, -9223372036854775808} {
+		if _, err := BeginSQL(bad); !errors.Is(err, ErrBadToken) {
+			t.Errorf("BeginSQL(%d): %v, want ErrBadToken", bad, err)
+		}
+	}
+}
+
+func TestErrorFields(t *testing.T) {
+	e := NewError(CodeStaleToken, `stale fencing token 9 for resource "a ""b"""`,
+		`The high-water mark of resource "a ""b""" is 10.`, "", nil)
+	if e.Token != 9 || e.Resource != `a "b"` || e.HighWater != 10 || e.Row != "" || !e.Superseded() {
+		t.Errorf("resource mode: %+v", e)
+	}
+	r := NewError(CodeStaleToken, `stale fencing token 40 for row (7) of table public.rows_t`,
+		`The high-water mark of row (7) is 50.`, "", nil)
+	if r.Token != 40 || r.Row != "(7)" || r.Table != "public.rows_t" || r.HighWater != 50 || r.Resource != "" {
+		t.Errorf("per-row mode: %+v", r)
+	}
+	if !errors.Is(r, ErrStaleToken) || errors.Is(r, ErrLeaseLost) {
+		t.Errorf("errors.Is by code")
+	}
+	for code, sup := range map[string]bool{CodeStaleToken: true, CodeNoToken: false, CodeLeaseLost: true,
+		CodeProtectionInactive: false, CodeLockServiceUnavailable: false, CodeNotCurrentHolder: true} {
+		if NewError(code, "m", "", "", nil).Superseded() != sup {
+			t.Errorf("%s: Superseded() != %v", code, sup)
+		}
+	}
+}

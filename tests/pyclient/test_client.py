@@ -305,8 +305,129 @@ def main():
         await conn.close()
 
     asyncio.run(async_part())
+    orm_part(a, admin)
     print(f"python client: {'FAILED' if FAILS else 'all checks passed'}")
     return 1 if FAILS else 0
+
+
+def orm_part(a, admin):
+    """SQLAlchemy 2 (psycopg 3 and psycopg2 dialects, Connection and Session) and Django."""
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+
+    from pg_fencing import sqlalchemy as pf_sa
+
+    admin.execute("CREATE TABLE orm (id int PRIMARY KEY, v int)")
+    admin.execute("SELECT fencing_protect('orm', 'orm')")
+    admin.execute("SELECT fencing_advance('orm', 30)")
+    admin.execute("CREATE TABLE orm_plain (id int PRIMARY KEY, v int)")
+    admin.execute("INSERT INTO orm_plain VALUES (1, 0)")
+    v = lambda: admin.execute("SELECT v FROM orm WHERE id = 1").fetchone()[0]  # noqa: E731
+    url = a.url.replace("postgresql://", "postgresql+psycopg://")
+    print("-- SQLAlchemy (psycopg 3)")
+    eng = sa.create_engine(url, connect_args={"application_name": "pf_sa_fenced"})
+    with eng.connect() as c:
+        with pf_sa.fenced(c, 30):
+            c.execute(sa.text("INSERT INTO orm VALUES (1, 1)"))
+        check("SQLAlchemy Connection: committed, stamped",
+              admin.execute("SELECT v, fence_token FROM orm WHERE id = 1").fetchone() == (1, 30))
+
+        def stale():
+            with pf_sa.fenced(c, 29):
+                c.execute(sa.text("UPDATE orm SET v = 2 WHERE id = 1"))
+        e = raises("SQLAlchemy: StaleToken from its DBAPIError", StaleToken, stale, token=29, high_water=30,
+                   resource="orm")
+        check("… its cause is SQLAlchemy's error", isinstance(getattr(e, "__cause__", None), sa.exc.DBAPIError))
+        check("… nothing committed, the connection out of its transaction", v() == 1 and not c.in_transaction())
+        try:
+            with c.begin():
+                c.execute(sa.text("UPDATE orm SET v = 3 WHERE id = 1"))
+            check("SQLAlchemy: the same connection afterwards carries no token", False, "committed")
+        except sa.exc.DBAPIError as err:
+            check("SQLAlchemy: the same connection afterwards carries no token (NoToken)",
+                  isinstance(pg_fencing.from_error(err), NoToken))
+        c.rollback()
+        with c.begin():
+            raises("fenced() inside a transaction is refused", RuntimeError,
+                   lambda: pf_sa.fenced(c, 30).__enter__())
+    with Session(eng) as session:
+        with pf_sa.fenced(session, 30):
+            session.execute(sa.text("UPDATE orm SET v = 4 WHERE id = 1"))
+        check("SQLAlchemy Session: committed", v() == 4)
+
+        def in_block():
+            with pf_sa.fenced(session, 30):
+                session.execute(sa.text("UPDATE orm SET v = 5 WHERE id = 1"))
+                raise KeyError("the handler failed")
+        raises("SQLAlchemy Session: an exception rolls back and propagates", KeyError, in_block)
+        check("… nothing committed", v() == 4)
+    plain = sa.create_engine(url, connect_args={"application_name": "pf_sa_plain"})
+    with eng.connect() as f, plain.connect() as u:
+        with pf_sa.fenced(f, 30):
+            f.execute(sa.text("UPDATE orm SET v = v + 1 WHERE id = :id"), {"id": 1})
+        with u.begin():
+            u.execute(sa.text("UPDATE orm_plain SET v = v + 1 WHERE id = :id"), {"id": 1})
+    eng.dispose()
+    plain.dispose()
+    time.sleep(0.3)
+    # Each engine's last transaction, from its BEGIN (SQLAlchemy's first connection also sends
+    # the dialect's set-up queries): as many statements fenced as unfenced.
+    def last_txn(app):
+        st = statements(a.log, app)
+        begin = max(i for i, l in enumerate(st) if "statement: BEGIN" in l)
+        return st[begin:]
+    lf, lu = last_txn("pf_sa_fenced"), last_txn("pf_sa_plain")
+    check(f"SQLAlchemy (psycopg 3): a fenced transaction sends as many statements as an unfenced one "
+          f"({len(lf)} and {len(lu)})", len(lf) == len(lu) == 3 and "BEGIN; SET LOCAL" in lf[0]
+          and "COMMIT" in lf[-1] and "COMMIT" in lu[-1], (lf, lu))
+
+    print("-- SQLAlchemy (psycopg2): the token as one more statement")
+    eng2 = sa.create_engine(a.url.replace("postgresql://", "postgresql+psycopg2://"))
+    with eng2.connect() as c:
+        with pf_sa.fenced(c, 30):
+            c.execute(sa.text("UPDATE orm SET v = 7 WHERE id = 1"))
+        check("psycopg2 dialect: committed", v() == 7)
+
+        def stale2():
+            with pf_sa.fenced(c, 1):
+                c.execute(sa.text("UPDATE orm SET v = 8 WHERE id = 1"))
+        raises("psycopg2 dialect: StaleToken", StaleToken, stale2, token=1)
+    eng2.dispose()
+
+    print("-- Django")
+    import django
+    from django.conf import settings
+    from django.db import connection, transaction
+
+    from pg_fencing import django as pf_django
+    host, port = a.url.split("@")[1].split("/")[0].split(":")
+    settings.configure(DATABASES={"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "postgres",
+                                              "USER": "postgres", "HOST": host, "PORT": port,
+                                              "OPTIONS": {"application_name": "pf_django"}}},
+                       USE_TZ=True)
+    django.setup()
+    with pf_django.fenced(30):
+        with connection.cursor() as cur:
+            cur.execute("UPDATE orm SET v = 9 WHERE id = 1")
+            with transaction.atomic():  # a savepoint inside
+                cur.execute("UPDATE orm SET v = 10 WHERE id = 1")
+    check(f"Django ({connection.Database.__name__}): committed, a savepoint inside works", v() == 10)
+
+    def dstale():
+        with pf_django.fenced(29):
+            with connection.cursor() as cur:
+                cur.execute("UPDATE orm SET v = 11 WHERE id = 1")
+    raises("Django: StaleToken from its DatabaseError", StaleToken, dstale, token=29, resource="orm")
+    check("… nothing committed, autocommit back on", v() == 10 and connection.get_autocommit())
+    try:
+        with connection.cursor() as cur:
+            cur.execute("UPDATE orm SET v = 12 WHERE id = 1")
+        check("Django: the connection afterwards carries no token", False, "committed")
+    except Exception as err:  # noqa: BLE001
+        check("Django: the connection afterwards carries no token (NoToken)", isinstance(pg_fencing.from_error(err), NoToken), err)
+    with transaction.atomic():
+        raises("Django: fenced() inside atomic() is refused", RuntimeError, lambda: pf_django.fenced(30).__enter__())
+    connection.close()
 
 
 if __name__ == "__main__":

@@ -9,8 +9,12 @@ carries the lock's fencing token; PostgreSQL refuses the write when a newer hold
   ``BEGIN`` (no extra round trip) and is transaction-scoped (never seen by the next user of a
   pooled connection); ``Lease`` takes a PostgreSQL lease and renews it in the background on its
   own connection; ``run_with_lease`` does all of it around one function.
+* ``pg_fencing.sqlalchemy`` (``fenced(connection_or_session, token)``) and
+  ``pg_fencing.django`` (``fenced(token, using=None)``, an outermost ``atomic()`` with the
+  token): with psycopg 3 underneath, the token goes with the ORM's ``BEGIN`` too.
 * typed errors (``StaleToken`` FT001 … ``NotCurrentHolder`` FT006), raised from the driver's
-  errors, with the resource or row and the numbers from the server's message.
+  errors (also as SQLAlchemy or Django wrapped them), with the resource or row and the numbers
+  from the server's message.
 """
 from .errors import (
     FencingError,

@@ -94,11 +94,16 @@ def _fields(exc):
 
 
 def from_error(exc):
-    """The typed error for a driver's exception with an FT SQLSTATE (``None`` otherwise)."""
-    if isinstance(exc, FencingError):
-        return exc
-    state, message, detail, hint = _fields(exc)
-    if not state or not state.startswith("FT"):
-        return None
-    cls = _BY_STATE.get(state, FencingError)
-    return cls(message, detail=detail, hint=hint, sqlstate=state, cause=exc)
+    """The typed error for a driver's exception with an FT SQLSTATE (``None`` otherwise); also
+    for one an ORM wrapped it in (SQLAlchemy's ``DBAPIError.orig``, Django's ``__cause__``)."""
+    seen = 0
+    while exc is not None and seen < 4:
+        if isinstance(exc, FencingError):
+            return exc
+        state, message, detail, hint = _fields(exc)
+        if state and state.startswith("FT"):
+            cls = _BY_STATE.get(state, FencingError)
+            return cls(message, detail=detail, hint=hint, sqlstate=state, cause=exc)
+        exc = getattr(exc, "orig", None) or exc.__cause__
+        seen += 1
+    return None

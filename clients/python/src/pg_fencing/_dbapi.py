@@ -1,0 +1,30 @@
+"""Starting a fenced transaction on a DB-API connection an ORM manages (``pg_fencing.sqlalchemy``,
+``pg_fencing.django``), after the ORM has begun its transaction and before any statement:
+
+* psycopg 3: ``BEGIN`` and the token as one query through the connection's ``pgconn``; psycopg
+  then sees the transaction open and sends no ``BEGIN`` of its own, and the ORM's commit or
+  rollback ends it. No extra round trip.
+* psycopg2 (and other drivers): the driver sends its own ``BEGIN`` with the first statement, so
+  the token goes as ``SET LOCAL`` on its own: one statement more than the same transaction
+  unfenced (psycopg2 has no way to send a query without its ``BEGIN``).
+"""
+from ._sql import check_token
+
+
+def start(dbapi_conn, token):
+    """Give the transaction the ORM just began on ``dbapi_conn`` the token ``token``."""
+    token = check_token(token)
+    if hasattr(dbapi_conn, "pgconn"):  # psycopg 3
+        import psycopg
+
+        from .psycopg import _begin
+
+        if dbapi_conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise RuntimeError("fenced() starts its own transaction: the connection is in one")
+        _begin(dbapi_conn, f"BEGIN; SET LOCAL pg_fencing.token = '{token}'")
+        return
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(f"SET LOCAL pg_fencing.token = '{token}'")
+    finally:
+        cur.close()

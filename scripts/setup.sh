@@ -15,11 +15,13 @@
 #   --test     also what the test command and the benchmarks need:
 #              apt: pgbouncer (pooler test), procps (pgrep), git, python3-venv, valgrind (bench
 #                   --instructions), iproute2 (ss, ip netns), zookeeper, redis-server, redis-tools,
-#                   golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev (the Go example),
+#                   golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev
+#                   golang-github-lib-pq-dev (the Go example and clients/go),
 #                   openssl (certificates for the worker's TLS test), openjdk-17-jdk-headless
 #                   libcurator-recipes-java libpostgresql-jdbc-java (the Curator holder of
 #                   tests/zookeeper), umoci skopeo (the CloudNativePG image, scripts/package.sh
-#                   image, tests/image), pgxnclient unzip (tests/pgxn)
+#                   image, tests/image), pgxnclient unzip (tests/pgxn), prometheus
+#                   prometheus-postgres-exporter (tests/monitoring)
 #              cargo install pgxn_meta 0.7.0 (PGXN's META.json validator, tests/pgxn)
 #              npm ci in examples/job-queues/node (pg-boss and pg as its package-lock.json pins
 #                   them, for tests/jobqueue) and in tests/nodeclient (pg and drizzle-orm, for the
@@ -80,10 +82,11 @@ cmds=(psql pg_dump etcd etcdctl sudo setsid timeout awk sha256sum)
 if [ "$PROFILE" = test ]; then
     pkgs+=(pgbouncer procps git python3-venv valgrind iproute2
            zookeeper redis-server redis-tools golang-go golang-etcd-server-dev golang-github-jackc-pgx-v4-dev
+           golang-github-lib-pq-dev
            openssl openjdk-17-jdk-headless libcurator-recipes-java libpostgresql-jdbc-java umoci skopeo
-           pgxnclient unzip)
+           pgxnclient unzip prometheus prometheus-postgres-exporter)
     cmds+=(pgbouncer pgrep git pg_restore pgbench valgrind ss ip dpkg-deb dpkg-shlibdeps java redis-server redis-cli go
-           openssl node npm javac umoci skopeo pgxn unzip)
+           openssl node npm javac umoci skopeo pgxn unzip prometheus promtool prometheus-postgres-exporter)
 fi
 # The demo's other lock services (scripts/demo.sh --lock-service): ZooKeeper's holder is the
 # Python example examples/zookeeper/holder.py (kazoo, from the project's virtualenv).

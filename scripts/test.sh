@@ -22,7 +22,8 @@
 #  10. background worker with real etcd   (tests/worker/run.sh)
 #  11. pooler safety through pgbouncer    (tests/pooler, transaction mode)
 #  12. upgrade from released versions     (tests/upgrade, ALTER EXTENSION UPDATE; released scripts unedited)
-#  13. observability                      (tests/observability: rejection log, views, pg_stat_statements)
+#  13. observability                      (tests/observability: rejection log, views, pg_stat_statements;
+#                                          tests/monitoring: the exporter's queries and alert rules)
 #  14. the client examples                (examples/rust-client and examples/go-client against real
 #                                          etcd, tests/client; ZooKeeper with kazoo and Curator,
 #                                          tests/zookeeper; Redis tokens across a failover,
@@ -321,6 +322,8 @@ stage_upgrade() {
 stage_observability() {
     step "13/19 observability: one log line per refused write, views, pg_stat_statements (tests/observability)"
     tests/observability/run.sh
+    step "13/19 monitoring: the exporter's queries through the real prometheus-postgres-exporter, the alert rules in promtool and a real Prometheus (tests/monitoring)"
+    tests/monitoring/run.sh
 }
 
 stage_clients() {

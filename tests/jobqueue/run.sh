@@ -90,6 +90,15 @@ fresh_workdir
 trap cleanup_all EXIT
 trap 'exit 130' INT TERM
 
+# The Python examples import the package pg-fencing (clients/python): its wheel, built and
+# installed from the artifact as tests/pyclient does. (The Node examples depend on clients/node
+# through their package.json.)
+if has python || has procrastinate; then  # other python: the scenarios' names
+    "$PY" tests/pyclient/build.py --out "$WORK/pgfencing" >"$WORK/pgfencing-build.log" 2>&1 \
+        || { cat "$WORK/pgfencing-build.log" >&2; exit 1; }
+    export PYTHONPATH="$WORK/pgfencing/site"
+fi
+
 pg_start
 PSQL=(psql -X -q -v ON_ERROR_STOP=1)
 for db in fenced unfenced; do

@@ -32,6 +32,7 @@
 const os = require('node:os')
 const { setTimeout: sleep } = require('node:timers/promises')
 const { Pool } = require('pg')
+const { fenced, fromError } = require('pg-fencing')
 const { run } = require('graphile-worker')
 
 const WORKER = process.env.WORKER_NAME || `${os.hostname()}:${process.pid}`
@@ -78,14 +79,12 @@ async function chargeOrder (payload, { job }) {
       await sleep(Number(payload.work_seconds || 0) * 1000)
       const amount = Number(payload.amount || 0)
       try {
-        await client.query('BEGIN')
-        // The token goes with the write, in the write's own transaction.
-        await client.query("SELECT set_config('pg_fencing.token', $1, true)", [token])
-        await client.query(UPSERT, [job.id, Number(payload.order || 0), amount, WORKER])
-        await client.query('COMMIT')
+        // The token goes with the write, in the write's own transaction (pg-fencing sends BEGIN
+        // and the token as one query, and rolls back if the write fails).
+        await fenced(client, token, (c) => c.query(UPSERT, [job.id, Number(payload.order || 0), amount, WORKER]))
       } catch (err) {
-        await client.query('ROLLBACK').catch(() => {})
-        const verdict = ['FT001', 'FT003'].includes(err.code) ? 'refused' : 'failed'
+        // superseded: FT001 or FT003 (or FT006), another attempt owns the job now.
+        const verdict = fromError(err)?.superseded ? 'refused' : 'failed'
         say(job, `write ${verdict} ${err.code} ${err.message}`)
         // Fenced off: stop, and throw (never return: that would complete the job, whoever runs
         // it now). graphile-worker records the failure only if the job is still locked by us.

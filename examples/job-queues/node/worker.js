@@ -18,6 +18,7 @@
 const os = require('node:os')
 const { setTimeout: sleep } = require('node:timers/promises')
 const { Pool } = require('pg')
+const { fenced, fromError } = require('pg-fencing')
 const { QUEUE, QUEUE_OPTIONS, newBoss } = require('./queue')
 
 const WORKER = process.env.WORKER_NAME || `${os.hostname()}:${process.pid}`
@@ -51,14 +52,12 @@ async function chargeOrder (job) {
       await sleep(Number(order.work_seconds || 0) * 1000)
       const amount = Number(order.amount || 0)
       try {
-        await client.query('BEGIN')
-        // The token goes with the write, in the write's own transaction.
-        await client.query("SELECT set_config('pg_fencing.token', $1, true)", [token])
-        await client.query(UPSERT, [job.id, Number(order.order || 0), amount, WORKER])
-        await client.query('COMMIT')
+        // The token goes with the write, in the write's own transaction (pg-fencing sends BEGIN
+        // and the token as one query, and rolls back if the write fails).
+        await fenced(client, token, (c) => c.query(UPSERT, [job.id, Number(order.order || 0), amount, WORKER]))
       } catch (err) {
-        await client.query('ROLLBACK').catch(() => {})
-        const verdict = ['FT001', 'FT003'].includes(err.code) ? 'refused' : 'failed'
+        // superseded: FT001 or FT003 (or FT006), another attempt owns the job now.
+        const verdict = fromError(err)?.superseded ? 'refused' : 'failed'
         say(job, `write ${verdict} ${err.code} ${err.message}`)
         throw err // fenced off: stop; pg-boss records this (stale) attempt as failed
       }

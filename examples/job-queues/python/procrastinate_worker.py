@@ -46,6 +46,8 @@ import socket
 from datetime import timedelta
 
 import psycopg
+from pg_fencing import FencingError, from_error
+from pg_fencing.psycopg import afenced
 from procrastinate import App, JobContext, PsycopgConnector
 
 LEASE_TTL = timedelta(seconds=float(os.environ.get("JOB_LEASE_TTL", "2")))
@@ -133,17 +135,16 @@ async def charge_order(
             # procrastinate has given the job to another worker.
             await asyncio.sleep(work_seconds)
             try:
-                async with conn.transaction():
-                    # The token goes with the write, in the write's own transaction: as text
-                    # (psycopg 3 sends an int as a bigint, and set_config takes text).
-                    await conn.execute(
-                        "SELECT set_config('pg_fencing.token', %s, true)", (str(token),)
-                    )
+                # The token goes with the write, in the write's own transaction (pg-fencing sends
+                # BEGIN and the token as one query and rolls back if the write fails).
+                async with afenced(conn, token):
                     await conn.execute(UPSERT, (str(job_id), order, amount, WORKER))
-            except psycopg.Error as e:
-                fenced = e.sqlstate in ("FT001", "FT003")
+            except (FencingError, psycopg.Error) as e:
+                t = from_error(e)
+                fenced = t is not None and t.superseded  # FT001, FT003 (FT006): superseded
                 verdict = "refused" if fenced else "failed"
-                say(job_id, f"write {verdict} {e.sqlstate} {e.diag.message_primary}")
+                say(job_id, f"write {verdict} {t.sqlstate if t else e.sqlstate} "
+                            f"{t.message if t else e.diag.message_primary}")
                 if not fenced or await still_this_attempt(conn, context):
                     # Nobody else runs the job: procrastinate records this attempt's failure
                     # (or retries it, by the task's retry policy).

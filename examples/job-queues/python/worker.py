@@ -35,6 +35,8 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import asyncpg
+from pg_fencing import FencingError, from_error
+from pg_fencing.asyncpg import fenced
 from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
@@ -80,17 +82,18 @@ async def main() -> AsyncIterator[PgQueuer]:
                 await asyncio.sleep(float(order.get("work_seconds", 0)))
                 amount = int(order.get("amount", 0))
                 try:
-                    async with conn.transaction():
-                        # The token goes with the write, in the write's own transaction.
-                        await conn.execute(
-                            "SELECT set_config('pg_fencing.token', $1, true)", str(token)
-                        )
+                    # The token goes with the write, in the write's own transaction (pg-fencing
+                    # sends BEGIN and the token as one query and rolls back if the write fails).
+                    async with fenced(conn, token):
                         await conn.execute(
                             UPSERT, str(job.id), int(order.get("order", 0)), amount, WORKER
                         )
-                except asyncpg.PostgresError as e:
-                    verdict = "refused" if e.sqlstate in ("FT001", "FT003") else "failed"
-                    say(job, f"write {verdict} {e.sqlstate} {e.args[0] if e.args else e}")
+                except (FencingError, asyncpg.PostgresError) as e:
+                    t = from_error(e)
+                    # superseded: FT001, FT003 (FT006): another attempt owns the job now.
+                    verdict = "refused" if t is not None and t.superseded else "failed"
+                    state = t.sqlstate if t else e.sqlstate
+                    say(job, f"write {verdict} {state} {t.message if t else (e.args[0] if e.args else e)}")
                     # Fenced off: stop; pgqueuer records the failure of this (stale) attempt.
                     raise
                 say(job, f"write ok result=amount:{amount}")

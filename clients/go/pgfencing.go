@@ -6,7 +6,7 @@
 //
 // A fenced transaction sends BEGIN and the token in one simple-protocol query,
 //
-//	BEGIN; SET LOCAL pg_fencing.token = '<token>'
+//	BEGIN; SELECT set_config('pg_fencing.token', '<token>', true)
 //
 // instead of the driver's own BEGIN: it takes as many round trips as the same transaction
 // unfenced, and the token ends with the transaction (the next user of a pooled connection never
@@ -32,13 +32,15 @@ func CheckToken(token int64) error {
 	return nil
 }
 
-// BeginSQL is the one query that opens a fenced transaction: BEGIN and the token as SET LOCAL
-// (transaction-scoped). Only the checked integer is written into it.
+// BeginSQL is the one query that opens a fenced transaction: BEGIN and the token set with
+// set_config(…, true) (SET LOCAL: transaction-scoped; not the SET LOCAL statement, whose
+// constant PostgreSQL 15's pg_stat_statements keeps, one entry per token). Only the checked
+// integer is written into it.
 func BeginSQL(token int64) (string, error) {
 	if err := CheckToken(token); err != nil {
 		return "", err
 	}
-	return "BEGIN; SET LOCAL pg_fencing.token = '" + strconv.FormatInt(token, 10) + "'", nil
+	return "BEGIN; SELECT set_config('pg_fencing.token', '" + strconv.FormatInt(token, 10) + "', true)", nil
 }
 
 // SQLSTATEs of pg_fencing (docs/sqlstates.md of the extension).

@@ -3,7 +3,8 @@
 # its tarball unpacked into tests/nodeclient/node_modules/pg-fencing (where npm would install it,
 # beside node-postgres and Drizzle ORM as tests/nodeclient/package-lock.json pins them: npm ci by
 # scripts/setup.sh --test), then tests/nodeclient/test_client.js against a throwaway PostgreSQL 15
-# on 127.0.0.1:${PGPORT_CLIENTS_NODE:-54529} that preloads pg_fencing and logs every statement.
+# on 127.0.0.1:${PGPORT_CLIENTS_NODE:-54529} that preloads pg_fencing and pg_stat_statements and logs
+# every statement.
 #   tests/nodeclient/run.sh          (pg_fencing's current build installed)
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
@@ -25,9 +26,9 @@ mkdir -p "$TESTDIR/node_modules/pg-fencing"
 tar -xzf "$WORK/$tarball" -C "$TESTDIR/node_modules/pg-fencing" --strip-components=1
 echo "   $tarball: $(tar -tzf "$WORK/$tarball" | tr '\n' ' ')"
 PGPORT_TEST=${PGPORT_CLIENTS_NODE:-54529}
-PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_stat_statements,pg_fencing'
 log_statement = 'all'
 log_line_prefix = '[%a] '" pg_start
-psql -X -q -c "CREATE EXTENSION pg_fencing"
+psql -X -q -c "CREATE EXTENSION pg_fencing" -c "CREATE EXTENSION pg_stat_statements"
 (cd "$TESTDIR" && node test_client.js --url "postgresql://postgres@127.0.0.1:$PGPORT_TEST/postgres" \
     --log "$WORK/postgres.log")

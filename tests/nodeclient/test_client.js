@@ -137,6 +137,16 @@ async function main() {
   const nu = statements('pfjs_rt_plain').length;
   check(`node-postgres: ${nf} statements fenced, ${nu} unfenced`, nf === nu && nf > 0, [nf, nu]);
 
+  console.log('-- pg_stat_statements: one entry whatever the token');
+  await admin.query('SELECT pg_stat_statements_reset()');
+  const sp = new pg.Pool({ connectionString: URL_, max: 1 });
+  for (const tok of [4242424201n, 4242424202n, 4242424203n]) {
+    await pf.fenced(sp, tok, (c) => c.query('SELECT 1'));
+  }
+  await sp.end();
+  const perToken = (await admin.query("SELECT query FROM pg_stat_statements WHERE query ~ '42424242'")).rows;
+  check(`no pg_stat_statements entry carries a token (${perToken.length} do)`, perToken.length === 0, JSON.stringify(perToken));
+
   console.log('-- pg.Pool: the next borrower never carries the token');
   const pool = new pg.Pool({ connectionString: URL_, max: 1 });
   await pf.fenced(pool, 10, (c) => c.query('UPDATE acct SET v = v + 1 WHERE id = 1'));

@@ -3,8 +3,8 @@
 # checkout and installed from that artifact into a directory of its own (tests/pyclient/build.py),
 # then tests/pyclient/test_client.py with psycopg 3 (sync, async, psycopg_pool), psycopg2 and
 # asyncpg against a throwaway PostgreSQL 15 on 127.0.0.1:${PGPORT_CLIENTS_PY:-54509} that
-# preloads pg_fencing and logs every statement (a fenced transaction must send as many as an
-# unfenced one).
+# preloads pg_fencing and pg_stat_statements and logs every statement (a fenced transaction must
+# send as many as an unfenced one, and leave one pg_stat_statements entry whatever its token).
 #   tests/pyclient/run.sh          (pg_fencing's current build installed)
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
@@ -18,10 +18,10 @@ trap 'exit 130' INT TERM
 echo "-- the wheel, built and installed from the artifact"
 "$PY" tests/pyclient/build.py --out "$WORK"
 PGPORT_TEST=${PGPORT_CLIENTS_PY:-54509}
-PG_EXTRA_CONF="shared_preload_libraries = 'pg_fencing'
+PG_EXTRA_CONF="shared_preload_libraries = 'pg_stat_statements,pg_fencing'
 log_statement = 'all'
 log_line_prefix = '[%a] '" pg_start
-psql -X -q -c "CREATE EXTENSION pg_fencing"
+psql -X -q -c "CREATE EXTENSION pg_fencing" -c "CREATE EXTENSION pg_stat_statements"
 # The installed package, not the checkout's source.
 (cd "$WORK" && PYTHONPATH="$WORK/site" "$PY" -c "import pg_fencing, sys; sys.exit(0 if pg_fencing.__file__.startswith('$WORK/site/') else 1)")
 PYTHONPATH="$WORK/site" "$PY" tests/pyclient/test_client.py \

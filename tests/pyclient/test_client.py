@@ -173,6 +173,29 @@ def main():
         check(f"{drv}: a fenced one-row transaction sends as many statements as an unfenced one ({nf} and {nu})",
               nf == nu and nf > 0, (nf, nu))
 
+    print("-- pg_stat_statements: one entry whatever the token (not one per token)")
+    admin.execute("SELECT pg_stat_statements_reset()")
+    tokens = (4242424201, 4242424202, 4242424203)
+    for tok in tokens:
+        with psycopg.connect(dsn) as c3, pf_psycopg.fenced(c3, tok):
+            c3.execute("SELECT 1")
+        c4 = psycopg2.connect(dsn)
+        with pf_psycopg2.fenced(c4, tok) as cur:
+            cur.execute("SELECT 1")
+        c4.close()
+
+        async def one_asyncpg(tok=tok):
+            c5 = await asyncpg.connect(a.url)
+            async with pf_asyncpg.fenced(c5, tok):
+                await c5.execute("SELECT 1")
+            await c5.close()
+        asyncio.run(one_asyncpg())
+    per_token = admin.execute("SELECT query FROM pg_stat_statements WHERE query ~ '42424242'").fetchall()
+    check(f"no pg_stat_statements entry carries a token ({len(per_token)} do)", not per_token, per_token)
+    setter = admin.execute("SELECT sum(calls) FROM pg_stat_statements WHERE query ~* 'pg_fencing|set_config'").fetchone()[0]
+    check(f"the token's statement is one normalised entry, called once per transaction ({setter})",
+          setter is not None and setter >= 9, setter)
+
     print("-- psycopg_pool: the next borrower never carries the token")
     with psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
         with pool.connection() as c1:
@@ -222,6 +245,15 @@ def main():
             cur.execute("UPDATE acct SET v = 7 WHERE id = 1")
     raises("psycopg2: StaleToken", StaleToken, stale2, token=3, high_water=10, resource="py")
     check("psycopg2: the connection is back to its own mode", c2.autocommit is False)
+
+    def in_with_block():
+        with c2:
+            with pf_psycopg2.fenced(c2, 10) as cur:
+                cur.execute("UPDATE acct SET v = 99 WHERE id = 1")
+    raises("psycopg2: fenced() inside `with conn:` (psycopg2's own transaction) is refused", RuntimeError, in_with_block)
+    check("… nothing written, the connection idle in its own mode",
+          admin.execute("SELECT v FROM acct WHERE id = 1").fetchone()[0] == 6 and c2.autocommit is False
+          and c2.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE)
     c2.close()
 
     print("-- a PostgreSQL lease (psycopg 3)")
@@ -378,7 +410,7 @@ def orm_part(a, admin):
         return st[begin:]
     lf, lu = last_txn("pf_sa_fenced"), last_txn("pf_sa_plain")
     check(f"SQLAlchemy (psycopg 3): a fenced transaction sends as many statements as an unfenced one "
-          f"({len(lf)} and {len(lu)})", len(lf) == len(lu) == 3 and "BEGIN; SET LOCAL" in lf[0]
+          f"({len(lf)} and {len(lu)})", len(lf) == len(lu) == 3 and "BEGIN; SELECT set_config" in lf[0]
           and "COMMIT" in lf[-1] and "COMMIT" in lu[-1], (lf, lu))
 
     print("-- SQLAlchemy (psycopg2): the token as one more statement")

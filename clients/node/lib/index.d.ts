@@ -32,7 +32,7 @@ export declare class NotCurrentHolder extends FencingError {}
 export declare function fromError(err: unknown): FencingError | undefined;
 /** The token as a BigInt (TypeError, RangeError outside 1 … 2^63 − 1). */
 export declare function checkToken(token: Token): bigint;
-/** `BEGIN; SET LOCAL pg_fencing.token = '<token>'`: one query. */
+/** `BEGIN; SELECT set_config('pg_fencing.token', '<token>', true)`: one query. */
 export declare function beginFenced(token: Token): string;
 
 /** Run fn(client) in a transaction fenced by token on a pg.Pool, pg.Client or PoolClient. */

@@ -40,13 +40,15 @@ function checkToken(token) {
 }
 
 /**
- * One simple-protocol query that opens the transaction and gives it the token (`SET LOCAL`:
- * transaction-scoped), sent instead of `BEGIN`, so a fenced transaction takes as many round
- * trips as an unfenced one.
+ * One simple-protocol query that opens the transaction and gives it the token
+ * (`set_config(…, true)`, i.e. SET LOCAL: transaction-scoped), sent instead of `BEGIN`, so a
+ * fenced transaction takes as many round trips as an unfenced one. Not `SET LOCAL
+ * pg_fencing.token = '…'`: PostgreSQL 15 keeps a utility statement's constants in
+ * pg_stat_statements (one entry per token); a SELECT's are normalised on every version.
  * @param {bigint | number | string} token
  */
 function beginFenced(token) {
-  return `BEGIN; SET LOCAL pg_fencing.token = '${checkToken(token)}'`;
+  return `BEGIN; SELECT set_config('pg_fencing.token', '${checkToken(token)}', true)`;
 }
 
 function isPool(x) {

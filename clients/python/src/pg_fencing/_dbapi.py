@@ -5,10 +5,10 @@
   then sees the transaction open and sends no ``BEGIN`` of its own, and the ORM's commit or
   rollback ends it. No extra round trip.
 * psycopg2 (and other drivers): the driver sends its own ``BEGIN`` with the first statement, so
-  the token goes as ``SET LOCAL`` on its own: one statement more than the same transaction
+  the token goes as ``set_config`` on its own: one statement more than the same transaction
   unfenced (psycopg2 has no way to send a query without its ``BEGIN``).
 """
-from ._sql import check_token
+from ._sql import begin_fenced, check_token, set_token
 
 
 def start(dbapi_conn, token):
@@ -21,10 +21,10 @@ def start(dbapi_conn, token):
 
         if dbapi_conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise RuntimeError("fenced() starts its own transaction: the connection is in one")
-        _begin(dbapi_conn, f"BEGIN; SET LOCAL pg_fencing.token = '{token}'")
+        _begin(dbapi_conn, begin_fenced(token))
         return
     cur = dbapi_conn.cursor()
     try:
-        cur.execute(f"SET LOCAL pg_fencing.token = '{token}'")
+        cur.execute(set_token(token))
     finally:
         cur.close()

@@ -14,12 +14,20 @@ def check_token(token):
     return token
 
 
+def set_token(token):
+    """The statement that gives the current transaction the token: ``set_config(…, true)``
+    (``SET LOCAL``: transaction-scoped). Not ``SET LOCAL pg_fencing.token = '…'``: PostgreSQL 15
+    keeps the constants of utility statements in pg_stat_statements, one entry per token; a
+    SELECT's constants are normalised on every version. The token is an int checked by
+    ``check_token``, written as digits."""
+    return f"SELECT set_config('pg_fencing.token', '{check_token(token)}', true)"
+
+
 def begin_fenced(token):
-    """One simple-protocol query: open the transaction and give it the token (``SET LOCAL``:
-    transaction-scoped; the token is an int checked by ``check_token``, written as digits). Sent
-    instead of the driver's own BEGIN, so a fenced transaction takes as many round trips as an
-    unfenced one."""
-    return f"BEGIN; SET LOCAL pg_fencing.token = '{check_token(token)}'"
+    """One simple-protocol query: open the transaction and give it the token. Sent instead of
+    the driver's own BEGIN, so a fenced transaction takes as many round trips as an unfenced
+    one."""
+    return f"BEGIN; {set_token(token)}"
 
 
 def seconds(ttl):

@@ -33,7 +33,7 @@ def _begin(conn, sql):
     (``conn.execute`` would cost a cursor and, outside autocommit mode, a ``BEGIN`` of psycopg's
     first.) Neither statement waits for anything on the server."""
     res = conn.pgconn.exec_(sql.encode())
-    if res.status != psycopg.pq.ExecStatus.COMMAND_OK:
+    if res.status not in (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK):
         why = (res.error_message or conn.pgconn.error_message or b"").decode(errors="replace").strip()
         if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.pgconn.exec_(b"ROLLBACK")

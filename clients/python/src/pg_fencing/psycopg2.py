@@ -26,6 +26,12 @@ def fenced(conn, token):
     try:
         try:
             cur.execute(sql)
+            if conn.status != ext.STATUS_READY:
+                # psycopg2 2.9 began a transaction of its own first: inside `with conn:` it does,
+                # whatever autocommit says. Its transaction would outlive this block's COMMIT.
+                conn.rollback()
+                raise RuntimeError("fenced() cannot run inside psycopg2's `with conn:` block, which "
+                                   "starts a transaction of its own; use fenced() instead of it")
             yield cur
         except BaseException as e:
             if not conn.closed and conn.get_transaction_status() != ext.TRANSACTION_STATUS_IDLE:

@@ -308,6 +308,29 @@ pub unsafe fn marked_result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec
     }
 }
 
+/// The relation `rv` names, resolved without a lock (`None`: `rv` is NULL, or no such
+/// relation: the statement itself then raises its error).
+///
+/// # Safety
+/// `rv` must be NULL or a RangeVar of the statement being run.
+unsafe fn relation_of(rv: *mut pg_sys::RangeVar) -> Option<pg_sys::Oid> {
+    // SAFETY: per the contract; RangeVarGetRelidExtended with RVR_MISSING_OK returns InvalidOid
+    // for a missing relation instead of raising.
+    unsafe {
+        if rv.is_null() {
+            return None;
+        }
+        let relid = pg_sys::RangeVarGetRelidExtended(
+            rv,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        );
+        (relid != pg_sys::InvalidOid).then_some(relid)
+    }
+}
+
 /// The relations a `TRUNCATE` (utility statement `pstmt`) names, resolved without a lock
 /// (`None`: not a TRUNCATE).
 ///
@@ -332,16 +355,7 @@ pub unsafe fn truncated_relations(
         Some((
             PgList::<pg_sys::RangeVar>::from_pg((*stmt).relations)
                 .iter_ptr()
-                .map(|rv| {
-                    pg_sys::RangeVarGetRelidExtended(
-                        rv,
-                        pg_sys::NoLock as pg_sys::LOCKMODE,
-                        pg_sys::RVROption::RVR_MISSING_OK,
-                        None,
-                        std::ptr::null_mut(),
-                    )
-                })
-                .filter(|o| *o != pg_sys::InvalidOid)
+                .filter_map(|rv| relation_of(rv))
                 .collect(),
             cascade,
         ))
@@ -393,28 +407,15 @@ pub unsafe fn becoming_child(pstmt: *mut pg_sys::PlannedStmt) -> Option<pg_sys::
             return None;
         }
         let stmt = node.cast::<pg_sys::AlterTableStmt>();
-        let resolve = |rv: *mut pg_sys::RangeVar| {
-            (!rv.is_null())
-                .then(|| {
-                    pg_sys::RangeVarGetRelidExtended(
-                        rv,
-                        pg_sys::NoLock as pg_sys::LOCKMODE,
-                        pg_sys::RVROption::RVR_MISSING_OK,
-                        None,
-                        std::ptr::null_mut(),
-                    )
-                })
-                .filter(|o| *o != pg_sys::InvalidOid)
-        };
         for cmd in PgList::<pg_sys::AlterTableCmd>::from_pg((*stmt).cmds).iter_ptr() {
             match (*cmd).subtype {
                 pg_sys::AlterTableType::AT_AttachPartition => {
                     let def = (*cmd).def;
                     if !def.is_null() && (*def).type_ == pg_sys::NodeTag::T_PartitionCmd {
-                        return resolve((*def.cast::<pg_sys::PartitionCmd>()).name);
+                        return relation_of((*def.cast::<pg_sys::PartitionCmd>()).name);
                     }
                 }
-                pg_sys::AlterTableType::AT_AddInherit => return resolve((*stmt).relation),
+                pg_sys::AlterTableType::AT_AddInherit => return relation_of((*stmt).relation),
                 _ => {}
             }
         }
@@ -457,18 +458,7 @@ pub unsafe fn touched_markers(pstmt: *mut pg_sys::PlannedStmt) -> Option<(pg_sys
         if node.is_null() {
             return None;
         }
-        let relid = |rv: *mut pg_sys::RangeVar| {
-            if rv.is_null() {
-                return pg_sys::InvalidOid;
-            }
-            pg_sys::RangeVarGetRelidExtended(
-                rv,
-                pg_sys::NoLock as pg_sys::LOCKMODE,
-                pg_sys::RVROption::RVR_MISSING_OK,
-                None,
-                std::ptr::null_mut(),
-            )
-        };
+        let relid = |rv: *mut pg_sys::RangeVar| relation_of(rv).unwrap_or(pg_sys::InvalidOid);
         let is_marker = |name: *const c_char| {
             !name.is_null()
                 && CStr::from_ptr(name)

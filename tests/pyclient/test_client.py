@@ -337,9 +337,170 @@ def main():
         await conn.close()
 
     asyncio.run(async_part())
+    outside_check_part(a, admin)
     orm_part(a, admin)
     print(f"python client: {'FAILED' if FAILS else 'all checks passed'}")
     return 1 if FAILS else 0
+
+
+def outside_check_part(a, admin):
+    """What the outside check of the packages found (each fixed; its repro showed the old code
+    failing)."""
+    import os
+    import signal
+
+    import psycopg2.pool
+
+    dsn = a.dsn
+    admin.execute("CREATE TABLE oc (id int PRIMARY KEY, v int)")
+    admin.execute("SELECT fencing_protect('oc', 'oc')")
+    admin.execute("SELECT fencing_advance('oc', 20)")
+    with psycopg.connect(dsn) as c, pf_psycopg.fenced(c, 20):
+        c.execute("INSERT INTO oc VALUES (1, 0)")
+    v = lambda: admin.execute("SELECT v FROM oc WHERE id = 1").fetchone()[0]  # noqa: E731
+
+    print("-- psycopg2: the block closes the cursor fenced() gave it; the pool's next borrower")
+    pool = psycopg2.pool.SimpleConnectionPool(1, 1, dsn)
+    c = pool.getconn()
+    try:
+        with pf_psycopg2.fenced(c, 20) as cur:
+            with cur:
+                cur.execute("UPDATE oc SET v = v + 100 WHERE id = 1")
+    except Exception as e:  # noqa: BLE001
+        check("closing the yielded cursor does not break the commit", False, repr(e))
+    pool.putconn(c)
+    c = pool.getconn()
+    lent = c.get_transaction_status()
+    with c.cursor() as cur:
+        cur.execute("SELECT current_setting('pg_fencing.token', true)")
+        carried = cur.fetchone()[0]
+    check(f"the next borrower gets an idle connection that carries no token ({carried!r})",
+          not carried and lent == psycopg2.extensions.TRANSACTION_STATUS_IDLE and c.autocommit is False,
+          (carried, lent, c.autocommit))
+    c.rollback()
+    pool.putconn(c)
+    pool.closeall()
+    check("… the block's write committed once", v() == 100, v())
+
+    print("-- a failed statement whose error the block caught: RolledBack, nothing committed")
+
+    def swallow_p3():
+        with psycopg.connect(dsn) as c3, pf_psycopg.fenced(c3, 20):
+            c3.execute("UPDATE oc SET v = v + 1 WHERE id = 1")
+            try:
+                c3.execute("SELECT 1/0")
+            except psycopg.Error:
+                pass
+    raises("psycopg 3: RolledBack", pg_fencing.RolledBack, swallow_p3)
+
+    def swallow_p2():
+        c2 = psycopg2.connect(dsn)
+        try:
+            with pf_psycopg2.fenced(c2, 20) as cur:
+                cur.execute("UPDATE oc SET v = v + 1 WHERE id = 1")
+                try:
+                    cur.execute("SELECT 1/0")
+                except psycopg2.Error:
+                    pass
+        finally:
+            c2.close()
+    raises("psycopg2: RolledBack", pg_fencing.RolledBack, swallow_p2)
+
+    async def swallow_async():
+        out = []
+        ac = await psycopg.AsyncConnection.connect(dsn)
+        try:
+            async with pf_psycopg.afenced(ac, 20):
+                await ac.execute("UPDATE oc SET v = v + 1 WHERE id = 1")
+                try:
+                    await ac.execute("SELECT 1/0")
+                except psycopg.Error:
+                    pass
+        except pg_fencing.RolledBack:
+            out.append("psycopg async")
+        await ac.close()
+        c5 = await asyncpg.connect(a.url)
+        try:
+            async with pf_asyncpg.fenced(c5, 20):
+                await c5.execute("UPDATE oc SET v = v + 1 WHERE id = 1")
+                try:
+                    await c5.execute("SELECT 1/0")
+                except asyncpg.PostgresError:
+                    pass
+        except pg_fencing.RolledBack:
+            out.append("asyncpg")
+        await c5.close()
+        return out
+    got = asyncio.run(swallow_async())
+    check("psycopg 3 async and asyncpg: RolledBack", got == ["psycopg async", "asyncpg"], got)
+    check("… nothing of those blocks committed", v() == 100, v())
+
+    print("-- tokens: an int subclass cannot change what is sent")
+
+    class Evil(int):
+        def __str__(self):
+            return "1', true); SELECT set_config('pg_fencing.token', '999999"
+
+        __format__ = lambda self, spec: str(self)  # noqa: E731
+
+        def __gt__(self, other):
+            return True
+
+        def __le__(self, other):
+            return True
+    check("the BEGIN query carries the plain value", pg_fencing.check_token(Evil(7)) == 7
+          and type(pg_fencing.check_token(Evil(7))) is int
+          and "999999" not in pg_fencing._sql.begin_fenced(Evil(7)))
+    raises("a negative int subclass with lying comparisons is refused", ValueError,
+           lambda: pg_fencing.check_token(Evil(-7)))
+
+    print("-- typed errors: names with quotes, spaces and newlines")
+    for name in ('quo"te', 'two""quotes', 'x" of table y', "new\nline"):
+        admin.execute("SELECT fencing_advance(%s, 5)", (name,))
+        try:
+            admin.execute("SELECT fencing_advance(%s, 4)", (name,))
+        except psycopg.Error as err:
+            e = pg_fencing.from_error(err)
+            check(f"resource {name!r}: parsed exactly", e is not None and e.resource == name and e.token == 4
+                  and e.high_water == 5, e and (e.resource, e.token, e.high_water))
+    admin.execute('CREATE TABLE "my table" (id text PRIMARY KEY, v int)')
+    admin.execute("""SELECT fencing_protect('"my table"')""")
+    with psycopg.connect(dsn) as c, pf_psycopg.fenced(c, 9):
+        c.execute("""INSERT INTO "my table" VALUES (%s, 1)""", ("a\nb",))
+
+    def odd_row():
+        with psycopg.connect(dsn) as c, pf_psycopg.fenced(c, 8):
+            c.execute("""UPDATE "my table" SET v = 2 WHERE id = %s""", ("a\nb",))
+    e = raises("a row of a table with a space in its name, a key with a newline", StaleToken, odd_row,
+               token=8, high_water=9, table='public."my table"')
+    check("… its row parsed", e is not None and e.row is not None and "a" in e.row and "b" in e.row, e and e.row)
+
+    print("-- a lease whose renewals stall (its connection frozen) is lost at its TTL")
+    with pf_psycopg.Lease(dsn, "oc-stall", ttl=1.2) as lease:
+        time.sleep(0.2)
+        os.kill(lease.backend_pid, signal.SIGSTOP)
+        t0 = time.time()
+        try:
+            time.sleep(1.6)
+            raises("lease.check() raises LeaseLost once the TTL passed without a renewal", LeaseLost, lease.check)
+            t0 = time.time()
+        finally:
+            os.kill(lease.backend_pid, signal.SIGCONT)
+    check("… and release() did not wait for the stalled renewal (or returned once it could)",
+          time.time() - t0 < 2.0, time.time() - t0)
+
+    def stalled_job(conn):
+        conn.execute("UPDATE oc SET v = 7 WHERE id = 1")
+        pid = admin.execute("SELECT holder_pid FROM fencing_leases WHERE name = 'oc-job'").fetchone()[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return "done"
+    raises("run_with_lease whose lease stalled past its TTL raises LeaseLost", LeaseLost,
+           lambda: pf_psycopg.run_with_lease(dsn, "oc-job", 1.0, stalled_job))
+    check("… and its write was not committed", v() == 100, v())
 
 
 def orm_part(a, admin):
@@ -382,6 +543,15 @@ def orm_part(a, admin):
         with c.begin():
             raises("fenced() inside a transaction is refused", RuntimeError,
                    lambda: pf_sa.fenced(c, 30).__enter__())
+    def sa_swallow():
+        with eng.connect() as c, pf_sa.fenced(c, 30):
+            c.execute(sa.text("UPDATE orm SET v = 3 WHERE id = 1"))
+            try:
+                c.execute(sa.text("SELECT 1/0"))
+            except sa.exc.DBAPIError:
+                pass
+    raises("SQLAlchemy: a failed statement's error caught in the block: RolledBack", pg_fencing.RolledBack, sa_swallow)
+    check("… nothing committed", v() == 1, v())
     with Session(eng) as session:
         with pf_sa.fenced(session, 30):
             session.execute(sa.text("UPDATE orm SET v = 4 WHERE id = 1"))
@@ -459,6 +629,24 @@ def orm_part(a, admin):
         check("Django: the connection afterwards carries no token (NoToken)", isinstance(pg_fencing.from_error(err), NoToken), err)
     with transaction.atomic():
         raises("Django: fenced() inside atomic() is refused", RuntimeError, lambda: pf_django.fenced(30).__enter__())
+    transaction.set_autocommit(False)
+    try:
+        raises("Django: fenced() with autocommit off (atomic() only a savepoint then) is refused", RuntimeError,
+               lambda: pf_django.fenced(30).__enter__())
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+
+    def dswallow():
+        with pf_django.fenced(30):
+            with connection.cursor() as cur:
+                cur.execute("UPDATE orm SET v = 13 WHERE id = 1")
+                try:
+                    cur.execute("SELECT 1/0")
+                except Exception:  # noqa: BLE001
+                    pass
+    raises("Django: a failed statement's error caught in the block: RolledBack", pg_fencing.RolledBack, dswallow)
+    check("… nothing committed", v() == 10, v())
     connection.close()
 
 

@@ -14,7 +14,8 @@ carries the lock's fencing token; PostgreSQL refuses the write when a newer hold
   token): with psycopg 3 underneath, the token goes with the ORM's ``BEGIN`` too.
 * typed errors (``StaleToken`` FT001 … ``NotCurrentHolder`` FT006), raised from the driver's
   errors (also as SQLAlchemy or Django wrapped them), with the resource or row and the numbers
-  from the server's message.
+  from the server's message; ``RolledBack`` when the block caught a failed statement's error and
+  the transaction could therefore not commit.
 """
 from .errors import (
     FencingError,
@@ -23,6 +24,7 @@ from .errors import (
     NoToken,
     NotCurrentHolder,
     ProtectionInactive,
+    RolledBack,
     StaleToken,
     from_error,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "ProtectionInactive",
     "LockServiceUnavailable",
     "NotCurrentHolder",
+    "RolledBack",
     "from_error",
     "check_token",
 ]

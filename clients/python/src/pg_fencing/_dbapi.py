@@ -23,8 +23,29 @@ def start(dbapi_conn, token):
             raise RuntimeError("fenced() starts its own transaction: the connection is in one")
         _begin(dbapi_conn, begin_fenced(token))
         return
+    status = getattr(dbapi_conn, "get_transaction_status", None)
+    if status is not None and status() != 0:  # psycopg2: not TRANSACTION_STATUS_IDLE
+        raise RuntimeError("fenced() starts its own transaction: the connection is in one")
     cur = dbapi_conn.cursor()
     try:
         cur.execute(set_token(token))
     finally:
         cur.close()
+
+
+def in_error(dbapi_conn):
+    """Has a statement failed in the transaction on ``dbapi_conn`` (so that it can only roll
+    back)?"""
+    if hasattr(dbapi_conn, "pgconn"):  # psycopg 3
+        import psycopg
+
+        return dbapi_conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    status = getattr(dbapi_conn, "get_transaction_status", None)
+    return status is not None and status() == 3  # psycopg2: TRANSACTION_STATUS_INERROR
+
+
+def rolled_back():
+    from .errors import RolledBack
+
+    return RolledBack("the fenced transaction was rolled back: a statement in it failed (its error "
+                      "was caught inside the block), so nothing was committed")

@@ -1,9 +1,13 @@
 """The renewal loop of a PostgreSQL lease, shared by the drivers' ``Lease`` classes: renew every
 third of the TTL on the lease's own connection; the first renewal that fails (``FT003``: the
-lease ended; or the connection broke and the lease may have ended) marks the lease lost."""
+lease ended; or the connection broke and the lease may have ended) marks the lease lost. A
+lease also counts as lost once its TTL has passed since the last grant or renewal was sent
+(``valid_until``, on the monotonic clock): a renewal stuck on a stalled connection cannot keep
+it alive, and the server's own expiry is never earlier than that."""
 import threading
+import time
 
-from ._sql import RELEASE, RENEW, check_token, seconds
+from ._sql import RELEASE, REMAINING, RENEW, check_token, seconds
 from .errors import LeaseLost, from_error
 
 
@@ -23,10 +27,19 @@ class LeaseBase:
         self.token = None
         self.lost = threading.Event()
         self.error = None
+        self.valid_until = 0.0  # time.monotonic() before which the lease cannot have expired
+
+    def _confirmed(self, sent):
+        """A grant or renewal sent at ``sent`` (monotonic) succeeded."""
+        self.valid_until = max(self.valid_until, sent + self.ttl)
 
     def check(self):
-        """Raise ``LeaseLost`` if the lease was lost (call it before each write, and it is called
-        before a fenced transaction of ``run_with_lease`` commits)."""
+        """Raise ``LeaseLost`` if the lease was lost, or may have expired because no renewal got
+        through within its TTL (call it before each write; ``run_with_lease`` calls it before
+        its fenced transaction commits)."""
+        if not self.lost.is_set() and time.monotonic() >= self.valid_until:
+            self.error = f"no renewal got through within its TTL ({self.ttl:g} s)"
+            self.lost.set()
         if self.lost.is_set():
             raise LeaseLost(f"lease {self.name!r} (token {self.token}) was lost: {self.error}")
 
@@ -54,7 +67,14 @@ class ThreadLease(LeaseBase):
 
         self._connect()
         try:
+            sent = time.monotonic()
             self.token = check_token(self._execute(ACQUIRE, (self.name, self.ttl, self.wait)))
+            if self.wait:
+                # Granted at some moment of the wait: ask how long it has left.
+                sent = time.monotonic()
+                self.valid_until = sent + float(self._execute(REMAINING, (self.token,)) or 0)
+            else:
+                self._confirmed(sent)
         except Exception as e:
             self._close()
             raise from_error(e) or e
@@ -67,15 +87,20 @@ class ThreadLease(LeaseBase):
     def _renew_loop(self):
         while not self._stop.wait(self.renew_every):
             try:
+                sent = time.monotonic()
                 self._execute(RENEW, (self.token, self.ttl))
+                self._confirmed(sent)
             except Exception as e:  # the lease ended, or its connection broke
                 self._lose(e)
                 return
 
     def release(self):
-        """Stop renewing and release the lease (``True`` if it was still held)."""
+        """Stop renewing and release the lease (``True`` if it was still held). A renewal stuck
+        on a stalled connection is not waited for beyond one renewal period: then ``False``."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(self.renew_every)
+        if self._thread.is_alive():
+            return False
         try:
             return bool(self._execute(RELEASE, (self.token,))) if not self.lost.is_set() else False
         except Exception:

@@ -9,9 +9,11 @@ def check_token(token):
     ``ValueError`` out of range). Tokens are never interpolated from text: only this int is."""
     if isinstance(token, bool) or not isinstance(token, int):
         raise TypeError(f"a fencing token is an int, not {type(token).__name__}")
-    if not 0 < token <= MAX_TOKEN:
-        raise ValueError(f"fencing token {token} is out of range (1 .. {MAX_TOKEN})")
-    return token
+    # The plain int's value: an int subclass's own __str__, __format__ or comparisons never run.
+    value = int.__index__(token)
+    if not 0 < value <= MAX_TOKEN:
+        raise ValueError(f"fencing token {value} is out of range (1 .. {MAX_TOKEN})")
+    return value
 
 
 def set_token(token):
@@ -20,7 +22,7 @@ def set_token(token):
     keeps the constants of utility statements in pg_stat_statements, one entry per token; a
     SELECT's constants are normalised on every version. The token is an int checked by
     ``check_token``, written as digits."""
-    return f"SELECT set_config('pg_fencing.token', '{check_token(token)}', true)"
+    return "SELECT set_config('pg_fencing.token', '%d', true)" % check_token(token)
 
 
 def begin_fenced(token):
@@ -41,3 +43,6 @@ def seconds(ttl):
 ACQUIRE = "SELECT fencing_lease_acquire(%s, make_interval(secs => %s), make_interval(secs => %s))"
 RENEW = "SELECT fencing_lease_renew(%s, make_interval(secs => %s))"
 RELEASE = "SELECT fencing_lease_release(%s)"
+# Seconds the lease holding a token still has, on the database clock (after a grant that waited).
+REMAINING = ("SELECT extract(epoch FROM expires_at OPERATOR(pg_catalog.-) pg_catalog.clock_timestamp())::float8 "
+             "FROM fencing_leases WHERE token = %s")

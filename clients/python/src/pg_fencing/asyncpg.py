@@ -6,40 +6,50 @@
 """
 import asyncio
 import contextlib
+import time
 
 import asyncpg
 
 from ._lease import LeaseBase
-from ._sql import begin_fenced, check_token
-from .errors import from_error
+from ._sql import REMAINING, begin_fenced, check_token
+from .errors import RolledBack, from_error
 
 _ACQUIRE = "SELECT fencing_lease_acquire($1, make_interval(secs => $2), make_interval(secs => $3))"
 _RENEW = "SELECT fencing_lease_renew($1, make_interval(secs => $2))"
 _RELEASE = "SELECT fencing_lease_release($1)"
+_REMAINING = REMAINING.replace("%s", "$1")
 
 
 @contextlib.asynccontextmanager
 async def fenced(conn, token):
     """A transaction on ``conn`` (not in a transaction) fenced by ``token``. ``BEGIN`` and the
-    token go in one simple query, instead of asyncpg's own ``BEGIN``."""
+    token go in one simple query, instead of asyncpg's own ``BEGIN``. ``RolledBack`` if a
+    statement failed inside (its error caught there) so that nothing could commit."""
     sql = begin_fenced(token)
     if conn.is_in_transaction():
         raise RuntimeError("fenced() starts its own transaction: the connection is in one")
     await conn.execute(sql)
     try:
-        yield conn
-    except BaseException as e:
+        try:
+            yield conn
+        except BaseException as e:
+            if not conn.is_closed() and conn.is_in_transaction():
+                await conn.execute("ROLLBACK")
+            if isinstance(e, asyncpg.PostgresError):
+                t = from_error(e)
+                if t is not None:
+                    raise t from e
+            raise
+        try:
+            status = await conn.execute("COMMIT")
+        except asyncpg.PostgresError as e:
+            raise (from_error(e) or e) from e
+        if status == "ROLLBACK":  # PostgreSQL's answer to COMMIT of an aborted transaction
+            raise RolledBack("the fenced transaction was rolled back: a statement in it failed (its "
+                             "error was caught inside the block), so nothing was committed")
+    finally:
         if not conn.is_closed() and conn.is_in_transaction():
-            await conn.execute("ROLLBACK")
-        if isinstance(e, asyncpg.PostgresError):
-            t = from_error(e)
-            if t is not None:
-                raise t from e
-        raise
-    try:
-        await conn.execute("COMMIT")
-    except asyncpg.PostgresError as e:
-        raise (from_error(e) or e) from e
+            conn.terminate()  # the transaction could not be ended: never lend it on
 
 
 class Lease(LeaseBase):
@@ -55,7 +65,14 @@ class Lease(LeaseBase):
     async def acquire(self):
         self._conn = await asyncpg.connect(self.dsn)
         try:
+            sent = time.monotonic()
             self.token = check_token(await self._conn.fetchval(_ACQUIRE, self.name, self.ttl, self.wait))
+            if self.wait:
+                # Granted at some moment of the wait: ask how long it has left.
+                sent = time.monotonic()
+                self.valid_until = sent + float(await self._conn.fetchval(_REMAINING, self.token) or 0)
+            else:
+                self._confirmed(sent)
         except Exception as e:
             await self._conn.close()
             raise (from_error(e) or e)
@@ -66,7 +83,10 @@ class Lease(LeaseBase):
         while True:
             await asyncio.sleep(self.renew_every)
             try:
-                await self._conn.fetchval(_RENEW, self.token, self.ttl)
+                sent = time.monotonic()
+                # Bounded: a renewal stuck on a stalled connection must not outlive the TTL.
+                await self._conn.fetchval(_RENEW, self.token, self.ttl, timeout=self.renew_every)
+                self._confirmed(sent)
             except Exception as e:
                 self._lose(e)
                 return
@@ -78,11 +98,14 @@ class Lease(LeaseBase):
         try:
             if self.lost.is_set():
                 return False
-            return bool(await self._conn.fetchval(_RELEASE, self.token))
+            return bool(await self._conn.fetchval(_RELEASE, self.token, timeout=self.renew_every))
         except Exception:
             return False
         finally:
-            await self._conn.close()
+            try:
+                await self._conn.close(timeout=self.renew_every)
+            except Exception:
+                self._conn.terminate()
 
     async def __aenter__(self):
         return await self.acquire()

@@ -28,11 +28,18 @@ def fenced(token, using=None):
     conn = connections[alias]
     if conn.in_atomic_block:
         raise RuntimeError("fenced() starts its own transaction: it cannot run inside atomic()")
+    if not conn.get_autocommit():
+        # With autocommit off, atomic() is only a savepoint and nothing ends the transaction.
+        raise RuntimeError("fenced() needs Django's autocommit on (transaction.set_autocommit(False) "
+                           "leaves the transaction, and its token, open after the block)")
     try:
         with transaction.atomic(using=alias):
             conn.ensure_connection()
             _dbapi.start(conn.connection, token)
             yield conn
+            # A failed statement's error caught in the block: Django would roll back quietly.
+            if conn.needs_rollback or _dbapi.in_error(conn.connection):
+                raise _dbapi.rolled_back()
     except DatabaseError as e:
         t = from_error(e)
         if t is None:

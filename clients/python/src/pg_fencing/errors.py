@@ -6,11 +6,16 @@ failed (another holder owns it now). ``FT002``/``FT004``/``FT005`` are faults to
 """
 import re
 
+# The server's FT001 message is exactly "stale fencing token N for resource "<name>"" or
+# "... for row <key> of table <table>", the name and key written as they are (not escaped):
+# the resource is everything between the first and the last quote, the table what follows the
+# last " of table ". The detail ends with "... is <mark>.".
 _STALE = re.compile(
-    r'stale fencing token (?P<token>\d+) for (?:resource "(?P<resource>(?:[^"]|"")*)"'
-    r"|row (?P<row>.*) of table (?P<table>\S+))"
+    r'\Astale fencing token (?P<token>\d+) for (?:resource "(?P<resource>.*)"'
+    r"|row (?P<row>.*) of table (?P<table>.*))\Z",
+    re.DOTALL,
 )
-_MARK = re.compile(r"high-water mark of .* is (?P<high_water>\d+)")
+_MARK = re.compile(r"high-water mark of .* is (?P<high_water>\d+)\.?\Z", re.DOTALL)
 
 
 class FencingError(Exception):
@@ -29,7 +34,7 @@ class FencingError(Exception):
         self.cause = cause
         m = _STALE.search(message or "")
         self.token = int(m.group("token")) if m else None
-        self.resource = m.group("resource").replace('""', '"') if m and m.group("resource") else None
+        self.resource = m.group("resource") if m and m.group("resource") is not None else None
         self.row = m.group("row") if m and m.group("row") else None
         self.table = m.group("table") if m and m.group("table") else None
         h = _MARK.search(detail or "")
@@ -69,6 +74,12 @@ class LockServiceUnavailable(FencingError):
     """FT005: the lock service (etcd) is unreachable or went backwards; retry later."""
 
     sqlstate = "FT005"
+
+
+class RolledBack(Exception):
+    """The fenced transaction could not commit: a statement in it failed (and the error was
+    caught inside the block), so PostgreSQL had aborted it; it was rolled back, nothing of it
+    was committed. ``cause`` is the typed error of the failure if the driver kept it."""
 
 
 class NotCurrentHolder(FencingError):

@@ -19,7 +19,7 @@ import psycopg
 
 from ._lease import ThreadLease
 from ._sql import begin_fenced
-from .errors import from_error
+from .errors import RolledBack, from_error
 
 
 def _typed(e):
@@ -40,28 +40,46 @@ def _begin(conn, sql):
         raise psycopg.OperationalError(f"could not start the fenced transaction: {why}")
 
 
+def _rolled_back():
+    return RolledBack("the fenced transaction was rolled back: a statement in it failed (its error "
+                      "was caught inside the block), so nothing was committed")
+
+
+def _close_if_in_transaction(conn):
+    """A connection whose transaction could not be ended is closed, never lent on."""
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.close()
+
+
 @contextlib.contextmanager
 def fenced(conn, token):
     """A transaction on ``conn`` (idle, not in a transaction) fenced by ``token``: committed when
-    the block ends, rolled back if it raises. The connection's autocommit setting is not touched."""
+    the block ends, rolled back if it raises (``RolledBack`` if a statement failed inside and its
+    error was caught there). The connection's autocommit setting is not touched."""
     sql = begin_fenced(token)
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise RuntimeError("fenced() starts its own transaction: the connection is in one")
     _begin(conn, sql)
     try:
-        yield conn
-    except BaseException as e:
-        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        try:
+            yield conn
+        except BaseException as e:
+            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.rollback()
+            if isinstance(e, psycopg.Error):
+                t = _typed(e)
+                if t is not e:
+                    raise t from e
+            raise
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
             conn.rollback()
-        if isinstance(e, psycopg.Error):
-            t = _typed(e)
-            if t is not e:
-                raise t from e
-        raise
-    try:
-        conn.commit()
-    except psycopg.Error as e:
-        raise _typed(e) from e
+            raise _rolled_back()
+        try:
+            conn.commit()
+        except psycopg.Error as e:
+            raise _typed(e) from e
+    finally:
+        _close_if_in_transaction(conn)
 
 
 @contextlib.asynccontextmanager
@@ -84,12 +102,17 @@ async def afenced(aconn, token):
                 if t is not e:
                     raise t from e
             raise
+        if aconn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            await aconn.execute("ROLLBACK")
+            raise _rolled_back()
         try:
             await aconn.execute("COMMIT")
         except psycopg.Error as e:
             raise _typed(e) from e
     finally:
-        if not aconn.closed and aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        if not aconn.closed and aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            await aconn.close()  # the transaction could not be ended: never lend it on
+        elif not aconn.closed:
             await aconn.set_autocommit(autocommit)
 
 

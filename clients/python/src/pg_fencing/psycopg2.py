@@ -10,22 +10,39 @@ import psycopg2.extensions as ext
 
 from ._lease import ThreadLease
 from ._sql import begin_fenced
-from .errors import from_error
+from .errors import RolledBack, from_error
+
+
+def _end(conn, own, command):
+    """Send ``command`` (COMMIT or ROLLBACK) on the package's own cursor; a connection whose
+    transaction cannot be ended is closed, never left in it (a pool then discards it)."""
+    if conn.closed or conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE:
+        return
+    try:
+        own.execute(command)
+    except psycopg2.Error:
+        if not conn.closed and conn.get_transaction_status() != ext.TRANSACTION_STATUS_IDLE:
+            conn.close()
+        if command == "COMMIT":
+            raise
 
 
 @contextlib.contextmanager
 def fenced(conn, token):
-    """A transaction on ``conn`` (not in a transaction) fenced by ``token``; yields a cursor.
-    ``BEGIN`` and the token go in one query, instead of psycopg2's own ``BEGIN``."""
+    """A transaction on ``conn`` (not in a transaction) fenced by ``token``; yields a cursor of
+    its own (closing it in the block is fine: BEGIN, COMMIT and ROLLBACK go on another).
+    ``BEGIN`` and the token go in one query, instead of psycopg2's own ``BEGIN``. ``RolledBack``
+    if a statement failed inside (its error caught there) so that nothing could commit."""
     sql = begin_fenced(token)
     if conn.get_transaction_status() != ext.TRANSACTION_STATUS_IDLE:
         raise RuntimeError("fenced() starts its own transaction: the connection is in one")
     autocommit = conn.autocommit
     conn.autocommit = True
+    own = conn.cursor()
     cur = conn.cursor()
     try:
         try:
-            cur.execute(sql)
+            own.execute(sql)
             if conn.status != ext.STATUS_READY:
                 # psycopg2 2.9 began a transaction of its own first: inside `with conn:` it does,
                 # whatever autocommit says. Its transaction would outlive this block's COMMIT.
@@ -34,21 +51,31 @@ def fenced(conn, token):
                                    "starts a transaction of its own; use fenced() instead of it")
             yield cur
         except BaseException as e:
-            if not conn.closed and conn.get_transaction_status() != ext.TRANSACTION_STATUS_IDLE:
-                cur.execute("ROLLBACK")
+            _end(conn, own, "ROLLBACK")
             if isinstance(e, psycopg2.Error):
                 t = from_error(e)
                 if t is not None:
                     raise t from e
             raise
+        if conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
+            _end(conn, own, "ROLLBACK")
+            raise RolledBack("the fenced transaction was rolled back: a statement in it failed "
+                             "(its error was caught inside the block), so nothing was committed")
         try:
-            cur.execute("COMMIT")
+            _end(conn, own, "COMMIT")
         except psycopg2.Error as e:
             raise (from_error(e) or e) from e
     finally:
-        cur.close()
-        if not conn.closed and conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE:
-            conn.autocommit = autocommit
+        for c in (cur, own):
+            try:
+                c.close()
+            except psycopg2.Error:
+                pass
+        if not conn.closed:
+            if conn.get_transaction_status() != ext.TRANSACTION_STATUS_IDLE:
+                conn.close()  # the transaction could not be ended: never lend it on
+            elif conn.status == ext.STATUS_READY:
+                conn.autocommit = autocommit
 
 
 class Lease(ThreadLease):

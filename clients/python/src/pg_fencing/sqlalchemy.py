@@ -34,8 +34,11 @@ def fenced(conn, token):
     try:
         with conn.begin():
             c = conn.connection() if isinstance(conn, Session) else conn
-            _dbapi.start(c.connection.dbapi_connection, token)
+            dbapi = c.connection.dbapi_connection
+            _dbapi.start(dbapi, token)
             yield conn
+            if _dbapi.in_error(dbapi):  # a failed statement's error was caught in the block
+                raise _dbapi.rolled_back()
     except sqlalchemy.exc.DBAPIError as e:
         t = from_error(e)
         if t is None:

@@ -206,6 +206,30 @@ async function main() {
   check('the token is set inside the Drizzle transaction', tokenInside.rows[0].t === '20', tokenInside.rows[0].t);
   check('… and the pool\'s client came back', pool.idleCount === 1, pool.idleCount);
 
+  console.log('-- a failed statement whose error fn caught: RolledBack, nothing committed');
+  const before = (await one('SELECT v FROM acct WHERE id = 1')).v;
+  await rejects('fenced() rejects with RolledBack', pf.RolledBack, () => pf.fenced(pool, 20, async (c) => {
+    await c.query('UPDATE acct SET v = v + 1 WHERE id = 1');
+    try {
+      await c.query('SELECT 1/0');
+    } catch (e) { /* swallowed, as an "insert or ignore" helper would */ }
+    return 'done';
+  }));
+  check('… nothing committed, the pool\'s client back', (await one('SELECT v FROM acct WHERE id = 1')).v === before && pool.idleCount === 1);
+
+  console.log('-- typed errors: names with quotes, spaces and newlines');
+  for (const name of ['quo"te', 'two""quotes', 'x" of table y', 'new\nline']) {
+    await admin.query('SELECT fencing_advance($1, 5)', [name]);
+    try {
+      await admin.query('SELECT fencing_advance($1, 4)', [name]);
+      check(`resource ${JSON.stringify(name)}: refused`, false, 'accepted');
+    } catch (e) {
+      const t = pf.fromError(e);
+      check(`resource ${JSON.stringify(name)}: parsed exactly`, t && t.resource === name && t.token === 4n && t.highWater === 5n,
+        t && JSON.stringify([t.resource, String(t.token), String(t.highWater)]));
+    }
+  }
+
   console.log('-- a PostgreSQL lease');
   const lease = await pf.Lease.acquire(URL_, 'js-lease', { ttlMs: 1200 });
   check('the lease has a BigInt token', typeof lease.token === 'bigint' && lease.token > 0n, lease.token);
@@ -231,6 +255,33 @@ async function main() {
   await rejects('a lease already held, without waiting: the server\'s 55P03', Error, () =>
     pf.Lease.acquire(URL_, 'js-held', { ttlMs: 5000 }), { code: '55P03' });
   check('release() of a live lease is true', (await held.release()) === true);
+
+  console.log('-- a lease whose renewals stall (its connection frozen) is lost at its TTL');
+  const st = await pf.Lease.acquire(URL_, 'js-stall', { ttlMs: 1200 });
+  const stPid = (await one("SELECT holder_pid AS p FROM fencing_leases WHERE name = 'js-stall'")).p;
+  await sleep(200);
+  process.kill(stPid, 'SIGSTOP');
+  try {
+    const reason = await Promise.race([new Promise((r) => st.signal.addEventListener('abort', () => r(st.signal.reason))), sleep(3000)]);
+    check('its signal is aborted with LeaseLost once the TTL passed without a renewal', reason instanceof pf.LeaseLost, reason);
+    await rejects('lease.check() throws LeaseLost', pf.LeaseLost, async () => st.check());
+    const t0 = Date.now();
+    const released = await st.release();
+    check(`release() does not wait for the stalled renewal (${Date.now() - t0} ms, ${released})`, Date.now() - t0 < 1500 && released === false);
+  } finally {
+    process.kill(stPid, 'SIGCONT');
+  }
+  const jb = (await one('SELECT v FROM acct WHERE id = 1')).v;
+  await rejects('runWithLease whose lease stalled past its TTL rejects with LeaseLost', pf.LeaseLost, () =>
+    pf.runWithLease(pool, 'js-stalljob', async (c) => {
+      await c.query('UPDATE acct SET v = 77 WHERE id = 1');
+      const p = (await one("SELECT holder_pid AS p FROM fencing_leases WHERE name = 'js-stalljob'")).p;
+      process.kill(p, 'SIGSTOP');
+      await sleep(1500);
+      process.kill(p, 'SIGCONT');
+      return 'done';
+    }, { ttlMs: 1000, leaseConfig: URL_ }));
+  check('… and its write was not committed', (await one('SELECT v FROM acct WHERE id = 1')).v === jb);
 
   console.log('-- runWithLease: a lease lost mid-job stops the handler before its write commits');
   await rejects('runWithLease rejects with LeaseLost', pf.LeaseLost, () =>

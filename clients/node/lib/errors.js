@@ -4,8 +4,12 @@
 // the lock or lease is gone): stop, do not retry with this token, and do not report the job as
 // failed (another holder owns it now). FT002/FT004/FT005 are faults to fix or retry.
 
-const STALE = /stale fencing token (\d+) for (?:resource "((?:[^"]|"")*)"|row (.*) of table (\S+))/;
-const MARK = /high-water mark of .* is (\d+)/;
+// The server's FT001 message is exactly `stale fencing token N for resource "<name>"` or
+// `... for row <key> of table <table>`, the name and key written as they are (not escaped): the
+// resource is everything between the first and the last quote, the table what follows the last
+// " of table ". The detail ends with "... is <mark>.".
+const STALE = /^stale fencing token (\d+) for (?:resource "(.*)"|row (.*) of table (.*))$/s;
+const MARK = /high-water mark of .* is (\d+)\.?$/s;
 
 class FencingError extends Error {
   /**
@@ -21,7 +25,7 @@ class FencingError extends Error {
     const m = STALE.exec(message || '');
     /** the refused token (FT001), a BigInt */
     this.token = m ? BigInt(m[1]) : undefined;
-    this.resource = m && m[2] !== undefined ? m[2].replace(/""/g, '"') : undefined;
+    this.resource = m && m[2] !== undefined ? m[2] : undefined;
     this.row = m && m[3] !== undefined ? m[3] : undefined;
     this.table = m && m[4] !== undefined ? m[4] : undefined;
     const h = MARK.exec(fields.detail || '');
@@ -59,6 +63,17 @@ class NotCurrentHolder extends FencingError {}
 NotCurrentHolder.prototype.code = 'FT006';
 NotCurrentHolder.prototype.superseded = true;
 
+/**
+ * The fenced transaction could not commit: a statement in it failed (and `fn` caught its
+ * error), so PostgreSQL had aborted it; it was rolled back, nothing of it was committed.
+ */
+class RolledBack extends Error {
+  constructor(message) {
+    super(message || 'the fenced transaction was rolled back: a statement in it failed (its error was caught in fn), so nothing was committed');
+    this.name = 'RolledBack';
+  }
+}
+
 const BY_CODE = new Map(
   [StaleToken, NoToken, LeaseLost, ProtectionInactive, LockServiceUnavailable, NotCurrentHolder].map(
     (c) => [c.prototype.code, c],
@@ -92,5 +107,6 @@ module.exports = {
   ProtectionInactive,
   LockServiceUnavailable,
   NotCurrentHolder,
+  RolledBack,
   fromError,
 };

@@ -27,6 +27,8 @@ export declare class LeaseLost extends FencingError {}
 export declare class ProtectionInactive extends FencingError {}
 export declare class LockServiceUnavailable extends FencingError {}
 export declare class NotCurrentHolder extends FencingError {}
+/** The fenced transaction could not commit: a statement in it failed and fn caught its error. */
+export declare class RolledBack extends Error {}
 
 /** The typed error for a driver error with an FT SQLSTATE; undefined otherwise. */
 export declare function fromError(err: unknown): FencingError | undefined;
@@ -58,9 +60,11 @@ export declare class Lease {
   readonly signal: AbortSignal;
   readonly lost: boolean;
   error: LeaseLost | undefined;
+  /** performance.now() before which the lease cannot have expired */
+  validUntil: number;
   readonly backendPid: number | undefined;
   acquire(): Promise<Lease>;
-  /** Throws LeaseLost if the lease was lost. */
+  /** Throws LeaseLost if the lease was lost, or no renewal got through within its TTL. */
   check(): void;
   /** Stop renewing and release: true if it was still held. */
   release(): Promise<boolean>;

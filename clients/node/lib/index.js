@@ -5,7 +5,7 @@
 
 const errors = require('./errors');
 
-const { LeaseLost, fromError } = errors;
+const { LeaseLost, RolledBack, fromError } = errors;
 const MAX_TOKEN = (1n << 63n) - 1n;
 
 /**
@@ -91,12 +91,24 @@ async function fenced(poolOrClient, token, fn) {
       }
       throw fromError(e) || e;
     }
+    if (typeof client.getTransactionStatus === 'function' && client.getTransactionStatus() === 'E') {
+      // A statement failed and fn caught its error: the transaction can only roll back.
+      try {
+        await client.query('ROLLBACK');
+      } catch (rollbackError) {
+        broken = rollbackError;
+      }
+      throw new RolledBack();
+    }
+    let done;
     try {
-      await client.query('COMMIT');
+      done = await client.query('COMMIT');
     } catch (e) {
       if (!e || typeof e.code !== 'string') broken = e; // not the server's answer: connection lost
       throw fromError(e) || e;
     }
+    // PostgreSQL answers COMMIT of an aborted transaction with ROLLBACK (and no error).
+    if (done && done.command === 'ROLLBACK') throw new RolledBack();
     return result;
   } finally {
     if (pooled) client.release(broken);
@@ -136,6 +148,10 @@ class Lease {
     this.client = undefined;
     this.timer = undefined;
     this.renewing = undefined;
+    /** performance.now() before which the lease cannot have expired (last confirmed grant or
+     * renewal's send time plus the TTL); the signal is aborted when it passes unrenewed */
+    this.validUntil = 0;
+    this.deadline = undefined;
   }
 
   /** Take a lease: `new Lease(...)` and `acquire()`. */
@@ -159,11 +175,23 @@ class Lease {
     this.client.on('error', (e) => this.lose(e));
     await this.client.connect();
     try {
+      let sent = performance.now();
       const r = await this.client.query(
         'SELECT fencing_lease_acquire($1, make_interval(secs => $2), make_interval(secs => $3))::text AS token',
         [this.name, this.ttlMs / 1000, this.waitMs / 1000],
       );
       this.token = checkToken(r.rows[0].token);
+      if (this.waitMs > 0) {
+        // Granted at some moment of the wait: ask how long it has left.
+        sent = performance.now();
+        const left = await this.client.query(
+          'SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 AS s FROM fencing_leases WHERE token = $1',
+          [this.token.toString()],
+        );
+        this.confirmed(sent, left.rows.length ? left.rows[0].s * 1000 : 0);
+      } else {
+        this.confirmed(sent, this.ttlMs);
+      }
     } catch (e) {
       await this.client.end().catch(() => {});
       throw fromError(e) || e;
@@ -172,8 +200,22 @@ class Lease {
     return this;
   }
 
+  /** A grant or renewal sent at `sent` (performance.now()) holds for `forMs` more. */
+  confirmed(sent, forMs) {
+    this.validUntil = Math.max(this.validUntil, sent + forMs);
+    if (this.deadline) clearTimeout(this.deadline);
+    if (this.lost || this.timer === null) return;
+    this.deadline = setTimeout(() => {
+      if (performance.now() >= this.validUntil) {
+        this.lose(new Error(`no renewal got through within its TTL (${this.ttlMs} ms)`));
+      }
+    }, Math.max(0, this.validUntil - performance.now()));
+    this.deadline.unref?.();
+  }
+
   schedule() {
     this.timer = setTimeout(() => {
+      const sent = performance.now();
       this.renewing = this.client
         .query('SELECT fencing_lease_renew($1, make_interval(secs => $2))', [
           this.token.toString(),
@@ -181,6 +223,7 @@ class Lease {
         ])
         .then(
           () => {
+            this.confirmed(sent, this.ttlMs);
             if (!this.lost && this.timer !== null) this.schedule();
           },
           (e) => this.lose(e),
@@ -196,24 +239,36 @@ class Lease {
     this.controller.abort(this.error);
   }
 
-  /** Throw LeaseLost if the lease was lost (call it before each write). */
+  /** Throw LeaseLost if the lease was lost, or may have expired because no renewal got through
+   * within its TTL (call it before each write). */
   check() {
+    if (!this.lost && performance.now() >= this.validUntil) {
+      this.lose(new Error(`no renewal got through within its TTL (${this.ttlMs} ms)`));
+    }
     if (this.lost) throw this.error;
   }
 
   /** Stop renewing and release the lease: true if it was still held. */
   async release() {
     if (this.timer) clearTimeout(this.timer);
+    if (this.deadline) clearTimeout(this.deadline);
     this.timer = null;
-    if (this.renewing) await this.renewing;
+    // A renewal stuck on a stalled connection is not waited for beyond one renewal period.
+    const bounded = (p) => Promise.race([p, new Promise((resolve) => {
+      setTimeout(() => resolve('timeout'), this.renewEveryMs).unref?.();
+    })]);
+    if (this.renewing && (await bounded(this.renewing.then(() => 'done'))) === 'timeout') {
+      this.client.connection?.stream?.destroy?.();
+      return false;
+    }
     try {
       if (this.lost || this.token === undefined) return false;
-      const r = await this.client.query('SELECT fencing_lease_release($1) AS released', [this.token.toString()]);
-      return r.rows[0].released === true;
+      const r = await bounded(this.client.query('SELECT fencing_lease_release($1) AS released', [this.token.toString()]));
+      return r !== 'timeout' && r.rows[0].released === true;
     } catch (e) {
       return false;
     } finally {
-      await this.client.end().catch(() => {});
+      if ((await bounded(this.client.end().catch(() => {}))) === 'timeout') this.client.connection?.stream?.destroy?.();
     }
   }
 }

@@ -80,20 +80,29 @@ var (
 	ErrNotCurrentHolder       = &Error{Code: CodeNotCurrentHolder, Message: "not the current holder"}
 )
 
+// The server's FT001 message is exactly `stale fencing token N for resource "<name>"` or
+// `... for row <key> of table <table>`, the name and key written as they are (not escaped): the
+// resource is everything between the first and the last quote, the table what follows the last
+// " of table ". The detail ends with "... is <mark>.".
 var (
-	staleRe = regexp.MustCompile(`stale fencing token (\d+) for (?:resource "((?:[^"]|"")*)"|row (.*) of table (\S+))`)
-	markRe  = regexp.MustCompile(`high-water mark of .* is (\d+)`)
+	staleRe = regexp.MustCompile(`(?s)\Astale fencing token (\d+) for (?:(resource) "(.*)"|row (.*) of table (.*))\z`)
+	markRe  = regexp.MustCompile(`(?s)high-water mark of .* is (\d+)\.?\z`)
 )
+
+// ErrRolledBack: the fenced transaction could not commit because a statement in it failed (and
+// fn went on after its error), so PostgreSQL had aborted it; it was rolled back, nothing of it
+// committed.
+var ErrRolledBack = errors.New("pgfencing: the fenced transaction was rolled back: a statement in it failed (fn went on after its error), so nothing was committed")
 
 // NewError builds the *Error for a server error's fields (the drivers' packages call it).
 func NewError(code, message, detail, hint string, cause error) *Error {
 	e := &Error{Code: code, Message: message, Detail: detail, Hint: hint, Err: cause}
 	if m := staleRe.FindStringSubmatch(message); m != nil {
 		e.Token, _ = strconv.ParseInt(m[1], 10, 64)
-		if m[2] != "" || strings.Contains(message, `for resource "`) {
-			e.Resource = strings.ReplaceAll(m[2], `""`, `"`)
+		if m[2] == "resource" {
+			e.Resource = m[3]
 		} else {
-			e.Row, e.Table = m[3], m[4]
+			e.Row, e.Table = m[4], m[5]
 		}
 	}
 	if h := markRe.FindStringSubmatch(detail); h != nil {

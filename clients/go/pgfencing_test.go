@@ -17,14 +17,16 @@ func TestTokens(t *testing.T) {
 }
 
 func TestErrorFields(t *testing.T) {
-	e := NewError(CodeStaleToken, `stale fencing token 9 for resource "a ""b"""`,
-		`The high-water mark of resource "a ""b""" is 10.`, "", nil)
-	if e.Token != 9 || e.Resource != `a "b"` || e.HighWater != 10 || e.Row != "" || !e.Superseded() {
-		t.Errorf("resource mode: %+v", e)
+	for _, name := range []string{`quo"te`, `two""quotes`, `x" of table y`, "new\nline", ""} {
+		e := NewError(CodeStaleToken, `stale fencing token 9 for resource "`+name+`"`,
+			`The write carries fencing token 9, but the high-water mark of resource "`+name+`" is 10.`, "", nil)
+		if e.Token != 9 || e.Resource != name || e.HighWater != 10 || e.Row != "" || !e.Superseded() {
+			t.Errorf("resource %q: %+v", name, e)
+		}
 	}
-	r := NewError(CodeStaleToken, `stale fencing token 40 for row (7) of table public.rows_t`,
+	r := NewError(CodeStaleToken, `stale fencing token 40 for row (7) of table public."my table"`,
 		`The high-water mark of row (7) is 50.`, "", nil)
-	if r.Token != 40 || r.Row != "(7)" || r.Table != "public.rows_t" || r.HighWater != 50 || r.Resource != "" {
+	if r.Token != 40 || r.Row != "(7)" || r.Table != `public."my table"` || r.HighWater != 50 || r.Resource != "" {
 		t.Errorf("per-row mode: %+v", r)
 	}
 	if !errors.Is(r, ErrStaleToken) || errors.Is(r, ErrLeaseLost) {

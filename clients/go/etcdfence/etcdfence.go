@@ -76,6 +76,9 @@ func RunWithLock(ctx context.Context, cli *clientv3.Client, name string, ttl int
 		}
 	}()
 	err = fn(fctx, token)
+	if err == nil {
+		return nil // fn's writes committed, each checked with the token when it was made
+	}
 	select {
 	case <-s.Done():
 		return pgfencing.NewError(pgfencing.CodeLeaseLost,

@@ -61,10 +61,17 @@ func Fenced(ctx context.Context, conn *pgx.Conn, token int64, fn func(ctx contex
 	if err := fn(ctx, conn); err != nil {
 		return typed(err)
 	}
+	if conn.PgConn().TxStatus() == 'E' { // fn went on after a failed statement
+		return pgfencing.ErrRolledBack // (the deferred rollback ends it)
+	}
 	done = true
-	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+	tag, err := conn.Exec(ctx, "COMMIT")
+	if err != nil {
 		rollback(conn)
 		return typed(err)
+	}
+	if tag.String() == "ROLLBACK" { // PostgreSQL's answer to COMMIT of an aborted transaction
+		return pgfencing.ErrRolledBack
 	}
 	return nil
 }
@@ -117,6 +124,13 @@ func (c LeaseConn) Release(ctx context.Context, token int64) (bool, error) {
 	var released bool
 	err := c.Conn.QueryRow(ctx, "SELECT fencing_lease_release($1)", token).Scan(&released)
 	return released, typed(err)
+}
+
+// Remaining asks how long the lease holding token still has.
+func (c LeaseConn) Remaining(ctx context.Context, token int64) (time.Duration, error) {
+	var s float64
+	err := c.Conn.QueryRow(ctx, "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM fencing_leases WHERE token = $1", token).Scan(&s)
+	return time.Duration(s * float64(time.Second)), typed(err)
 }
 
 // Close closes the connection.

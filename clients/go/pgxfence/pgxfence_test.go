@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -314,5 +315,80 @@ func TestRunWithLease(t *testing.T) {
 	}
 	if n := value(t, admin, "SELECT count(*) FROM fencing_leases WHERE name = 'gx-job2' AND live"); n != 0 {
 		t.Errorf("and released the lease")
+	}
+}
+
+func TestSwallowedErrorRollsBack(t *testing.T) {
+	ctx := context.Background()
+	admin := setup(t, "gx_swallow", "gx_swallow", 10)
+	exec(t, admin, "BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO gx_swallow VALUES (1, 0); COMMIT")
+	c := connect(t, "gx_swallow")
+	err := Fenced(ctx, c, 10, func(ctx context.Context, c *pgx.Conn) error {
+		if _, err := c.Exec(ctx, "UPDATE gx_swallow SET v = 1 WHERE id = 1"); err != nil {
+			return err
+		}
+		_, _ = c.Exec(ctx, "SELECT 1/0") // an error fn goes on after
+		return nil
+	})
+	if !errors.Is(err, pgfencing.ErrRolledBack) {
+		t.Errorf("fn went on after a failed statement: %v, want ErrRolledBack", err)
+	}
+	if v := value(t, admin, "SELECT v FROM gx_swallow WHERE id = 1"); v != 0 || c.PgConn().TxStatus() != 'I' {
+		t.Errorf("nothing committed and the connection idle: v = %d, status %c", v, c.PgConn().TxStatus())
+	}
+}
+
+func TestStalledLease(t *testing.T) {
+	ctx := context.Background()
+	admin := setup(t, "gx_stall", "gx_stall", 1)
+	exec(t, admin, "BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO gx_stall VALUES (1, 8); COMMIT")
+	p := pool(t)
+	l, err := AcquireLease(ctx, p, "gx-stall", 1200*time.Millisecond, pgfencing.LeaseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := value(t, admin, "SELECT holder_pid FROM fencing_leases WHERE name = 'gx-stall'")
+	time.Sleep(200 * time.Millisecond)
+	must(t, syscall.Kill(int(pid), syscall.SIGSTOP))
+	defer syscall.Kill(int(pid), syscall.SIGCONT)
+	select {
+	case <-l.Context().Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("a lease whose renewals stall cancels its Context at its TTL")
+	}
+	if !errors.Is(l.Check(), pgfencing.ErrLeaseLost) {
+		t.Errorf("Check() after the TTL passed without a renewal: %v", l.Check())
+	}
+	t0 := time.Now()
+	if ok, _ := l.Release(ctx); ok || time.Since(t0) > 1500*time.Millisecond {
+		t.Errorf("Release does not wait for the stalled renewal: %v after %v", ok, time.Since(t0))
+	}
+	syscall.Kill(int(pid), syscall.SIGCONT)
+	err = RunWithLease(ctx, p, "gx-stalljob", time.Second, pgfencing.LeaseOptions{},
+		func(ctx context.Context, c *pgx.Conn, l *pgfencing.Lease) error {
+			if _, err := c.Exec(ctx, "SELECT fencing_advance('gx_stall', $1)", l.Token()); err != nil {
+				return err
+			}
+			if _, err := c.Exec(ctx, "UPDATE gx_stall SET v = 77 WHERE id = 1"); err != nil {
+				return err
+			}
+			jp := value(t, admin, "SELECT holder_pid FROM fencing_leases WHERE name = 'gx-stalljob'")
+			must(t, syscall.Kill(int(jp), syscall.SIGSTOP))
+			time.Sleep(1500 * time.Millisecond)
+			must(t, syscall.Kill(int(jp), syscall.SIGCONT))
+			return nil
+		})
+	if !errors.Is(err, pgfencing.ErrLeaseLost) {
+		t.Errorf("RunWithLease whose lease stalled past its TTL: %v, want FT003", err)
+	}
+	if v := value(t, admin, "SELECT v FROM gx_stall WHERE id = 1"); v != 8 {
+		t.Errorf("its write was not committed: v = %d", v)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

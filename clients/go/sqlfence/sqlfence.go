@@ -73,8 +73,16 @@ func Fenced(ctx context.Context, db *sql.DB, token int64, fn func(ctx context.Co
 		return typed(err)
 	}
 	done = true
-	if _, err := conn.ExecContext(ctx, "COMMIT"); err != nil {
+	// lib/pq does not tell the transaction's state, and PostgreSQL answers COMMIT of an aborted
+	// transaction with ROLLBACK and no error: the SELECT before it, in the same query, fails
+	// (25P02) when a statement failed and fn went on after its error.
+	if _, err := conn.ExecContext(ctx, "SELECT 1; COMMIT"); err != nil {
+		var pe *pq.Error
+		aborted := errors.As(err, &pe) && pe.Code == "25P02"
 		broken = !rollback(conn)
+		if aborted {
+			return pgfencing.ErrRolledBack
+		}
 		return typed(err)
 	}
 	return nil
@@ -110,6 +118,13 @@ func (c LeaseConn) Release(ctx context.Context, token int64) (bool, error) {
 	var released bool
 	err := c.Conn.QueryRowContext(ctx, "SELECT fencing_lease_release($1)", token).Scan(&released)
 	return released, typed(err)
+}
+
+// Remaining asks how long the lease holding token still has.
+func (c LeaseConn) Remaining(ctx context.Context, token int64) (time.Duration, error) {
+	var s float64
+	err := c.Conn.QueryRowContext(ctx, "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM fencing_leases WHERE token = $1", token).Scan(&s)
+	return time.Duration(s * float64(time.Second)), typed(err)
 }
 
 // Close gives the connection back to its pool.

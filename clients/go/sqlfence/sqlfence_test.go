@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -176,5 +177,66 @@ func TestRunWithLease(t *testing.T) {
 	}
 	if v := value(t, admin, "SELECT v FROM sq_job WHERE id = 1"); v != 8 {
 		t.Errorf("its write was not committed: v = %d", v)
+	}
+}
+
+func TestSwallowedErrorRollsBack(t *testing.T) {
+	ctx := context.Background()
+	admin := open(t, "admin", 2)
+	exec(t, admin, "CREATE TABLE sq_swallow (id int PRIMARY KEY, v int)")
+	exec(t, admin, "SELECT fencing_protect('sq_swallow', 'sq_swallow')")
+	exec(t, admin, "SELECT fencing_advance('sq_swallow', 10)")
+	db := open(t, "sq_swallow", 1)
+	if err := Fenced(ctx, db, 10, update("INSERT INTO sq_swallow VALUES (1, 0)")); err != nil {
+		t.Fatal(err)
+	}
+	err := Fenced(ctx, db, 10, func(ctx context.Context, c *sql.Conn) error {
+		if _, err := c.ExecContext(ctx, "UPDATE sq_swallow SET v = 1 WHERE id = 1"); err != nil {
+			return err
+		}
+		_, _ = c.ExecContext(ctx, "SELECT 1/0") // an error fn goes on after
+		return nil
+	})
+	if !errors.Is(err, pgfencing.ErrRolledBack) {
+		t.Errorf("fn went on after a failed statement: %v, want ErrRolledBack", err)
+	}
+	if v := value(t, admin, "SELECT v FROM sq_swallow WHERE id = 1"); v != 0 {
+		t.Errorf("nothing committed: v = %d", v)
+	}
+	_, err = db.Exec("UPDATE sq_swallow SET v = 2 WHERE id = 1")
+	if !errors.Is(FromError(err), pgfencing.ErrNoToken) {
+		t.Errorf("the pool's connection afterwards: idle, no token (FT002): %v", err)
+	}
+}
+
+// lib/pq does not give up on a blocked read when its context is cancelled: a renewal stuck on a
+// stalled connection must not keep the lease (and RunWithLease's commit) alive.
+func TestStalledLease(t *testing.T) {
+	ctx := context.Background()
+	admin := open(t, "admin", 2)
+	exec(t, admin, "CREATE TABLE sq_stall (id int PRIMARY KEY, v int)")
+	exec(t, admin, "SELECT fencing_protect('sq_stall', 'sq_stall')")
+	db := open(t, "sq_stall", 3)
+	err := RunWithLease(ctx, db, "sq-stalljob", time.Second, pgfencing.LeaseOptions{},
+		func(ctx context.Context, c *sql.Conn, l *pgfencing.Lease) error {
+			if _, err := c.ExecContext(ctx, "SELECT fencing_advance('sq_stall', $1)", l.Token()); err != nil {
+				return err
+			}
+			if _, err := c.ExecContext(ctx, "INSERT INTO sq_stall VALUES (1, 77)"); err != nil {
+				return err
+			}
+			pid := value(t, admin, "SELECT holder_pid FROM fencing_leases WHERE name = 'sq-stalljob'")
+			if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1500 * time.Millisecond)
+			syscall.Kill(int(pid), syscall.SIGCONT)
+			return nil
+		})
+	if !errors.Is(err, pgfencing.ErrLeaseLost) {
+		t.Errorf("RunWithLease whose lease stalled past its TTL: %v, want FT003", err)
+	}
+	if n := value(t, admin, "SELECT count(*) FROM sq_stall"); n != 0 {
+		t.Errorf("its write was not committed: %d rows", n)
 	}
 }

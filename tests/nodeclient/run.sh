@@ -30,5 +30,14 @@ PG_EXTRA_CONF="shared_preload_libraries = 'pg_stat_statements,pg_fencing'
 log_statement = 'all'
 log_line_prefix = '[%a] '" pg_start
 psql -X -q -c "CREATE EXTENSION pg_fencing" -c "CREATE EXTENSION pg_stat_statements"
+echo "-- from an ES module: every export is a named export"
+(cd "$TESTDIR" && node --input-type=module -e "
+import { fenced, fromError, Lease, runWithLease, FencingError, StaleToken, NoToken, LeaseLost, ProtectionInactive,
+         LockServiceUnavailable, NotCurrentHolder, RolledBack, checkToken } from 'pg-fencing';
+import { fencedDb } from 'pg-fencing/drizzle';
+for (const [n, v] of Object.entries({ fenced, fromError, Lease, runWithLease, FencingError, StaleToken, NoToken, LeaseLost,
+    ProtectionInactive, LockServiceUnavailable, NotCurrentHolder, RolledBack, checkToken, fencedDb }))
+  if (typeof v !== 'function') { console.error('FAIL: ' + n + ' is not a named export'); process.exit(1); }
+console.log('  ok: import { … } from \'pg-fencing\' and \'pg-fencing/drizzle\' in an ES module');")
 (cd "$TESTDIR" && node test_client.js --url "postgresql://postgres@127.0.0.1:$PGPORT_TEST/postgres" \
     --log "$WORK/postgres.log")

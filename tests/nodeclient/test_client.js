@@ -202,6 +202,13 @@ async function main() {
   check('a Drizzle update in a fenced transaction commits, stamped', rows[0].v === 21 && rows[0].fenceToken === 20n, JSON.stringify(rows, (k, v) => (typeof v === 'bigint' ? String(v) : v)));
   await rejects('Drizzle with a stale token: StaleToken', pf.StaleToken, () =>
     fencedDb(pool, 19n, (db) => db.update(acct).set({ v: 22 }).where(eq(acct.id, 1))), { token: 19n, highWater: 20n });
+  const drizzleBefore = (await one('SELECT v FROM acct WHERE id = 1')).v;
+  await rejects('db.transaction() inside fencedDb is refused (it would end the fenced transaction early)', Error, () =>
+    fencedDb(pool, 20n, async (db) => {
+      await db.transaction((tx) => tx.update(acct).set({ v: 6 }).where(eq(acct.id, 1)));
+      await db.update(acct).set({ v: 7 }).where(eq(acct.id, 1));
+    }));
+  check('… and nothing of that block committed', (await one('SELECT v FROM acct WHERE id = 1')).v === drizzleBefore);
   const tokenInside = await fencedDb(pool, 20n, (db) => db.execute(sql`SELECT current_setting('pg_fencing.token') AS t`));
   check('the token is set inside the Drizzle transaction', tokenInside.rows[0].t === '20', tokenInside.rows[0].t);
   check('… and the pool\'s client came back', pool.idleCount === 1, pool.idleCount);
@@ -262,7 +269,12 @@ async function main() {
   await sleep(200);
   process.kill(stPid, 'SIGSTOP');
   try {
-    const reason = await Promise.race([new Promise((r) => st.signal.addEventListener('abort', () => r(st.signal.reason))), sleep(3000)]);
+    const reason = await Promise.race([
+      new Promise((r) => {
+        if (st.signal.aborted) r(st.signal.reason);
+        st.signal.addEventListener('abort', () => r(st.signal.reason));
+      }),
+      sleep(3000)]);
     check('its signal is aborted with LeaseLost once the TTL passed without a renewal', reason instanceof pf.LeaseLost, reason);
     await rejects('lease.check() throws LeaseLost', pf.LeaseLost, async () => st.check());
     const t0 = Date.now();

@@ -205,11 +205,19 @@ class Lease {
     this.validUntil = Math.max(this.validUntil, sent + forMs);
     if (this.deadline) clearTimeout(this.deadline);
     if (this.lost || this.timer === null) return;
+    this.armDeadline();
+  }
+
+  /** Abort the signal when validUntil passes unrenewed (timers may fire a little early: re-arm). */
+  armDeadline() {
     this.deadline = setTimeout(() => {
+      if (this.lost || this.timer === null) return;
       if (performance.now() >= this.validUntil) {
         this.lose(new Error(`no renewal got through within its TTL (${this.ttlMs} ms)`));
+      } else {
+        this.armDeadline();
       }
-    }, Math.max(0, this.validUntil - performance.now()));
+    }, Math.max(1, Math.ceil(this.validUntil - performance.now())));
     this.deadline.unref?.();
   }
 
@@ -299,8 +307,22 @@ async function runWithLease(pool, name, fn, options) {
   }
 }
 
+// Named one by one as shorthand properties (not spread, not `a: b.c`), so that an ES module's
+// `import { StaleToken } from 'pg-fencing'` finds them: Node's CommonJS named-export detection
+// reads only this literal shape.
+const {
+  FencingError, StaleToken, NoToken, ProtectionInactive, LockServiceUnavailable, NotCurrentHolder,
+} = errors;
 module.exports = {
-  ...errors,
+  FencingError,
+  StaleToken,
+  NoToken,
+  LeaseLost,
+  ProtectionInactive,
+  LockServiceUnavailable,
+  NotCurrentHolder,
+  RolledBack,
+  fromError,
   MAX_TOKEN,
   checkToken,
   beginFenced,

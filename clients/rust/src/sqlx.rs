@@ -1,0 +1,247 @@
+//! pg_fencing with sqlx (PostgreSQL): [`fenced`] on a connection, [`fenced_pool`] on a pool,
+//! [`run_with_lease`], and [`crate::LeaseConn`] for a `PgConnection` of its own.
+//!
+//! The function gets a [`FencedConnection`], an sqlx `Executor`
+//! (`sqlx::query(…).execute(&mut *conn)`) that opens no transaction of its own and notes a
+//! statement that failed, so that a transaction PostgreSQL has aborted is reported as
+//! [`Error::RolledBack`] instead of a commit (PostgreSQL answers `COMMIT` with `ROLLBACK` then,
+//! and sqlx reports success).
+
+use std::time::Duration;
+
+use futures_core::future::BoxFuture;
+use futures_core::stream::BoxStream;
+use futures_util::{FutureExt, StreamExt};
+use sqlx::postgres::{PgConnection, PgPool, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::{Acquire, Connection, Describe, Either, Execute, Executor, Postgres};
+
+use crate::{begin_sql, Error, FencingError, Lease, LeaseConn, LeaseOptions};
+
+impl From<sqlx::Error> for Error {
+    /// An error with a SQLSTATE of class `FT` becomes [`Error::Fencing`]; any other,
+    /// [`Error::Database`] (the driver's error as the source).
+    fn from(e: sqlx::Error) -> Error {
+        if let sqlx::Error::Database(db) = &e {
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                if let Some(f) =
+                    FencingError::from_fields(pg.code(), pg.message(), pg.detail(), pg.hint())
+                {
+                    return Error::Fencing(Box::new(f));
+                }
+            }
+        }
+        Error::Database(Box::new(e))
+    }
+}
+
+/// The connection a fenced function writes through (an sqlx `Executor` for `&mut` of it).
+#[derive(Debug)]
+pub struct FencedConnection<'c> {
+    conn: &'c mut PgConnection,
+    failed: bool,
+}
+
+fn note<T>(failed: &mut bool, r: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+    // Any error the server sent aborts the transaction (there are no savepoints here).
+    if let Err(sqlx::Error::Database(_)) = &r {
+        *failed = true;
+    }
+    r
+}
+
+impl<'c, 't> Executor<'t> for &'t mut FencedConnection<'c> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        't: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let failed = &mut self.failed;
+        self.conn
+            .fetch_many(query)
+            .map(move |r| note(failed, r))
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        't: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let failed = &mut self.failed;
+        self.conn
+            .fetch_optional(query)
+            .map(move |r| note(failed, r))
+            .boxed()
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement<'q>, sqlx::Error>>
+    where
+        't: 'e,
+    {
+        let failed = &mut self.failed;
+        self.conn
+            .prepare_with(sql, parameters)
+            .map(move |r| note(failed, r))
+            .boxed()
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> BoxFuture<'e, Result<Describe<Postgres>, sqlx::Error>>
+    where
+        't: 'e,
+    {
+        let failed = &mut self.failed;
+        self.conn
+            .describe(sql)
+            .map(move |r| note(failed, r))
+            .boxed()
+    }
+}
+
+/// Runs `f` in a transaction on `conn` fenced by `token`: BEGIN and the token go in one query
+/// (sqlx's `begin_with`: no extra round trip), committed when `f` returns `Ok`, rolled back when
+/// it returns `Err` or the future is dropped (sqlx's transaction rollback, sent before the
+/// connection's next use; a pool's connection before it is lent again). A statement of `f` that
+/// failed while `f` went on anyway: [`Error::RolledBack`]. `conn` must not be in a transaction
+/// (sqlx refuses a custom BEGIN inside one).
+pub async fn fenced<T, E, F>(conn: &mut PgConnection, token: i64, f: F) -> Result<T, E>
+where
+    F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
+    E: From<Error>,
+{
+    let begin = begin_sql(token)?;
+    let mut tx = conn.begin_with(begin).await.map_err(Error::from)?;
+    let mut fc = FencedConnection {
+        conn: &mut tx,
+        failed: false,
+    };
+    let out = f(&mut fc).await;
+    let failed = fc.failed;
+    match out {
+        Ok(_) if failed => {
+            tx.rollback().await.map_err(Error::from)?;
+            Err(Error::RolledBack.into())
+        }
+        Ok(value) => {
+            tx.commit().await.map_err(Error::from)?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+/// [`fenced`] on a connection of `pool`, given back afterwards.
+pub async fn fenced_pool<T, E, F>(pool: &PgPool, token: i64, f: F) -> Result<T, E>
+where
+    F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
+    E: From<Error>,
+{
+    begin_sql(token)?;
+    let mut conn = pool.acquire().await.map_err(Error::from)?;
+    let conn = conn.acquire().await.map_err(Error::from)?;
+    fenced(conn, token, f).await
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl LeaseConn for PgConnection {
+    async fn acquire(&mut self, name: &str, ttl: Duration, wait: Duration) -> Result<i64, Error> {
+        Ok(sqlx::query_scalar(
+            "SELECT fencing_lease_acquire($1, make_interval(secs => $2), make_interval(secs => $3))",
+        )
+        .bind(name)
+        .bind(secs(ttl))
+        .bind(secs(wait))
+        .fetch_one(&mut *self)
+        .await?)
+    }
+
+    async fn remaining(&mut self, token: i64) -> Result<Duration, Error> {
+        let s: f64 = sqlx::query_scalar(
+            "SELECT greatest(extract(epoch FROM expires_at - clock_timestamp()), 0)::float8 FROM fencing_leases WHERE token = $1",
+        )
+        .bind(token)
+        .fetch_one(&mut *self)
+        .await?;
+        Ok(Duration::from_secs_f64(s))
+    }
+
+    async fn renew(&mut self, token: i64, ttl: Duration) -> Result<(), Error> {
+        sqlx::query("SELECT fencing_lease_renew($1, make_interval(secs => $2))")
+            .bind(token)
+            .bind(secs(ttl))
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    async fn release(&mut self, token: i64) -> Result<bool, Error> {
+        Ok(sqlx::query_scalar("SELECT fencing_lease_release($1)")
+            .bind(token)
+            .fetch_one(&mut *self)
+            .await?)
+    }
+}
+
+/// The one-call form: takes lease `name` for `ttl` on a new connection made with `pool`'s
+/// options (owned by the lease), runs `f` in a transaction on a connection of `pool` fenced by
+/// its token while the lease is renewed, checks the lease before committing, and releases it. If
+/// the lease is lost, `f` is stopped where it is (its future dropped, the transaction rolled
+/// back) and the result is `FT003` ([`Error::Fencing`]); nothing of it committed.
+pub async fn run_with_lease<T, E, F>(
+    pool: &PgPool,
+    name: &str,
+    ttl: Duration,
+    options: LeaseOptions,
+    f: F,
+) -> Result<T, E>
+where
+    F: AsyncFnOnce(&mut FencedConnection<'_>, &Lease) -> Result<T, E>,
+    E: From<Error>,
+{
+    let lease_conn = PgConnection::connect_with(&pool.connect_options())
+        .await
+        .map_err(Error::from)?;
+    let lease = Lease::acquire(lease_conn, name, ttl, options).await?;
+    let result = {
+        let lease = &lease;
+        let work = fenced_pool(
+            pool,
+            lease.token(),
+            async move |c: &mut FencedConnection<'_>| {
+                let value = f(c, lease).await?;
+                lease.check()?;
+                Ok(value)
+            },
+        );
+        tokio::select! {
+            result = work => result,
+            () = lease.lost() => Err(E::from(crate::lease::lost(lease))),
+        }
+    };
+    let result = match result {
+        Err(_) if lease.check().is_err() => Err(E::from(crate::lease::lost(&lease))),
+        other => other,
+    };
+    let _ = lease.release().await;
+    result
+}

@@ -1,0 +1,184 @@
+//! pg_fencing with tokio-postgres: [`fenced`], [`run_with_lease`], and [`crate::LeaseConn`] for
+//! a `Client` on a connection of its own. A pooled client (deadpool-postgres' `Object`) derefs
+//! to `&mut Client`.
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::{begin_sql, Error, FencingError, Lease, LeaseConn, LeaseOptions, COMMIT_SQL};
+
+impl From<tokio_postgres::Error> for Error {
+    /// An error with a SQLSTATE of class `FT` becomes [`Error::Fencing`]; any other,
+    /// [`Error::Database`] (the driver's error as the source).
+    fn from(e: tokio_postgres::Error) -> Error {
+        if let Some(db) = e.as_db_error() {
+            if let Some(f) =
+                FencingError::from_fields(db.code().code(), db.message(), db.detail(), db.hint())
+            {
+                return Error::Fencing(Box::new(f));
+            }
+        }
+        Error::Database(Box::new(e))
+    }
+}
+
+/// Rolls back a transaction left open when the future running it is dropped (cancelled): the
+/// same request tokio-postgres' own `Transaction` sends from its `Drop` (queued, not awaited).
+struct Open<'a> {
+    client: &'a Client,
+    done: bool,
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.client.__private_api_rollback(None);
+        }
+    }
+}
+
+/// Runs `f` in a transaction on `client` fenced by `token`: BEGIN and the token go in one query
+/// (no extra round trip), committed when `f` returns `Ok`, rolled back when it returns `Err` or
+/// the future is dropped. `f` gets `&Client` (it cannot open or end a transaction of its own
+/// through tokio-postgres' `transaction()`). A statement of `f` that failed while `f` went on
+/// anyway: [`Error::RolledBack`]. `client` must not be in a transaction: if it is, that
+/// transaction is rolled back and the call fails with [`Error::Usage`] (the token must not reach
+/// statements that are not `f`'s).
+pub async fn fenced<T, E, F>(client: &mut Client, token: i64, f: F) -> Result<T, E>
+where
+    F: AsyncFnOnce(&Client) -> Result<T, E>,
+    E: From<Error>,
+{
+    let begin = begin_sql(token)?;
+    let client: &Client = client;
+    let mut open = Open {
+        client,
+        done: false,
+    };
+    // The transaction began in this query exactly when its start is this query's start.
+    let answer = client
+        .simple_query(&format!("{begin}, now() = statement_timestamp()"))
+        .await
+        .map_err(Error::from)?;
+    let fresh = answer.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => Some(r.get(1) == Some("t")),
+        _ => None,
+    });
+    if fresh != Some(true) {
+        drop(open); // rolls the caller's transaction back
+        return Err(Error::Usage(
+            "fenced starts its own transaction: the connection was in one (rolled back)".into(),
+        )
+        .into());
+    }
+    match f(client).await {
+        Ok(value) => match client.simple_query(COMMIT_SQL).await {
+            Ok(_) => {
+                open.done = true;
+                Ok(value)
+            }
+            Err(e) if e.code().map(|c| c.code()) == Some("25P02") => {
+                // `SELECT 1` in an aborted transaction: a statement of f failed.
+                client
+                    .batch_execute("ROLLBACK")
+                    .await
+                    .map_err(Error::from)?;
+                open.done = true;
+                Err(Error::RolledBack.into())
+            }
+            Err(e) => {
+                // COMMIT itself failed (PostgreSQL has ended the transaction), or the
+                // connection broke (the guard's ROLLBACK is harmless then).
+                open.done = e.as_db_error().is_some();
+                Err(Error::from(e).into())
+            }
+        },
+        Err(e) => {
+            if client.batch_execute("ROLLBACK").await.is_ok() {
+                open.done = true;
+            }
+            Err(e)
+        }
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl LeaseConn for Client {
+    async fn acquire(&mut self, name: &str, ttl: Duration, wait: Duration) -> Result<i64, Error> {
+        let row = self
+            .query_one(
+                "SELECT fencing_lease_acquire($1, make_interval(secs => $2), make_interval(secs => $3))",
+                &[&name, &secs(ttl), &secs(wait)],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    async fn remaining(&mut self, token: i64) -> Result<Duration, Error> {
+        let row = self
+            .query_one(
+                "SELECT greatest(extract(epoch FROM expires_at - clock_timestamp()), 0)::float8 FROM fencing_leases WHERE token = $1",
+                &[&token],
+            )
+            .await?;
+        Ok(Duration::from_secs_f64(row.get(0)))
+    }
+
+    async fn renew(&mut self, token: i64, ttl: Duration) -> Result<(), Error> {
+        self.execute(
+            "SELECT fencing_lease_renew($1, make_interval(secs => $2))",
+            &[&token, &secs(ttl)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn release(&mut self, token: i64) -> Result<bool, Error> {
+        let row = self
+            .query_one("SELECT fencing_lease_release($1)", &[&token])
+            .await?;
+        Ok(row.get(0))
+    }
+}
+
+/// The one-call form: takes lease `name` for `ttl` on `lease_client` (a connection of its own,
+/// owned by the lease from then on), runs `f` in a transaction on `client` fenced by its token
+/// while the lease is renewed, checks the lease before committing, and releases it. If the lease
+/// is lost, `f` is stopped where it is (its future dropped, the transaction rolled back) and the
+/// result is `FT003` ([`Error::Fencing`]); nothing of it committed.
+pub async fn run_with_lease<T, E, F>(
+    lease_client: Client,
+    client: &mut Client,
+    name: &str,
+    ttl: Duration,
+    options: LeaseOptions,
+    f: F,
+) -> Result<T, E>
+where
+    F: AsyncFnOnce(&Client, &Lease) -> Result<T, E>,
+    E: From<Error>,
+{
+    let lease = Lease::acquire(lease_client, name, ttl, options).await?;
+    let result = {
+        let lease = &lease;
+        let work = fenced(client, lease.token(), async move |c: &Client| {
+            let value = f(c, lease).await?;
+            lease.check()?;
+            Ok(value)
+        });
+        tokio::select! {
+            result = work => result,
+            () = lease.lost() => Err(E::from(crate::lease::lost(lease))),
+        }
+    };
+    let result = match result {
+        Err(_) if lease.check().is_err() => Err(E::from(crate::lease::lost(&lease))),
+        other => other,
+    };
+    let _ = lease.release().await;
+    result
+}

@@ -1,0 +1,541 @@
+//! Against a real server with pg_fencing preloaded (tests/rustclient/run.sh of the repository):
+//! PGFENCING_TEST_DSN (a libpq-style connection string), PGFENCING_TEST_LOG (the server's log,
+//! log_statement = all, '[%a] ' prefix), PGFENCING_TEST_ETCD (host:port of an etcd).
+
+use std::time::Duration;
+
+use pg_fencing::{Code, Error, LeaseOptions};
+use tokio_postgres::{Client, NoTls};
+
+fn dsn() -> String {
+    std::env::var("PGFENCING_TEST_DSN")
+        .expect("PGFENCING_TEST_DSN is not set: run tests/rustclient/run.sh")
+}
+
+async fn connect(app: &str) -> Client {
+    let (client, conn) =
+        tokio_postgres::connect(&format!("{} application_name={app}", dsn()), NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+async fn setup(table: &str, resource: &str, mark: i64) -> Client {
+    let admin = connect("admin").await;
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, v int);
+             SELECT fencing_protect('{table}', '{resource}');
+             SELECT fencing_advance('{resource}', {mark});"
+        ))
+        .await
+        .unwrap();
+    admin
+}
+
+async fn value(c: &Client, q: &str) -> Option<i64> {
+    c.query_opt(q, &[])
+        .await
+        .unwrap()
+        .map(|r| r.get::<_, i64>(0))
+}
+
+async fn token_setting(c: &Client) -> String {
+    c.query_one(
+        "SELECT coalesce(current_setting('pg_fencing.token', true), '')",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn in_transaction(c: &Client) -> bool {
+    // now() is the transaction's start: older than the statement's only inside a transaction
+    // that an earlier statement began.
+    c.query_one("SELECT now() <> statement_timestamp()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokio_postgres_fenced() {
+    use pg_fencing::tokio_postgres::fenced;
+    let admin = setup("rt_acct", "rt", 10).await;
+    let mut c = connect("rt_client").await;
+    fenced(&mut c, 10, async |c: &Client| -> Result<(), Error> {
+        c.execute("INSERT INTO rt_acct VALUES (1, 1)", &[]).await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        value(&admin, "SELECT fence_token FROM rt_acct WHERE id = 1").await,
+        Some(10)
+    );
+
+    let err = fenced(&mut c, 9, async |c: &Client| -> Result<(), Error> {
+        c.execute("UPDATE rt_acct SET v = 2 WHERE id = 1", &[])
+            .await?;
+        Ok(())
+    })
+    .await
+    .unwrap_err();
+    let f = err.fencing().expect("a typed refusal");
+    assert_eq!(f.code, Code::StaleToken, "{err}");
+    assert_eq!((f.token, f.high_water), (Some(9), Some(10)), "{f:?}");
+    assert_eq!(f.resource.as_deref(), Some("rt"));
+    assert!(err.superseded());
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM rt_acct WHERE id = 1").await,
+        Some(1)
+    );
+    assert!(
+        !in_transaction(&c).await,
+        "the connection is left in a transaction"
+    );
+    assert_eq!(
+        token_setting(&c).await,
+        "",
+        "the token outlived the fenced transaction"
+    );
+    let e = Error::from(
+        c.execute("UPDATE rt_acct SET v = 3 WHERE id = 1", &[])
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.fencing().map(|f| &f.code), Some(&Code::NoToken), "{e}");
+
+    // The function's own error comes back unchanged, and its write is rolled back.
+    #[derive(Debug)]
+    #[allow(dead_code)] // Fencing's field: shown by Debug when an assertion fails
+    enum Mine {
+        Handler,
+        Fencing(Error),
+    }
+    impl From<Error> for Mine {
+        fn from(e: Error) -> Mine {
+            Mine::Fencing(e)
+        }
+    }
+    let r = fenced(&mut c, 10, async |c: &Client| -> Result<(), Mine> {
+        c.execute("UPDATE rt_acct SET v = 4 WHERE id = 1", &[])
+            .await
+            .map_err(Error::from)?;
+        Err(Mine::Handler)
+    })
+    .await;
+    assert!(matches!(r, Err(Mine::Handler)), "{r:?}");
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM rt_acct WHERE id = 1").await,
+        Some(1)
+    );
+
+    // A failed statement whose error the function swallowed: rolled back, reported.
+    let r = fenced(&mut c, 10, async |c: &Client| -> Result<(), Error> {
+        c.execute("UPDATE rt_acct SET v = 5 WHERE id = 1", &[])
+            .await?;
+        let _ = c.execute("SELECT 1/0", &[]).await;
+        Ok(())
+    })
+    .await;
+    assert!(matches!(r, Err(Error::RolledBack)), "{r:?}");
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM rt_acct WHERE id = 1").await,
+        Some(1)
+    );
+    assert!(!in_transaction(&c).await);
+
+    // Cancelled half-way (the future dropped): rolled back; the token gone with it.
+    let r = tokio::time::timeout(
+        Duration::from_millis(300),
+        fenced(&mut c, 10, async |c: &Client| -> Result<(), Error> {
+            c.execute("UPDATE rt_acct SET v = 6 WHERE id = 1", &[])
+                .await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            Ok(())
+        }),
+    )
+    .await;
+    assert!(r.is_err(), "the timeout dropped the future");
+    assert!(
+        !in_transaction(&c).await,
+        "a dropped fenced future left its transaction open"
+    );
+    assert_eq!(token_setting(&c).await, "");
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM rt_acct WHERE id = 1").await,
+        Some(1)
+    );
+
+    // A connection already in a transaction: refused, that transaction rolled back.
+    c.batch_execute("BEGIN; UPDATE rt_acct SET v = 7 WHERE id = 1")
+        .await
+        .ok();
+    let r = fenced(&mut c, 10, async |_c: &Client| -> Result<(), Error> {
+        Ok(())
+    })
+    .await;
+    assert!(matches!(r, Err(Error::Usage(_))), "{r:?}");
+    assert!(!in_transaction(&c).await);
+    assert_eq!(token_setting(&c).await, "");
+
+    let r = fenced(&mut c, 0, async |_c: &Client| -> Result<(), Error> {
+        Ok(())
+    })
+    .await;
+    assert!(matches!(r, Err(Error::BadToken(0))), "{r:?}");
+}
+
+fn statements(app: &str) -> Vec<String> {
+    let log = std::fs::read_to_string(
+        std::env::var("PGFENCING_TEST_LOG").expect("PGFENCING_TEST_LOG is not set"),
+    )
+    .unwrap();
+    log.lines()
+        .filter(|l| l.contains(&format!("[{app}]")))
+        .filter(|l| l.contains("LOG:  statement:") || l.contains("LOG:  execute"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn round_trips() {
+    use pg_fencing::tokio_postgres::fenced;
+    let admin = setup("rt_rt", "rt_rt", 10).await;
+    admin
+        .batch_execute(
+            "CREATE TABLE rt_plain (id int PRIMARY KEY, v int); INSERT INTO rt_plain VALUES (1, 0);
+             BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO rt_rt VALUES (1, 0); COMMIT",
+        )
+        .await
+        .unwrap();
+    let mut f = connect("rt_rt_fenced").await;
+    let mut u = connect("rt_rt_plain").await;
+    let upd = f
+        .prepare("UPDATE rt_rt SET v = v + 1 WHERE id = $1")
+        .await
+        .unwrap();
+    fenced(&mut f, 10, async |c: &Client| -> Result<(), Error> {
+        c.execute(&upd, &[&1i32]).await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let upd = u
+        .prepare("UPDATE rt_plain SET v = v + 1 WHERE id = $1")
+        .await
+        .unwrap();
+    let tx = u.transaction().await.unwrap();
+    tx.execute(&upd, &[&1i32]).await.unwrap();
+    tx.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (nf, nu) = (statements("rt_rt_fenced"), statements("rt_rt_plain"));
+    assert!(
+        !nf.is_empty() && nf.len() == nu.len(),
+        "fenced {nf:#?}\nunfenced {nu:#?}"
+    );
+    println!("statements: fenced {}, unfenced {}", nf.len(), nu.len());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokio_postgres_lease() {
+    use pg_fencing::tokio_postgres::run_with_lease;
+    let admin = setup("rt_job", "rt_job", 1).await;
+    admin
+        .batch_execute("INSERT INTO rt_job (id, v, fence_token) VALUES (1, 0, NULL)")
+        .await
+        .ok();
+    // A whole job: lease, fenced write, release.
+    let mut c = connect("rt_lease_work").await;
+    let token = run_with_lease(
+        connect("rt_lease").await,
+        &mut c,
+        "rt_job",
+        Duration::from_secs(3),
+        LeaseOptions::default(),
+        async |c: &Client, lease: &pg_fencing::Lease| -> Result<i64, Error> {
+            c.execute("UPDATE rt_job SET v = 1 WHERE id = 1", &[])
+                .await?;
+            Ok(lease.token())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        value(&admin, "SELECT fence_token FROM rt_job WHERE id = 1").await,
+        Some(token)
+    );
+    assert_eq!(
+        value(&admin, &format!("SELECT count(*) FROM fencing_leases WHERE token = {token} AND expires_at > clock_timestamp()")).await,
+        Some(0),
+        "the lease was released"
+    );
+
+    // Lost mid-job (released from outside, as a take-over after expiry would end it): the
+    // function is stopped before its write, FT003, nothing committed.
+    let started = std::time::Instant::now();
+    let r = run_with_lease(
+        connect("rt_lease").await,
+        &mut c,
+        "rt_job",
+        Duration::from_millis(1500),
+        LeaseOptions::default(),
+        async |c: &Client, lease: &pg_fencing::Lease| -> Result<(), Error> {
+            let outside = connect("rt_outside").await;
+            outside
+                .execute("SELECT fencing_lease_release($1)", &[&lease.token()])
+                .await?;
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            c.execute("UPDATE rt_job SET v = 2 WHERE id = 1", &[])
+                .await?;
+            Ok(())
+        },
+    )
+    .await;
+    let e = r.unwrap_err();
+    assert_eq!(e.fencing().map(|f| &f.code), Some(&Code::LeaseLost), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "stopped at the loss, not after the job"
+    );
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM rt_job WHERE id = 1").await,
+        Some(1)
+    );
+    assert!(!in_transaction(&c).await);
+
+    // A stalled lease connection (its backend frozen): lost once the TTL passes without a
+    // confirmed renewal, although the renewal never returns.
+    let lease_client = connect("rt_lease_frozen").await;
+    let lease = pg_fencing::Lease::acquire(
+        lease_client,
+        "rt_frozen",
+        Duration::from_millis(1500),
+        LeaseOptions::default(),
+    )
+    .await
+    .unwrap();
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'rt_lease_frozen'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let lost = tokio::time::timeout(Duration::from_secs(4), lease.lost()).await;
+    std::process::Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(
+        lost.is_ok(),
+        "a lease whose renewal is stuck is lost within its TTL"
+    );
+    assert!(lease.check().is_err());
+    assert!(!lease.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlx_fenced() {
+    use pg_fencing::sqlx::{fenced_pool, run_with_lease, FencedConnection};
+    use sqlx::postgres::PgPoolOptions;
+    let admin = setup("sx_acct", "sx", 10).await;
+    let opts: sqlx::postgres::PgConnectOptions = dsn().parse().unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts.application_name("sx_client"))
+        .await
+        .unwrap();
+    fenced_pool(
+        &pool,
+        10,
+        async |c: &mut FencedConnection<'_>| -> Result<(), Error> {
+            sqlx::query("INSERT INTO sx_acct VALUES (1, 1)")
+                .execute(&mut *c)
+                .await?;
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        value(&admin, "SELECT fence_token FROM sx_acct WHERE id = 1").await,
+        Some(10)
+    );
+    let err = fenced_pool(
+        &pool,
+        9,
+        async |c: &mut FencedConnection<'_>| -> Result<(), Error> {
+            sqlx::query("UPDATE sx_acct SET v = 2 WHERE id = 1")
+                .execute(&mut *c)
+                .await?;
+            Ok(())
+        },
+    )
+    .await
+    .unwrap_err();
+    let f = err.fencing().expect("typed");
+    assert_eq!(
+        (f.code.clone(), f.token, f.high_water),
+        (Code::StaleToken, Some(9), Some(10))
+    );
+    // The pool's next borrower (the same connection: max 1) carries no token.
+    let t: String =
+        sqlx::query_scalar("SELECT coalesce(current_setting('pg_fencing.token', true), '')")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(t, "");
+    let e = Error::from(
+        sqlx::query("UPDATE sx_acct SET v = 3 WHERE id = 1")
+            .execute(&pool)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.fencing().map(|f| &f.code), Some(&Code::NoToken), "{e}");
+
+    // Swallowed failure: RolledBack.
+    let r = fenced_pool(
+        &pool,
+        10,
+        async |c: &mut FencedConnection<'_>| -> Result<(), Error> {
+            sqlx::query("UPDATE sx_acct SET v = 5 WHERE id = 1")
+                .execute(&mut *c)
+                .await?;
+            let _ = sqlx::query("SELECT 1/0").execute(&mut *c).await;
+            Ok(())
+        },
+    )
+    .await;
+    assert!(matches!(r, Err(Error::RolledBack)), "{r:?}");
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM sx_acct WHERE id = 1").await,
+        Some(1)
+    );
+
+    // Cancelled half-way: the next borrower is not in the fenced transaction.
+    let r = tokio::time::timeout(
+        Duration::from_millis(300),
+        fenced_pool(
+            &pool,
+            10,
+            async |c: &mut FencedConnection<'_>| -> Result<(), Error> {
+                sqlx::query("UPDATE sx_acct SET v = 6 WHERE id = 1")
+                    .execute(&mut *c)
+                    .await?;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(())
+            },
+        ),
+    )
+    .await;
+    assert!(r.is_err());
+    let (t, busy): (String, bool) = sqlx::query_as(
+        "SELECT coalesce(current_setting('pg_fencing.token', true), ''), now() <> statement_timestamp()",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (t.as_str(), busy),
+        ("", false),
+        "a dropped fenced future leaked to the pool's next borrower"
+    );
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM sx_acct WHERE id = 1").await,
+        Some(1)
+    );
+
+    // The one-call form on sqlx, and a loss mid-job.
+    admin
+        .batch_execute("SELECT fencing_protect('sx_acct', 'sx'); ")
+        .await
+        .ok();
+    let r = run_with_lease(
+        &pool,
+        "sx_job",
+        Duration::from_millis(1500),
+        LeaseOptions::default(),
+        async |c: &mut FencedConnection<'_>, lease: &pg_fencing::Lease| -> Result<(), Error> {
+            let outside = connect("sx_outside").await;
+            outside
+                .execute("SELECT fencing_lease_release($1)", &[&lease.token()])
+                .await?;
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            sqlx::query("UPDATE sx_acct SET v = 8 WHERE id = 1")
+                .execute(&mut *c)
+                .await?;
+            Ok(())
+        },
+    )
+    .await;
+    let e = r.unwrap_err();
+    assert_eq!(e.fencing().map(|f| &f.code), Some(&Code::LeaseLost), "{e}");
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM sx_acct WHERE id = 1").await,
+        Some(1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_lock_token() {
+    use pg_fencing::tokio_postgres::fenced;
+    let endpoint = std::env::var("PGFENCING_TEST_ETCD").expect("PGFENCING_TEST_ETCD is not set");
+    let admin = setup("et_acct", "et", 1).await;
+    let mut etcd = etcd_client::Client::connect([endpoint.as_str()], None)
+        .await
+        .unwrap();
+    let lease_a = etcd.lease_grant(30, None).await.unwrap().id();
+    let a = pg_fencing::etcd::lock(&mut etcd, "et", lease_a)
+        .await
+        .unwrap();
+    let mut c = connect("et_client").await;
+    fenced(&mut c, a.token, async |c: &Client| -> Result<(), Error> {
+        c.execute("INSERT INTO et_acct VALUES (1, 1)", &[]).await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    // A's lease revoked (its holder presumed dead); B takes the lock with a higher token, writes.
+    etcd.lease_revoke(lease_a).await.unwrap();
+    let lease_b = etcd.lease_grant(30, None).await.unwrap().id();
+    let b = pg_fencing::etcd::lock(&mut etcd, "et", lease_b)
+        .await
+        .unwrap();
+    assert!(b.token > a.token, "{b:?} after {a:?}");
+    fenced(&mut c, b.token, async |c: &Client| -> Result<(), Error> {
+        c.execute("UPDATE et_acct SET v = 2 WHERE id = 1", &[])
+            .await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    // A, back from its pause, is refused.
+    let e = fenced(&mut c, a.token, async |c: &Client| -> Result<(), Error> {
+        c.execute("UPDATE et_acct SET v = 3 WHERE id = 1", &[])
+            .await?;
+        Ok(())
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(e.fencing().map(|f| &f.code), Some(&Code::StaleToken), "{e}");
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM et_acct WHERE id = 1").await,
+        Some(2)
+    );
+    // A lock requested under a lease that is gone is not granted.
+    let e = pg_fencing::etcd::lock(&mut etcd, "et2", lease_a)
+        .await
+        .unwrap_err();
+    println!("a lock under a revoked lease: {e}");
+    etcd.lease_revoke(lease_b).await.unwrap();
+}

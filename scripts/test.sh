@@ -32,7 +32,8 @@
 #                                          graphile-worker with PostgreSQL leases, tests/jobqueue;
 #                                          the Python package pg-fencing, tests/pyclient; the
 #                                          Node package pg-fencing, tests/nodeclient; the Go
-#                                          module pgfencing, tests/goclient)
+#                                          module pgfencing, tests/goclient; the Rust crate
+#                                          pg-fencing, tests/rustclient)
 #  15. fuzz targets                       (fuzz/, cargo +nightly fuzz, 20 s each)
 #  16. lifecycle paths                    (tests/lifecycle: asynchronous commit; a watch carried by
 #                                          pg_dump/restore, promotion and pg_upgrade, and from
@@ -349,6 +350,8 @@ stage_clients() {
     tests/nodeclient/run.sh
     step "14/19 the Go module pgfencing (clients/go): pgx v4 and its pool, database/sql with lib/pq, etcd 3.4 locks, leases (tests/goclient)"
     tests/goclient/run.sh
+    step "14/19 the Rust crate pg-fencing (clients/rust): its .crate from cargo package, unpacked and tested; tokio-postgres, sqlx, leases, etcd lock tokens (tests/rustclient)"
+    tests/rustclient/run.sh
 }
 
 stage_fuzz() {

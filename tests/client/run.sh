@@ -41,7 +41,10 @@ source scripts/lib.sh
 T0=$(date +%s%3N)
 if [ "$CLIENT" = rust ]; then
     MANIFEST=examples/rust-client/Cargo.toml
-    BIN=examples/rust-client/target/release/pg-fencing-client
+    # The target directory of clients/rust: the crate's tests (tests/rustclient) reuse this build's
+    # dependencies (same versions, same release profile).
+    export CARGO_TARGET_DIR="$PWD/clients/rust/target"
+    BIN=$CARGO_TARGET_DIR/release/pg-fencing-client
     echo "== building examples/rust-client (release) and running its unit tests"
     cargo build --release --locked --manifest-path "$MANIFEST" -q
     # --release: the unit tests reuse the release build's dependencies instead of building them again.

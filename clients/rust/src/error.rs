@@ -194,6 +194,28 @@ impl Error {
         }
     }
 
+    /// The SQLSTATE of a refusal or of the driver's database error (tokio-postgres, sqlx), if
+    /// there is one: `40001` and `40P01` say the whole transaction may be retried with the same
+    /// token.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            Error::Fencing(f) => Some(f.code.sqlstate().to_owned()),
+            #[allow(unused_variables)]
+            Error::Database(e) => {
+                #[cfg(feature = "tokio-postgres")]
+                if let Some(e) = e.downcast_ref::<tokio_postgres::Error>() {
+                    return e.code().map(|c| c.code().to_owned());
+                }
+                #[cfg(feature = "sqlx")]
+                if let Some(sqlx::Error::Database(db)) = e.downcast_ref::<sqlx::Error>() {
+                    return db.code().map(|c| c.into_owned());
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
     /// True for a refusal that means a newer holder exists or the lock or lease is gone
     /// ([`FencingError::superseded`]).
     pub fn superseded(&self) -> bool {

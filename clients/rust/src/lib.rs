@@ -77,3 +77,8 @@ mod tests {
         assert!(begin_sql(0).is_err());
     }
 }
+
+/// The README's examples, compiled as doctests (`no_run`: they need a server).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExamples;

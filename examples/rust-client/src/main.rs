@@ -6,7 +6,8 @@
 //!    `etcdctl lock`'s `ETCD_LOCK_REV` and Go's `Mutex.Header().Revision`; not the lock key's
 //!    create revision, which orders differently when holders queue).
 //! 3. Write to PostgreSQL with that token, one transaction per write, in one of two styles:
-//!    `sql` (`set_config('pg_fencing.token', $1, true)` then plain SQL) or `function`
+//!    `sql` (the crate pg-fencing's `fenced`: BEGIN and the token in one query, then plain SQL)
+//!    or `function`
 //!    (`fenced_update` / `fenced_insert`, the token as an argument).
 //! 4. If PostgreSQL refuses a write as fenced off (`FT001`, `FT003`, `FT006`), stop at once:
 //!    a newer holder has (or may have) the lock. Never retry with the same token.
@@ -22,7 +23,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper, LockOptions};
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
@@ -178,6 +179,21 @@ impl From<tokio_postgres::Error> for Stop {
     }
 }
 
+impl From<pg_fencing::Error> for Stop {
+    /// The crate's typed errors: a refusal that means a newer holder exists (`FT001`, `FT003`,
+    /// `FT006`) stops the client as fenced off; the rest through `classify` by SQLSTATE.
+    fn from(e: pg_fencing::Error) -> Self {
+        let text = match e.fencing() {
+            Some(f) => describe(f.code.sqlstate(), &f.message, f.detail.as_deref()),
+            None => e.to_string(),
+        };
+        match classify(e.sqlstate().as_deref()) {
+            Verdict::FencedOff => Stop::FencedOff(text),
+            Verdict::Retry | Verdict::Failed => Stop::Failed(text),
+        }
+    }
+}
+
 impl From<etcd_client::Error> for Stop {
     fn from(e: etcd_client::Error) -> Self {
         Stop::Failed(format!("etcd: {e}"))
@@ -258,17 +274,10 @@ async fn lock_and_write(
     lease: i64,
     args: &Args,
 ) -> Result<(), Stop> {
-    // Waits while an earlier holder's key exists (until it unlocks or its lease expires).
-    let lock = etcd
-        .lock(
-            args.lock.as_str(),
-            Some(LockOptions::new().with_lease(lease)),
-        )
-        .await?;
-    let token = lock
-        .header()
-        .map(|h| h.revision())
-        .ok_or_else(|| Stop::Failed("etcd lock response has no header".into()))?;
+    // Waits while an earlier holder's key exists (until it unlocks or its lease expires); the
+    // token is the revision of the lock response's header, the key read back under our lease.
+    let lock = pg_fencing::etcd::lock(etcd, &args.lock, lease).await?;
+    let token = lock.token;
     println!("token={token}");
 
     for i in 0..args.writes {
@@ -282,7 +291,7 @@ async fn lock_and_write(
         );
     }
 
-    etcd.unlock(lock.key()).await?;
+    etcd.unlock(lock.key).await?;
     Ok(())
 }
 
@@ -292,7 +301,7 @@ async fn write(
     db: &mut tokio_postgres::Client,
     args: &Args,
     token: i64,
-) -> Result<i64, tokio_postgres::Error> {
+) -> Result<i64, pg_fencing::Error> {
     const ATTEMPTS: u32 = 3;
     let mut attempt = 1;
     loop {
@@ -302,9 +311,11 @@ async fn write(
         };
         // In style `function` a missing row is inserted; if another client inserted it first
         // (23505), the retry finds it and updates it.
-        let retry = |e: &tokio_postgres::Error| {
-            classify(e.code().map(SqlState::code)) == Verdict::Retry
-                || (args.style == Style::Function && e.code() == Some(&SqlState::UNIQUE_VIOLATION))
+        let retry = |e: &pg_fencing::Error| {
+            let code = e.sqlstate();
+            classify(code.as_deref()) == Verdict::Retry
+                || (args.style == Style::Function
+                    && code.as_deref() == Some(SqlState::UNIQUE_VIOLATION.code()))
         };
         match result {
             Err(e) if attempt < ATTEMPTS && retry(&e) => {
@@ -317,31 +328,27 @@ async fn write(
     }
 }
 
-/// Style `sql`: the token as a transaction-local setting, then plain SQL. `set_config(…, true)`
-/// is `SET LOCAL` with a bind parameter: pg_stat_statements sees one statement whatever the
-/// token, and the setting ends with the transaction (nothing leaks through a pooler).
+/// Style `sql`: the token for the whole transaction, set by the crate's `fenced` in the same
+/// query as BEGIN (`set_config(…, true)`: transaction-scoped, one pg_stat_statements entry
+/// whatever the token; nothing leaks through a pooler), then plain SQL.
 async fn write_sql(
     db: &mut tokio_postgres::Client,
     account: i32,
     amount: i64,
     token: i64,
-) -> Result<i64, tokio_postgres::Error> {
-    let tx = db.transaction().await?;
-    tx.execute(
-        "SELECT set_config('pg_fencing.token', $1, true)",
-        &[&token.to_string()],
-    )
-    .await?;
-    let row = tx
-        .query_one(
-            "INSERT INTO ledger (account, balance) VALUES ($1, $2) \
-             ON CONFLICT (account) DO UPDATE SET balance = ledger.balance + EXCLUDED.balance \
-             RETURNING balance",
-            &[&account, &amount],
-        )
-        .await?;
-    tx.commit().await?;
-    Ok(row.get(0))
+) -> Result<i64, pg_fencing::Error> {
+    pg_fencing::tokio_postgres::fenced(db, token, async |tx: &tokio_postgres::Client| {
+        let row = tx
+            .query_one(
+                "INSERT INTO ledger (account, balance) VALUES ($1, $2) \
+                 ON CONFLICT (account) DO UPDATE SET balance = ledger.balance + EXCLUDED.balance \
+                 RETURNING balance",
+                &[&account, &amount],
+            )
+            .await?;
+        Ok(row.get(0))
+    })
+    .await
 }
 
 /// Style `function`: `fenced_update` / `fenced_insert` take the token as an argument and leave
@@ -357,7 +364,7 @@ async fn write_function(
     account: i32,
     amount: i64,
     token: i64,
-) -> Result<i64, tokio_postgres::Error> {
+) -> Result<i64, pg_fencing::Error> {
     let tx = db.transaction().await?;
     let current = tx
         .query_opt("SELECT balance FROM ledger WHERE account = $1", &[&account])

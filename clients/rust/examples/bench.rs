@@ -1,0 +1,163 @@
+//! A fenced one-row transaction through this crate (tokio-postgres' `fenced`, sqlx's `fenced`)
+//! against the same transaction unfenced through the same driver (`Client::transaction`,
+//! `Connection::begin`), and against its floor (the same `fenced` call and token on an
+//! unprotected table, the token stamped by the statement: no check). One connection per driver,
+//! BENCH_ROUNDS rounds of BENCH_TXNS transactions of each variant interleaved transaction by
+//! transaction (the order rotating), the median latency of a transaction per round, then the
+//! median over rounds. Run by bench/rustclient.sh of the repository:
+//!     bench <conninfo> <markdown file>
+
+use std::time::Instant;
+
+use pg_fencing::Error;
+use sqlx::{Connection, PgConnection};
+use tokio_postgres::{Client, NoTls};
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut s = xs.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+const FENCED: &str = "UPDATE rb_fenced SET v = v + 1 WHERE id = $1";
+const FLOOR: &str = "UPDATE rb_plain SET v = v + 1, fence_token = 5 WHERE id = $1";
+const PLAIN: &str = "UPDATE rb_plain SET v = v + 1 WHERE id = $1";
+
+async fn tp(c: &mut Client, variant: usize, id: i32) -> Result<(), Error> {
+    match variant {
+        0 | 1 => {
+            let sql = if variant == 0 { FENCED } else { FLOOR };
+            pg_fencing::tokio_postgres::fenced(c, 5, async |tx: &Client| -> Result<(), Error> {
+                tx.execute(sql, &[&id]).await?;
+                Ok(())
+            })
+            .await
+        }
+        _ => {
+            let tx = c.transaction().await?;
+            tx.execute(PLAIN, &[&id]).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+    }
+}
+
+async fn sx(c: &mut PgConnection, variant: usize, id: i32) -> Result<(), Error> {
+    match variant {
+        0 | 1 => {
+            let sql = if variant == 0 { FENCED } else { FLOOR };
+            pg_fencing::sqlx::fenced(
+                c,
+                5,
+                async |tx: &mut pg_fencing::sqlx::FencedConnection<'_>| -> Result<(), Error> {
+                    sqlx::query(sql).bind(id).execute(&mut *tx).await?;
+                    Ok(())
+                },
+            )
+            .await
+        }
+        _ => {
+            let mut tx = c.begin().await?;
+            sqlx::query(PLAIN).bind(id).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [conninfo, out] = &args[..] else {
+        eprintln!("usage: bench <conninfo> <markdown file>");
+        std::process::exit(2);
+    };
+    let (rounds, txns) = (env("BENCH_ROUNDS", 7), env("BENCH_TXNS", 2000));
+    let connect = async || -> Result<Client, Error> {
+        let (c, conn) = tokio_postgres::connect(conninfo, NoTls).await?;
+        tokio::spawn(conn);
+        Ok(c)
+    };
+    let admin = connect().await?;
+    admin
+        .batch_execute(
+            "DROP TABLE IF EXISTS rb_fenced, rb_plain;
+             CREATE TABLE rb_fenced (id int PRIMARY KEY, v int);
+             CREATE TABLE rb_plain (id int PRIMARY KEY, v int, fence_token bigint);
+             SELECT fencing_protect('rb_fenced', 'rustbench');
+             SELECT fencing_advance('rustbench', 5);
+             BEGIN; SET LOCAL pg_fencing.token = '5';
+             INSERT INTO rb_fenced (id, v) SELECT g, 0 FROM generate_series(1, 1000) g;
+             INSERT INTO rb_plain (id, v) SELECT g, 0 FROM generate_series(1, 1000) g; COMMIT",
+        )
+        .await?;
+    let key = |i: usize| (i % 1000 + 1) as i32;
+    let mut results = Vec::new();
+    for driver in ["tokio-postgres (fenced)", "sqlx (fenced)"] {
+        let mut tpc = connect().await?;
+        let mut sxc = PgConnection::connect(&url(conninfo)).await?;
+        let mut per: [Vec<f64>; 3] = Default::default();
+        for _ in 0..rounds {
+            let mut lat: [Vec<f64>; 3] = Default::default();
+            for i in 0..txns {
+                for k in 0..3 {
+                    let n = (i + k) % 3;
+                    let t0 = Instant::now();
+                    if driver.starts_with("tokio") {
+                        tp(&mut tpc, n, key(i)).await?;
+                    } else {
+                        sx(&mut sxc, n, key(i)).await?;
+                    }
+                    lat[n].push(t0.elapsed().as_nanos() as f64 / 1000.0);
+                }
+            }
+            for n in 0..3 {
+                per[n].push(median(&lat[n]));
+            }
+        }
+        results.push((driver, per.map(|p| median(&p))));
+    }
+    let mut md = format!(
+        "PostgreSQL 15, one connection per driver on loopback (fsync off); {rounds} rounds of {txns} one-row UPDATE transactions of each variant, interleaved transaction by transaction; median latency per transaction.\n\n\
+         | driver | fenced (µs) | floor (µs) | unfenced (µs) | fenced / floor | fenced / unfenced |\n|---|---:|---:|---:|---:|---:|\n"
+    );
+    for (driver, [f, fl, u]) in &results {
+        md += &format!(
+            "| {driver} | {f:.0} | {fl:.0} | {u:.0} | {:.3} | {:.3} |\n",
+            f / fl,
+            f / u
+        );
+    }
+    print!("{md}");
+    std::fs::write(out, md).map_err(|e| Error::Usage(format!("{out}: {e}")))?;
+    Ok(())
+}
+
+/// sqlx takes a URL: the conninfo's host, port, user and dbname.
+fn url(conninfo: &str) -> String {
+    let mut host = "127.0.0.1";
+    let (mut port, mut user, mut db) = ("5432", "postgres", "postgres");
+    for kv in conninfo.split_whitespace() {
+        match kv.split_once('=') {
+            Some(("host", v)) => host = v,
+            Some(("port", v)) => port = v,
+            Some(("user", v)) => user = v,
+            Some(("dbname", v)) => db = v,
+            _ => {}
+        }
+    }
+    format!("postgres://{user}@{host}:{port}/{db}")
+}

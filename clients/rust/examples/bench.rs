@@ -10,7 +10,9 @@
 use std::time::Instant;
 
 use pg_fencing::Error;
-use sqlx::{Connection, PgConnection};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, Postgres};
 use tokio_postgres::{Client, NoTls};
 
 fn env(name: &str, default: usize) -> usize {
@@ -55,7 +57,7 @@ async fn tp(c: &mut Client, variant: usize, id: i32) -> Result<(), Error> {
     }
 }
 
-async fn sx(c: &mut PgConnection, variant: usize, id: i32) -> Result<(), Error> {
+async fn sx(c: &mut PoolConnection<Postgres>, variant: usize, id: i32) -> Result<(), Error> {
     match variant {
         0 | 1 => {
             let sql = if variant == 0 { FENCED } else { FLOOR };
@@ -108,7 +110,11 @@ async fn main() -> Result<(), Error> {
     let mut results = Vec::new();
     for driver in ["tokio-postgres (fenced)", "sqlx (fenced)"] {
         let mut tpc = connect().await?;
-        let mut sxc = PgConnection::connect(&url(conninfo)).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url(conninfo))
+            .await?;
+        let mut sxc = pool.acquire().await?;
         let mut per: [Vec<f64>; 3] = Default::default();
         for _ in 0..rounds {
             let mut lat: [Vec<f64>; 3] = Default::default();

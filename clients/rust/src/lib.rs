@@ -7,7 +7,8 @@
 //!   trips as the same transaction unfenced, and the token is transaction-scoped: it ends with
 //!   the transaction, and the next user of a pooled connection never carries it (also when the
 //!   future is dropped half-way: the transaction is rolled back). For tokio-postgres
-//!   ([`tokio_postgres::fenced`]) and sqlx ([`sqlx::fenced`], [`sqlx::fenced_pool`]);
+//!   ([`tokio_postgres::fenced`]) and sqlx ([`sqlx::fenced`] on a pool's connection,
+//!   [`sqlx::fenced_pool`]);
 //! - **typed errors** for the extension's SQLSTATEs `FT001` … `FT006` ([`FencingError`], with
 //!   the resource, or the row and table, and the high-water mark of a stale token), and
 //!   [`Error::RolledBack`] when a statement failed and the transaction could not commit;
@@ -55,6 +56,21 @@ pub fn begin_sql(token: i64) -> Result<String, Error> {
         "BEGIN; SELECT set_config('pg_fencing.token', '{token}', true)"
     ))
 }
+
+/// [`begin_sql`] that also refuses a connection already in a transaction: the token's value is
+/// a text that is no token (the extension refuses it, `22P02`, its message containing
+/// [`IN_TRANSACTION`]) unless the transaction began in this very query (its start is this
+/// query's start).
+pub(crate) fn begin_sql_checked(token: i64) -> Result<String, Error> {
+    let token = check_token(token)?;
+    Ok(format!(
+        "BEGIN; SELECT set_config('pg_fencing.token', CASE WHEN now() = statement_timestamp() THEN '{token}' ELSE '{IN_TRANSACTION}' END, true)"
+    ))
+}
+
+/// What the refused value of [`begin_sql_checked`] says.
+pub(crate) const IN_TRANSACTION: &str =
+    "not a token: fenced() starts its own transaction and the connection was already in one";
 
 /// The query that ends a fenced transaction: `SELECT 1` fails (`25P02`) if a statement of the
 /// transaction failed and it is aborted; PostgreSQL answers a plain `COMMIT` of an aborted

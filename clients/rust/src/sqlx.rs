@@ -12,10 +12,13 @@ use std::time::Duration;
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
 use futures_util::{FutureExt, StreamExt};
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgPool, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
-use sqlx::{Acquire, Connection, Describe, Either, Execute, Executor, Postgres};
+use sqlx::{Connection, Describe, Either, Execute, Executor, Postgres};
 
-use crate::{begin_sql, Error, FencingError, Lease, LeaseConn, LeaseOptions};
+use crate::{
+    begin_sql_checked, Error, FencingError, Lease, LeaseConn, LeaseOptions, IN_TRANSACTION,
+};
 
 impl From<sqlx::Error> for Error {
     /// An error with a SQLSTATE of class `FT` becomes [`Error::Fencing`]; any other,
@@ -112,19 +115,52 @@ impl<'c, 't> Executor<'t> for &'t mut FencedConnection<'c> {
     }
 }
 
-/// Runs `f` in a transaction on `conn` fenced by `token`: BEGIN and the token go in one query
-/// (sqlx's `begin_with`: no extra round trip), committed when `f` returns `Ok`, rolled back when
-/// it returns `Err` or the future is dropped (sqlx's transaction rollback, sent before the
-/// connection's next use; a pool's connection before it is lent again). A statement of `f` that
-/// failed while `f` went on anyway: [`Error::RolledBack`]. `conn` must not be in a transaction
-/// (sqlx refuses a custom BEGIN inside one).
-pub async fn fenced<T, E, F>(conn: &mut PgConnection, token: i64, f: F) -> Result<T, E>
+/// Closes the pool's connection when dropped armed: the future running a fenced transaction was
+/// dropped (cancelled) before the transaction was known to be over, or it could not be ended.
+/// (sqlx's own rollback on drop does not cover a `BEGIN` still in flight: the connection would
+/// go back to the pool inside the fenced transaction, its token used by the next borrower.)
+struct Armed<'a> {
+    conn: &'a mut PoolConnection<Postgres>,
+    armed: bool,
+}
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// Runs `f` in a transaction on a pool's connection fenced by `token`: BEGIN and the token go in
+/// one query (sqlx's `begin_with`: no extra round trip), committed when `f` returns `Ok`, rolled
+/// back when it returns `Err`. If the future is dropped (cancelled) or the transaction cannot be
+/// ended, the connection is closed instead of going back to the pool. A statement of `f` that
+/// failed while `f` went on anyway: [`Error::RolledBack`] (with `f`'s own savepoints too: any
+/// failed statement rolls the whole transaction back). A connection already in a transaction
+/// (begun by hand): [`Error::Usage`], and the connection is closed (its transaction with it).
+pub async fn fenced<T, E, F>(conn: &mut PoolConnection<Postgres>, token: i64, f: F) -> Result<T, E>
 where
     F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
     E: From<Error>,
 {
-    let begin = begin_sql(token)?;
-    let mut tx = conn.begin_with(begin).await.map_err(Error::from)?;
+    let begin = begin_sql_checked(token)?;
+    let mut guard = Armed { conn, armed: true };
+    let mut tx = match guard.conn.begin_with(begin).await {
+        Ok(tx) => tx,
+        Err(e) => {
+            // Also an earlier query's error still pending on the connection: whether the BEGIN
+            // went through is unknown; the guard closes the connection.
+            let e = Error::from(e);
+            if e.to_string().contains(IN_TRANSACTION) {
+                return Err(Error::Usage(
+                    "fenced starts its own transaction: the connection was in one (closed)".into(),
+                )
+                .into());
+            }
+            return Err(e.into());
+        }
+    };
     let mut fc = FencedConnection {
         conn: &mut tx,
         failed: false,
@@ -134,29 +170,33 @@ where
     match out {
         Ok(_) if failed => {
             tx.rollback().await.map_err(Error::from)?;
+            guard.armed = false;
             Err(Error::RolledBack.into())
         }
         Ok(value) => {
             tx.commit().await.map_err(Error::from)?;
+            guard.armed = false;
             Ok(value)
         }
         Err(e) => {
-            let _ = tx.rollback().await;
+            if tx.rollback().await.is_ok() {
+                guard.armed = false;
+            }
             Err(e)
         }
     }
 }
 
-/// [`fenced`] on a connection of `pool`, given back afterwards.
+/// [`fenced`] on a connection of `pool`, given back afterwards (closed instead when the
+/// transaction could not be seen to its end).
 pub async fn fenced_pool<T, E, F>(pool: &PgPool, token: i64, f: F) -> Result<T, E>
 where
     F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
     E: From<Error>,
 {
-    begin_sql(token)?;
+    begin_sql_checked(token)?;
     let mut conn = pool.acquire().await.map_err(Error::from)?;
-    let conn = conn.acquire().await.map_err(Error::from)?;
-    fenced(conn, token, f).await
+    fenced(&mut conn, token, f).await
 }
 
 fn secs(d: Duration) -> f64 {

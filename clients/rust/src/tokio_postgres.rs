@@ -165,15 +165,17 @@ where
     let lease = Lease::acquire(lease_client, name, ttl, options).await?;
     let result = {
         let lease = &lease;
-        let work = fenced(client, lease.token(), async move |c: &Client| {
-            let value = f(c, lease).await?;
+        fenced(client, lease.token(), async move |c: &Client| {
+            // A loss stops f where it is; once f is done and the lease checked, the COMMIT is
+            // not raced (its outcome is what is reported).
+            let value = tokio::select! {
+                value = f(c, lease) => value?,
+                () = lease.lost() => return Err(E::from(crate::lease::lost(lease))),
+            };
             lease.check()?;
             Ok(value)
-        });
-        tokio::select! {
-            result = work => result,
-            () = lease.lost() => Err(E::from(crate::lease::lost(lease))),
-        }
+        })
+        .await
     };
     let result = match result {
         Err(_) if lease.check().is_err() => Err(E::from(crate::lease::lost(&lease))),

@@ -563,3 +563,193 @@ async fn etcd_lock_token() {
     println!("a lock under a revoked lease: {e}");
     etcd.lease_revoke(lease_b).await.unwrap();
 }
+
+/// The pool's next borrower: its token setting and whether a tokenless write to `table` is let
+/// through (it must be refused, FT002: a leaked fenced transaction would admit it).
+async fn next_borrower(pool: &sqlx::PgPool, table: &str) -> (String, Option<String>) {
+    let mut c = pool.acquire().await.unwrap();
+    let t: String =
+        sqlx::query_scalar("SELECT coalesce(current_setting('pg_fencing.token', true), '')")
+            .fetch_one(&mut *c)
+            .await
+            .unwrap();
+    let w = sqlx::query(&format!("UPDATE {table} SET v = 99 WHERE id = 1"))
+        .execute(&mut *c)
+        .await;
+    let code = w
+        .err()
+        .map(|e| Error::from(e).sqlstate().unwrap_or_default());
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *c).await;
+    (t, code)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlx_cancelled_and_unclean() {
+    use futures_util::FutureExt;
+    use pg_fencing::sqlx::{fenced, fenced_pool, FencedConnection};
+    use sqlx::postgres::PgPoolOptions;
+    let admin = setup("sx_cancel", "sx_cancel", 10).await;
+    admin
+        .batch_execute(
+            "BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO sx_cancel VALUES (1, 0); COMMIT",
+        )
+        .await
+        .unwrap();
+    let opts: sqlx::postgres::PgConnectOptions = std::env::var("PGFENCING_TEST_URL")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts.application_name("sx_cancel"))
+        .await
+        .unwrap();
+    let write = async |c: &mut FencedConnection<'_>| -> Result<(), Error> {
+        sqlx::query("UPDATE sx_cancel SET v = v + 1 WHERE id = 1")
+            .execute(&mut *c)
+            .await?;
+        Ok(())
+    };
+    // Dropped after its first poll: the BEGIN query is in flight.
+    assert!(fenced_pool(&pool, 10, write).now_or_never().is_none());
+    assert_eq!(
+        next_borrower(&pool, "sx_cancel").await,
+        (String::new(), Some("FT002".into())),
+        "a fenced_pool dropped during its BEGIN"
+    );
+    // Dropped at every moment: timeouts of 0 to 3 ms.
+    for us in (0..3000).step_by(50) {
+        let _ =
+            tokio::time::timeout(Duration::from_micros(us), fenced_pool(&pool, 10, write)).await;
+        assert_eq!(
+            next_borrower(&pool, "sx_cancel").await,
+            (String::new(), Some("FT002".into())),
+            "a fenced_pool dropped after {us} µs"
+        );
+    }
+    // (Some of those ran to their end and committed; a cancelled one did not leak.)
+    let before = value(&admin, "SELECT v::bigint FROM sx_cancel WHERE id = 1").await;
+    // An earlier query's error still pending on the connection when fenced begins.
+    let mut c = pool.acquire().await.unwrap();
+    let _ = tokio::time::timeout(
+        Duration::from_millis(50),
+        sqlx::query("SELECT 1 / (0 * count(*)) FROM pg_sleep(0.2)").execute(&mut *c),
+    )
+    .await;
+    let r = fenced(&mut c, 10, write).await;
+    assert!(r.is_err(), "{r:?}");
+    drop(c);
+    assert_eq!(
+        next_borrower(&pool, "sx_cancel").await,
+        (String::new(), Some("FT002".into())),
+        "fenced after an abandoned query"
+    );
+    // A connection in a transaction begun by hand: refused, the connection closed.
+    let mut c = pool.acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut *c).await.unwrap();
+    let r = fenced(&mut c, 10, write).await;
+    assert!(matches!(r, Err(Error::Usage(_))), "{r:?}");
+    drop(c);
+    assert_eq!(
+        next_borrower(&pool, "sx_cancel").await,
+        (String::new(), Some("FT002".into()))
+    );
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM sx_cancel WHERE id = 1").await,
+        before,
+        "no refused transaction committed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_lost_during_a_slow_commit() {
+    use pg_fencing::tokio_postgres::run_with_lease;
+    // A deferred constraint trigger that takes 2.5 s at COMMIT; the lease is released from
+    // outside while it runs. What run_with_lease reports must be what happened.
+    let admin = setup("rt_slow", "rt_slow", 1).await;
+    admin
+        .batch_execute(
+            "BEGIN; SET LOCAL pg_fencing.token = '1'; INSERT INTO rt_slow VALUES (1, 0); COMMIT;
+             CREATE FUNCTION rt_slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN PERFORM pg_sleep(2.5); RETURN NULL; END $$;
+             CREATE CONSTRAINT TRIGGER rt_slow_commit AFTER UPDATE ON rt_slow
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION rt_slow_commit();",
+        )
+        .await
+        .unwrap();
+    let mut c = connect("rt_slow").await;
+    let r = run_with_lease(
+        connect("rt_slow_lease").await,
+        &mut c,
+        "rt_slow",
+        Duration::from_millis(1500),
+        LeaseOptions::default(),
+        async |c: &Client, lease: &pg_fencing::Lease| -> Result<(), Error> {
+            c.execute("UPDATE rt_slow SET v = 1 WHERE id = 1", &[])
+                .await?;
+            let token = lease.token();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let outside = connect("rt_slow_outside").await;
+                let _ = outside
+                    .execute("SELECT fencing_lease_release($1)", &[&token])
+                    .await;
+            });
+            Ok(())
+        },
+    )
+    .await;
+    let v = value(&admin, "SELECT v::bigint FROM rt_slow WHERE id = 1").await;
+    println!("a lease lost during a slow COMMIT: {r:?}, v = {v:?}");
+    assert_eq!(r.is_ok(), v == Some(1), "reported {r:?} but v = {v:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_key_recreated_while_queued() {
+    // B queues behind A; B's key is deleted; C queues; B's key is created again under B's lease
+    // (a second request); A unlocks. C owns the lock (its key is the oldest): B's first request
+    // must not be granted, or two holders would carry tokens of the same order.
+    let endpoint = std::env::var("PGFENCING_TEST_ETCD").unwrap();
+    let connect_etcd = async || {
+        etcd_client::Client::connect([endpoint.as_str()], None)
+            .await
+            .unwrap()
+    };
+    let mut etcd = connect_etcd().await;
+    let lease =
+        async |etcd: &mut etcd_client::Client| etcd.lease_grant(30, None).await.unwrap().id();
+    let (la, lb, lc) = (
+        lease(&mut etcd).await,
+        lease(&mut etcd).await,
+        lease(&mut etcd).await,
+    );
+    let a = pg_fencing::etcd::lock(&mut etcd, "et3", la).await.unwrap();
+    let mut eb = connect_etcd().await;
+    let b1 = tokio::spawn(async move { pg_fencing::etcd::lock(&mut eb, "et3", lb).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b_key = format!("et3/{lb:x}");
+    assert_eq!(etcd.delete(b_key.clone(), None).await.unwrap().deleted(), 1);
+    let mut ec = connect_etcd().await;
+    let c = tokio::spawn(async move { pg_fencing::etcd::lock(&mut ec, "et3", lc).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut eb2 = connect_etcd().await;
+    let b2 = tokio::spawn(async move { pg_fencing::etcd::lock(&mut eb2, "et3", lb).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    etcd.unlock(a.key.clone()).await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(5), c)
+        .await
+        .unwrap()
+        .unwrap();
+    let b1 = tokio::time::timeout(Duration::from_secs(5), b1)
+        .await
+        .unwrap()
+        .unwrap();
+    println!("C: {c:?}\nB's first request: {b1:?}");
+    assert!(c.is_ok(), "C owns the lock: {c:?}");
+    let e = b1.expect_err("B's first request is not granted");
+    assert_eq!(e.fencing().map(|f| &f.code), Some(&Code::LeaseLost), "{e}");
+    for l in [la, lb, lc] {
+        let _ = etcd.lease_revoke(l).await;
+    }
+    b2.abort();
+}

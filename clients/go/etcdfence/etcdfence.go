@@ -27,8 +27,10 @@ func Token(m *concurrency.Mutex) (int64, error) {
 
 // Lock takes lock name in session s and returns the mutex and its token. etcd 3.4's
 // Mutex.Lock can return after a wait although the session's key was deleted meanwhile (its lease
-// revoked or expired): the key is read back, and a lock whose key is gone is not granted (an
-// *pgfencing.Error with code FT003).
+// revoked or expired, or the key deleted, and perhaps created again by a second Lock after another
+// waiter queued): the lock's keys are read back, and unless the session's key is the oldest under
+// the lock's prefix (the owner), under its lease, the lock is not granted (an *pgfencing.Error
+// with code FT003).
 func Lock(ctx context.Context, s *concurrency.Session, name string) (*concurrency.Mutex, int64, error) {
 	m := concurrency.NewMutex(s, name)
 	if err := m.Lock(ctx); err != nil {
@@ -38,14 +40,17 @@ func Lock(ctx context.Context, s *concurrency.Session, name string) (*concurrenc
 	if err != nil {
 		return nil, 0, err
 	}
-	r, err := s.Client().Get(ctx, m.Key())
+	// The owner is the oldest key under the lock's prefix; ours must be it, under our lease (a
+	// key deleted while it waited, and perhaps created again by a second Lock on the session
+	// after another waiter queued, is not).
+	r, err := s.Client().Get(ctx, name+"/", clientv3.WithFirstCreate()...)
 	if err != nil {
 		_ = m.Unlock(context.Background())
 		return nil, 0, err
 	}
-	if len(r.Kvs) == 0 || r.Kvs[0].Lease != int64(s.Lease()) {
+	if len(r.Kvs) == 0 || string(r.Kvs[0].Key) != m.Key() || r.Kvs[0].Lease != int64(s.Lease()) {
 		return nil, 0, pgfencing.NewError(pgfencing.CodeLeaseLost,
-			fmt.Sprintf("etcd lock %q was not granted: its key was deleted while it waited (the session's lease expired or was revoked)", name),
+			fmt.Sprintf("etcd lock %q was not granted: its key was deleted while it waited (the session's lease expired or was revoked, or the key deleted), so it is not the lock's owner", name),
 			"", "", nil)
 	}
 	return m, token, nil

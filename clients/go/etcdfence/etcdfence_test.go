@@ -6,6 +6,7 @@ package etcdfence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -114,6 +115,62 @@ func TestLockWhoseLeaseIsRevokedWhileWaiting(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lock did not return after the holder let go")
+	}
+}
+
+// B queues behind A; B's key is deleted; C queues; B's key is created again under B's lease (a
+// second Lock on B's session); A unlocks. C owns the lock (its key is the oldest): B's first Lock
+// must not be granted, or two holders would carry tokens of the same order.
+func TestLockWhoseKeyIsCreatedAgainWhileWaiting(t *testing.T) {
+	ctx := context.Background()
+	cli, _ := clients(t)
+	session := func() *concurrency.Session {
+		s, err := concurrency.NewSession(cli, concurrency.WithTTL(10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	a, b, c := session(), session(), session()
+	am, _, err := Lock(ctx, a, "ed-again")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		token int64
+		err   error
+	}
+	lock := func(s *concurrency.Session) chan result {
+		out := make(chan result, 1)
+		go func() {
+			_, tok, err := Lock(ctx, s, "ed-again")
+			out <- result{tok, err}
+		}()
+		time.Sleep(300 * time.Millisecond)
+		return out
+	}
+	b1 := lock(b)
+	if r, err := cli.Delete(ctx, fmt.Sprintf("ed-again/%x", b.Lease())); err != nil || r.Deleted != 1 {
+		t.Fatalf("deleting B's key: %v %v", r, err)
+	}
+	c1 := lock(c)
+	lock(b) // B's key again, younger than C's
+	if err := am.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, ch := range map[string]chan result{"C": c1, "B's first": b1} {
+		select {
+		case r := <-ch:
+			if name == "C" && r.err != nil {
+				t.Errorf("C owns the lock: %v", r.err)
+			}
+			if name != "C" && (!errors.Is(r.err, pgfencing.ErrLeaseLost) || r.token != 0) {
+				t.Errorf("B's first Lock is not granted (FT003, no token): %d %v", r.token, r.err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s's Lock did not return", name)
+		}
 	}
 }
 

@@ -58,14 +58,23 @@ impl Code {
 /// (resource mode) or the row and its table (per-row mode), and the high-water mark.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FencingError {
+    /// The SQLSTATE.
     pub code: Code,
+    /// The server's message (for this crate's own `FT003`, why the lease or lock was lost).
     pub message: String,
+    /// The server's detail.
     pub detail: Option<String>,
+    /// The server's hint.
     pub hint: Option<String>,
+    /// `FT001`: the refused token.
     pub token: Option<i64>,
+    /// `FT001` in resource mode: the resource.
     pub resource: Option<String>,
+    /// `FT001` in per-row mode: the row's key, as the server writes it (`(42)`).
     pub row: Option<String>,
+    /// `FT001` in per-row mode: the table (`public.payouts`).
     pub table: Option<String>,
+    /// `FT001`: the high-water mark the token is below (from the detail).
     pub high_water: Option<i64>,
 }
 
@@ -75,7 +84,7 @@ impl FencingError {
     /// The server's `FT001` message is exactly `stale fencing token N for resource "<name>"` or
     /// `… for row <key> of table <table>`, the name and key written as they are (not escaped):
     /// the resource is everything between the first and the last quote, the table what follows
-    /// the last " of table ". The detail ends with "… is <mark>.".
+    /// the last " of table ". The detail ends with "… is `<mark>`.".
     pub fn from_fields(
         sqlstate: &str,
         message: &str,

@@ -14,7 +14,9 @@ use crate::{Error, FencingError};
 /// An etcd lock held under a lease: its fencing token and its key (for `unlock`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lock {
+    /// The fencing token: the revision of the lock response's header.
     pub token: i64,
+    /// The lock's key (`<name>/<lease id in hex>`), for `unlock`.
     pub key: Vec<u8>,
 }
 

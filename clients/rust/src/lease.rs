@@ -41,7 +41,10 @@ pub trait LeaseConn: Send + 'static {
 /// holder (zero: not at all, `55P03` if held); `renew_every` defaults to a third of the TTL.
 #[derive(Debug, Clone, Default)]
 pub struct LeaseOptions {
+    /// How long `fencing_lease_acquire` may wait for the current holder (zero: `55P03` at once
+    /// if the lease is held).
     pub wait: Duration,
+    /// The renewal period; `None`: a third of the TTL.
     pub renew_every: Option<Duration>,
 }
 

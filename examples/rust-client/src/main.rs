@@ -46,7 +46,8 @@ const EXIT_FENCED_OFF: u8 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Style {
-    /// `SELECT set_config('pg_fencing.token', $1, true)`, then plain SQL.
+    /// The crate's `fenced` (BEGIN and `set_config('pg_fencing.token', …, true)` in one query),
+    /// then plain SQL.
     Sql,
     /// `fenced_update` / `fenced_insert` with the token as an argument.
     Function,

@@ -261,6 +261,32 @@ async fn renew<C: LeaseConn>(
     }
 }
 
+/// The part of a `run_with_lease` that runs inside its fenced transaction: `work` (the user's
+/// function) stopped where it is if the lease is lost, then the lease checked. Once it returns
+/// the COMMIT is not raced with the loss: what is reported is what happened.
+pub(crate) async fn while_held<T, E: From<Error>>(
+    lease: &Lease,
+    work: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let value = tokio::select! {
+        value = work => value?,
+        () = lease.lost() => return Err(E::from(lost(lease))),
+    };
+    lease.check()?;
+    Ok(value)
+}
+
+/// The end of a `run_with_lease`: an error of a function stopped by the lease's loss is reported
+/// as that loss (nothing of it committed); the lease is released.
+pub(crate) async fn finish<T, E: From<Error>>(lease: Lease, result: Result<T, E>) -> Result<T, E> {
+    let result = match result {
+        Err(_) if lease.check().is_err() => Err(E::from(lost(&lease))),
+        other => other,
+    };
+    let _ = lease.release().await;
+    result
+}
+
 /// The error of a lease reported lost.
 pub(crate) fn lost(lease: &Lease) -> Error {
     match lease.check() {

@@ -264,24 +264,14 @@ where
     let lease = Lease::acquire(lease_conn, name, ttl, options).await?;
     let result = {
         let lease = &lease;
-        let work = fenced_pool(
+        fenced_pool(
             pool,
             lease.token(),
             async move |c: &mut FencedConnection<'_>| {
-                let value = f(c, lease).await?;
-                lease.check()?;
-                Ok(value)
+                crate::lease::while_held(lease, f(c, lease)).await
             },
-        );
-        tokio::select! {
-            result = work => result,
-            () = lease.lost() => Err(E::from(crate::lease::lost(lease))),
-        }
+        )
+        .await
     };
-    let result = match result {
-        Err(_) if lease.check().is_err() => Err(E::from(crate::lease::lost(&lease))),
-        other => other,
-    };
-    let _ = lease.release().await;
-    result
+    crate::lease::finish(lease, result).await
 }

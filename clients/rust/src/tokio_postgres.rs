@@ -166,21 +166,9 @@ where
     let result = {
         let lease = &lease;
         fenced(client, lease.token(), async move |c: &Client| {
-            // A loss stops f where it is; once f is done and the lease checked, the COMMIT is
-            // not raced (its outcome is what is reported).
-            let value = tokio::select! {
-                value = f(c, lease) => value?,
-                () = lease.lost() => return Err(E::from(crate::lease::lost(lease))),
-            };
-            lease.check()?;
-            Ok(value)
+            crate::lease::while_held(lease, f(c, lease)).await
         })
         .await
     };
-    let result = match result {
-        Err(_) if lease.check().is_err() => Err(E::from(crate::lease::lost(&lease))),
-        other => other,
-    };
-    let _ = lease.release().await;
-    result
+    crate::lease::finish(lease, result).await
 }

@@ -10,9 +10,8 @@
 use std::time::Instant;
 
 use pg_fencing::Error;
-use sqlx::pool::PoolConnection;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, Postgres};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Connection;
 use tokio_postgres::{Client, NoTls};
 
 fn env(name: &str, default: usize) -> usize {
@@ -57,7 +56,10 @@ async fn tp(c: &mut Client, variant: usize, id: i32) -> Result<(), Error> {
     }
 }
 
-async fn sx(c: &mut PoolConnection<Postgres>, variant: usize, id: i32) -> Result<(), Error> {
+/// sqlx: each transaction on a connection taken from a pool of one (`fenced` takes it and gives
+/// it back; the unfenced variant does the same).
+async fn sx(pool: &PgPool, variant: usize, id: i32) -> Result<(), Error> {
+    let mut c = pool.acquire().await?;
     match variant {
         0 | 1 => {
             let sql = if variant == 0 { FENCED } else { FLOOR };
@@ -114,7 +116,6 @@ async fn main() -> Result<(), Error> {
             .max_connections(1)
             .connect(&url(conninfo))
             .await?;
-        let mut sxc = pool.acquire().await?;
         let mut per: [Vec<f64>; 3] = Default::default();
         for _ in 0..rounds {
             let mut lat: [Vec<f64>; 3] = Default::default();
@@ -125,7 +126,7 @@ async fn main() -> Result<(), Error> {
                     if driver.starts_with("tokio") {
                         tp(&mut tpc, n, key(i)).await?;
                     } else {
-                        sx(&mut sxc, n, key(i)).await?;
+                        sx(&pool, n, key(i)).await?;
                     }
                     lat[n].push(t0.elapsed().as_nanos() as f64 / 1000.0);
                 }

@@ -132,20 +132,25 @@ impl Drop for Armed<'_> {
     }
 }
 
-/// Runs `f` in a transaction on a pool's connection fenced by `token`: BEGIN and the token go in
-/// one query (sqlx's `begin_with`: no extra round trip), committed when `f` returns `Ok`, rolled
-/// back when it returns `Err`. If the future is dropped (cancelled) or the transaction cannot be
-/// ended, the connection is closed instead of going back to the pool. A statement of `f` that
-/// failed while `f` went on anyway: [`Error::RolledBack`] (with `f`'s own savepoints too: any
-/// failed statement rolls the whole transaction back). A connection already in a transaction
-/// (begun by hand): [`Error::Usage`], and the connection is closed (its transaction with it).
-pub async fn fenced<T, E, F>(conn: &mut PoolConnection<Postgres>, token: i64, f: F) -> Result<T, E>
+/// Runs `f` in a transaction on `conn`, a pool's connection, fenced by `token`: BEGIN and the
+/// token go in one query (sqlx's `begin_with`: no extra round trip), committed when `f` returns
+/// `Ok`, rolled back when it returns `Err`. The connection is taken, and goes back to its pool at
+/// the end; if the future is dropped (cancelled) or the transaction cannot be ended, it is closed
+/// instead (nobody can use it inside the fenced transaction: with `&mut`, the caller could after
+/// a cancelled `BEGIN`). A statement of `f` that failed while `f` went on anyway:
+/// [`Error::RolledBack`] (with `f`'s own savepoints too: any failed statement rolls the whole
+/// transaction back). A connection already in a transaction (begun by hand): [`Error::Usage`],
+/// and the connection is closed (its transaction with it).
+pub async fn fenced<T, E, F>(mut conn: PoolConnection<Postgres>, token: i64, f: F) -> Result<T, E>
 where
     F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
     E: From<Error>,
 {
     let begin = begin_sql_checked(token)?;
-    let mut guard = Armed { conn, armed: true };
+    let mut guard = Armed {
+        conn: &mut conn,
+        armed: true,
+    };
     let mut tx = match guard.conn.begin_with(begin).await {
         Ok(tx) => tx,
         Err(e) => {
@@ -195,8 +200,8 @@ where
     E: From<Error>,
 {
     begin_sql_checked(token)?;
-    let mut conn = pool.acquire().await.map_err(Error::from)?;
-    fenced(&mut conn, token, f).await
+    let conn = pool.acquire().await.map_err(Error::from)?;
+    fenced(conn, token, f).await
 }
 
 fn secs(d: Duration) -> f64 {

@@ -636,9 +636,8 @@ async fn sqlx_cancelled_and_unclean() {
         sqlx::query("SELECT 1 / (0 * count(*)) FROM pg_sleep(0.2)").execute(&mut *c),
     )
     .await;
-    let r = fenced(&mut c, 10, write).await;
+    let r = fenced(c, 10, write).await;
     assert!(r.is_err(), "{r:?}");
-    drop(c);
     assert_eq!(
         next_borrower(&pool, "sx_cancel").await,
         (String::new(), Some("FT002".into())),
@@ -647,9 +646,8 @@ async fn sqlx_cancelled_and_unclean() {
     // A connection in a transaction begun by hand: refused, the connection closed.
     let mut c = pool.acquire().await.unwrap();
     sqlx::raw_sql("BEGIN").execute(&mut *c).await.unwrap();
-    let r = fenced(&mut c, 10, write).await;
+    let r = fenced(c, 10, write).await;
     assert!(matches!(r, Err(Error::Usage(_))), "{r:?}");
-    drop(c);
     assert_eq!(
         next_borrower(&pool, "sx_cancel").await,
         (String::new(), Some("FT002".into()))

@@ -6,19 +6,24 @@
 # ${ETCD_PRODUCTION_PORT:-24110} to that + 25; then bench/many_locks.py --quick on
 # 127.0.0.1:${PGPORT_MANYLOCKS:-54390}, etcd ${ETCD_MANYLOCKS_PORT:-24300} and 24301. Needs the
 # release package or `cargo pgrx install`.
+#   tests/worker/run.sh [--only SCENARIO[,SCENARIO...]] [--worker-only]
+# --worker-only: worker_test.py alone (the TLS, authentication, grpc-proxy and many-locks runs
+# test the worker's etcd client, which is the same on every major; stage 18 uses it).
 set -euo pipefail
 source "$(dirname "$0")/../../scripts/hermetic.sh" "$@"
+WORKER_ONLY=""
+for a in "$@"; do [ "$a" = --worker-only ] && WORKER_ONLY=yes; done
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
 need_python
 PGBIN="$PGBIN" "$PY" tests/worker/worker_test.py "$@"
 # etcd as in production (TLS, authentication, grpc-proxy): not with --only either.
-if [[ " $* " != *" --only "* ]]; then
+if [[ " $* " != *" --only "* ]] && [ -z "$WORKER_ONLY" ]; then
     PGBIN="$PGBIN" "$PY" tests/worker/production_test.py
 fi
 # Many locks at once (200 locks of 20 sessions, 1,000 cycles; bench/many_locks.py checks what it
 # measures): not when only some scenarios were asked for (--only).
-if [[ " $* " != *" --only "* ]]; then
+if [[ " $* " != *" --only "* ]] && [ -z "$WORKER_ONLY" ]; then
     PGBIN="$PGBIN" "$PY" bench/many_locks.py --quick \
         --pg-port "${PGPORT_MANYLOCKS:-54390}" --etcd-port "${ETCD_MANYLOCKS_PORT:-24300}"
 fi

@@ -1788,30 +1788,19 @@ def main():
                 # Most scenarios take (etcd, pg); a few need only the server.
                 scenario(*(etcd, pg)[2 - scenario.__code__.co_argcount:])
         else:
-            scenarios_single(etcd, pg)
-            scenario_requests(etcd, pg)
-            scenario_session_lease(etcd, pg)
-            scenario_state_file(etcd, pg)
-            scenario_watch(etcd, pg)
-            scenario_worker_threads(pg)
-            scenario_verify_wait(etcd, pg)
-            scenario_state_lock(pg)
-            scenario_watch_gap(etcd, pg)
-            scenario_watch_txn(etcd, pg)
-            scenario_watch_commit_fails(etcd, pg)
-            scenario_watch_dropped_database(etcd, pg)
-            scenario_watch_compacted(etcd, pg)
-            scenario_tombstone_retention(etcd, pg)
-            scenario_cancel_storm(etcd, pg)
-            scenario_etcd_down(etcd, pg)
-            scenario_kill9(etcd, pg)
-            scenario_restore(etcd, pg)
-            scenario_restore_watched(etcd, pg)
-            pg.stop("immediate")
-            scenario_max_locks(etcd)
-            etcd.stop()
-            scenario_cluster()
-            scenario_no_preload()
+            steps = [(scenarios_single, etcd, pg), (scenario_requests, etcd, pg), (scenario_session_lease, etcd, pg),
+                     (scenario_state_file, etcd, pg), (scenario_watch, etcd, pg), (scenario_worker_threads, pg),
+                     (scenario_verify_wait, etcd, pg), (scenario_state_lock, pg), (scenario_watch_gap, etcd, pg),
+                     (scenario_watch_txn, etcd, pg), (scenario_watch_commit_fails, etcd, pg),
+                     (scenario_watch_dropped_database, etcd, pg), (scenario_watch_compacted, etcd, pg),
+                     (scenario_tombstone_retention, etcd, pg), (scenario_cancel_storm, etcd, pg),
+                     (scenario_etcd_down, etcd, pg), (scenario_kill9, etcd, pg), (scenario_restore, etcd, pg),
+                     (scenario_restore_watched, etcd, pg), (pg.stop, "immediate"), (scenario_max_locks, etcd),
+                     (etcd.stop,), (scenario_cluster,), (scenario_no_preload,)]
+            for fn, *args in steps:
+                started = time.monotonic()
+                fn(*args)
+                print(f"  [{fn.__name__}: {time.monotonic() - started:.1f} s]")
     finally:
         for p in PROCS:
             if p.poll() is None:

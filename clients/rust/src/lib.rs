@@ -61,6 +61,7 @@ pub fn begin_sql(token: i64) -> Result<String, Error> {
 /// a text that is no token (the extension refuses it, `22P02`, its message containing
 /// [`IN_TRANSACTION`]) unless the transaction began in this very query (its start is this
 /// query's start).
+#[cfg(feature = "sqlx")]
 pub(crate) fn begin_sql_checked(token: i64) -> Result<String, Error> {
     let token = check_token(token)?;
     Ok(format!(
@@ -69,6 +70,7 @@ pub(crate) fn begin_sql_checked(token: i64) -> Result<String, Error> {
 }
 
 /// What the refused value of [`begin_sql_checked`] says.
+#[cfg(feature = "sqlx")]
 pub(crate) const IN_TRANSACTION: &str =
     "not a token: fenced() starts its own transaction and the connection was already in one";
 

@@ -110,13 +110,6 @@ DEB="$ROOT/target/packages/${DEB_NAME}_${VERSION}_amd64.deb"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 
-# cargo pgrx test builds twice: `cargo test`, then `cargo build --lib` for the extension it
-# installs, the second with `-C link-arg=-Wl,--no-gc-sections` (as a `--config` rustflags), and
-# different flags rebuild every dependency (2.5 minutes on 2 cores). With the same flags in
-# RUSTFLAGS (which cargo takes before any `--config` rustflags) for both, and for clippy, whose
-# build scripts' outputs (pgrx-pg-sys's bindings) the builds then share, it builds once.
-PGRX_RUSTFLAGS="-C link-arg=-Wl,--no-gc-sections"
-
 stage_checks() {
     step "hermetic: the project's Python only, the caller's environment dropped (scripts/check-scripts.sh)"
     # A fresh machine's python3 has no psycopg2; make every machine look like that: a bare virtualenv
@@ -142,9 +135,9 @@ stage_checks() {
     "$PY" scripts/check_layers.py src
     "$PY" scripts/check_sql_surface.py --self-test
     "$PY" scripts/check_sql_surface.py   # the SQL scripts' C functions against the Rust entry points
-    RUSTFLAGS=$PGRX_RUSTFLAGS cargo clippy -- -D warnings   # the library as built for release
-    RUSTFLAGS=$PGRX_RUSTFLAGS cargo clippy --features "pg15 pg_test" --tests -- -D warnings
-    RUSTFLAGS=$PGRX_RUSTFLAGS CARGO_TARGET_DIR=target/pg18 cargo clippy --no-default-features --features pg18 -- -D warnings  # PostgreSQL 18's build
+    cargo clippy -- -D warnings   # the library as built for release
+    cargo clippy --features "pg15 pg_test" --tests -- -D warnings
+    CARGO_TARGET_DIR=target/pg18 cargo clippy --no-default-features --features pg18 -- -D warnings  # PostgreSQL 18's build
     scripts/check-docs.sh --strict
 
     step "released SQL scripts unchanged (scripts/check-sql-releases.sh); what setup replaces in the system PostgreSQL is kept and named (tests/setup/replaced_install.sh)"
@@ -158,9 +151,9 @@ stage_unit() {
     mkdir -p "$WORK/pgrx-data"
     [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data"
     if [ "$(id -u)" -eq 0 ]; then
-        RUSTFLAGS=$PGRX_RUSTFLAGS cargo pgrx test pg15 --runas postgres --pgdata "$WORK/pgrx-data"
+        cargo pgrx test pg15 --runas postgres --pgdata "$WORK/pgrx-data"
     else
-        RUSTFLAGS=$PGRX_RUSTFLAGS cargo pgrx test pg15
+        cargo pgrx test pg15
     fi
 }
 
@@ -237,9 +230,9 @@ stage_pg18_build() {
     mkdir -p "$WORK/pgrx-data-18"
     [ "$(id -u)" -eq 0 ] && chown postgres:postgres "$WORK/pgrx-data-18"
     if [ "$(id -u)" -eq 0 ]; then
-        RUSTFLAGS=$PGRX_RUSTFLAGS CARGO_TARGET_DIR=target/pg18 cargo pgrx test pg18 --no-default-features --runas postgres --pgdata "$WORK/pgrx-data-18"
+        CARGO_TARGET_DIR=target/pg18 cargo pgrx test pg18 --no-default-features --runas postgres --pgdata "$WORK/pgrx-data-18"
     else
-        RUSTFLAGS=$PGRX_RUSTFLAGS CARGO_TARGET_DIR=target/pg18 cargo pgrx test pg18 --no-default-features
+        CARGO_TARGET_DIR=target/pg18 cargo pgrx test pg18 --no-default-features
     fi
     rm -f "target/packages/pg_fencing-$VERSION-pg18.tar.gz"
     scripts/package.sh 18

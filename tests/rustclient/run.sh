@@ -4,7 +4,7 @@
 # its tests run there (`cargo test --all-features --locked`: the unit tests and tests/live.rs)
 # against a throwaway PostgreSQL 15 on 127.0.0.1:${PGPORT_CLIENTS_RUST:-54569} that preloads
 # pg_fencing and logs every statement, and an etcd on 127.0.0.1:${ETCD_CLIENTS_RUST_PORT:-24161}
-# (peer port +1). The build shares clients/rust/target with examples/rust-client (release
+# (peer port +1). The build shares clients/rust/target with examples/rust-client (dev
 # profile), so the dependencies are built once for both.
 #   tests/rustclient/run.sh          (pg_fencing's current build installed)
 set -euo pipefail
@@ -26,8 +26,8 @@ CRATE=$(ls -t "$CARGO_TARGET_DIR"/package/pg-fencing-*.crate | head -1)
 tar -m -xzf "$CRATE" -C "$WORK"
 SRC="$WORK/$(basename "$CRATE" .crate)"
 [ -f "$SRC/Cargo.lock" ] && [ -f "$SRC/tests/live.rs" ] || { echo "FAIL: $CRATE lacks Cargo.lock or tests/live.rs" >&2; exit 1; }
-echo "-- building its tests (release profile, all features)"
-(cd "$SRC" && cargo test -q --release --all-features --locked --no-run)
+echo "-- building its tests (dev profile, all features)"
+(cd "$SRC" && cargo test -q --all-features --locked --no-run)
 echo "   built in $(( $(date +%s) - T0 ))s"
 PGPORT_TEST=${PGPORT_CLIENTS_RUST:-54569}
 ETCD_CLIENT_PORT=${ETCD_CLIENTS_RUST_PORT:-24161}
@@ -42,7 +42,7 @@ status=0
 (cd "$SRC" && PGFENCING_TEST_DSN="host=127.0.0.1 port=$PGPORT_TEST user=postgres dbname=postgres" \
     PGFENCING_TEST_LOG="$WORK/postgres.log" PGFENCING_TEST_ETCD="127.0.0.1:$ETCD_CLIENT_PORT" \
     PGFENCING_TEST_URL="postgresql://postgres@127.0.0.1:$PGPORT_TEST/postgres" \
-    cargo test --release --all-features --locked -- --test-threads=1 --nocapture \
+    cargo test --all-features --locked -- --test-threads=1 --nocapture \
     >"$WORK/cargo-test.log" 2>&1) || status=$?
 grep -E "^test |^test result|^statements|^a lock" "$WORK/cargo-test.log" || true
 if [ "$status" -ne 0 ]; then

@@ -3,7 +3,10 @@
 # builds and installs the extension into the system PostgreSQL 15, and then checks that every
 # command and Python module the chosen profile needs is really there (it fails loudly if not).
 #
-# Usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis|postgres]
+# Usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis|postgres] [--no-build]
+#   --no-build  no build and install of the extension (the test command: its stages build and
+#              install it themselves, cargo pgrx test and then the Debian package); a pg_fencing
+#              of another origin in the system PostgreSQL is still kept first (below)
 #   (no flag)  building, installing and the demo (scripts/demo.sh):
 #              apt: postgresql-15 postgresql-server-dev-15 libclang-dev protobuf-compiler sudo
 #                   etcd-server etcd-client build-essential pkg-config
@@ -47,12 +50,14 @@ source scripts/system-install.sh
 
 PROFILE=demo
 LOCK_SERVICE=etcd
+BUILD=yes
 while [ $# -gt 0 ]; do
     case "$1" in
         --test) PROFILE=test ;;
+        --no-build) BUILD="" ;;
         --lock-service) LOCK_SERVICE=${2:-}; shift ;;
         --lock-service=*) LOCK_SERVICE=${1#*=} ;;
-        *) echo "usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis|postgres]" >&2; exit 2 ;;
+        *) echo "usage: scripts/setup.sh [--test] [--lock-service etcd|zookeeper|redis|postgres] [--no-build]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -207,11 +212,15 @@ UNZIP
 fi
 
 replaced_install_backup "$PG_CONFIG"   # a pg_fencing of another origin: kept, and said so
-log "building and installing pg_fencing into $($PG_CONFIG --pkglibdir)"
-if [ -n "$SUDO" ]; then
-    pkg_run cargo pgrx install --pg-config "$PG_CONFIG" --sudo
+if [ -n "$BUILD" ]; then
+    log "building and installing pg_fencing into $($PG_CONFIG --pkglibdir)"
+    if [ -n "$SUDO" ]; then
+        pkg_run cargo pgrx install --pg-config "$PG_CONFIG" --sudo
+    else
+        pkg_run cargo pgrx install --pg-config "$PG_CONFIG"
+    fi
 else
-    pkg_run cargo pgrx install --pg-config "$PG_CONFIG"
+    log "not building pg_fencing (--no-build): the test command's stages build and install it"
 fi
 
 # The check: everything the profile's scripts call is there. -I: Python ignores PYTHON* variables

@@ -54,7 +54,9 @@
 #   (no option)   every stage above, after scripts/setup.sh --test: the test command (README.md)
 #   --quick       checks, unit, install, regress, isolation: the edit-test loop once built
 #   --only ...    the named stages (--list shows them), against the build installed now (the
-#                 stage `install` puts the current release build in place); no setup
+#                 stage `install` puts the current release build in place); no setup.
+#                 `pg18_build`: stage 4's builds alone (cargo pgrx test pg18, the tarball for 18),
+#                 what the test command runs in the background
 set -euo pipefail
 # Setup runs with the caller's environment (apt, pip and cargo need the machine's registry
 # settings); everything after it is hermetic.

@@ -1071,6 +1071,68 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.fencing_unprotect(regclass) IS
 'Removes the protection of a table (owner only, 42501). The token column, the resource''s high-water mark and the table''s tombstones are kept.';
 
+-- Citus's functions that distribute a table or re-create it under its name
+-- (create_distributed_table, create_reference_table, citus_add_local_table_to_metadata,
+-- alter_distributed_table, alter_table_set_access_method, undistribute_table; docs/citus.md,
+-- "Distributing a protected table"): Citus refuses a table with triggers, and re-creates a
+-- table without knowing its protection. The executor hook (src/guard/citus.rs) calls this, as
+-- the calling role, when such a call of fn on relation starts: relation's protection is removed
+-- (fencing_unprotect: the resource's high-water mark stays) and its qualified name, resource and
+-- token column returned, for citus_table_call_ends to protect the table again, in the shape of
+-- what Citus made of it, in the same statement. The DDL's locks (AccessExclusive on relation)
+-- hold to the end of the transaction, and an error anywhere in between rolls both back, so no
+-- other transaction sees the table unprotected. NULL: relation is not protected.
+-- Errors: 0A000 a table in per-row mode (Citus tables are protected in resource mode), or
+-- create_distributed_table_concurrently (it commits in several transactions).
+CREATE FUNCTION _pg_fencing.citus_table_call_begins(relation regclass, fn text) RETURNS text[]
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    p record;
+BEGIN
+    SELECT t.resource, t.token_column::text AS token_column,
+           format('%I.%I', n.nspname, c.relname) AS name INTO p
+    FROM _pg_fencing.protected_table t
+    JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.relid
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+    WHERE t.relid OPERATOR(pg_catalog.=) relation;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF fn = 'create_distributed_table_concurrently' THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('%s cannot distribute protected table %s', fn, relation),
+            DETAIL = 'It commits in several transactions, between which the table would not be protected.',
+            HINT = 'Use create_distributed_table, which keeps the protection; docs/citus.md.';
+    END IF;
+    IF p.resource IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('%s cannot take table %s, which is protected in per-row mode', fn, relation),
+            DETAIL = 'pg_fencing protects Citus tables in resource mode only.',
+            HINT = 'Protect it in resource mode first (fencing_protect(table, ''resource-name'')), or fencing_unprotect it; docs/citus.md.';
+    END IF;
+    PERFORM @extschema@.fencing_unprotect(relation);
+    RETURN ARRAY[p.name, p.resource, p.token_column];
+END
+$fn$;
+
+-- After such a call (citus_table_call_begins returned call): protect the table of that name again
+-- with its resource and token column, in the shape of what Citus made of it (fencing_protect).
+-- Errors: 55000 no table of that name is left; fencing_protect's own (0A000 for a kind of Citus
+-- table pg_fencing does not protect), which roll the call back with the protection.
+CREATE FUNCTION _pg_fencing.citus_table_call_ends(call text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    relation regclass := pg_catalog.to_regclass(call[1]);
+BEGIN
+    IF relation IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('protected table %s is gone after a Citus function re-created it', call[1]),
+            DETAIL = 'pg_fencing protects the table Citus leaves under the same name; there is none, so the call is rolled back.';
+    END IF;
+    PERFORM @extschema@.fencing_protect(relation, call[2], call[3]::name);
+END
+$fn$;
+
 -- Tombstone keys (src/pg/key_identity.rs): the hash of a key from its text, and what the hashes
 -- of a table's tombstones depend on.
 CREATE FUNCTION _pg_fencing.tombstone_key_hash(protection_id bigint, key text) RETURNS bigint

@@ -151,6 +151,13 @@ unsafe extern "C-unwind" fn xact_callback(
     {
         // Tombstones of this transaction's per-row deletes, batched (see state/tombstones.rs).
         tombstones::flush_tombstones();
+        // A table a Citus function took and no statement end protected again.
+        if let Err(e) = crate::guard::citus::calls_pending() {
+            // SAFETY: as for `applied` below: a PRE_COMMIT/PRE_PREPARE callback's ERROR aborts
+            // the transaction; this is the body of a #[pg_guard] callback on the main thread,
+            // and `e` is consumed by `raise`.
+            unsafe { report::raise(e, report::Raiser::Hook("pg_fencing pre-commit callback")) };
+        }
         // Registration changes of watched resources reach shared memory with the commit.
         let applied = if event == pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT {
             // A stopped watch's hand-over revision becomes the resource's mark, in this

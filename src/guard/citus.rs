@@ -82,8 +82,20 @@ struct Copying {
     inner: u32,
 }
 
+/// A call of one of Citus's functions that distribute or re-create a table
+/// (`citus::TABLE_FUNCTIONS`) on a protected table, running now: its statement (the executor's
+/// QueryDesc, by address), subtransaction, and the table's name, resource and token column that
+/// `table_calls_end` protects again once that statement finished.
+struct TableCall {
+    statement: usize,
+    subxact: pg_sys::SubTransactionId,
+    call: Vec<String>,
+}
+
 thread_local! {
     static KNOWN: RefCell<Known> = RefCell::new(Known::default());
+    /// Kept apart from `KNOWN`: the calls' own DDL invalidates relcache entries.
+    static TABLE_CALLS: RefCell<Vec<TableCall>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The node this backend runs on (`citus::node`, once a transaction).
@@ -142,6 +154,14 @@ fn protection_of(protection: i64) -> Option<(pg_sys::Oid, Option<String>, String
 /// transaction or subtransaction the call site checked last.
 pub fn on_event(ev: BackendEvent) {
     match ev {
+        // A call's unprotect and its statement roll back together.
+        BackendEvent::SubAbort(sub) => {
+            TABLE_CALLS.with(|c| c.borrow_mut().retain(|t| t.subxact < sub))
+        }
+        e if e.ends_any_transaction() => TABLE_CALLS.with(|c| c.borrow_mut().clear()),
+        _ => {}
+    }
+    match ev {
         BackendEvent::Relcache(_) => KNOWN.with(|k| *k.borrow_mut() = Known::default()),
         e if e.ends_any_transaction() || matches!(e, BackendEvent::SubAbort(_)) => {
             KNOWN.with(|k| {
@@ -152,6 +172,68 @@ pub fn on_event(ev: BackendEvent) {
             })
         }
         _ => {}
+    }
+}
+
+/// The executor hook, as a run of statement `statement` starts: `calls` are the calls of Citus's
+/// functions that distribute or re-create a table at its top (`citus::table_function_calls`).
+/// Each protected table among them loses its protection for the run
+/// (`_pg_fencing.citus_table_call_begins`, which refuses per-row mode and
+/// `create_distributed_table_concurrently` with `0A000`); `table_calls_end` protects it again,
+/// in the shape Citus left it in, when the run returns. The DDL's locks hold to the end of the
+/// transaction, so no other transaction sees the table between the two, and no other statement
+/// of this one runs between them (a cursor's calls run and end in each FETCH); an error between
+/// them rolls both back, and a commit with a call not ended fails (`calls_pending`).
+pub fn table_calls_begin(
+    statement: usize,
+    calls: &[(&'static str, pg_sys::Oid)],
+) -> Result<(), FenceError> {
+    for (function, relid) in calls {
+        let begun = citus::table_call_begins(*relid, function)
+            .map_err(|e| FenceError::Internal(format!("{function} of a protected table: {e}")))?;
+        if let Some(call) = begun {
+            let subxact = crate::pg::process::current_subxact();
+            TABLE_CALLS.with(|c| {
+                c.borrow_mut().push(TableCall {
+                    statement,
+                    subxact,
+                    call,
+                })
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The executor hook, once a run of statement `statement` returned: the tables its calls took
+/// are protected again (`_pg_fencing.citus_table_call_ends`).
+pub fn table_calls_end(statement: usize) -> Result<(), FenceError> {
+    loop {
+        let next = TABLE_CALLS.with(|c| {
+            let mut c = c.borrow_mut();
+            let i = c.iter().position(|t| t.statement == statement)?;
+            Some(c.remove(i))
+        });
+        let Some(t) = next else {
+            return Ok(());
+        };
+        citus::table_call_ends(t.call).map_err(|e| {
+            FenceError::Internal(format!(
+                "protecting a table again after a Citus function: {e}"
+            ))
+        })?;
+    }
+}
+
+/// At commit: a call whose run never returned (`table_calls_end` did not run) leaves
+/// its table unprotected, so the commit fails instead (`55000`).
+pub fn calls_pending() -> Result<(), FenceError> {
+    match TABLE_CALLS.with(|c| c.borrow().first().map(|t| t.call.first().cloned())) {
+        None => Ok(()),
+        Some(name) => Err(FenceError::SchemaChangeRefused(Text::new(format!(
+            "table {} was taken by a Citus function whose statement did not finish, and is not protected again",
+            name.unwrap_or_default()
+        )))),
     }
 }
 

@@ -582,3 +582,175 @@ pub fn coordinator_node_id() -> u64 {
     )
     .unwrap_or(NODE_NOT_IN_METADATA)
 }
+
+/// Citus's functions that distribute a table or re-create it under its name, taking the table
+/// as their first argument (docs/citus.md, "Distributing a protected table"); all live in
+/// `pg_catalog`.
+pub const TABLE_FUNCTIONS: [&str; 7] = [
+    "create_distributed_table",
+    "create_distributed_table_concurrently",
+    "create_reference_table",
+    "citus_add_local_table_to_metadata",
+    "alter_distributed_table",
+    "alter_table_set_access_method",
+    "undistribute_table",
+];
+
+/// The calls of a [`TABLE_FUNCTIONS`] function at the top of statement `query_desc`, a SELECT
+/// (its target list, or a function in its FROM list: `SELECT create_distributed_table(…)`,
+/// `PERFORM …` in PL/pgSQL, `SELECT * FROM undistribute_table(…)`), each with its table when the
+/// first argument is a constant or a parameter whose value the statement has (a PL/pgSQL
+/// variable). A call nested deeper, or whose table is computed, is not seen: Citus then meets
+/// the protection as it is (a table with triggers refused, a re-created table's writes refused
+/// with `FT004`).
+///
+/// # Safety
+/// `query_desc` must be the executor hook's QueryDesc, before or after the executor started it.
+pub unsafe fn table_function_calls(
+    query_desc: *mut pg_sys::QueryDesc,
+) -> Vec<(&'static str, pg_sys::Oid)> {
+    // SAFETY: per the contract; `plannedstmt` and its plan tree are the statement's, valid for
+    // the call; node tags are checked before each cast; target lists are Lists of TargetEntry,
+    // a FunctionScan's `functions` a List of RangeTblFunction; a Const's or parameter's datum
+    // of type regclass is an Oid by value; `params` is NULL or the statement's parameter list,
+    // whose `paramFetch` (PL/pgSQL's) returns a pointer into it or into `workspace`.
+    unsafe {
+        let stmt = (*query_desc).plannedstmt;
+        if stmt.is_null() || (*stmt).commandType != pg_sys::CmdType::CMD_SELECT {
+            return Vec::new();
+        }
+        let mut exprs: Vec<*mut pg_sys::Node> = Vec::new();
+        let mut plan = (*stmt).planTree;
+        // The top node and the chain under it (a ProjectSet, Result or Limit over the call).
+        for _ in 0..4 {
+            if plan.is_null() {
+                break;
+            }
+            for te in PgList::<pg_sys::TargetEntry>::from_pg((*plan).targetlist).iter_ptr() {
+                exprs.push((*te).expr.cast());
+            }
+            if (*plan).type_ == pg_sys::NodeTag::T_FunctionScan {
+                let scan = plan.cast::<pg_sys::FunctionScan>();
+                for f in PgList::<pg_sys::RangeTblFunction>::from_pg((*scan).functions).iter_ptr() {
+                    exprs.push((*f).funcexpr);
+                }
+            }
+            plan = (*plan).lefttree;
+        }
+        let mut calls = Vec::new();
+        for e in exprs {
+            if e.is_null() || (*e).type_ != pg_sys::NodeTag::T_FuncExpr {
+                continue;
+            }
+            let f = e.cast::<pg_sys::FuncExpr>();
+            let Some(name) = table_function((*f).funcid) else {
+                continue;
+            };
+            let first = PgList::<pg_sys::Node>::from_pg((*f).args).get_ptr(0);
+            if let Some(relid) = first.and_then(|a| regclass_value(a, (*query_desc).params)) {
+                calls.push((name, relid));
+            }
+        }
+        calls
+    }
+}
+
+/// The [`TABLE_FUNCTIONS`] name of function `funcid` (`None`: another function).
+fn table_function(funcid: pg_sys::Oid) -> Option<&'static str> {
+    // SAFETY: main thread inside a transaction; syscache lookups by OID, NULL / InvalidOid for
+    // an unknown function; the name is a palloc'd NUL-terminated string, copied at once.
+    unsafe {
+        if pg_sys::get_func_namespace(funcid) != pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE) {
+            return None;
+        }
+        let name = pg_sys::get_func_name(funcid);
+        if name.is_null() {
+            return None;
+        }
+        let found = TABLE_FUNCTIONS
+            .iter()
+            .find(|f| CStr::from_ptr(name).to_bytes() == f.as_bytes())
+            .copied();
+        pg_sys::pfree(name.cast());
+        found
+    }
+}
+
+/// The relation a regclass-typed argument names: a constant, or an external parameter with a
+/// value in `params`.
+///
+/// # Safety
+/// `arg` must be a node of a plan being run; `params` NULL or that statement's parameters.
+unsafe fn regclass_value(
+    arg: *mut pg_sys::Node,
+    params: pg_sys::ParamListInfo,
+) -> Option<pg_sys::Oid> {
+    // SAFETY: per the contract (see `table_function_calls`).
+    unsafe {
+        match (*arg).type_ {
+            pg_sys::NodeTag::T_Const => {
+                let c = arg.cast::<pg_sys::Const>();
+                ((*c).consttype == pg_sys::REGCLASSOID && !(*c).constisnull)
+                    .then(|| pg_sys::Oid::from((*c).constvalue.value() as u32))
+            }
+            pg_sys::NodeTag::T_Param => {
+                let p = arg.cast::<pg_sys::Param>();
+                if params.is_null()
+                    || (*p).paramkind != pg_sys::ParamKind::PARAM_EXTERN
+                    || (*p).paramtype != pg_sys::REGCLASSOID
+                    || (*p).paramid < 1
+                    || (*p).paramid > (*params).numParams
+                {
+                    return None;
+                }
+                let mut workspace: pg_sys::ParamExternData = std::mem::zeroed();
+                let data = match (*params).paramFetch {
+                    Some(fetch) => fetch(params, (*p).paramid, false, &mut workspace),
+                    None => (*params).params.as_mut_ptr().add((*p).paramid as usize - 1),
+                };
+                (!data.is_null() && !(*data).isnull && (*data).ptype == pg_sys::REGCLASSOID)
+                    .then(|| pg_sys::Oid::from((*data).value.value() as u32))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// `_pg_fencing.citus_table_call_begins(relation, function)`, as the calling role (the owner
+/// checks of `fencing_unprotect` are the caller's): `None` for a table that is not protected,
+/// else what `table_call_ends` needs. The function's errors are raised as they are (`0A000`);
+/// `Err` only for SPI's own failure.
+pub fn table_call_begins(
+    relid: pg_sys::Oid,
+    function: &str,
+) -> Result<Option<Vec<String>>, pgrx::spi::SpiError> {
+    pgrx::Spi::get_one_with_args::<Vec<String>>(
+        "SELECT _pg_fencing.citus_table_call_begins($1::pg_catalog.oid::pg_catalog.regclass, $2)",
+        &[relid.into(), function.into()],
+    )
+}
+
+/// `_pg_fencing.citus_table_call_ends(call)`, as the calling role: the table protected again.
+/// Errors as `table_call_begins`.
+/// SPI needs an active snapshot; the executor's run has one, and where none is set (a caller
+/// outside a run) the transaction's is pushed for the call.
+pub fn table_call_ends(call: Vec<String>) -> Result<(), pgrx::spi::SpiError> {
+    // SAFETY: main thread inside a transaction; a snapshot pushed here is popped below, or by
+    // the abort's cleanup of the snapshot stack when the call raises an ERROR.
+    let pushed = unsafe {
+        let push = !pg_sys::ActiveSnapshotSet();
+        if push {
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        }
+        push
+    };
+    let done = pgrx::Spi::run_with_args(
+        "SELECT _pg_fencing.citus_table_call_ends($1)",
+        &[call.into()],
+    );
+    if pushed {
+        // SAFETY: pops the snapshot pushed above (the call left the stack as it found it).
+        unsafe { pg_sys::PopActiveSnapshot() };
+    }
+    done
+}

@@ -14,9 +14,11 @@
 #     refused (FT004); the marker cannot be dropped (55000); a moved shard keeps it and the
 #     fence; PostgreSQL leases' time fence (FT003); fencing_unprotect clears every node;
 #   - every other kind of Citus table (Citus local, distributed partitioned) and per-row mode
-#     refused (0A000) with nothing left on any node; Citus refuses to distribute a table
-#     protected by triggers, which stays a protected table of the coordinator; a table taken
-#     back with undistribute_table can be protected;
+#     refused (0A000) with nothing left on any node; a protected table distributed afterwards
+#     (create_distributed_table, create_reference_table), re-created (alter_distributed_table)
+#     or taken back (undistribute_table) keeps its protection and the resource's mark, per-row
+#     mode and create_distributed_table_concurrently refused (0A000); a table taken back with
+#     undistribute_table can be protected;
 #   - the bypass hunter's contract (tests/citus/hunt.py, CITUS_HUNT_SEEDS="1 2",
 #     CITUS_HUNT_STEPS=150): random writes of every path and token class between shard moves,
 #     each outcome against a model of docs/citus.md, no refused value ever visible, marks equal;
@@ -265,17 +267,24 @@ expect "fencing_protect of a distributed partitioned table" 0A000 "$(state "SELE
 expect "fencing_protect of a partition of a distributed table" 0A000 "$(state "SELECT fencing_protect('events_2026')")"
 nothing_left events
 
-# A protected table: Citus refuses to distribute it (its own error: the table has triggers), and
-# it stays a protected table of the coordinator.
+# A table protected before Citus takes it (docs/citus.md, "Distributing a protected table"):
+# create_distributed_table, create_reference_table, alter_distributed_table and
+# undistribute_table keep its protection, in the shape of what Citus made of it, and the
+# resource's mark; per-row mode, create_distributed_table_concurrently and a Citus local table
+# are refused (0A000) and leave it as it was.
+shape_of() { q "SELECT shape || ' ' || active FROM fencing_protected_tables WHERE relation = '$1'::regclass"; }
 q "CREATE TABLE jobs (id int PRIMARY KEY, v int)"
 q "SELECT fencing_protect('jobs', 'jobs')" >/dev/null
-expect "a current holder's write to the protected table" ok "$(write 10 "INSERT INTO jobs VALUES (1, 1)")"
-# (Citus's own SQLSTATEs, as docs/citus.md gives them.)
-expect "create_distributed_table of a protected table is refused by Citus (it has triggers)" XX000 \
-    "$(state "SELECT create_distributed_table('jobs', 'id')")"
-expect "create_reference_table of a protected table is refused by Citus" XX000 \
-    "$(state "SELECT create_reference_table('jobs')")"
-expect "citus_add_local_table_to_metadata of a protected table is refused (the triggers' names)" 42710 \
+expect "a current holder's write to the protected table" ok "$(write 10 "INSERT INTO jobs SELECT g, 1 FROM generate_series(1, 20) g")"
+q "CREATE TABLE jobs_row (id int PRIMARY KEY, v int)"
+q "SELECT fencing_protect('jobs_row')" >/dev/null
+expect "create_distributed_table of a table protected in per-row mode" 0A000 \
+    "$(state "SELECT create_distributed_table('jobs_row', 'id')")"
+expect "it stays a per-row table of the coordinator" "set-based true per-row" \
+    "$(q "SELECT shape || ' ' || active || ' ' || mode FROM fencing_protected_tables WHERE relation = 'jobs_row'::regclass")"
+expect "create_distributed_table_concurrently of a protected table" 0A000 \
+    "$(state "SELECT create_distributed_table_concurrently('jobs', 'id')")"
+expect "citus_add_local_table_to_metadata of a protected table (a Citus local table)" 0A000 \
     "$(state "SELECT citus_add_local_table_to_metadata('jobs')")"
 q "ALTER TABLE jobs ADD COLUMN code int"
 q "CREATE TABLE kinds (id int PRIMARY KEY)"
@@ -283,9 +292,45 @@ q "SELECT create_reference_table('kinds')" >/dev/null
 expect "a foreign key from a protected table to a reference table (Citus would make it a Citus local table) is refused" 42710 \
     "$(state "ALTER TABLE jobs ADD FOREIGN KEY (code) REFERENCES kinds (id)")"
 expect "the table stayed out of Citus's metadata" 0 "$(q "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass")"
-expect "the protection is active" t "$(q "SELECT active FROM fencing_protected_tables WHERE relation = 'jobs'::regclass")"
+expect "still protected on the coordinator" "set-based true" "$(shape_of jobs)"
 expect "a stale write to it is refused" FT001 "$(write 9 "UPDATE jobs SET v = 2 WHERE id = 1")"
-expect "the current holder's write" ok "$(write 10 "UPDATE jobs SET v = 3 WHERE id = 1")"
+expect "create_distributed_table of the protected table" ok "$(state "SELECT create_distributed_table('jobs', 'id', shard_count => 4)")"
+expect "it is distributed" 1 "$(q "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass AND partmethod = 'h'")"
+expect "and protected in the Citus shape" "citus true" "$(shape_of jobs)"
+for n in 1 2; do
+    port=$((BASE + n))
+    expect "worker :$port: every shard of jobs there carries the marker" "$(shards_on "$port" jobs)" "$(markers "$port" jobs)"
+done
+expect "its rows were kept" 20 "$(q "SELECT count(*) FROM jobs")"
+expect "stale 9 after distributing, on every shard (the resource's mark kept)" FT001 "$(write 9 "UPDATE jobs SET v = -1")"
+expect "a write to it entering at a worker" FT004 "$(wstate "UPDATE jobs SET v = -1 WHERE id = 1")"
+expect "holder 11" ok "$(write 11 "UPDATE jobs SET v = 11")"
+expect "alter_distributed_table of the protected table (Citus re-creates it)" ok \
+    "$(state "SELECT alter_distributed_table('jobs', shard_count := 6)")"
+expect "protected in the Citus shape" "citus true" "$(shape_of jobs)"
+expect "its 6 shards carry the marker" 6 "$(( $(markers $((BASE + 1)) jobs) + $(markers $((BASE + 2)) jobs) ))"
+expect "stale 10 after alter_distributed_table" FT001 "$(write 10 "UPDATE jobs SET v = -1")"
+expect "holder 12" ok "$(write 12 "UPDATE jobs SET v = 12")"
+expect "undistribute_table of the protected table" ok "$(state "SELECT undistribute_table('jobs')")"
+expect "a protected table of the coordinator again" "set-based true" "$(shape_of jobs)"
+expect "stale 11 after undistribute_table" FT001 "$(write 11 "UPDATE jobs SET v = -1")"
+expect "holder 13" ok "$(write 13 "UPDATE jobs SET v = 13")"
+expect "create_reference_table of the protected table" ok "$(state "SELECT create_reference_table('jobs')")"
+expect "a protected reference table" "citus true" "$(shape_of jobs)"
+expect "stale 12 after create_reference_table" FT001 "$(write 12 "UPDATE jobs SET v = -1")"
+expect "holder 14" ok "$(write 14 "UPDATE jobs SET v = 14")"
+expect "no stale value anywhere" "20 0" "$(q "SELECT count(*) || ' ' || count(*) FILTER (WHERE v = -1) FROM jobs")"
+q "CREATE TABLE jobs2 (id int PRIMARY KEY, v int)"
+q "SELECT fencing_protect('jobs2', 'jobs')" >/dev/null
+expect "create_distributed_table rolled back to a savepoint" ok \
+    "$(state "BEGIN; SAVEPOINT s; SELECT create_distributed_table('jobs2', 'id'); ROLLBACK TO s; COMMIT;")"
+expect "the table as it was" "set-based true" "$(shape_of jobs2)"
+expect "a cursor of create_distributed_table never fetched, and a stale write beside it" FT001 \
+    "$(write 13 "DECLARE c CURSOR FOR SELECT create_distributed_table('jobs2', 'id'); INSERT INTO jobs2 VALUES (1, 1)")"
+expect "create_distributed_table of a PL/pgSQL variable" ok \
+    "$(state "DO \$\$ DECLARE t regclass := 'jobs2'; BEGIN PERFORM create_distributed_table(t, 'id'); END \$\$")"
+expect "protected in the Citus shape" "citus true" "$(shape_of jobs2)"
+expect "stale 13" FT001 "$(write 13 "INSERT INTO jobs2 VALUES (1, 1)")"
 
 # A table taken back from Citus can be protected; its fence holds.
 q "CREATE TABLE back (account int PRIMARY KEY, v int)"

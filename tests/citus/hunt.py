@@ -2,7 +2,8 @@
 of writes to a protected hash-distributed table and a protected reference table, through every
 write path Citus offers (entering at the coordinator or at a worker, or aimed at a shard), with
 tokens of every class (the current holder's, a new holder's, a stale one, none), between shard
-moves and rolled-back transactions; each outcome compared with a model of the documented
+moves, re-creations of the table by Citus (alter_distributed_table, undistribute_table and
+create_distributed_table) and rolled-back transactions; each outcome compared with a model of the documented
 contract (the table of docs/citus.md), kept here independently of the extension:
 
 * through the coordinator: no token FT002; a token below the resource's mark FT001; otherwise
@@ -75,6 +76,7 @@ def main():
              "truncate", "insert_select", "merge", "copy_token", "worker_update",
              "shard_update", "multi_delete"]
     admitted = {p: 0 for p in paths}
+    recreated = 0
     for step in range(1, a.steps + 1):
         table = rnd.choice(["hunt_d", "hunt_d", "hunt_r"])
         key = "account" if table == "hunt_d" else "id"
@@ -176,9 +178,20 @@ def main():
             coord.execute("SELECT citus_move_shard_placement(%s, '127.0.0.1', %s, '127.0.0.1', %s, "
                           "shard_transfer_mode => 'block_writes')", (s[0], s[1], to))
             coord.execute("CALL citus_cleanup_orphaned_resources()")
+        if rnd.random() < 0.03:
+            # Citus re-creates the protected table (docs/citus.md, "Distributing a protected
+            # table"): its protection and the resource's mark must carry over.
+            n = q("SELECT shard_count FROM citus_tables WHERE table_name = 'hunt_d'::regclass")[0][0]
+            with coord.transaction():
+                if rnd.random() < 0.5:
+                    coord.execute(f"SELECT alter_distributed_table('hunt_d', shard_count := {10 - n})")
+                else:
+                    coord.execute("SELECT undistribute_table('hunt_d')")
+                    coord.execute(f"SELECT create_distributed_table('hunt_d', 'account', shard_count => {10 - n})")
+            recreated += 1
         if len(FAIL) > 20:
             break
-    print(f"citus hunt: seed {a.seed}, {step} steps; admitted: "
+    print(f"citus hunt: seed {a.seed}, {step} steps, the table re-created {recreated} times; admitted: "
           + ", ".join(f"{p} {n}" for p, n in admitted.items() if n))
     for f in FAIL:
         print("  FAIL:", f)

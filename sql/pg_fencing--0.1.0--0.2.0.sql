@@ -1142,6 +1142,41 @@ LANGUAGE c STABLE PARALLEL UNSAFE AS 'MODULE_PATHNAME', 'pg_fencing_citus_stamp'
 COMMENT ON FUNCTION _pg_fencing.citus_stamp(bigint) IS
 'Internal (the Citus shape: the token column''s default and the value the planner gives it in an INSERT or UPDATE of a protected distributed or reference table; a DELETE''s added condition): on the coordinator, admits the session''s pg_fencing.token against the mark of protection''s resource (under its lock, raised when higher) and returns it. STABLE, so that Citus evaluates it on the coordinator, once per statement, and sends the shards its value. Errors: FT001 token below the mark; FT002 no token; FT003 the token''s lock or lease was lost; FT004 the protection is not active, or the call runs on a worker (writes enter through the coordinator); 42501 not allowed to write the table; 22023 no such protection.';
 
+-- Every node of the Citus cluster must preload pg_fencing (55000 naming the nodes that do not, or
+-- cannot be asked): a table of the Citus shape is fenced by pg_fencing's planner, executor and
+-- utility hooks on the coordinator and on the nodes of its shards. From protect_citus, and after
+-- Citus added a node (citus_node_call_ends).
+CREATE FUNCTION _pg_fencing.citus_require_preloaded() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    missing text;
+BEGIN
+    EXECUTE 'SELECT pg_catalog.string_agg(r.nodeid::pg_catalog.text, '', '' ORDER BY r.nodeid) '
+            'FROM pg_catalog.run_command_on_all_nodes(''SELECT _pg_fencing.preloaded()'') r '
+            'WHERE NOT r.success OR r.result OPERATOR(pg_catalog.<>) ''t'''
+        INTO missing;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('pg_fencing is not preloaded on every node of the Citus cluster (node ids %s)', missing),
+            DETAIL = 'A protected distributed table is fenced by pg_fencing''s planner, executor and utility hooks on the coordinator and on the nodes of its shards; only a preloaded library has them in every backend.',
+            HINT = 'Set shared_preload_libraries = ''citus,pg_fencing'' on every node, restart them, and create the extension on each; docs/citus.md.';
+    END IF;
+END
+$fn$;
+
+-- After Citus added, activated or re-pointed a node (citus_add_node, citus_activate_node,
+-- citus_update_node and their master_* names; the executor hook, src/guard/citus.rs; docs/citus.md,
+-- "Adding a node"): while a table is protected in the Citus shape (a marker constraint exists),
+-- every node must preload pg_fencing, or the call is rolled back (55000).
+CREATE FUNCTION _pg_fencing.citus_node_call_ends() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c WHERE c.conname LIKE 'zz\_pg\_fencing\_citus\_%') THEN
+        PERFORM _pg_fencing.citus_require_preloaded();
+    END IF;
+END
+$fn$;
+
 -- Put hash-distributed or reference table relation under the Citus shape (from fencing_protect,
 -- whose checks ran; kind from citus_kind). What fences it: the coordinator's planner hook makes
 -- every INSERT, UPDATE and DELETE of it call _pg_fencing.citus_stamp(protection), and its
@@ -1156,7 +1191,6 @@ DECLARE
     prev_max bigint;
     col record;
     pid bigint;
-    missing text;
     marker name;
     con name;
 BEGIN
@@ -1176,16 +1210,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('must be owner of table %s', relation);
     END IF;
     -- The hooks that fence the table must be in every backend of every node.
-    EXECUTE 'SELECT pg_catalog.string_agg(r.nodeid::pg_catalog.text, '', '' ORDER BY r.nodeid) '
-            'FROM pg_catalog.run_command_on_all_nodes(''SELECT _pg_fencing.preloaded()'') r '
-            'WHERE NOT r.success OR r.result OPERATOR(pg_catalog.<>) ''t'''
-        INTO missing;
-    IF missing IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '55000',
-            MESSAGE = format('pg_fencing is not preloaded on every node of the Citus cluster (node ids %s)', missing),
-            DETAIL = 'A protected distributed table is fenced by pg_fencing''s planner, executor and utility hooks on the coordinator and on the nodes of its shards; only a preloaded library has them in every backend.',
-            HINT = 'Set shared_preload_libraries = ''citus,pg_fencing'' on every node, restart them, and create the extension on each; docs/citus.md.';
-    END IF;
+    PERFORM _pg_fencing.citus_require_preloaded();
     SELECT a.atttypid, a.attgenerated INTO col FROM pg_attribute a
     WHERE a.attrelid = relation AND a.attname = token_column AND a.attnum > 0 AND NOT a.attisdropped;
     IF NOT FOUND THEN

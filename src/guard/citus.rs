@@ -82,20 +82,29 @@ struct Copying {
     inner: u32,
 }
 
-/// A call of one of Citus's functions that distribute or re-create a table
-/// (`citus::TABLE_FUNCTIONS`) on a protected table, running now: its statement (the executor's
-/// QueryDesc, by address), subtransaction, and the table's name, resource and token column that
-/// `table_calls_end` protects again once that statement finished.
-struct TableCall {
+/// A call of one of Citus's functions that pg_fencing follows (`citus::CitusCall`), running now:
+/// its statement (the executor's QueryDesc, by address), subtransaction, and what
+/// `calls_end` does once the statement's run returned.
+struct PendingCall {
     statement: usize,
     subxact: pg_sys::SubTransactionId,
-    call: Vec<String>,
+    after: AfterCall,
+}
+
+/// What follows a call's run.
+enum AfterCall {
+    /// A table function took a protected table: its name, resource and token column, protected
+    /// again (`_pg_fencing.citus_table_call_ends`).
+    Protect(Vec<String>),
+    /// A node function: every node must preload pg_fencing while a table is protected in the
+    /// Citus shape (`_pg_fencing.citus_node_call_ends`).
+    CheckNodes,
 }
 
 thread_local! {
     static KNOWN: RefCell<Known> = RefCell::new(Known::default());
     /// Kept apart from `KNOWN`: the calls' own DDL invalidates relcache entries.
-    static TABLE_CALLS: RefCell<Vec<TableCall>> = const { RefCell::new(Vec::new()) };
+    static CALLS: RefCell<Vec<PendingCall>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The node this backend runs on (`citus::node`, once a transaction).
@@ -155,10 +164,8 @@ fn protection_of(protection: i64) -> Option<(pg_sys::Oid, Option<String>, String
 pub fn on_event(ev: BackendEvent) {
     match ev {
         // A call's unprotect and its statement roll back together.
-        BackendEvent::SubAbort(sub) => {
-            TABLE_CALLS.with(|c| c.borrow_mut().retain(|t| t.subxact < sub))
-        }
-        e if e.ends_any_transaction() => TABLE_CALLS.with(|c| c.borrow_mut().clear()),
+        BackendEvent::SubAbort(sub) => CALLS.with(|c| c.borrow_mut().retain(|t| t.subxact < sub)),
+        e if e.ends_any_transaction() => CALLS.with(|c| c.borrow_mut().clear()),
         _ => {}
     }
     match ev {
@@ -176,40 +183,49 @@ pub fn on_event(ev: BackendEvent) {
 }
 
 /// The executor hook, as a run of statement `statement` starts: `calls` are the calls of Citus's
-/// functions that distribute or re-create a table at its top (`citus::table_function_calls`).
-/// Each protected table among them loses its protection for the run
-/// (`_pg_fencing.citus_table_call_begins`, which refuses per-row mode and
-/// `create_distributed_table_concurrently` with `0A000`); `table_calls_end` protects it again,
-/// in the shape Citus left it in, when the run returns. The DDL's locks hold to the end of the
-/// transaction, so no other transaction sees the table between the two, and no other statement
-/// of this one runs between them (a cursor's calls run and end in each FETCH); an error between
-/// them rolls both back, and a commit with a call not ended fails (`calls_pending`).
-pub fn table_calls_begin(
-    statement: usize,
-    calls: &[(&'static str, pg_sys::Oid)],
-) -> Result<(), FenceError> {
-    for (function, relid) in calls {
-        let begun = citus::table_call_begins(*relid, function)
-            .map_err(|e| FenceError::Internal(format!("{function} of a protected table: {e}")))?;
-        if let Some(call) = begun {
-            let subxact = crate::pg::process::current_subxact();
-            TABLE_CALLS.with(|c| {
-                c.borrow_mut().push(TableCall {
-                    statement,
-                    subxact,
-                    call,
-                })
-            });
-        }
+/// functions that pg_fencing follows at its top (`citus::citus_calls`).
+/// * A table function (docs/citus.md, "Distributing a protected table"): a protected table it
+///   takes loses its protection for the run (`_pg_fencing.citus_table_call_begins`, which
+///   refuses per-row mode and `create_distributed_table_concurrently` with `0A000`), and
+///   `calls_end` protects it again, in the shape Citus left it in, when the run returns.
+/// * A node function (docs/citus.md, "Adding a node"): when the run returns, every node must
+///   preload pg_fencing while a table is protected in the Citus shape (`55000` otherwise).
+///
+/// The DDL's locks hold to the end of the transaction, so no other transaction sees the table
+/// between the two, and no other statement of this one runs between them (a cursor's calls run
+/// and end in each FETCH); an error between them rolls both back, and a commit with a call not
+/// ended fails (`calls_pending`).
+pub fn calls_begin(statement: usize, calls: &[citus::CitusCall]) -> Result<(), FenceError> {
+    for call in calls {
+        let after = match *call {
+            citus::CitusCall::Table(function, relid) => {
+                let begun = citus::table_call_begins(relid, function).map_err(|e| {
+                    FenceError::Internal(format!("{function} of a protected table: {e}"))
+                })?;
+                match begun {
+                    Some(table) => AfterCall::Protect(table),
+                    None => continue,
+                }
+            }
+            citus::CitusCall::Node(_) => AfterCall::CheckNodes,
+        };
+        let subxact = crate::pg::process::current_subxact();
+        CALLS.with(|c| {
+            c.borrow_mut().push(PendingCall {
+                statement,
+                subxact,
+                after,
+            })
+        });
     }
     Ok(())
 }
 
-/// The executor hook, once a run of statement `statement` returned: the tables its calls took
-/// are protected again (`_pg_fencing.citus_table_call_ends`).
-pub fn table_calls_end(statement: usize) -> Result<(), FenceError> {
+/// The executor hook, once a run of statement `statement` returned: what its calls left to do
+/// (see `calls_begin`).
+pub fn calls_end(statement: usize) -> Result<(), FenceError> {
     loop {
-        let next = TABLE_CALLS.with(|c| {
+        let next = CALLS.with(|c| {
             let mut c = c.borrow_mut();
             let i = c.iter().position(|t| t.statement == statement)?;
             Some(c.remove(i))
@@ -217,23 +233,34 @@ pub fn table_calls_end(statement: usize) -> Result<(), FenceError> {
         let Some(t) = next else {
             return Ok(());
         };
-        citus::table_call_ends(t.call).map_err(|e| {
-            FenceError::Internal(format!(
-                "protecting a table again after a Citus function: {e}"
-            ))
-        })?;
+        match t.after {
+            AfterCall::Protect(table) => citus::table_call_ends(table).map_err(|e| {
+                FenceError::Internal(format!(
+                    "protecting a table again after a Citus function: {e}"
+                ))
+            })?,
+            AfterCall::CheckNodes => citus::node_call_ends().map_err(|e| {
+                FenceError::Internal(format!("checking the nodes after a Citus function: {e}"))
+            })?,
+        }
     }
 }
 
-/// At commit: a call whose run never returned (`table_calls_end` did not run) leaves
-/// its table unprotected, so the commit fails instead (`55000`).
+/// At commit: a call whose run never returned (`calls_end` did not run) may leave a table
+/// unprotected or a node unchecked, so the commit fails instead (`55000`).
 pub fn calls_pending() -> Result<(), FenceError> {
-    match TABLE_CALLS.with(|c| c.borrow().first().map(|t| t.call.first().cloned())) {
+    let pending = CALLS.with(|c| {
+        c.borrow().first().map(|t| match &t.after {
+            AfterCall::Protect(table) => format!(
+                "table {} was taken by a Citus function whose run did not return, and is not protected again",
+                table.first().cloned().unwrap_or_default()
+            ),
+            AfterCall::CheckNodes => "a Citus function that adds a node did not return, and the nodes were not checked for pg_fencing".to_string(),
+        })
+    });
+    match pending {
         None => Ok(()),
-        Some(name) => Err(FenceError::SchemaChangeRefused(Text::new(format!(
-            "table {} was taken by a Citus function whose statement did not finish, and is not protected again",
-            name.unwrap_or_default()
-        )))),
+        Some(message) => Err(FenceError::SchemaChangeRefused(Text::new(message))),
     }
 }
 

@@ -596,19 +596,36 @@ pub const TABLE_FUNCTIONS: [&str; 7] = [
     "undistribute_table",
 ];
 
-/// The calls of a [`TABLE_FUNCTIONS`] function at the top of statement `query_desc`, a SELECT
-/// (its target list, or a function in its FROM list: `SELECT create_distributed_table(…)`,
-/// `PERFORM …` in PL/pgSQL, `SELECT * FROM undistribute_table(…)`), each with its table when the
-/// first argument is a constant or a parameter whose value the statement has (a PL/pgSQL
-/// variable). A call nested deeper, or whose table is computed, is not seen: Citus then meets
-/// the protection as it is (a table with triggers refused, a re-created table's writes refused
-/// with `FT004`).
+/// Citus's functions that add a node to the cluster, make one active or point one at another
+/// server (docs/citus.md, "Adding a node").
+pub const NODE_FUNCTIONS: [&str; 5] = [
+    "citus_add_node",
+    "master_add_node",
+    "citus_activate_node",
+    "master_activate_node",
+    "citus_update_node",
+];
+
+/// A call of one of Citus's functions that pg_fencing follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CitusCall {
+    /// A [`TABLE_FUNCTIONS`] function, with the table it takes.
+    Table(&'static str, pg_sys::Oid),
+    /// A [`NODE_FUNCTIONS`] function.
+    Node(&'static str),
+}
+
+/// The calls of a [`TABLE_FUNCTIONS`] or [`NODE_FUNCTIONS`] function at the top of statement
+/// `query_desc`, a SELECT (its target list, or a function in its FROM list: `SELECT
+/// create_distributed_table(…)`, `PERFORM …` in PL/pgSQL, `SELECT * FROM undistribute_table(…)`);
+/// a table function's only when its first argument is a constant or a parameter whose value the
+/// statement has (a PL/pgSQL variable). A call nested deeper, or whose table is computed, is not
+/// seen: Citus then meets the protection as it is (a table with triggers refused, a re-created
+/// table's writes refused with `FT004`).
 ///
 /// # Safety
 /// `query_desc` must be the executor hook's QueryDesc, before or after the executor started it.
-pub unsafe fn table_function_calls(
-    query_desc: *mut pg_sys::QueryDesc,
-) -> Vec<(&'static str, pg_sys::Oid)> {
+pub unsafe fn citus_calls(query_desc: *mut pg_sys::QueryDesc) -> Vec<CitusCall> {
     // SAFETY: per the contract; `plannedstmt` and its plan tree are the statement's, valid for
     // the call; node tags are checked before each cast; target lists are Lists of TargetEntry,
     // a FunctionScan's `functions` a List of RangeTblFunction; a Const's or parameter's datum
@@ -643,20 +660,25 @@ pub unsafe fn table_function_calls(
                 continue;
             }
             let f = e.cast::<pg_sys::FuncExpr>();
-            let Some(name) = table_function((*f).funcid) else {
-                continue;
-            };
-            let first = PgList::<pg_sys::Node>::from_pg((*f).args).get_ptr(0);
-            if let Some(relid) = first.and_then(|a| regclass_value(a, (*query_desc).params)) {
-                calls.push((name, relid));
+            match followed_function((*f).funcid) {
+                Some((name, true)) => {
+                    let first = PgList::<pg_sys::Node>::from_pg((*f).args).get_ptr(0);
+                    if let Some(relid) = first.and_then(|a| regclass_value(a, (*query_desc).params))
+                    {
+                        calls.push(CitusCall::Table(name, relid));
+                    }
+                }
+                Some((name, false)) => calls.push(CitusCall::Node(name)),
+                None => {}
             }
         }
         calls
     }
 }
 
-/// The [`TABLE_FUNCTIONS`] name of function `funcid` (`None`: another function).
-fn table_function(funcid: pg_sys::Oid) -> Option<&'static str> {
+/// The name of function `funcid` if it is one of [`TABLE_FUNCTIONS`] (`true`) or
+/// [`NODE_FUNCTIONS`] (`false`); `None`: another function.
+fn followed_function(funcid: pg_sys::Oid) -> Option<(&'static str, bool)> {
     // SAFETY: main thread inside a transaction; syscache lookups by OID, NULL / InvalidOid for
     // an unknown function; the name is a palloc'd NUL-terminated string, copied at once.
     unsafe {
@@ -667,10 +689,17 @@ fn table_function(funcid: pg_sys::Oid) -> Option<&'static str> {
         if name.is_null() {
             return None;
         }
+        let called = CStr::from_ptr(name).to_bytes();
         let found = TABLE_FUNCTIONS
             .iter()
-            .find(|f| CStr::from_ptr(name).to_bytes() == f.as_bytes())
-            .copied();
+            .find(|f| f.as_bytes() == called)
+            .map(|f| (*f, true))
+            .or_else(|| {
+                NODE_FUNCTIONS
+                    .iter()
+                    .find(|f| f.as_bytes() == called)
+                    .map(|f| (*f, false))
+            });
         pg_sys::pfree(name.cast());
         found
     }
@@ -728,6 +757,12 @@ pub fn table_call_begins(
         "SELECT _pg_fencing.citus_table_call_begins($1::pg_catalog.oid::pg_catalog.regclass, $2)",
         &[relid.into(), function.into()],
     )
+}
+
+/// `_pg_fencing.citus_node_call_ends()`, as the calling role: while a table is protected in the
+/// Citus shape, every node preloads pg_fencing (`55000` otherwise). Errors as `table_call_begins`.
+pub fn node_call_ends() -> Result<(), pgrx::spi::SpiError> {
+    pgrx::Spi::run("SELECT _pg_fencing.citus_node_call_ends()")
 }
 
 /// `_pg_fencing.citus_table_call_ends(call)`, as the calling role: the table protected again.

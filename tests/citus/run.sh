@@ -12,7 +12,8 @@
 #     that gives the token column values refused (0A000);
 #   - writes entering at a worker, aimed at a shard directly, or sent by run_command_on_shards
 #     refused (FT004); the marker cannot be dropped (55000); a moved shard keeps it and the
-#     fence; PostgreSQL leases' time fence (FT003); fencing_unprotect clears every node;
+#     fence; a node without pg_fencing preloaded cannot be added (55000); PostgreSQL leases'
+#     time fence (FT003); fencing_unprotect clears every node;
 #   - every other kind of Citus table (Citus local, distributed partitioned) and per-row mode
 #     refused (0A000) with nothing left on any node; a protected table distributed afterwards
 #     (create_distributed_table, create_reference_table), re-created (alter_distributed_table)
@@ -229,6 +230,16 @@ expect "holder 30 on the worker still up" ok "$(write 30 "UPDATE ledger SET v = 
 pg_ctl_start "$WORK/worker2" "$WORK/worker2.log"
 expect "the worker back: holder 30 writes its row" ok "$(write 30 "UPDATE ledger SET v = v + 1 WHERE account = $down")"
 expect "… and a stale 20 is refused there" FT001 "$(write 20 "UPDATE ledger SET v = -1 WHERE account = $down")"
+# A node added while a table is protected in the Citus shape must preload pg_fencing
+# (docs/citus.md, "Adding a node"): one that does not is refused (55000), the addition rolled back.
+start_citus_node worker3 $((BASE + 3)) citus
+NODES="$NODES worker3"
+expect "citus_add_node of a node without pg_fencing preloaded" 55000 "$(state "SELECT citus_add_node('127.0.0.1', $((BASE + 3)))")"
+expect "… was rolled back" 0 "$(q "SELECT count(*) FROM pg_dist_node WHERE nodeport = $((BASE + 3))")"
+expect "citus_update_node pointing a worker at it" 55000 \
+    "$(state "SELECT citus_update_node((SELECT nodeid FROM pg_dist_node WHERE nodeport = $((BASE + 2))), '127.0.0.1', $((BASE + 3)))")"
+expect "… was rolled back" 1 "$(q "SELECT count(*) FROM pg_dist_node WHERE nodeport = $((BASE + 2))")"
+as_pg "$PGBIN/pg_ctl" -D "$WORK/worker3" -m immediate -w stop >/dev/null
 # PostgreSQL leases taken on the coordinator: the time fence.
 lease=$(q "SELECT fencing_lease_acquire('settlement-lease', '1 minute')")
 expect "fencing_advance to the lease's token" "$lease" "$(q "SELECT fencing_advance('settlement', $lease)")"

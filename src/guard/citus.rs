@@ -6,8 +6,9 @@
 //! the shards their values. So:
 //! * **Coordinator, planner hook** (`plan_write`): an INSERT or UPDATE of such a table gets
 //!   `_pg_fencing.citus_stamp(protection)` as its token column's value (replacing whatever the
-//!   statement gave it), a DELETE the condition `citus_stamp(protection) IS NOT NULL`; a MERGE
-//!   is refused (`0A000`). `citus_stamp` (`stamp`) is the one check of the shape: the protection
+//!   statement gave it; in an `INSERT … SELECT`, a subquery Citus runs on the coordinator:
+//!   `WriteQuery::set_column`), a DELETE the condition `citus_stamp(protection) IS NOT NULL`; a
+//!   MERGE is refused (`0A000`). `citus_stamp` (`stamp`) is the one check of the shape: the protection
 //!   active (`FT004`), the session's token (`FT002`, `FT003`) admitted against the resource's mark
 //!   under its lock, raised when higher (`FT001`), the same rule as every other path
 //!   (`rule::admit_resource`). It is also the token column's default.
@@ -400,7 +401,7 @@ fn on_worker(relid: Option<pg_sys::Oid>) -> FenceError {
     rule::inactive(
         &relid.map_or_else(|| "a protected Citus table".to_string(), relation_name),
         &format!(
-            "writes to a protected Citus table are checked on the coordinator, and this one runs on a worker (application_name {:?}): it entered at a worker, was aimed at a shard directly, or is an INSERT … SELECT whose rows Citus computes on the workers",
+            "writes to a protected Citus table are checked on the coordinator, and this one runs on a worker (application_name {:?}): it entered at a worker, was aimed at a shard directly, or is an INSERT … SELECT (DISTINCT, grouped …) whose rows and stamp Citus computes on the workers",
             citus::application_name()
         ),
     )

@@ -128,7 +128,11 @@ impl WriteQuery {
 
     /// Make `function(protection)` the value the statement gives column `attnum` (an INSERT's
     /// target entry, an UPDATE's SET entry), replacing what the statement gave it. The
-    /// expression has no column reference, so Citus evaluates it on the coordinator.
+    /// expression has no column reference, so Citus evaluates it on the coordinator; in an
+    /// `INSERT … SELECT` it is a column the SELECT gets (`stamp_in_source`), a scalar subquery
+    /// that Citus runs on the coordinator as a subplan of its own, sending the workers its
+    /// value (a function call would be evaluated where Citus computes the rows: on the workers
+    /// when it repartitions them or routes the SELECT to one shard).
     pub fn set_column(&mut self, attnum: i16, name: &CStr, function: pg_sys::Oid, protection: i64) {
         // SAFETY: main thread, inside the planner's call; the target list is a List of
         // TargetEntry nodes (an INSERT's in column order, an UPDATE's SET entries before its junk
@@ -136,7 +140,12 @@ impl WriteQuery {
         // goes before the first entry of a higher column (INSERT) or the first junk entry.
         unsafe {
             let q = &mut *self.q;
-            let expr = call_expr(function, protection);
+            let mut expr = call_expr(function, protection);
+            if q.commandType == pg_sys::CmdType::CMD_INSERT {
+                if let Some(var) = stamp_in_source(q, protection) {
+                    expr = var;
+                }
+            }
             let tlist = PgList::<pg_sys::TargetEntry>::from_pg(q.targetList);
             if let Some(t) = tlist
                 .iter_ptr()
@@ -278,6 +287,110 @@ unsafe fn call_expr(function: pg_sys::Oid, protection: i64) -> *mut pg_sys::Expr
             pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
         )
         .cast()
+    }
+}
+
+/// In an `INSERT … SELECT` (`q`) whose SELECT is a plain one, add `stamp_subquery(protection)`
+/// as the SELECT's last column and return a reference to it, for the INSERT's target list.
+/// `None` for another INSERT, and for a SELECT that aggregates, groups, is DISTINCT, LIMITed, a
+/// set operation or returns sets (Citus cannot plan a subquery in such a target list; the
+/// function call stays, which Citus evaluates on the coordinator when it computes such a
+/// SELECT's result there, and which refuses with `FT004` where it does not).
+///
+/// # Safety
+/// `q` must be the planner's Query, valid for the call.
+unsafe fn stamp_in_source(q: &mut pg_sys::Query, protection: i64) -> Option<*mut pg_sys::Expr> {
+    // SAFETY: per the contract; the jointree's fromlist is a List of nodes, a RangeTblRef's
+    // `rtindex` indexes the range table (a List of RangeTblEntry); a subquery RTE's `subquery`
+    // is its Query and `eref` its Alias, whose `colnames` (a List of String nodes) gets the new
+    // column's name as the SELECT's target list gets its entry.
+    unsafe {
+        if q.jointree.is_null() {
+            return None;
+        }
+        let from = PgList::<pg_sys::Node>::from_pg((*q.jointree).fromlist);
+        if from.len() != 1 {
+            return None;
+        }
+        let r = from.get_ptr(0)?;
+        if (*r).type_ != pg_sys::NodeTag::T_RangeTblRef {
+            return None;
+        }
+        let rtindex = (*r.cast::<pg_sys::RangeTblRef>()).rtindex;
+        let rte = pg_sys::list_nth(q.rtable, rtindex - 1).cast::<pg_sys::RangeTblEntry>();
+        if rte.is_null() || (*rte).rtekind != pg_sys::RTEKind::RTE_SUBQUERY {
+            return None;
+        }
+        let sub = (*rte).subquery;
+        if sub.is_null() {
+            return None;
+        }
+        let s = &*sub;
+        if !s.setOperations.is_null()
+            || s.hasAggs
+            || s.hasWindowFuncs
+            || s.hasTargetSRFs
+            || !s.groupClause.is_null()
+            || !s.groupingSets.is_null()
+            || !s.havingQual.is_null()
+            || !s.distinctClause.is_null()
+            || !s.limitCount.is_null()
+            || !s.limitOffset.is_null()
+        {
+            return None;
+        }
+        let resno = PgList::<pg_sys::TargetEntry>::from_pg((*sub).targetList).len() as i16 + 1;
+        let name = c"pg_fencing_citus_stamp";
+        let tle = pg_sys::makeTargetEntry(
+            stamp_subquery(protection),
+            resno,
+            pg_sys::pstrdup(name.as_ptr()),
+            false,
+        );
+        (*sub).targetList = pg_sys::lappend((*sub).targetList, tle.cast());
+        (*sub).hasSubLinks = true;
+        if !(*rte).eref.is_null() {
+            (*(*rte).eref).colnames = pg_sys::lappend(
+                (*(*rte).eref).colnames,
+                pg_sys::makeString(pg_sys::pstrdup(name.as_ptr())).cast(),
+            );
+        }
+        Some(pg_sys::makeVar(rtindex, resno, pg_sys::INT8OID, -1, pg_sys::Oid::INVALID, 0).cast())
+    }
+}
+
+/// `(SELECT _pg_fencing.citus_stamp(protection) FROM pg_catalog.pg_dist_local_group)`: a scalar
+/// subquery that reads a table of the coordinator's own (Citus's one-row metadata table), which
+/// Citus cannot send to a worker: it runs it on the coordinator as a subplan and sends the
+/// workers its value, for a router SELECT as for one it repartitions.
+///
+/// # Safety
+/// Main thread, in a memory context that lives as long as the planner's Query.
+unsafe fn stamp_subquery(protection: i64) -> *mut pg_sys::Expr {
+    let sql = std::ffi::CString::new(format!(
+        "SELECT _pg_fencing.citus_stamp({protection}::pg_catalog.int8) FROM pg_catalog.pg_dist_local_group"
+    ))
+    .expect("no NUL in a statement of digits");
+    // SAFETY: per the contract; raw_parser returns a List of RawStmt (one for this text),
+    // parse_analyze_fixedparams the analysed Query (it raises an ERROR rather than returning
+    // NULL); palloc0 gives a zeroed SubLink (NIL lists, NULL pointers), tagged before use.
+    unsafe {
+        let raw = pg_sys::raw_parser(sql.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+        let stmt = pg_sys::list_nth(raw, 0).cast::<pg_sys::RawStmt>();
+        let sub = pg_sys::parse_analyze_fixedparams(
+            stmt,
+            pg_sys::pstrdup(sql.as_ptr()),
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
+        );
+        let link =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::SubLink>()).cast::<pg_sys::SubLink>();
+        (*link).xpr.type_ = pg_sys::NodeTag::T_SubLink;
+        (*link).subLinkType = pg_sys::SubLinkType::EXPR_SUBLINK;
+        (*link).subselect = sub.cast();
+        (*link).location = -1;
+        link.cast()
     }
 }
 

@@ -8,9 +8,10 @@ contract (the table of docs/citus.md), kept here independently of the extension:
 
 * through the coordinator: no token FT002; a token below the resource's mark FT001; otherwise
   admitted, the rows stamped with it, the mark raised to it when the transaction commits;
-* INSERT … SELECT into the distributed table (rows computed on the workers), a write entering at a worker, one aimed at a
-  shard on its worker: FT004 whatever the token; MERGE and a COPY that gives the token column:
-  0A000;
+* INSERT … SELECT (repartitioned or routed to one shard) through the coordinator: as any write
+  there;
+* a write entering at a worker, one aimed at a shard on its worker: FT004 whatever the token;
+  MERGE and a COPY that gives the token column: 0A000;
 * a rolled-back transaction raises nothing.
 
 After every step: no value a refused write tried to write (negative) is in either table; every
@@ -73,7 +74,7 @@ def main():
                                 f"INSERT INTO {t} ({key}, v) SELECT g, 0 FROM generate_series(1, {n}) g"]) == "ok"
     seen_tokens = {1}
     paths = ["router_update", "multi_update", "router_delete", "upsert", "cte_update", "copy",
-             "truncate", "insert_select", "merge", "copy_token", "worker_update",
+             "truncate", "insert_select", "insert_select_router", "merge", "copy_token", "worker_update",
              "shard_update", "multi_delete"]
     admitted = {p: 0 for p in paths}
     recreated = 0
@@ -121,6 +122,9 @@ def main():
             stmts.append(f"INSERT INTO {table} ({key}, v) SELECT g, {value} FROM generate_series(1, {nrows}) g")
         elif path == "insert_select":
             stmts.append(f"INSERT INTO {table} ({key}, v) SELECT {key} + 100000 * {step}, {value} FROM {table}")
+        elif path == "insert_select_router":
+            stmts.append(f"INSERT INTO {table} ({key}, v) SELECT {key} + 100000 * {step}, {value} FROM {table} "
+                         f"WHERE {key} = {k}")
         elif path == "merge":
             stmts.append(f"MERGE INTO {table} t USING (SELECT {k} AS k) s ON t.{key} = s.k "
                          f"WHEN MATCHED THEN UPDATE SET v = {value}")
@@ -141,9 +145,7 @@ def main():
         # The model.
         if path in ("merge", "copy_token"):
             expected = "0A000"
-        elif path in ("worker_update", "shard_update") or (path == "insert_select" and table == "hunt_d"):
-            # (INSERT … SELECT into the reference table from itself runs on the coordinator's
-            # placement: checked there like any write.)
+        elif path in ("worker_update", "shard_update"):
             expected = "FT004"
         elif token is None:
             expected = "FT002"

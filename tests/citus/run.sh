@@ -12,7 +12,8 @@
 #     that gives the token column values refused (0A000);
 #   - writes entering at a worker, aimed at a shard directly, or sent by run_command_on_shards
 #     refused (FT004); the marker cannot be dropped (55000); a moved shard keeps it and the
-#     fence; a node without pg_fencing preloaded cannot be added (55000); PostgreSQL leases'
+#     fence, as do shards drained off a worker that is removed, added back and rebalanced; a
+#     node without pg_fencing preloaded cannot be added (55000); PostgreSQL leases'
 #     time fence (FT003); fencing_unprotect clears every node;
 #   - every other kind of Citus table (Citus local, distributed partitioned) and per-row mode
 #     refused (0A000) with nothing left on any node; a protected table distributed afterwards
@@ -251,6 +252,25 @@ expect "citus_update_node pointing a worker at it" 55000 \
     "$(state "SELECT citus_update_node((SELECT nodeid FROM pg_dist_node WHERE nodeport = $((BASE + 2))), '127.0.0.1', $((BASE + 3)))")"
 expect "… was rolled back" 1 "$(q "SELECT count(*) FROM pg_dist_node WHERE nodeport = $((BASE + 2))")"
 as_pg "$PGBIN/pg_ctl" -D "$WORK/worker3" -m immediate -w stop >/dev/null
+# A worker drained and removed, then added back and rebalanced: the shards keep their marker and
+# the fence wherever they go.
+expect "citus_drain_node of a worker" ok \
+    "$(state "SELECT citus_drain_node('127.0.0.1', $((BASE + 2)), shard_transfer_mode => 'block_writes')")"
+q "CALL citus_cleanup_orphaned_resources()" >/dev/null
+expect "citus_remove_node of it" ok "$(state "SELECT citus_remove_node('127.0.0.1', $((BASE + 2)))")"
+expect "every shard of ledger on the other worker carries the marker" "$(q "SELECT count(*) FROM citus_shards WHERE table_name = 'ledger'::regclass")" "$(markers $((BASE + 1)) ledger)"
+expect "stale 20 after the removal" FT001 "$(write 20 "UPDATE ledger SET v = -1")"
+expect "holder 30 after the removal" ok "$(write 30 "UPDATE ledger SET v = v + 1")"
+expect "citus_add_node of it again (it preloads pg_fencing)" ok "$(state "SELECT citus_add_node('127.0.0.1', $((BASE + 2)))")"
+expect "rebalance_table_shards" ok "$(state "SELECT rebalance_table_shards(shard_transfer_mode => 'block_writes')")"
+q "CALL citus_cleanup_orphaned_resources()" >/dev/null
+for n in 1 2; do
+    expect "worker :$((BASE + n)): every shard of ledger there carries the marker after the rebalance" "$(shards_on $((BASE + n)) ledger)" "$(markers $((BASE + n)) ledger)"
+done
+expect "shards on the added worker" t "$([ "$(shards_on $((BASE + 2)) ledger)" -gt 0 ] && echo t || echo f)"
+expect "stale 20 after the rebalance" FT001 "$(write 20 "UPDATE ledger SET v = -1")"
+expect "holder 30 after the rebalance" ok "$(write 30 "UPDATE ledger SET v = v + 1")"
+expect "no stale value in ledger" 0 "$(q "SELECT count(*) FROM ledger WHERE v = -1")"
 # PostgreSQL leases taken on the coordinator: the time fence.
 lease=$(q "SELECT fencing_lease_acquire('settlement-lease', '1 minute')")
 expect "fencing_advance to the lease's token" "$lease" "$(q "SELECT fencing_advance('settlement', $lease)")"

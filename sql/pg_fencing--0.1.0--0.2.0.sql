@@ -1144,8 +1144,9 @@ COMMENT ON FUNCTION _pg_fencing.citus_stamp(bigint) IS
 
 -- Every node of the Citus cluster must preload pg_fencing (55000 naming the nodes that do not, or
 -- cannot be asked): a table of the Citus shape is fenced by pg_fencing's planner, executor and
--- utility hooks on the coordinator and on the nodes of its shards. From protect_citus, and after
--- Citus added a node (citus_node_call_ends).
+-- utility hooks on the coordinator and on the nodes of its shards. From protect_citus, and at
+-- the commit of a change of Citus's nodes (citus_nodes_changed). run_command_on_all_nodes asks the
+-- active nodes: an inactive one is asked when it is activated.
 CREATE FUNCTION _pg_fencing.citus_require_preloaded() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -1164,13 +1165,22 @@ BEGIN
 END
 $fn$;
 
--- After Citus added, activated or re-pointed a node (citus_add_node, citus_activate_node,
--- citus_update_node and their master_* names; the executor hook, src/guard/citus.rs; docs/citus.md,
--- "Adding a node"): while a table is protected in the Citus shape (a marker constraint exists),
--- every node must preload pg_fencing, or the call is rolled back (55000).
-CREATE FUNCTION _pg_fencing.citus_node_call_ends() RETURNS void
+-- A transaction that changed Citus's node table pg_dist_node (citus_add_node, citus_activate_node,
+-- citus_update_node, or any other way), at its commit (src/guard/citus.rs, at_commit; docs/citus.md,
+-- "Adding a node"): on the coordinator, while a table is protected in the Citus shape (a marker
+-- constraint exists), every active node must preload pg_fencing, or the commit fails (55000).
+CREATE FUNCTION _pg_fencing.citus_nodes_changed() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    grp integer;
 BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NULL THEN
+        RETURN;
+    END IF;
+    EXECUTE 'SELECT g.groupid FROM pg_catalog.pg_dist_local_group g LIMIT 1' INTO grp;
+    IF grp IS DISTINCT FROM 0 THEN
+        RETURN;
+    END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c WHERE c.conname LIKE 'zz\_pg\_fencing\_citus\_%') THEN
         PERFORM _pg_fencing.citus_require_preloaded();
     END IF;

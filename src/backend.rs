@@ -151,8 +151,9 @@ unsafe extern "C-unwind" fn xact_callback(
     {
         // Tombstones of this transaction's per-row deletes, batched (see state/tombstones.rs).
         tombstones::flush_tombstones();
-        // A table a Citus function took and no statement end protected again.
-        if let Err(e) = crate::guard::citus::calls_pending() {
+        // A table a Citus function took and no statement end protected again; Citus's nodes
+        // changed by this transaction.
+        if let Err(e) = crate::guard::citus::at_commit() {
             // SAFETY: as for `applied` below: a PRE_COMMIT/PRE_PREPARE callback's ERROR aborts
             // the transaction; this is the body of a #[pg_guard] callback on the main thread,
             // and `e` is consumed by `raise`.

@@ -218,7 +218,7 @@ unsafe extern "C-unwind" fn executor_run(
 ) {
     // SAFETY: the executor's own arguments, passed on; only the row count of a plan whose
     // RETURNING list is hidden changes (`run_count`, which reads plain plan fields); the calls
-    // of Citus's functions pg_fencing follows are handled around the run (`citus_calls_begin`).
+    // of Citus's table functions are handled around the run (`citus_calls_begin`).
     unsafe {
         let count = plan::run_count(query_desc, count);
         let prev = PREV_EXECUTOR_RUN.get().copied().flatten();
@@ -246,10 +246,9 @@ unsafe extern "C-unwind" fn executor_run(
     }
 }
 
-/// Around a run of a statement that calls one of Citus's functions that pg_fencing follows
-/// (guard/citus.rs, `calls_begin`): the protected tables a table function takes lose their
-/// protection only while the run evaluates the calls; a node function's nodes are checked
-/// after it. `true`: there are such calls.
+/// Around a run of a statement that calls one of Citus's functions that distribute or re-create
+/// a table (guard/citus.rs, `table_calls_begin`): the protected tables it takes lose their
+/// protection only while the run evaluates the calls. `true`: there are such calls.
 ///
 /// # Safety
 /// `query_desc` must be the ExecutorRun hook's, on the main thread; the decision runs inside
@@ -257,13 +256,13 @@ unsafe extern "C-unwind" fn executor_run(
 unsafe fn citus_calls_begin(query_desc: *mut pg_sys::QueryDesc) -> bool {
     // SAFETY: per the contract.
     unsafe {
-        let calls = citus::citus_calls(query_desc);
+        let (calls, alone) = citus::table_function_calls(query_desc);
         if calls.is_empty() {
             return false;
         }
         let statement = query_desc as usize;
         let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-            crate::guard::citus::calls_begin(statement, &calls)
+            crate::guard::citus::table_calls_begin(statement, &calls, alone)
         });
         if let Err(e) = outcome {
             raise(e, Raiser::Hook("pg_fencing ExecutorRun hook"));
@@ -272,7 +271,7 @@ unsafe fn citus_calls_begin(query_desc: *mut pg_sys::QueryDesc) -> bool {
     }
 }
 
-/// After the run `citus_calls_begin` saw calls in (`calls`): what they left to do.
+/// After the run `citus_calls_begin` saw calls in (`calls`): their tables protected again.
 ///
 /// # Safety
 /// As `citus_calls_begin`.
@@ -284,7 +283,7 @@ unsafe fn citus_calls_end(query_desc: *mut pg_sys::QueryDesc, calls: bool) {
     // SAFETY: per the contract.
     unsafe {
         let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-            crate::guard::citus::calls_end(statement)
+            crate::guard::citus::table_calls_end(statement)
         });
         if let Err(e) = outcome {
             raise(e, Raiser::Hook("pg_fencing ExecutorRun hook"));

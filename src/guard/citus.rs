@@ -83,29 +83,24 @@ struct Copying {
     inner: u32,
 }
 
-/// A call of one of Citus's functions that pg_fencing follows (`citus::CitusCall`), running now:
-/// its statement (the executor's QueryDesc, by address), subtransaction, and what
-/// `calls_end` does once the statement's run returned.
-struct PendingCall {
+/// A call of one of Citus's functions that distribute or re-create a table
+/// (`citus::TABLE_FUNCTIONS`) on a protected table, running now: its statement (the executor's
+/// QueryDesc, by address), subtransaction, and the table's name, resource and token column that
+/// `table_calls_end` protects again once the statement's run returned.
+struct TableCall {
     statement: usize,
     subxact: pg_sys::SubTransactionId,
-    after: AfterCall,
-}
-
-/// What follows a call's run.
-enum AfterCall {
-    /// A table function took a protected table: its name, resource and token column, protected
-    /// again (`_pg_fencing.citus_table_call_ends`).
-    Protect(Vec<String>),
-    /// A node function: every node must preload pg_fencing while a table is protected in the
-    /// Citus shape (`_pg_fencing.citus_node_call_ends`).
-    CheckNodes,
+    call: Vec<String>,
 }
 
 thread_local! {
     static KNOWN: RefCell<Known> = RefCell::new(Known::default());
     /// Kept apart from `KNOWN`: the calls' own DDL invalidates relcache entries.
-    static CALLS: RefCell<Vec<PendingCall>> = const { RefCell::new(Vec::new()) };
+    static CALLS: RefCell<Vec<TableCall>> = const { RefCell::new(Vec::new()) };
+    /// Relations whose relcache entries were invalidated in this transaction, up to
+    /// `INVALIDATED_CAP` (`None`: more), for `nodes_check` to tell whether Citus's node table
+    /// changed.
+    static INVALIDATED: RefCell<Option<Vec<pg_sys::Oid>>> = const { RefCell::new(Some(Vec::new())) };
 }
 
 /// The node this backend runs on (`citus::node`, once a transaction).
@@ -166,7 +161,22 @@ pub fn on_event(ev: BackendEvent) {
     match ev {
         // A call's unprotect and its statement roll back together.
         BackendEvent::SubAbort(sub) => CALLS.with(|c| c.borrow_mut().retain(|t| t.subxact < sub)),
-        e if e.ends_any_transaction() => CALLS.with(|c| c.borrow_mut().clear()),
+        e if e.ends_any_transaction() => {
+            CALLS.with(|c| c.borrow_mut().clear());
+            INVALIDATED.with(|i| *i.borrow_mut() = Some(Vec::new()));
+        }
+        // (A reset of every entry, `None`, comes from the shared invalidation queue overflowing,
+        // never from this transaction's own changes, which name their relations.)
+        BackendEvent::Relcache(Some(r)) => INVALIDATED.with(|i| {
+            let mut i = i.borrow_mut();
+            if let Some(v) = i.as_mut() {
+                if v.len() >= INVALIDATED_CAP {
+                    *i = None;
+                } else if !v.contains(&r) {
+                    v.push(r);
+                }
+            }
+        }),
         _ => {}
     }
     match ev {
@@ -183,48 +193,57 @@ pub fn on_event(ev: BackendEvent) {
     }
 }
 
+/// How many invalidated relations a transaction remembers (`INVALIDATED`) before it assumes
+/// any may have been Citus's node table.
+const INVALIDATED_CAP: usize = 256;
+
 /// The executor hook, as a run of statement `statement` starts: `calls` are the calls of Citus's
-/// functions that pg_fencing follows at its top (`citus::citus_calls`).
-/// * A table function (docs/citus.md, "Distributing a protected table"): a protected table it
-///   takes loses its protection for the run (`_pg_fencing.citus_table_call_begins`, which
-///   refuses per-row mode and `create_distributed_table_concurrently` with `0A000`), and
-///   `calls_end` protects it again, in the shape Citus left it in, when the run returns.
-/// * A node function (docs/citus.md, "Adding a node"): when the run returns, every node must
-///   preload pg_fencing while a table is protected in the Citus shape (`55000` otherwise).
-///
-/// The DDL's locks hold to the end of the transaction, so no other transaction sees the table
-/// between the two, and no other statement of this one runs between them (a cursor's calls run
-/// and end in each FETCH); an error between them rolls both back, and a commit with a call not
-/// ended fails (`calls_pending`).
-pub fn calls_begin(statement: usize, calls: &[citus::CitusCall]) -> Result<(), FenceError> {
-    for call in calls {
-        let after = match *call {
-            citus::CitusCall::Table(function, relid) => {
-                let begun = citus::table_call_begins(relid, function).map_err(|e| {
-                    FenceError::Internal(format!("{function} of a protected table: {e}"))
-                })?;
-                match begun {
-                    Some(table) => AfterCall::Protect(table),
-                    None => continue,
-                }
-            }
-            citus::CitusCall::Node(_) => AfterCall::CheckNodes,
-        };
-        let subxact = crate::pg::process::current_subxact();
-        CALLS.with(|c| {
-            c.borrow_mut().push(PendingCall {
-                statement,
-                subxact,
-                after,
-            })
-        });
+/// functions that distribute or re-create a table at its top (`citus::table_function_calls`),
+/// `alone` whether the statement is nothing else (docs/citus.md, "Distributing a protected
+/// table"). Each protected table they take loses its protection for the run
+/// (`_pg_fencing.citus_table_call_begins`, which refuses per-row mode and
+/// `create_distributed_table_concurrently` with `0A000`); `table_calls_end` protects it again,
+/// in the shape Citus left it in, when the run returns. A statement that would run anything
+/// else meanwhile (another expression, a FROM list, a condition) is refused (`0A000`) when it
+/// takes a protected table. The DDL's locks hold to the end of the transaction, so no other
+/// transaction sees the table between the two, and no other statement of this one runs
+/// between them (a cursor's calls run and end in each FETCH); an error between them rolls both
+/// back, and a commit with a call not ended fails (`calls_pending`).
+pub fn table_calls_begin(
+    statement: usize,
+    calls: &[(&'static str, pg_sys::Oid)],
+    alone: bool,
+) -> Result<(), FenceError> {
+    for (function, relid) in calls {
+        if !alone && crate::state::protections::protection_of_table(*relid).is_some() {
+            return Err(FenceError::NotSupported(Text {
+                message: format!(
+                    "{function} of protected table {} must be a statement of its own",
+                    relation_name(*relid)
+                ),
+                detail: Some("pg_fencing takes the protection off for the call and puts it back after it; nothing else may run in between.".into()),
+                hint: Some(format!("Run SELECT {function}(...) with constant arguments, alone; docs/citus.md, \"Distributing a protected table\".")),
+            }));
+        }
+        let begun = citus::table_call_begins(*relid, function)
+            .map_err(|e| FenceError::Internal(format!("{function} of a protected table: {e}")))?;
+        if let Some(call) = begun {
+            let subxact = crate::pg::process::current_subxact();
+            CALLS.with(|c| {
+                c.borrow_mut().push(TableCall {
+                    statement,
+                    subxact,
+                    call,
+                })
+            });
+        }
     }
     Ok(())
 }
 
-/// The executor hook, once a run of statement `statement` returned: what its calls left to do
-/// (see `calls_begin`).
-pub fn calls_end(statement: usize) -> Result<(), FenceError> {
+/// The executor hook, once a run of statement `statement` returned: the tables its calls took
+/// are protected again (`_pg_fencing.citus_table_call_ends`).
+pub fn table_calls_end(statement: usize) -> Result<(), FenceError> {
     loop {
         let next = CALLS.with(|c| {
             let mut c = c.borrow_mut();
@@ -234,35 +253,45 @@ pub fn calls_end(statement: usize) -> Result<(), FenceError> {
         let Some(t) = next else {
             return Ok(());
         };
-        match t.after {
-            AfterCall::Protect(table) => citus::table_call_ends(table).map_err(|e| {
-                FenceError::Internal(format!(
-                    "protecting a table again after a Citus function: {e}"
-                ))
-            })?,
-            AfterCall::CheckNodes => citus::node_call_ends().map_err(|e| {
-                FenceError::Internal(format!("checking the nodes after a Citus function: {e}"))
-            })?,
-        }
+        citus::table_call_ends(t.call).map_err(|e| {
+            FenceError::Internal(format!(
+                "protecting a table again after a Citus function: {e}"
+            ))
+        })?;
     }
 }
 
-/// At commit: a call whose run never returned (`calls_end` did not run) may leave a table
-/// unprotected or a node unchecked, so the commit fails instead (`55000`).
-pub fn calls_pending() -> Result<(), FenceError> {
-    let pending = CALLS.with(|c| {
-        c.borrow().first().map(|t| match &t.after {
-            AfterCall::Protect(table) => format!(
-                "table {} was taken by a Citus function whose run did not return, and is not protected again",
-                table.first().cloned().unwrap_or_default()
-            ),
-            AfterCall::CheckNodes => "a Citus function that adds a node did not return, and the nodes were not checked for pg_fencing".to_string(),
-        })
-    });
-    match pending {
-        None => Ok(()),
-        Some(message) => Err(FenceError::SchemaChangeRefused(Text::new(message))),
+/// At commit: a call whose run never returned (`table_calls_end` did not run) leaves its table
+/// unprotected, so the commit fails instead (`55000`); and a transaction of a client on the
+/// coordinator that changed Citus's node table (`pg_dist_node`: `citus_add_node`,
+/// `citus_activate_node`, `citus_update_node` or any other way; Citus's own trigger invalidates
+/// its relcache entry) commits only if every active node preloads pg_fencing while a table is
+/// protected in the Citus shape (`_pg_fencing.citus_nodes_changed`, `55000`; docs/citus.md,
+/// "Adding a node").
+pub fn at_commit() -> Result<(), FenceError> {
+    let pending = CALLS.with(|c| c.borrow().first().map(|t| t.call.first().cloned()));
+    if let Some(name) = pending {
+        return Err(FenceError::SchemaChangeRefused(Text::new(format!(
+            "table {} was taken by a Citus function whose run did not return, and is not protected again",
+            name.unwrap_or_default()
+        ))));
     }
+    // (A transaction that changed the node table wrote: one that did not is not asked.)
+    if !citus::client_backend() || !citus::installed() || !citus::process_own_invalidations() {
+        return Ok(());
+    }
+    let invalidated = INVALIDATED.with(|i| i.borrow().clone());
+    let changed = match invalidated {
+        None => true,
+        Some(v) if v.is_empty() => false,
+        Some(v) => citus::node_table().is_some_and(|n| v.contains(&n)),
+    };
+    if changed && crate::pg::process::extension_schema_exists() {
+        citus::nodes_changed().map_err(|e| {
+            FenceError::Internal(format!("checking the Citus nodes for pg_fencing: {e}"))
+        })?;
+    }
+    Ok(())
 }
 
 /// The utility hook, once the COPY `begin_copy` admitted finished (or failed).

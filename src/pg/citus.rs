@@ -709,36 +709,21 @@ pub const TABLE_FUNCTIONS: [&str; 7] = [
     "undistribute_table",
 ];
 
-/// Citus's functions that add a node to the cluster, make one active or point one at another
-/// server (docs/citus.md, "Adding a node").
-pub const NODE_FUNCTIONS: [&str; 5] = [
-    "citus_add_node",
-    "master_add_node",
-    "citus_activate_node",
-    "master_activate_node",
-    "citus_update_node",
-];
-
-/// A call of one of Citus's functions that pg_fencing follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CitusCall {
-    /// A [`TABLE_FUNCTIONS`] function, with the table it takes.
-    Table(&'static str, pg_sys::Oid),
-    /// A [`NODE_FUNCTIONS`] function.
-    Node(&'static str),
-}
-
-/// The calls of a [`TABLE_FUNCTIONS`] or [`NODE_FUNCTIONS`] function at the top of statement
-/// `query_desc`, a SELECT (its target list, or a function in its FROM list: `SELECT
-/// create_distributed_table(…)`, `PERFORM …` in PL/pgSQL, `SELECT * FROM undistribute_table(…)`);
-/// a table function's only when its first argument is a constant or a parameter whose value the
-/// statement has (a PL/pgSQL variable). A call nested deeper, or whose table is computed, is not
-/// seen: Citus then meets the protection as it is (a table with triggers refused, a re-created
-/// table's writes refused with `FT004`).
+/// The calls of a [`TABLE_FUNCTIONS`] function at the top of statement `query_desc`, a SELECT
+/// (its target list, or a function in its FROM list: `SELECT create_distributed_table(…)`,
+/// `PERFORM …` in PL/pgSQL, `SELECT * FROM undistribute_table(…)`), each with its table when the
+/// first argument is a constant or a parameter whose value the statement has (a PL/pgSQL
+/// variable); and whether the statement is nothing but those calls with such arguments
+/// (`alone`: a Result without FROM, condition or subplans, or a scan of those functions only,
+/// each argument a constant or a parameter), so that running it runs nothing else. A call
+/// nested deeper, or whose table is computed, is not seen: Citus then meets the protection as it
+/// is (a table with triggers refused, a re-created table's writes refused with `FT004`).
 ///
 /// # Safety
 /// `query_desc` must be the executor hook's QueryDesc, before or after the executor started it.
-pub unsafe fn citus_calls(query_desc: *mut pg_sys::QueryDesc) -> Vec<CitusCall> {
+pub unsafe fn table_function_calls(
+    query_desc: *mut pg_sys::QueryDesc,
+) -> (Vec<(&'static str, pg_sys::Oid)>, bool) {
     // SAFETY: per the contract; `plannedstmt` and its plan tree are the statement's, valid for
     // the call; node tags are checked before each cast; target lists are Lists of TargetEntry,
     // a FunctionScan's `functions` a List of RangeTblFunction; a Const's or parameter's datum
@@ -747,10 +732,11 @@ pub unsafe fn citus_calls(query_desc: *mut pg_sys::QueryDesc) -> Vec<CitusCall> 
     unsafe {
         let stmt = (*query_desc).plannedstmt;
         if stmt.is_null() || (*stmt).commandType != pg_sys::CmdType::CMD_SELECT {
-            return Vec::new();
+            return (Vec::new(), false);
         }
+        let top = (*stmt).planTree;
         let mut exprs: Vec<*mut pg_sys::Node> = Vec::new();
-        let mut plan = (*stmt).planTree;
+        let mut plan = top;
         // The top node and the chain under it (a ProjectSet, Result or Limit over the call).
         for _ in 0..4 {
             if plan.is_null() {
@@ -768,30 +754,55 @@ pub unsafe fn citus_calls(query_desc: *mut pg_sys::QueryDesc) -> Vec<CitusCall> 
             plan = (*plan).lefttree;
         }
         let mut calls = Vec::new();
+        let mut others = false;
         for e in exprs {
-            if e.is_null() || (*e).type_ != pg_sys::NodeTag::T_FuncExpr {
+            if e.is_null() {
+                continue;
+            }
+            if (*e).type_ != pg_sys::NodeTag::T_FuncExpr {
+                // A FunctionScan's target list reads its functions' columns (Vars).
+                others |= (*e).type_ != pg_sys::NodeTag::T_Var;
                 continue;
             }
             let f = e.cast::<pg_sys::FuncExpr>();
-            match followed_function((*f).funcid) {
-                Some((name, true)) => {
-                    let first = PgList::<pg_sys::Node>::from_pg((*f).args).get_ptr(0);
-                    if let Some(relid) = first.and_then(|a| regclass_value(a, (*query_desc).params))
-                    {
-                        calls.push(CitusCall::Table(name, relid));
-                    }
-                }
-                Some((name, false)) => calls.push(CitusCall::Node(name)),
-                None => {}
+            let Some(name) = table_function((*f).funcid) else {
+                others = true;
+                continue;
+            };
+            let args = PgList::<pg_sys::Node>::from_pg((*f).args);
+            others |= !args.iter_ptr().all(|a| {
+                matches!((*a).type_, pg_sys::NodeTag::T_Const)
+                    || ((*a).type_ == pg_sys::NodeTag::T_Param
+                        && (*a.cast::<pg_sys::Param>()).paramkind
+                            == pg_sys::ParamKind::PARAM_EXTERN)
+            });
+            if let Some(relid) = args
+                .get_ptr(0)
+                .and_then(|a| regclass_value(a, (*query_desc).params))
+            {
+                calls.push((name, relid));
             }
         }
-        calls
+        let shape_alone = !top.is_null()
+            && (*top).lefttree.is_null()
+            && (*top).righttree.is_null()
+            && (*top).qual.is_null()
+            && (*top).initPlan.is_null()
+            && (*stmt).subplans.is_null()
+            && match (*top).type_ {
+                pg_sys::NodeTag::T_Result => {
+                    (*top.cast::<pg_sys::Result>()).resconstantqual.is_null()
+                }
+                pg_sys::NodeTag::T_FunctionScan => true,
+                _ => false,
+            };
+        let alone = shape_alone && !others;
+        (calls, alone)
     }
 }
 
-/// The name of function `funcid` if it is one of [`TABLE_FUNCTIONS`] (`true`) or
-/// [`NODE_FUNCTIONS`] (`false`); `None`: another function.
-fn followed_function(funcid: pg_sys::Oid) -> Option<(&'static str, bool)> {
+/// The [`TABLE_FUNCTIONS`] name of function `funcid` (`None`: another function).
+fn table_function(funcid: pg_sys::Oid) -> Option<&'static str> {
     // SAFETY: main thread inside a transaction; syscache lookups by OID, NULL / InvalidOid for
     // an unknown function; the name is a palloc'd NUL-terminated string, copied at once.
     unsafe {
@@ -806,13 +817,7 @@ fn followed_function(funcid: pg_sys::Oid) -> Option<(&'static str, bool)> {
         let found = TABLE_FUNCTIONS
             .iter()
             .find(|f| f.as_bytes() == called)
-            .map(|f| (*f, true))
-            .or_else(|| {
-                NODE_FUNCTIONS
-                    .iter()
-                    .find(|f| f.as_bytes() == called)
-                    .map(|f| (*f, false))
-            });
+            .copied();
         pg_sys::pfree(name.cast());
         found
     }
@@ -872,19 +877,55 @@ pub fn table_call_begins(
     )
 }
 
-/// `_pg_fencing.citus_node_call_ends()`, as the calling role: while a table is protected in the
-/// Citus shape, every node preloads pg_fencing (`55000` otherwise). Errors as `table_call_begins`.
-pub fn node_call_ends() -> Result<(), pgrx::spi::SpiError> {
-    pgrx::Spi::run("SELECT _pg_fencing.citus_node_call_ends()")
+/// Citus's node table, `pg_dist_node` (whose every change Citus's own trigger announces by
+/// invalidating its relcache entry); `None` without Citus.
+pub fn node_table() -> Option<pg_sys::Oid> {
+    // SAFETY: main thread inside a transaction; a catalog cache lookup by name, InvalidOid if
+    // there is no such relation.
+    let relid = unsafe {
+        pg_sys::get_relname_relid(
+            c"pg_dist_node".as_ptr(),
+            pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE),
+        )
+    };
+    (relid != pg_sys::InvalidOid).then_some(relid)
 }
 
-/// `_pg_fencing.citus_table_call_ends(call)`, as the calling role: the table protected again.
-/// Errors as `table_call_begins`.
-/// SPI needs an active snapshot; the executor's run has one, and where none is set (a caller
-/// outside a run) the transaction's is pushed for the call.
-pub fn table_call_ends(call: Vec<String>) -> Result<(), pgrx::spi::SpiError> {
+/// Process this transaction's own pending invalidations (a command counter increment) when it
+/// wrote anything: a change made by the transaction's last command is seen by the relcache
+/// callbacks before its commit goes on. `false`: it wrote nothing.
+pub fn process_own_invalidations() -> bool {
+    // SAFETY: main thread inside a transaction that is committing (its pre-commit step), where
+    // PostgreSQL itself may still increment the command counter (deferred triggers);
+    // GetTopTransactionIdIfAny only reads this process's state.
+    unsafe {
+        let wrote = pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId;
+        if wrote {
+            pg_sys::CommandCounterIncrement();
+        }
+        wrote
+    }
+}
+
+/// Is this backend a client's (not Citus's maintenance daemon or another background worker)?
+pub fn client_backend() -> bool {
+    // SAFETY: a read of this process's own variable.
+    unsafe { pg_sys::MyBackendType == pg_sys::BackendType::B_BACKEND }
+}
+
+/// `_pg_fencing.citus_nodes_changed()`, as the current role, with a snapshot of its own (it
+/// runs at commit, where none is active): on the coordinator, while a table is protected in
+/// the Citus shape, every active node must preload pg_fencing (`55000` otherwise). Errors as
+/// `table_call_begins`.
+pub fn nodes_changed() -> Result<(), pgrx::spi::SpiError> {
+    with_active_snapshot(|| pgrx::Spi::run("SELECT _pg_fencing.citus_nodes_changed()"))
+}
+
+/// Run `f` with an active snapshot (SPI needs one): the one set, else the transaction's, pushed
+/// for the call.
+fn with_active_snapshot<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: main thread inside a transaction; a snapshot pushed here is popped below, or by
-    // the abort's cleanup of the snapshot stack when the call raises an ERROR.
+    // the abort's cleanup of the snapshot stack when `f` raises an ERROR.
     let pushed = unsafe {
         let push = !pg_sys::ActiveSnapshotSet();
         if push {
@@ -892,13 +933,21 @@ pub fn table_call_ends(call: Vec<String>) -> Result<(), pgrx::spi::SpiError> {
         }
         push
     };
-    let done = pgrx::Spi::run_with_args(
-        "SELECT _pg_fencing.citus_table_call_ends($1)",
-        &[call.into()],
-    );
+    let out = f();
     if pushed {
-        // SAFETY: pops the snapshot pushed above (the call left the stack as it found it).
+        // SAFETY: pops the snapshot pushed above (`f` left the stack as it found it).
         unsafe { pg_sys::PopActiveSnapshot() };
     }
-    done
+    out
+}
+
+/// `_pg_fencing.citus_table_call_ends(call)`, as the calling role: the table protected again.
+/// Errors as `table_call_begins`.
+pub fn table_call_ends(call: Vec<String>) -> Result<(), pgrx::spi::SpiError> {
+    with_active_snapshot(|| {
+        pgrx::Spi::run_with_args(
+            "SELECT _pg_fencing.citus_table_call_ends($1)",
+            &[call.into()],
+        )
+    })
 }

@@ -46,6 +46,19 @@ pub fn protection_of(protection: i64) -> Option<(pg_sys::Oid, Option<String>, St
     .flatten()
 }
 
+/// The protection of table `relid` (`None`: it is not protected), read like `protection_of`.
+pub fn protection_of_table(relid: pg_sys::Oid) -> Option<i64> {
+    crate::pg::spi::exec_internal(
+        "SELECT p.id FROM _pg_fencing.protected_table p \
+         WHERE p.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid::pg_catalog.regclass",
+        true,
+        &[pg_sys::OIDOID],
+        &mut [pg_sys::Datum::from(relid)],
+        false,
+        |d| d.value() as i64,
+    )
+}
+
 /// The protected tables that still exist, as a list for a message (`None`: none).
 pub fn protected_tables() -> Option<String> {
     exec_internal(

@@ -251,6 +251,14 @@ expect "… was rolled back" 0 "$(q "SELECT count(*) FROM pg_dist_node WHERE nod
 expect "citus_update_node pointing a worker at it" 55000 \
     "$(state "SELECT citus_update_node((SELECT nodeid FROM pg_dist_node WHERE nodeport = $((BASE + 2))), '127.0.0.1', $((BASE + 3)))")"
 expect "… was rolled back" 1 "$(q "SELECT count(*) FROM pg_dist_node WHERE nodeport = $((BASE + 2))")"
+expect "citus_add_node inside an expression" 55000 "$(state "SELECT citus_add_node('127.0.0.1', $((BASE + 3))) + 0")"
+expect "master_update_node pointing a worker at it" 55000 \
+    "$(state "SELECT master_update_node((SELECT nodeid FROM pg_dist_node WHERE nodeport = $((BASE + 2))), '127.0.0.1', $((BASE + 3)))")"
+expect "citus_add_node in a PL/pgSQL block" 55000 \
+    "$(state "DO \$\$ BEGIN PERFORM coalesce(citus_add_node('127.0.0.1', $((BASE + 3))), 0); END \$\$")"
+expect "an inactive node added, then activated" 55000 \
+    "$(state "SELECT citus_add_inactive_node('127.0.0.1', $((BASE + 3))); SELECT citus_activate_node('127.0.0.1', $((BASE + 3)))::text")"
+expect "… none of them joined" 0 "$(q "SELECT count(*) FROM pg_dist_node WHERE nodeport = $((BASE + 3))")"
 as_pg "$PGBIN/pg_ctl" -D "$WORK/worker3" -m immediate -w stop >/dev/null
 # A worker drained and removed, then added back and rebalanced: the shards keep their marker and
 # the fence wherever they go.
@@ -336,6 +344,10 @@ expect "a foreign key from a protected table to a reference table (Citus would m
 expect "the table stayed out of Citus's metadata" 0 "$(q "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass")"
 expect "still protected on the coordinator" "set-based true" "$(shape_of jobs)"
 expect "a stale write to it is refused" FT001 "$(write 9 "UPDATE jobs SET v = 2 WHERE id = 1")"
+expect "create_distributed_table of the protected table beside another expression" 0A000 \
+    "$(state "SELECT create_distributed_table('jobs', 'id'), 1")"
+expect "… beside a FROM list" 0A000 "$(state "SELECT create_distributed_table('jobs', 'id') FROM generate_series(1, 1)")"
+expect "… with an argument computed by a subquery" 0A000 "$(state "SELECT create_distributed_table('jobs', (SELECT 'id'))")"
 expect "create_distributed_table of the protected table" ok "$(state "SELECT create_distributed_table('jobs', 'id', shard_count => 4)")"
 expect "it is distributed" 1 "$(q "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass AND partmethod = 'h'")"
 expect "and protected in the Citus shape" "citus true" "$(shape_of jobs)"

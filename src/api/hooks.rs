@@ -106,16 +106,22 @@ unsafe extern "C-unwind" fn planner(
             None => None,
         };
         // Writes to protected Citus tables, the statement's and its data-modifying WITH
-        // queries' (guard/citus.rs).
+        // queries', and to a table a Citus function has taken (guard/citus.rs).
         let writes: Vec<_> = std::iter::once(parse)
             .chain(citus::modifying_ctes(parse))
             .filter_map(|q| citus::WriteQuery::of(q))
             .collect();
         if !writes.is_empty() {
             let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-                writes
-                    .into_iter()
-                    .try_for_each(|mut q| crate::guard::citus::plan_write(&mut q))
+                writes.into_iter().try_for_each(|mut q| {
+                    // A table whose protection a Citus function has off (Citus sends a
+                    // distributed table's writes to its shards without the executor's result
+                    // relations on this node).
+                    if let Some(target) = q.target() {
+                        crate::guard::citus::write_while_taken(&[target])?;
+                    }
+                    crate::guard::citus::plan_write(&mut q)
+                })
             });
             if let Err(e) = outcome {
                 raise(e, Raiser::Hook("pg_fencing planner hook"));
@@ -181,6 +187,14 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         if explain_only {
             crate::guard::citus::explain_only(false);
             return;
+        }
+        // A write to a table whose protection a Citus function has off (guard/citus.rs).
+        let written = citus::result_relations(query_desc);
+        let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+            crate::guard::citus::write_while_taken(&written)
+        });
+        if let Err(e) = outcome {
+            raise(e, Raiser::Hook("pg_fencing ExecutorStart hook"));
         }
         // A write to a protected Citus table's shard (guard/citus.rs), before any row.
         let marked = citus::marked_result_relations(query_desc);
@@ -364,6 +378,7 @@ unsafe extern "C-unwind" fn process_utility(
         let sent = context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL;
         let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
             if let Some((relids, cascade)) = &truncated {
+                crate::guard::citus::write_while_taken(relids)?;
                 crate::guard::citus::truncate(relids, *cascade, sent)?;
             }
             if let Some((relid, name)) = &marker {
@@ -373,6 +388,7 @@ unsafe extern "C-unwind" fn process_utility(
                 crate::guard::citus::becoming_child(relid)?;
             }
             if let Some((copy, relid)) = &copy_target {
+                crate::guard::citus::write_while_taken(&[*relid])?;
                 crate::guard::citus::begin_copy(*relid, sent, &|column: &str| {
                     std::ffi::CString::new(column).is_ok_and(|c| copy.names_column(&c))
                 })?;

@@ -90,6 +90,7 @@ struct Copying {
 struct TableCall {
     statement: usize,
     subxact: pg_sys::SubTransactionId,
+    relid: pg_sys::Oid,
     call: Vec<String>,
 }
 
@@ -225,17 +226,66 @@ pub fn table_calls_begin(
                 hint: Some(format!("Run SELECT {function}(...) with constant arguments, alone; docs/citus.md, \"Distributing a protected table\".")),
             }));
         }
+        // Taken before the protection comes off: the DDL that removes it runs event triggers.
+        let subxact = crate::pg::process::current_subxact();
+        CALLS.with(|c| {
+            c.borrow_mut().push(TableCall {
+                statement,
+                subxact,
+                relid: *relid,
+                call: Vec::new(),
+            })
+        });
         let begun = citus::table_call_begins(*relid, function)
             .map_err(|e| FenceError::Internal(format!("{function} of a protected table: {e}")))?;
-        if let Some(call) = begun {
-            let subxact = crate::pg::process::current_subxact();
-            CALLS.with(|c| {
-                c.borrow_mut().push(TableCall {
-                    statement,
-                    subxact,
-                    call,
-                })
-            });
+        CALLS.with(|c| {
+            let mut c = c.borrow_mut();
+            match begun {
+                Some(call) => {
+                    if let Some(t) = c.last_mut() {
+                        t.call = call;
+                    }
+                }
+                None => {
+                    c.pop();
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Every write path (the executor's result relations, COPY FROM, TRUNCATE), while a table
+/// function's run has a table's protection off (`table_calls_begin`): a write to that table, by
+/// its OID or by its name (the table Citus re-created under it), is refused (`FT004`). Citus's
+/// own statements in the call write the shards and the table it builds under another name; a
+/// statement run in between by anything else (an event trigger on the call's DDL) is refused.
+pub fn write_while_taken(relids: &[pg_sys::Oid]) -> Result<(), FenceError> {
+    if CALLS.with(|c| c.borrow().is_empty()) || relids.is_empty() {
+        return Ok(());
+    }
+    let taken: Vec<(pg_sys::Oid, String)> = CALLS.with(|c| {
+        c.borrow()
+            .iter()
+            .map(|t| (t.relid, t.call.first().cloned().unwrap_or_default()))
+            .collect()
+    });
+    for (relid, name) in taken {
+        // (No name yet while the protection comes off: the table is still the one taken.)
+        let now = (!name.is_empty())
+            .then(|| citus::relid_of_name(&name))
+            .flatten();
+        if relids.iter().any(|r| *r == relid || Some(*r) == now) {
+            let name = if name.is_empty() {
+                relation_name(relid)
+            } else {
+                name
+            };
+            return Err(FenceError::NotProtected(Text {
+                message: format!("protection of table {name} is not active"),
+                detail: Some("a Citus function in this transaction has its protection off while it distributes or re-creates the table; a write to it now is not Citus's own".into()),
+                hint: Some("Write the table once the call has returned; docs/citus.md, \"Distributing a protected table\".".into()),
+            }));
         }
     }
     Ok(())
@@ -245,19 +295,27 @@ pub fn table_calls_begin(
 /// are protected again (`_pg_fencing.citus_table_call_ends`).
 pub fn table_calls_end(statement: usize) -> Result<(), FenceError> {
     loop {
+        // Still taken while the protection goes back on (its DDL runs event triggers too).
         let next = CALLS.with(|c| {
-            let mut c = c.borrow_mut();
-            let i = c.iter().position(|t| t.statement == statement)?;
-            Some(c.remove(i))
+            c.borrow()
+                .iter()
+                .position(|t| t.statement == statement)
+                .map(|i| (i, c.borrow()[i].call.clone()))
         });
-        let Some(t) = next else {
+        let Some((_, call)) = next else {
             return Ok(());
         };
-        citus::table_call_ends(t.call).map_err(|e| {
+        citus::table_call_ends(call).map_err(|e| {
             FenceError::Internal(format!(
                 "protecting a table again after a Citus function: {e}"
             ))
         })?;
+        CALLS.with(|c| {
+            let mut c = c.borrow_mut();
+            if let Some(i) = c.iter().position(|t| t.statement == statement) {
+                c.remove(i);
+            }
+        });
     }
 }
 

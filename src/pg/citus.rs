@@ -290,6 +290,39 @@ unsafe fn call_expr(function: pg_sys::Oid, protection: i64) -> *mut pg_sys::Expr
     }
 }
 
+/// The result relations of started statement `query_desc` (those the executor opened).
+///
+/// # Safety
+/// `query_desc` must be the executor hook's QueryDesc, after the executor started it.
+pub unsafe fn result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys::Oid> {
+    // SAFETY: per the contract; `es_opened_result_relations` is NIL or a List of
+    // ResultRelInfo nodes with open relations.
+    unsafe {
+        let estate = (*query_desc).estate;
+        if estate.is_null() {
+            return Vec::new();
+        }
+        PgList::<pg_sys::ResultRelInfo>::from_pg((*estate).es_opened_result_relations)
+            .iter_ptr()
+            .filter(|ri| !(**ri).ri_RelationDesc.is_null())
+            .map(|ri| (*(*ri).ri_RelationDesc).rd_id)
+            .collect()
+    }
+}
+
+/// The relation a schema-qualified, quoted name (`format('%I.%I', …)`) names now (`None`: none),
+/// resolved without a lock.
+pub fn relid_of_name(name: &str) -> Option<pg_sys::Oid> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: main thread inside a transaction; stringToQualifiedNameList parses the name (an
+    // ERROR for a malformed one, which callers' names are not), makeRangeVarFromNameList
+    // builds a RangeVar, and `relation_of` resolves it with RVR_MISSING_OK.
+    unsafe {
+        let names = pg_sys::stringToQualifiedNameList(name.as_ptr(), std::ptr::null_mut());
+        relation_of(pg_sys::makeRangeVarFromNameList(names))
+    }
+}
+
 /// In an `INSERT … SELECT` (`q`) whose SELECT is a plain one, add `stamp_subquery(protection)`
 /// as the SELECT's last column and return a reference to it, for the INSERT's target list.
 /// `None` for another INSERT, and for a SELECT that aggregates, groups, is DISTINCT, LIMITed, a

@@ -186,7 +186,8 @@ def main():
             n = q("SELECT shard_count FROM citus_tables WHERE table_name = 'hunt_d'::regclass")[0][0]
             with coord.transaction():
                 if rnd.random() < 0.5:
-                    coord.execute(f"SELECT alter_distributed_table('hunt_d', shard_count := {10 - n})")
+                    coord.execute(f"SELECT alter_distributed_table('hunt_d', shard_count := {10 - n}, "
+                                  "cascade_to_colocated := false)")
                 else:
                     coord.execute("SELECT undistribute_table('hunt_d')")
                     coord.execute(f"SELECT create_distributed_table('hunt_d', 'account', shard_count => {10 - n})")

@@ -381,6 +381,27 @@ expect "create_distributed_table rolled back to a savepoint" ok \
 expect "the table as it was" "set-based true" "$(shape_of jobs2)"
 expect "a cursor of create_distributed_table never fetched, and a stale write beside it" FT001 \
     "$(write 13 "DECLARE c CURSOR FOR SELECT create_distributed_table('jobs2', 'id'); INSERT INTO jobs2 VALUES (1, 1)")"
+# Code run by the call's own DDL (an event trigger) cannot write the table while it is taken.
+q "CREATE TABLE evt (id int PRIMARY KEY, v int)"
+q "SELECT fencing_protect('evt', 'jobs')" >/dev/null
+q "CREATE TABLE evt_log (state text)"
+q "CREATE SEQUENCE evt_ids"
+q "CREATE FUNCTION evt_write() RETURNS event_trigger LANGUAGE plpgsql AS \$\$
+   BEGIN
+     IF current_setting('evt.go', true) = '1' THEN
+       BEGIN INSERT INTO public.evt VALUES (nextval('public.evt_ids'), -1);
+             INSERT INTO public.evt_log VALUES ('written');
+       EXCEPTION WHEN others THEN INSERT INTO public.evt_log VALUES (SQLSTATE); END;
+     END IF;
+   END \$\$"
+q "CREATE EVENT TRIGGER evt_write ON ddl_command_end EXECUTE FUNCTION evt_write()"
+expect "create_distributed_table with an event trigger writing the table during its DDL" ok \
+    "$(state "SET evt.go = '1'; SELECT create_distributed_table('evt', 'id')")"
+expect "alter_distributed_table with it" ok "$(state "SET evt.go = '1'; SELECT alter_distributed_table('evt', shard_count := 6, cascade_to_colocated := false)")"
+expect "… none of its writes went through (FT004 while the protection was off)" "0 0 true" \
+    "$(q "SELECT count(*) FILTER (WHERE state = 'written') || ' ' || (SELECT count(*) FROM evt) || ' ' || bool_or(state = 'FT004') FROM evt_log")"
+expect "… and it tried" t "$(q "SELECT count(*) > 0 FROM evt_log")"
+q "DROP EVENT TRIGGER evt_write"
 expect "create_distributed_table of a PL/pgSQL variable" ok \
     "$(state "DO \$\$ DECLARE t regclass := 'jobs2'; BEGIN PERFORM create_distributed_table(t, 'id'); END \$\$")"
 expect "protected in the Citus shape" "citus true" "$(shape_of jobs2)"

@@ -318,6 +318,9 @@ pub fn relid_of_name(name: &str) -> Option<pg_sys::Oid> {
     // ERROR for a malformed one, which callers' names are not), makeRangeVarFromNameList
     // builds a RangeVar, and `relation_of` resolves it with RVR_MISSING_OK.
     unsafe {
+        #[cfg(feature = "pg15")]
+        let names = pg_sys::stringToQualifiedNameList(name.as_ptr());
+        #[cfg(not(feature = "pg15"))]
         let names = pg_sys::stringToQualifiedNameList(name.as_ptr(), std::ptr::null_mut());
         relation_of(pg_sys::makeRangeVarFromNameList(names))
     }

@@ -29,6 +29,17 @@
 //!   table cannot become a partition or an inheritance child (`0A000`), and a token column
 //!   default other than `citus_stamp` makes the protection inactive (`citus_problem`, FT004).
 //!
+//! * **Coordinator, executor hook, Citus's table functions** (`table_calls_begin`,
+//!   `table_calls_end`, `write_while_taken`): a table protected before Citus distributes or
+//!   re-creates it loses its protection for the run of the statement that calls the function
+//!   (nothing else in it; `0A000` otherwise) and gets it back, in the shape Citus left, when the
+//!   run returns; a write to it in between that is not Citus's own is refused (`FT004`). A
+//!   call's life: taken (before the DDL that removes the protection), named (the table's name,
+//!   resource and token column known), ended (protected again), or rolled back with its
+//!   (sub)transaction.
+//! * **Coordinator, commit** (`at_commit`): a transaction that changed Citus's node table
+//!   commits only if every active node preloads pg_fencing while a table has the Citus shape.
+//!
 //! Invariant: on every node, a write to a relation carrying the marker runs only after
 //! `admit` admitted its token on the coordinator, in the same distributed transaction (whose
 //! commit raises the mark), or is refused.
@@ -99,7 +110,7 @@ thread_local! {
     /// Kept apart from `KNOWN`: the calls' own DDL invalidates relcache entries.
     static CALLS: RefCell<Vec<TableCall>> = const { RefCell::new(Vec::new()) };
     /// Relations whose relcache entries were invalidated in this transaction, up to
-    /// `INVALIDATED_CAP` (`None`: more), for `nodes_check` to tell whether Citus's node table
+    /// `INVALIDATED_CAP` (`None`: more), for `at_commit` to tell whether Citus's node table
     /// changed.
     static INVALIDATED: RefCell<Option<Vec<pg_sys::Oid>>> = const { RefCell::new(Some(Vec::new())) };
 }
@@ -209,7 +220,7 @@ const INVALIDATED_CAP: usize = 256;
 /// takes a protected table. The DDL's locks hold to the end of the transaction, so no other
 /// transaction sees the table between the two, and no other statement of this one runs
 /// between them (a cursor's calls run and end in each FETCH); an error between them rolls both
-/// back, and a commit with a call not ended fails (`calls_pending`).
+/// back, and a commit with a call not ended fails (`at_commit`).
 pub fn table_calls_begin(
     statement: usize,
     calls: &[(&'static str, pg_sys::Oid)],

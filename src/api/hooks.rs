@@ -189,12 +189,14 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
             return;
         }
         // A write to a table whose protection a Citus function has off (guard/citus.rs).
-        let written = citus::result_relations(query_desc);
-        let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
-            crate::guard::citus::write_while_taken(&written)
-        });
-        if let Err(e) = outcome {
-            raise(e, Raiser::Hook("pg_fencing ExecutorStart hook"));
+        if crate::guard::citus::taking() {
+            let written = citus::result_relations(query_desc);
+            let outcome = pg_sys::submodules::panic::pgrx_extern_c_guard(move || {
+                crate::guard::citus::write_while_taken(&written)
+            });
+            if let Err(e) = outcome {
+                raise(e, Raiser::Hook("pg_fencing ExecutorStart hook"));
+            }
         }
         // A write to a protected Citus table's shard (guard/citus.rs), before any row.
         let marked = citus::marked_result_relations(query_desc);

@@ -266,13 +266,18 @@ pub fn table_calls_begin(
     Ok(())
 }
 
+/// Has a table function's run a table's protection off now (`write_while_taken` has work)?
+pub fn taking() -> bool {
+    CALLS.with(|c| !c.borrow().is_empty())
+}
+
 /// Every write path (the executor's result relations, COPY FROM, TRUNCATE), while a table
 /// function's run has a table's protection off (`table_calls_begin`): a write to that table, by
 /// its OID or by its name (the table Citus re-created under it), is refused (`FT004`). Citus's
 /// own statements in the call write the shards and the table it builds under another name; a
 /// statement run in between by anything else (an event trigger on the call's DDL) is refused.
 pub fn write_while_taken(relids: &[pg_sys::Oid]) -> Result<(), FenceError> {
-    if CALLS.with(|c| c.borrow().is_empty()) || relids.is_empty() {
+    if !taking() || relids.is_empty() {
         return Ok(());
     }
     let taken: Vec<(pg_sys::Oid, String)> = CALLS.with(|c| {

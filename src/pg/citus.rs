@@ -290,13 +290,15 @@ unsafe fn call_expr(function: pg_sys::Oid, protection: i64) -> *mut pg_sys::Expr
     }
 }
 
-/// The result relations of started statement `query_desc` (those the executor opened).
+/// The open relations of started statement `query_desc`'s result relations (those the executor
+/// opened when it started).
 ///
 /// # Safety
-/// `query_desc` must be the executor hook's QueryDesc, after the executor started it.
-pub unsafe fn result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys::Oid> {
-    // SAFETY: per the contract; `es_opened_result_relations` is NIL or a List of
-    // ResultRelInfo nodes with open relations.
+/// `query_desc` must be the executor hook's QueryDesc, after the executor started it; the
+/// relations are valid while the statement runs.
+unsafe fn opened_result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys::Relation> {
+    // SAFETY: per the contract; `estate` is the started executor's state, whose
+    // `es_opened_result_relations` is NIL or a List of ResultRelInfo nodes with open relations.
     unsafe {
         let estate = (*query_desc).estate;
         if estate.is_null() {
@@ -304,8 +306,22 @@ pub unsafe fn result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys
         }
         PgList::<pg_sys::ResultRelInfo>::from_pg((*estate).es_opened_result_relations)
             .iter_ptr()
-            .filter(|ri| !(**ri).ri_RelationDesc.is_null())
-            .map(|ri| (*(*ri).ri_RelationDesc).rd_id)
+            .map(|ri| (*ri).ri_RelationDesc)
+            .filter(|rel| !rel.is_null())
+            .collect()
+    }
+}
+
+/// The result relations of started statement `query_desc`.
+///
+/// # Safety
+/// As `opened_result_relations`.
+pub unsafe fn result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys::Oid> {
+    // SAFETY: per the contract; each relation is open (`opened_result_relations`).
+    unsafe {
+        opened_result_relations(query_desc)
+            .into_iter()
+            .map(|rel| (*rel).rd_id)
             .collect()
     }
 }
@@ -377,12 +393,8 @@ unsafe fn stamp_in_source(q: &mut pg_sys::Query, protection: i64) -> Option<*mut
         }
         let resno = PgList::<pg_sys::TargetEntry>::from_pg((*sub).targetList).len() as i16 + 1;
         let name = c"pg_fencing_citus_stamp";
-        let tle = pg_sys::makeTargetEntry(
-            stamp_subquery(protection),
-            resno,
-            pg_sys::pstrdup(name.as_ptr()),
-            false,
-        );
+        let stamp = stamp_subquery(protection)?;
+        let tle = pg_sys::makeTargetEntry(stamp, resno, pg_sys::pstrdup(name.as_ptr()), false);
         (*sub).targetList = pg_sys::lappend((*sub).targetList, tle.cast());
         (*sub).hasSubLinks = true;
         if !(*rte).eref.is_null() {
@@ -402,11 +414,12 @@ unsafe fn stamp_in_source(q: &mut pg_sys::Query, protection: i64) -> Option<*mut
 ///
 /// # Safety
 /// Main thread, in a memory context that lives as long as the planner's Query.
-unsafe fn stamp_subquery(protection: i64) -> *mut pg_sys::Expr {
+unsafe fn stamp_subquery(protection: i64) -> Option<*mut pg_sys::Expr> {
+    // (A statement of digits has no NUL: `None` cannot happen, and would keep the function call.)
     let sql = std::ffi::CString::new(format!(
         "SELECT _pg_fencing.citus_stamp({protection}::pg_catalog.int8) FROM pg_catalog.pg_dist_local_group"
     ))
-    .expect("no NUL in a statement of digits");
+    .ok()?;
     // SAFETY: per the contract; raw_parser returns a List of RawStmt (one for this text),
     // parse_analyze_fixedparams the analysed Query (it raises an ERROR rather than returning
     // NULL); palloc0 gives a zeroed SubLink (NIL lists, NULL pointers), tagged before use.
@@ -426,33 +439,23 @@ unsafe fn stamp_subquery(protection: i64) -> *mut pg_sys::Expr {
         (*link).subLinkType = pg_sys::SubLinkType::EXPR_SUBLINK;
         (*link).subselect = sub.cast();
         (*link).location = -1;
-        link.cast()
+        Some(link.cast())
     }
 }
 
-/// The result relations of started statement `query_desc` that carry a marker (those the
-/// executor opened when it started; read from their open relcache entries, no lookup).
+/// The result relations of started statement `query_desc` that carry a marker (read from their
+/// open relcache entries, no lookup).
 ///
 /// # Safety
-/// `query_desc` must be the executor hook's QueryDesc, after the executor started it.
+/// As `opened_result_relations`.
 pub unsafe fn marked_result_relations(query_desc: *mut pg_sys::QueryDesc) -> Vec<pg_sys::Oid> {
-    // SAFETY: per the contract; `estate` is the started executor's state, whose
-    // `es_opened_result_relations` is NIL or a List of ResultRelInfo nodes with open relations
-    // (`Relation::from_open` borrows each only for this call).
+    // SAFETY: per the contract; each relation is open (`Relation::from_open` borrows it only
+    // for this call).
     unsafe {
-        let estate = (*query_desc).estate;
-        if estate.is_null() {
-            return Vec::new();
-        }
-        PgList::<pg_sys::ResultRelInfo>::from_pg((*estate).es_opened_result_relations)
-            .iter_ptr()
-            .filter_map(|ri| {
-                let rel = (*ri).ri_RelationDesc;
-                if rel.is_null() || (*(*rel).rd_rel).relchecks == 0 {
-                    return None;
-                }
-                marker(&Relation::from_open(rel)).map(|_| (*rel).rd_id)
-            })
+        opened_result_relations(query_desc)
+            .into_iter()
+            .filter(|rel| (*(**rel).rd_rel).relchecks > 0)
+            .filter_map(|rel| marker(&Relation::from_open(rel)).map(|_| (*rel).rd_id))
             .collect()
     }
 }

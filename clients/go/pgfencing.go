@@ -6,7 +6,7 @@
 //
 // A fenced transaction sends BEGIN and the token in one simple-protocol query,
 //
-//	BEGIN; SELECT set_config('pg_fencing.token', '<token>', true)
+//	BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '<token>', true)
 //
 // instead of the driver's own BEGIN: it takes as many round trips as the same transaction
 // unfenced, and the token ends with the transaction (the next user of a pooled connection never
@@ -40,7 +40,7 @@ func BeginSQL(token int64) (string, error) {
 	if err := CheckToken(token); err != nil {
 		return "", err
 	}
-	return "BEGIN; SELECT set_config('pg_fencing.token', '" + strconv.FormatInt(token, 10) + "', true)", nil
+	return "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '" + strconv.FormatInt(token, 10) + "', true)", nil
 }
 
 // SQLSTATEs of pg_fencing (docs/sqlstates.md of the extension).

@@ -6,7 +6,7 @@ import (
 )
 
 func TestTokens(t *testing.T) {
-	if q, err := BeginSQL(42); err != nil || q != "BEGIN; SELECT set_config('pg_fencing.token', '42', true)" {
+	if q, err := BeginSQL(42); err != nil || q != "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '42', true)" {
 		t.Fatalf("BeginSQL(42) = %q, %v", q, err)
 	}
 	for _, bad := range []int64{0, -1, -9223372036854775808} {

@@ -41,3 +41,11 @@ for (const [n, v] of Object.entries({ fenced, fromError, Lease, runWithLease, Fe
 console.log('  ok: import { … } from \'pg-fencing\' and \'pg-fencing/drizzle\' in an ES module');")
 (cd "$TESTDIR" && node test_client.js --url "postgresql://postgres@127.0.0.1:$PGPORT_TEST/postgres" \
     --log "$WORK/postgres.log")
+# The token as SET LOCAL: the same server restarted without pg_stat_statements (the package uses
+# set_config only where PostgreSQL 15's pg_stat_statements would keep one entry per token).
+echo "-- restarted without pg_stat_statements"
+sed -i "s/^shared_preload_libraries = 'pg_stat_statements,pg_fencing'/shared_preload_libraries = 'pg_fencing'/" "$PGDATA_TEST/postgresql.conf"
+as_pg "$PGBIN/pg_ctl" -D "$PGDATA_TEST" -m fast -w -t 60 stop >/dev/null
+pg_ctl_start "$PGDATA_TEST" "$WORK/postgres.log"
+(cd "$TESTDIR" && node test_client.js --set-local-only --url "postgresql://postgres@127.0.0.1:$PGPORT_TEST/postgres" \
+    --log "$WORK/postgres.log")

@@ -49,12 +49,115 @@ function statements(app) {
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+/**
+ * The statement that carries the token on one client (a Client, then a Pool's client): the first
+ * fenced transaction asks (the probe), the next ones use its answer: set_config where
+ * pg_stat_statements is loaded (PostgreSQL 15 here), SET LOCAL where it is not. Either way a stale
+ * token is refused and the client's next transaction has no token.
+ */
+async function tokenForms(admin, pgss) {
+  const suffix = pgss ? 'pgss' : 'nopgss';
+  console.log(`-- the token's statement, ${pgss ? 'with' : 'without'} pg_stat_statements`);
+  const resource = `jsforms_${suffix}`;
+  await admin.query('CREATE TABLE jsforms (id int PRIMARY KEY, v int)');
+  await admin.query('SELECT fencing_protect($1, $2)', ['jsforms', resource]);
+  await admin.query('SELECT fencing_advance($1, 10)', [resource]);
+  await admin.query("BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO jsforms VALUES (1, 0); COMMIT");
+  const last = {};
+  const kinds = [
+    ['client', async (app) => { const c = new pg.Client({ connectionString: URL_, application_name: app }); await c.connect(); return [c, () => c.end()]; }],
+    ['pool', async (app) => { const p = new pg.Pool({ connectionString: URL_, max: 1, application_name: app }); return [p, () => p.end()]; }],
+  ];
+  let base = 10;
+  for (const [kind, open] of kinds) {
+    const app = `pffjs_${kind}_${suffix}`;
+    const [target, close] = await open(app);
+    for (const tok of [base, base + 1]) {
+      await pf.fenced(target, tok, (c) => c.query('UPDATE jsforms SET v = v + 1 WHERE id = 1'));
+    }
+    last[app] = base + 1;
+    await rejects(`${kind}: a stale token in the second form is refused`, pf.StaleToken,
+      () => pf.fenced(target, base - 1, (c) => c.query('UPDATE jsforms SET v = v + 100 WHERE id = 1')), { token: BigInt(base - 1) });
+    try {
+      await target.query('UPDATE jsforms SET v = v + 100 WHERE id = 1');
+      check(`${kind}: the next statement carries no token`, false, 'committed');
+    } catch (e) {
+      check(`${kind}: the next statement carries no token (NoToken)`, pf.fromError(e) instanceof pf.NoToken, e.code);
+    }
+    await close();
+    base += 2;
+  }
+  const v = (await admin.query('SELECT v FROM jsforms WHERE id = 1')).rows[0].v;
+  check(`nothing stale or tokenless was written (v = ${v})`, v === 4, v);
+  await sleep(300);
+  // PostgreSQL 16 and later normalise a SET's constants: the probe answers SET LOCAL there too.
+  const v16 = Number((await admin.query('SHOW server_version_num')).rows[0].server_version_num) >= 160000;
+  for (const [app, t] of Object.entries(last)) {
+    const want = pgss && !v16 ? `SELECT pg_catalog.set_config('pg_fencing.token', '${t}', true)` : `SET LOCAL pg_fencing.token = '${t}'`;
+    const begins = statements(app).filter((l) => l.includes('statement: BEGIN;'));
+    check(`${app}: the first transaction asks, the second sends \`${want}\``,
+      begins.length >= 2 && begins[0].includes('UNION ALL SELECT NULL WHERE') && begins[1].trimEnd().endsWith(`BEGIN; ${want}`),
+      JSON.stringify(begins.slice(0, 2)));
+  }
+  await admin.query('SELECT fencing_unprotect($1)', ['jsforms']);
+  await admin.query('DROP TABLE jsforms');
+}
+
+/**
+ * One client shared by two fenced() calls at once, a pool's client released inside fn: never a
+ * write with another call's token, never a borrower inside the fenced transaction.
+ */
+async function sharing(admin) {
+  console.log('-- one client, two fenced() at once; a pool client released inside fn');
+  await admin.query('CREATE TABLE jsshared (id int PRIMARY KEY, v int)');
+  await admin.query("SELECT fencing_protect('jsshared', 'jsshared')");
+  await admin.query("SELECT fencing_advance('jsshared', 11)");
+  await admin.query("BEGIN; SET LOCAL pg_fencing.token = '11'; INSERT INTO jsshared VALUES (1, 0), (2, 0); COMMIT");
+  const c = new pg.Client(URL_);
+  await c.connect();
+  const outcome = async (p) => p.then(() => 'ok', (e) => (e && e.constructor && e.constructor.name) || String(e));
+  const [stale, holder] = await Promise.all([
+    outcome(pf.fenced(c, 10n, (x) => x.query('UPDATE jsshared SET v = 100 WHERE id = 1'))),
+    outcome(pf.fenced(c, 11n, (x) => x.query('UPDATE jsshared SET v = 1 WHERE id = 2'))),
+  ]);
+  check(`a second fenced() on a client in use is refused (${stale}, ${holder})`,
+    holder === 'Error' && (stale === 'StaleToken' || stale === 'ok'), [stale, holder]);
+  const v1 = (await admin.query('SELECT v FROM jsshared WHERE id = 1')).rows[0].v;
+  check(`… the stale call's write never commits with the other call's token (v = ${v1})`, v1 === 0, v1);
+  await c.end();
+  const pool = new pg.Pool({ connectionString: URL_, max: 1 });
+  const got = await outcome(pf.fenced(pool, 11n, async (x) => {
+    await x.query('UPDATE jsshared SET v = 50 WHERE id = 2');
+    x.release();
+  }));
+  check(`releasing the pool's client inside fn is refused (${got})`, got === 'Error', got);
+  const next = await pool.connect();
+  try {
+    const st = (await next.query("SELECT current_setting('pg_fencing.token') AS t, (SELECT v FROM jsshared WHERE id = 2) AS v")).rows[0];
+    check(`… the next borrower has no token and sees nothing of it (${JSON.stringify(st)})`, st.t === '' && st.v !== 50, JSON.stringify(st));
+  } finally {
+    next.release();
+  }
+  await pool.end();
+  await admin.query("SELECT fencing_unprotect('jsshared')");
+  await admin.query('DROP TABLE jsshared');
+}
+
 async function main() {
   const installed = require.resolve('pg-fencing');
   check(`pg-fencing is the installed package, not the checkout (${path.relative(process.cwd(), installed)})`,
     installed.includes(`${path.sep}node_modules${path.sep}pg-fencing${path.sep}`), installed);
   const admin = new pg.Client(URL_);
   await admin.connect();
+  if (args.includes('--set-local-only')) {
+    await tokenForms(admin, false);
+    await admin.end();
+    console.log(`node client (without pg_stat_statements): ${FAILS.length ? 'FAILED' : 'all checks passed'}`);
+    process.exitCode = FAILS.length ? 1 : 0;
+    return;
+  }
+  await tokenForms(admin, true);
+  await sharing(admin);
   const one = async (q, p) => (await admin.query(q, p)).rows[0];
   await admin.query('CREATE TABLE acct (id int PRIMARY KEY, v int)');
   await admin.query("SELECT fencing_protect('acct', 'js')");

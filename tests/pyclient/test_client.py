@@ -64,14 +64,203 @@ def statements(log, app):
                 (f"[{app}]" in l and "LOG:  execute" in l)]
 
 
+def token_forms(a, admin, pgss):
+    """The statement that carries the token, per driver, on one connection: the first fenced
+    transaction asks (the probe), the next ones use its answer: ``set_config`` where
+    pg_stat_statements is loaded (``pgss``, PostgreSQL 15 here), ``SET LOCAL`` where it is not.
+    Either way a stale token is refused and the connection's next transaction has no token."""
+    where = "with pg_stat_statements" if pgss else "without pg_stat_statements"
+    print(f"-- the token's statement, {where}")
+    admin.execute("CREATE TABLE IF NOT EXISTS forms (id int PRIMARY KEY, v int)")
+    resource = "forms_pgss" if pgss else "forms_nopgss"
+    admin.execute("SELECT fencing_protect('forms', %s)", (resource,))
+    admin.execute("SELECT fencing_advance(%s, 10)", (resource,))
+    with psycopg.connect(a.dsn) as c, pf_psycopg.fenced(c, 10):
+        c.execute("INSERT INTO forms VALUES (1, 0) ON CONFLICT DO NOTHING")
+    suffix = "pgss" if pgss else "nopgss"
+    # Each driver its pair of tokens (the second raises the mark), a stale one below them.
+    tokens = {}
+
+    def pair(app):
+        base = 10 + 2 * len(tokens)
+        tokens[app] = base + 1
+        return base, base + 1
+
+    def sync_driver(name, connect, fenced_, execute, plain_txn):
+        app = f"pff_{name}_{suffix}"
+        c = connect(app)
+        for tok in pair(app):
+            with fenced_(c, tok) as cur:
+                execute(c, cur, "UPDATE forms SET v = v + 1 WHERE id = 1")
+
+        def stale():
+            with fenced_(c, 9) as cur:
+                execute(c, cur, "UPDATE forms SET v = v + 100 WHERE id = 1")
+        raises(f"{name}: a stale token in the second form is refused", StaleToken, stale, token=9)
+        try:
+            plain_txn(c, "UPDATE forms SET v = v + 100 WHERE id = 1")
+            check(f"{name}: the next transaction carries no token", False, "committed")
+        except Exception as err:  # noqa: BLE001
+            check(f"{name}: the next transaction carries no token (NoToken)",
+                  isinstance(pg_fencing.from_error(err), NoToken), err)
+        c.close()
+        return app
+
+    def p3_plain(c, sql):
+        with c.transaction():
+            c.execute(sql)
+
+    def p2_plain(c, sql):
+        with c, c.cursor() as cur:
+            cur.execute(sql)
+    apps = [sync_driver("psycopg", lambda app: psycopg.connect(a.dsn, application_name=app),
+                        pf_psycopg.fenced, lambda c, cur, sql: c.execute(sql), p3_plain),
+            sync_driver("psycopg2", lambda app: psycopg2.connect(a.dsn, application_name=app),
+                        pf_psycopg2.fenced, lambda c, cur, sql: cur.execute(sql), p2_plain)]
+
+    async def async_drivers():
+        app = f"pff_psycopgasync_{suffix}"
+        c = await psycopg.AsyncConnection.connect(a.dsn, application_name=app)
+        for tok in pair(app):
+            async with pf_psycopg.afenced(c, tok):
+                await c.execute("UPDATE forms SET v = v + 1 WHERE id = 1")
+
+        async def astale():
+            async with pf_psycopg.afenced(c, 9):
+                await c.execute("UPDATE forms SET v = v + 100 WHERE id = 1")
+        await araises("psycopg async: a stale token in the second form is refused", StaleToken, astale(), token=9)
+        await c.close()
+        apps.append(app)
+        app = f"pff_asyncpg_{suffix}"
+        pool = await asyncpg.create_pool(a.url, min_size=1, max_size=1, server_settings={"application_name": app})
+        for tok in pair(app):  # a pool's connection: a new proxy for each acquire
+            async with pool.acquire() as c:
+                async with pf_asyncpg.fenced(c, tok):
+                    await c.execute("UPDATE forms SET v = v + 1 WHERE id = 1")
+
+        async def pstale():
+            async with pool.acquire() as c:
+                async with pf_asyncpg.fenced(c, 9):
+                    await c.execute("UPDATE forms SET v = v + 100 WHERE id = 1")
+        await araises("asyncpg (pool): a stale token in the second form is refused", StaleToken, pstale(), token=9)
+        async with pool.acquire() as c:
+            try:
+                async with c.transaction():
+                    await c.execute("UPDATE forms SET v = v + 100 WHERE id = 1")
+                check("asyncpg (pool): the next borrower carries no token", False, "committed")
+            except asyncpg.PostgresError as err:
+                check("asyncpg (pool): the next borrower carries no token (NoToken)",
+                      isinstance(pg_fencing.from_error(err), NoToken), err)
+        await pool.close()
+        apps.append(app)
+    asyncio.run(async_drivers())
+    check("nothing stale or tokenless was written", admin.execute("SELECT v FROM forms WHERE id = 1").fetchone()[0] == 8,
+          admin.execute("SELECT v FROM forms WHERE id = 1").fetchone()[0])
+    time.sleep(0.3)
+    # PostgreSQL 16 and later normalise a SET's constants: SET LOCAL from the first transaction.
+    v16 = admin.info.server_version >= 160000
+    for app in apps:
+        t = tokens[app]
+        set_local = v16 or not pgss
+        want = f"SET LOCAL pg_fencing.token = '{t}'" if set_local else f"SELECT pg_catalog.set_config('pg_fencing.token', '{t}', true)"
+        begins = [l for l in statements(a.log, app) if "statement: BEGIN;" in l]
+        first_ok = len(begins) >= 2 and (begins[0].rstrip().endswith(f"BEGIN; SET LOCAL pg_fencing.token = '{t - 1}'")
+                                         if v16 else "UNION ALL SELECT NULL WHERE" in begins[0])
+        second_ok = len(begins) >= 2 and begins[1].rstrip().endswith("BEGIN; " + want)
+        first = "sends SET LOCAL" if v16 else "asks"
+        check(f"{app}: the first transaction {first}, the second sends `{want}`", first_ok and second_ok,
+              begins[:2])
+    admin.execute("SELECT fencing_unprotect('forms')")
+    admin.execute("DROP TABLE forms")
+
+
+def sharing_part(a, admin):
+    """A connection shared by two fenced blocks at once, a block cancelled while its BEGIN is in
+    flight, a connection closed inside the block: never a write with another block's token,
+    never a connection left in the fenced transaction, never a silent loss."""
+    print("-- one connection, two fenced blocks at once; cancelled and closed blocks")
+    admin.execute("CREATE TABLE shared (id int PRIMARY KEY, v int)")
+    admin.execute("SELECT fencing_protect('shared', 'shared')")
+    admin.execute("SELECT fencing_advance('shared', 11)")
+    with psycopg.connect(a.dsn) as c, pf_psycopg.fenced(c, 11):
+        c.execute("INSERT INTO shared VALUES (1, 0), (2, 0)")
+
+    async def two_blocks():
+        c = await psycopg.AsyncConnection.connect(a.dsn)
+        out = {}
+
+        async def block(name, token, sql):
+            try:
+                async with pf_psycopg.afenced(c, token):
+                    await c.execute(sql)
+                out[name] = "ok"
+            except Exception as e:  # noqa: BLE001
+                out[name] = type(e).__name__
+        await asyncio.gather(block("stale", 10, "UPDATE shared SET v = 100 WHERE id = 1"),
+                             block("holder", 11, "UPDATE shared SET v = 1 WHERE id = 2"))
+        await c.close()
+        return out
+    out = asyncio.run(two_blocks())
+    check(f"psycopg async: a second fenced block on a connection in use is refused ({out})",
+          out.get("holder") == "RuntimeError" and out.get("stale") in ("StaleToken", "ok"), out)
+    check("… the stale block's write never commits with the other block's token",
+          admin.execute("SELECT v FROM shared WHERE id = 1").fetchone()[0] == 0)
+
+    async def cancelled():
+        c = await asyncpg.connect(a.url)
+
+        async def use():
+            async with pf_asyncpg.fenced(c, 11):
+                await c.execute("UPDATE shared SET v = v + 1 WHERE id = 2")
+        task = asyncio.create_task(use())
+        await asyncio.sleep(0)  # the BEGIN is sent; its answer not yet read
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        if c.is_closed():
+            return "closed"
+        try:
+            token = await c.fetchval("SHOW pg_fencing.token")
+            state = "in a transaction" if c.is_in_transaction() else "idle"
+            await c.close()
+            return f"{state}, token {token!r}"
+        except Exception as e:  # noqa: BLE001
+            return type(e).__name__
+    got = asyncio.run(cancelled())
+    check(f"asyncpg: a block cancelled with its BEGIN in flight leaves no connection in the fenced transaction ({got})",
+          got == "closed" or got == "idle, token ''", got)
+
+    c2 = psycopg2.connect(a.dsn)
+
+    def closed_inside():
+        with pf_psycopg2.fenced(c2, 11) as cur:
+            cur.execute("UPDATE shared SET v = 50 WHERE id = 2")
+            c2.close()
+    raises("psycopg2: a connection closed inside the block is an error, not a silent loss",
+           psycopg2.InterfaceError, closed_inside)
+    check("… nothing of it committed", admin.execute("SELECT v FROM shared WHERE id = 2").fetchone()[0] != 50)
+    admin.execute("SELECT fencing_unprotect('shared')")
+    admin.execute("DROP TABLE shared")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dsn", required=True)
     ap.add_argument("--url", required=True, help="the same server as a URL (asyncpg)")
     ap.add_argument("--log", required=True)
+    ap.add_argument("--set-local-only", action="store_true",
+                    help="only the token's statement on a server without pg_stat_statements")
     a = ap.parse_args()
     dsn = a.dsn
     admin = psycopg.connect(dsn, autocommit=True)
+    if a.set_local_only:
+        token_forms(a, admin, pgss=False)
+        print(f"python client (without pg_stat_statements): {'FAILED' if FAILS else 'all checks passed'}")
+        return 1 if FAILS else 0
+    token_forms(a, admin, pgss=True)
+    sharing_part(a, admin)
     admin.execute("CREATE TABLE IF NOT EXISTS acct (id int PRIMARY KEY, v int)")
     admin.execute("SELECT fencing_protect('acct', 'py')")
     admin.execute("SELECT fencing_advance('py', 10)")
@@ -450,7 +639,7 @@ def outside_check_part(a, admin):
             return True
     check("the BEGIN query carries the plain value", pg_fencing.check_token(Evil(7)) == 7
           and type(pg_fencing.check_token(Evil(7))) is int
-          and "999999" not in pg_fencing._sql.begin_fenced(Evil(7)))
+          and not any("999999" in pg_fencing._sql.set_token(Evil(7), form) for form in (False, True)))
     raises("a negative int subclass with lying comparisons is refused", ValueError,
            lambda: pg_fencing.check_token(Evil(-7)))
 
@@ -579,8 +768,11 @@ def orm_part(a, admin):
         begin = max(i for i, l in enumerate(st) if "statement: BEGIN" in l)
         return st[begin:]
     lf, lu = last_txn("pf_sa_fenced"), last_txn("pf_sa_plain")
+    # The engine's first transaction asked (PostgreSQL 15 with pg_stat_statements: set_config).
+    begin_form = ("BEGIN; SET LOCAL pg_fencing.token" if admin.info.server_version >= 160000
+                  else "BEGIN; SELECT pg_catalog.set_config")
     check(f"SQLAlchemy (psycopg 3): a fenced transaction sends as many statements as an unfenced one "
-          f"({len(lf)} and {len(lu)})", len(lf) == len(lu) == 3 and "BEGIN; SELECT set_config" in lf[0]
+          f"({len(lf)} and {len(lu)})", len(lf) == len(lu) == 3 and begin_form in lf[0]
           and "COMMIT" in lf[-1] and "COMMIT" in lu[-1], (lf, lu))
 
     print("-- SQLAlchemy (psycopg2): the token as one more statement")

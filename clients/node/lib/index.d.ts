@@ -34,8 +34,13 @@ export declare class RolledBack extends Error {}
 export declare function fromError(err: unknown): FencingError | undefined;
 /** The token as a BigInt (TypeError, RangeError outside 1 … 2^63 − 1). */
 export declare function checkToken(token: Token): bigint;
-/** `BEGIN; SELECT set_config('pg_fencing.token', '<token>', true)`: one query. */
-export declare function beginFenced(token: Token): string;
+/**
+ * The query that opens client's fenced transaction and gives it the token: `BEGIN; SET LOCAL
+ * pg_fencing.token = '<token>'` where the client was learnt to allow it (PostgreSQL 16+, or no
+ * pg_stat_statements), else `BEGIN; SELECT set_config('pg_fencing.token', '<token>', true)`, the
+ * first on a client with a probe (`probing`: its last result's rowCount is the answer).
+ */
+export declare function beginFenced(client: object, token: Token): { sql: string; probing: boolean };
 
 /** Run fn(client) in a transaction fenced by token on a pg.Pool, pg.Client or PoolClient. */
 export declare function fenced<C = any, T = unknown>(poolOrClient: any, token: Token, fn: (client: C) => Promise<T>): Promise<T>;

@@ -39,16 +39,48 @@ function checkToken(token) {
   return t;
 }
 
+// Per client (a pg.Client or PoolClient, forgotten with it): may its token go as
+// `SET LOCAL pg_fencing.token = '…'`? Learnt by the first fenced transaction on it (`beginFenced`).
+const setLocal = new WeakMap();
+
+// The probe's second row: the server is PostgreSQL 16 or later (its pg_stat_statements
+// normalises a SET's constants) or has no pg_stat_statements (its settings exist only where it is
+// preloaded, and preloading needs a restart, which ends the connection).
+const PROBE =
+  " UNION ALL SELECT NULL WHERE pg_catalog.current_setting('server_version_num')::int OPERATOR(pg_catalog.>=) 160000" +
+  " OR pg_catalog.current_setting('pg_stat_statements.max', true) IS NULL";
+
 /**
- * One simple-protocol query that opens the transaction and gives it the token
- * (`set_config(…, true)`, i.e. SET LOCAL: transaction-scoped), sent instead of `BEGIN`, so a
- * fenced transaction takes as many round trips as an unfenced one. Not `SET LOCAL
- * pg_fencing.token = '…'`: PostgreSQL 15 keeps a utility statement's constants in
- * pg_stat_statements (one entry per token); a SELECT's are normalised on every version.
+ * One simple-protocol query that opens the transaction and gives it the token, transaction-scoped,
+ * sent instead of `BEGIN`, so a fenced transaction takes as many round trips as an unfenced one;
+ * and whether its last result answers the probe (`learn`). `SET LOCAL pg_fencing.token = '…'`
+ * where the client was learnt to allow it, else `SELECT pg_catalog.set_config('pg_fencing.token', '…', true)`:
+ * the SELECT costs a plan and a row (BENCHMARKS.md, "Issue 46"), but PostgreSQL 15 keeps a utility
+ * statement's constants in pg_stat_statements (one entry per token) where a SELECT's are
+ * normalised on every version. The first transaction on a client asks, in the same query.
+ * @param {*} client
  * @param {bigint | number | string} token
+ * @returns {{sql: string, probing: boolean}}
  */
-function beginFenced(token) {
-  return `BEGIN; SELECT set_config('pg_fencing.token', '${checkToken(token)}', true)`;
+function beginFenced(client, token) {
+  const t = checkToken(token);
+  const known = client !== null && typeof client === 'object' ? setLocal.get(client) : undefined;
+  if (known === true) return { sql: `BEGIN; SET LOCAL pg_fencing.token = '${t}'`, probing: false };
+  // pg_catalog's set_config, whatever the session's search_path puts before it.
+  const select = `BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '${t}', true)`;
+  if (known === false) return { sql: select, probing: false };
+  return { sql: select + PROBE, probing: true };
+}
+
+// Clients with a fenced transaction in progress: a second fenced() on one of them (a client
+// shared by concurrent callers) would replace the first one's token inside its transaction, so
+// that the first one's writes went out with the second one's token.
+const busy = new WeakSet();
+
+/** Remember the probe's answer: the rows of the query's last statement (2: `SET LOCAL`). */
+function learn(client, results) {
+  const last = Array.isArray(results) ? results[results.length - 1] : results;
+  if (client !== null && typeof client === 'object' && last) setLocal.set(client, last.rowCount === 2);
 }
 
 function isPool(x) {
@@ -68,11 +100,25 @@ function isPool(x) {
  * @returns {Promise<T>}
  */
 async function fenced(poolOrClient, token, fn) {
-  const begin = beginFenced(token);
+  checkToken(token);
   if (typeof fn !== 'function') throw new TypeError('fenced(poolOrClient, token, fn): fn is a function');
   const pooled = isPool(poolOrClient);
   const client = pooled ? await poolOrClient.connect() : poolOrClient;
   let broken;
+  if (busy.has(client)) {
+    if (pooled) client.release();
+    throw new Error('fenced(): the client already runs a fenced transaction (shared by concurrent '
+      + 'callers?); one transaction at a time per client');
+  }
+  busy.add(client);
+  // A pool's client goes back to the pool when fenced() ends: released inside fn, the next
+  // borrower would run in the fenced transaction, with its token.
+  const ownRelease = pooled ? client.release : undefined;
+  if (pooled) {
+    client.release = () => {
+      throw new Error('fenced(): the client goes back to the pool when fenced() ends; do not release it inside fn');
+    };
+  }
   try {
     // node-postgres 8.11 and later know the server's transaction status ('I' when idle).
     const status = typeof client.getTransactionStatus === 'function' ? client.getTransactionStatus() : null;
@@ -81,7 +127,9 @@ async function fenced(poolOrClient, token, fn) {
     }
     let result;
     try {
-      await client.query(begin);
+      const begin = beginFenced(client, token);
+      const started = await client.query(begin.sql);
+      if (begin.probing) learn(client, started);
       result = await fn(client);
     } catch (e) {
       try {
@@ -111,7 +159,11 @@ async function fenced(poolOrClient, token, fn) {
     if (done && done.command === 'ROLLBACK') throw new RolledBack();
     return result;
   } finally {
-    if (pooled) client.release(broken);
+    busy.delete(client);
+    if (pooled) {
+      client.release = ownRelease;
+      client.release(broken);
+    }
   }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! What this crate gives a Rust service:
 //! - a **fenced transaction**: BEGIN and the token go to the server in one simple-protocol query,
-//!   `BEGIN; SELECT set_config('pg_fencing.token', '<token>', true)`, so it takes as many round
+//!   `BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '<token>', true)`, so it takes as many round
 //!   trips as the same transaction unfenced, and the token is transaction-scoped: it ends with
 //!   the transaction, and the next user of a pooled connection never carries it (also when the
 //!   future is dropped half-way: the transaction is rolled back). For tokio-postgres
@@ -53,7 +53,7 @@ pub fn check_token(token: i64) -> Result<i64, Error> {
 pub fn begin_sql(token: i64) -> Result<String, Error> {
     let token = check_token(token)?;
     Ok(format!(
-        "BEGIN; SELECT set_config('pg_fencing.token', '{token}', true)"
+        "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '{token}', true)"
     ))
 }
 
@@ -65,7 +65,7 @@ pub fn begin_sql(token: i64) -> Result<String, Error> {
 pub(crate) fn begin_sql_checked(token: i64) -> Result<String, Error> {
     let token = check_token(token)?;
     Ok(format!(
-        "BEGIN; SELECT set_config('pg_fencing.token', CASE WHEN now() = statement_timestamp() THEN '{token}' ELSE '{IN_TRANSACTION}' END, true)"
+        "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', CASE WHEN pg_catalog.now() OPERATOR(pg_catalog.=) pg_catalog.statement_timestamp() THEN '{token}' ELSE '{IN_TRANSACTION}' END, true)"
     ))
 }
 
@@ -90,7 +90,7 @@ mod tests {
         assert_eq!(check_token(i64::MAX).unwrap(), i64::MAX);
         assert_eq!(
             begin_sql(42).unwrap(),
-            "BEGIN; SELECT set_config('pg_fencing.token', '42', true)"
+            "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '42', true)"
         );
         assert!(begin_sql(0).is_err());
     }

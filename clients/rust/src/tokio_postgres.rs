@@ -58,7 +58,9 @@ where
     };
     // The transaction began in this query exactly when its start is this query's start.
     let answer = client
-        .simple_query(&format!("{begin}, now() = statement_timestamp()"))
+        .simple_query(&format!(
+            "{begin}, pg_catalog.now() OPERATOR(pg_catalog.=) pg_catalog.statement_timestamp()"
+        ))
         .await
         .map_err(Error::from)?;
     let fresh = answer.iter().find_map(|m| match m {

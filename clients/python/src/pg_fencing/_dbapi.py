@@ -8,7 +8,7 @@
   the token goes as ``set_config`` on its own: one statement more than the same transaction
   unfenced (psycopg2 has no way to send a query without its ``BEGIN``).
 """
-from ._sql import begin_fenced, check_token, set_token
+from ._sql import check_token, learn, token_statement
 
 
 def start(dbapi_conn, token):
@@ -21,14 +21,18 @@ def start(dbapi_conn, token):
 
         if dbapi_conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise RuntimeError("fenced() starts its own transaction: the connection is in one")
-        _begin(dbapi_conn, begin_fenced(token))
+        _begin(dbapi_conn, token)
         return
     status = getattr(dbapi_conn, "get_transaction_status", None)
     if status is not None and status() != 0:  # psycopg2: not TRANSACTION_STATUS_IDLE
         raise RuntimeError("fenced() starts its own transaction: the connection is in one")
+    sql, probing = token_statement(dbapi_conn, token, getattr(dbapi_conn, "server_version", 0))
     cur = dbapi_conn.cursor()
     try:
-        cur.execute(set_token(token))
+        cur.execute(sql)
+        tag = getattr(cur, "statusmessage", None)  # psycopg2's; other drivers ask every time
+        if probing and tag is not None:
+            learn(dbapi_conn, tag)
     finally:
         cur.close()
 

@@ -11,7 +11,7 @@ import time
 import asyncpg
 
 from ._lease import LeaseBase
-from ._sql import REMAINING, begin_fenced, check_token
+from ._sql import REMAINING, begin_fenced, check_token, exclusive, learn
 from .errors import RolledBack, from_error
 
 _ACQUIRE = "SELECT fencing_lease_acquire($1, make_interval(secs => $2), make_interval(secs => $3))"
@@ -25,31 +25,49 @@ async def fenced(conn, token):
     """A transaction on ``conn`` (not in a transaction) fenced by ``token``. ``BEGIN`` and the
     token go in one simple query, instead of asyncpg's own ``BEGIN``. ``RolledBack`` if a
     statement failed inside (its error caught there) so that nothing could commit."""
-    sql = begin_fenced(token)
-    if conn.is_in_transaction():
-        raise RuntimeError("fenced() starts its own transaction: the connection is in one")
-    await conn.execute(sql)
-    try:
+    v = conn.get_server_version()
+    # A pool's connection comes as a proxy made for each acquire: the answer is the connection's.
+    key = conn._con if isinstance(conn, asyncpg.pool.PoolConnectionProxy) else conn
+    sql, probing = begin_fenced(key, token, v.major * 10000 + v.minor)
+    with exclusive(key):
+        if conn.is_in_transaction():
+            raise RuntimeError("fenced() starts its own transaction: the connection is in one")
         try:
-            yield conn
-        except BaseException as e:
+            status = await conn.execute(sql)
+        except asyncpg.PostgresError:
             if not conn.is_closed() and conn.is_in_transaction():
                 await conn.execute("ROLLBACK")
-            if isinstance(e, asyncpg.PostgresError):
-                t = from_error(e)
-                if t is not None:
-                    raise t from e
             raise
+        except BaseException:
+            # Cancelled (or the connection failed) with the BEGIN in flight: whether the server
+            # began the fenced transaction is unknown, and asyncpg would hand its answer to the
+            # connection's next user. Never lend it on.
+            if not conn.is_closed():
+                conn.terminate()
+            raise
+        if probing:
+            learn(key, status)
         try:
-            status = await conn.execute("COMMIT")
-        except asyncpg.PostgresError as e:
-            raise (from_error(e) or e) from e
-        if status == "ROLLBACK":  # PostgreSQL's answer to COMMIT of an aborted transaction
-            raise RolledBack("the fenced transaction was rolled back: a statement in it failed (its "
-                             "error was caught inside the block), so nothing was committed")
-    finally:
-        if not conn.is_closed() and conn.is_in_transaction():
-            conn.terminate()  # the transaction could not be ended: never lend it on
+            try:
+                yield conn
+            except BaseException as e:
+                if not conn.is_closed() and conn.is_in_transaction():
+                    await conn.execute("ROLLBACK")
+                if isinstance(e, asyncpg.PostgresError):
+                    t = from_error(e)
+                    if t is not None:
+                        raise t from e
+                raise
+            try:
+                status = await conn.execute("COMMIT")
+            except asyncpg.PostgresError as e:
+                raise (from_error(e) or e) from e
+            if status == "ROLLBACK":  # PostgreSQL's answer to COMMIT of an aborted transaction
+                raise RolledBack("the fenced transaction was rolled back: a statement in it failed (its "
+                                 "error was caught inside the block), so nothing was committed")
+        finally:
+            if not conn.is_closed() and conn.is_in_transaction():
+                conn.terminate()  # the transaction could not be ended: never lend it on
 
 
 class Lease(LeaseBase):

@@ -18,7 +18,7 @@ import contextlib
 import psycopg
 
 from ._lease import ThreadLease
-from ._sql import begin_fenced
+from ._sql import begin_fenced, check_token, exclusive, learn
 from .errors import RolledBack, from_error
 
 
@@ -26,18 +26,22 @@ def _typed(e):
     return from_error(e) or e
 
 
-def _begin(conn, sql):
+def _begin(conn, token):
     """``BEGIN`` and the token as one simple query on the connection's ``pgconn`` (psycopg's
     documented low-level interface): psycopg then sees the transaction open and sends no
     ``BEGIN`` of its own, in autocommit mode or not, and ``commit()``/``rollback()`` end it.
     (``conn.execute`` would cost a cursor and, outside autocommit mode, a ``BEGIN`` of psycopg's
     first.) Neither statement waits for anything on the server."""
-    res = conn.pgconn.exec_(sql.encode())
+    sql, probing = begin_fenced(conn, token, conn.info.server_version)
+    with conn.lock:  # psycopg's own lock around the connection's libpq calls
+        res = conn.pgconn.exec_(sql.encode())
     if res.status not in (psycopg.pq.ExecStatus.TUPLES_OK, psycopg.pq.ExecStatus.COMMAND_OK):
         why = (res.error_message or conn.pgconn.error_message or b"").decode(errors="replace").strip()
         if conn.pgconn.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.pgconn.exec_(b"ROLLBACK")
         raise psycopg.OperationalError(f"could not start the fenced transaction: {why}")
+    if probing:
+        learn(conn, res.command_status)
 
 
 def _rolled_back():
@@ -56,64 +60,70 @@ def fenced(conn, token):
     """A transaction on ``conn`` (idle, not in a transaction) fenced by ``token``: committed when
     the block ends, rolled back if it raises (``RolledBack`` if a statement failed inside and its
     error was caught there). The connection's autocommit setting is not touched."""
-    sql = begin_fenced(token)
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        raise RuntimeError("fenced() starts its own transaction: the connection is in one")
-    _begin(conn, sql)
-    try:
+    check_token(token)
+    with exclusive(conn):
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise RuntimeError("fenced() starts its own transaction: the connection is in one")
+        _begin(conn, token)
         try:
-            yield conn
-        except BaseException as e:
-            if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                yield conn
+            except BaseException as e:
+                if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    conn.rollback()
+                if isinstance(e, psycopg.Error):
+                    t = _typed(e)
+                    if t is not e:
+                        raise t from e
+                raise
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                 conn.rollback()
-            if isinstance(e, psycopg.Error):
-                t = _typed(e)
-                if t is not e:
-                    raise t from e
-            raise
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            conn.rollback()
-            raise _rolled_back()
-        try:
-            conn.commit()
-        except psycopg.Error as e:
-            raise _typed(e) from e
-    finally:
-        _close_if_in_transaction(conn)
+                raise _rolled_back()
+            try:
+                conn.commit()
+            except psycopg.Error as e:
+                raise _typed(e) from e
+        finally:
+            _close_if_in_transaction(conn)
 
 
 @contextlib.asynccontextmanager
 async def afenced(aconn, token):
     """``fenced`` for an ``AsyncConnection``."""
-    sql = begin_fenced(token)
-    if aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        raise RuntimeError("afenced() starts its own transaction: the connection is in one")
-    autocommit = aconn.autocommit
-    await aconn.set_autocommit(True)
-    try:
+    sql, probing = begin_fenced(aconn, token, aconn.info.server_version)
+    with exclusive(aconn):
+        if aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise RuntimeError("afenced() starts its own transaction: the connection is in one")
+        autocommit = aconn.autocommit
+        await aconn.set_autocommit(True)
         try:
-            await aconn.execute(sql)
-            yield aconn
-        except BaseException as e:
-            if not aconn.closed and aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            try:
+                cur = await aconn.execute(sql)
+                if probing:
+                    while cur.nextset():  # the answer is the last statement's
+                        pass
+                    learn(aconn, cur.statusmessage)
+                yield aconn
+            except BaseException as e:
+                if not aconn.closed and aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    await aconn.execute("ROLLBACK")
+                if isinstance(e, psycopg.Error):
+                    t = _typed(e)
+                    if t is not e:
+                        raise t from e
+                raise
+            if aconn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                 await aconn.execute("ROLLBACK")
-            if isinstance(e, psycopg.Error):
-                t = _typed(e)
-                if t is not e:
-                    raise t from e
-            raise
-        if aconn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            await aconn.execute("ROLLBACK")
-            raise _rolled_back()
-        try:
-            await aconn.execute("COMMIT")
-        except psycopg.Error as e:
-            raise _typed(e) from e
-    finally:
-        if not aconn.closed and aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            await aconn.close()  # the transaction could not be ended: never lend it on
-        elif not aconn.closed:
-            await aconn.set_autocommit(autocommit)
+                raise _rolled_back()
+            try:
+                await aconn.execute("COMMIT")
+            except psycopg.Error as e:
+                raise _typed(e) from e
+        finally:
+            if not aconn.closed and aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                await aconn.close()  # the transaction could not be ended: never lend it on
+            elif not aconn.closed:
+                await aconn.set_autocommit(autocommit)
 
 
 class Lease(ThreadLease):

@@ -44,7 +44,8 @@
 #  17. network partitions                 (tests/partition: three etcd members and PostgreSQL in
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
-#  18. the suites on PostgreSQL 18        (PGF_PG_MAJOR=18: stages 6-13, 16 and the leases again; then a cluster
+#  18. the suites on PostgreSQL 18        (PGF_PG_MAJOR=18: stages 6-13, 16, the leases and the Python
+#                                          and Node packages again; then a cluster
 #                                          carried from 15 to 18, tests/lifecycle/major_upgrade.sh;
 #                                          standby, logical, restore, major_upgrade in both shapes)
 #  19. the Debian package removed         (apt-get remove; none of its files left)
@@ -489,6 +490,11 @@ stage_pg18_suites() {
     tests/bypass/run.sh --seed 5 --sequences 20 --steps 40
     step "18/19 on PostgreSQL 18: a Citus cluster, Citus built from its source (tests/citus)"
     tests/citus/run.sh
+    step "18/19 on PostgreSQL 18: a Citus worker cut off by the network and back (tests/citus/partition.sh)"
+    tests/citus/partition.sh
+    step "18/19 on PostgreSQL 18: the Python and Node packages, where pg_stat_statements normalises SET LOCAL (tests/pyclient, tests/nodeclient)"
+    tests/pyclient/run.sh
+    tests/nodeclient/run.sh
     step "18/19 on PostgreSQL 18: PostgreSQL leases under concurrency (tests/leases)"
     tests/leases/run.sh
     step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, lease tokens carried, a lost first grant, the set-based shape without preloading)"

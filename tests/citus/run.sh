@@ -24,6 +24,9 @@
 #   - the bypass hunter's contract (tests/citus/hunt.py, CITUS_HUNT_SEEDS="1 2",
 #     CITUS_HUNT_STEPS=150): random writes of every path and token class between shard moves,
 #     each outcome against a model of docs/citus.md, no refused value ever visible, marks equal;
+#   - etcd locks from the coordinator's background worker (tests/citus/etcd.py, etcd on
+#     127.0.0.1:${ETCD_CITUS_PORT:-24390}): fencing_acquire's token fences the distributed table, a
+#     later `etcdctl lock` holder's revision refuses it (FT001), a revoked lease FT003;
 #   - and what docs/citus.md reports of Citus for the design: a stable SET expression reaches the
 #     shard as its value, volatile UPDATE functions and non-immutable RETURNING are refused.
 #
@@ -433,5 +436,10 @@ need_python
 for seed in ${CITUS_HUNT_SEEDS:-1 2}; do
     $PY tests/citus/hunt.py --port "$BASE" --seed "$seed" --steps "${CITUS_HUNT_STEPS:-150}" || fail=1
 done
+# etcd locks from the coordinator's background worker (tests/citus/etcd.py).
+ETCD_CLIENT_PORT=${ETCD_CITUS_PORT:-24390} ETCD_PEER_PORT=$(( ${ETCD_CITUS_PORT:-24390} + 1 ))
+etcd_start
+trap 'etcd_stop; stop_citus_cluster' EXIT
+$PY tests/citus/etcd.py --port "$BASE" --etcd "127.0.0.1:$ETCD_CLIENT_PORT" || fail=1
 [ "${fail:-0}" -eq 0 ] || { echo "citus: FAILED"; exit 1; }
 echo "citus: all checks passed"

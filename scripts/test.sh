@@ -44,8 +44,8 @@
 #  17. network partitions                 (tests/partition: three etcd members and PostgreSQL in
 #                                          network namespaces, randomized faults, 150 s, checked by
 #                                          tests/stress's checker; and its negative control)
-#  18. the suites on PostgreSQL 18        (PGF_PG_MAJOR=18: stages 6-13, 16, the leases and the Python
-#                                          and Node packages again; then a cluster
+#  18. the suites on PostgreSQL 18        (PGF_PG_MAJOR=18: stages 6-13, 16, the leases and the Python,
+#                                          Node and Rust packages again; then a cluster
 #                                          carried from 15 to 18, tests/lifecycle/major_upgrade.sh;
 #                                          standby, logical, restore, major_upgrade in both shapes)
 #  19. the Debian package removed         (apt-get remove; none of its files left)
@@ -492,9 +492,10 @@ stage_pg18_suites() {
     tests/citus/run.sh
     step "18/19 on PostgreSQL 18: a Citus worker cut off by the network and back (tests/citus/partition.sh)"
     tests/citus/partition.sh
-    step "18/19 on PostgreSQL 18: the Python and Node packages, where pg_stat_statements normalises SET LOCAL (tests/pyclient, tests/nodeclient)"
+    step "18/19 on PostgreSQL 18: the Python, Node and Rust packages, where pg_stat_statements normalises SET LOCAL (tests/pyclient, tests/nodeclient, tests/rustclient)"
     tests/pyclient/run.sh
     tests/nodeclient/run.sh
+    tests/rustclient/run.sh
     step "18/19 on PostgreSQL 18: PostgreSQL leases under concurrency (tests/leases)"
     tests/leases/run.sh
     step "18/19 on PostgreSQL 18: lifecycle paths (tests/lifecycle: asynchronous commit, watch carried, watch from 0.1.0, lease tokens carried, a lost first grant, the set-based shape without preloading)"

@@ -1,4 +1,5 @@
-//! A fenced one-row transaction through this crate (tokio-postgres' `fenced`, sqlx's `fenced`)
+//! A fenced one-row transaction through this crate (tokio-postgres' `fenced`, and `fenced_as`
+//! with the form `token_form` asked for; sqlx's `fenced`)
 //! against the same transaction unfenced through the same driver (`Client::transaction`,
 //! `Connection::begin`), and against its floor (the same `fenced` call and token on an
 //! unprotected table, the token stamped by the statement: no check). One connection per driver,
@@ -9,7 +10,7 @@
 
 use std::time::Instant;
 
-use pg_fencing::Error;
+use pg_fencing::{Error, TokenForm};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Connection;
 use tokio_postgres::{Client, NoTls};
@@ -37,15 +38,16 @@ const FENCED: &str = "UPDATE rb_fenced SET v = v + 1 WHERE id = $1";
 const FLOOR: &str = "UPDATE rb_plain SET v = v + 1, fence_token = 5 WHERE id = $1";
 const PLAIN: &str = "UPDATE rb_plain SET v = v + 1 WHERE id = $1";
 
-async fn tp(c: &mut Client, variant: usize, id: i32) -> Result<(), Error> {
+async fn tp(c: &mut Client, form: TokenForm, variant: usize, id: i32) -> Result<(), Error> {
     match variant {
         0 | 1 => {
             let sql = if variant == 0 { FENCED } else { FLOOR };
-            pg_fencing::tokio_postgres::fenced(c, 5, async |tx: &Client| -> Result<(), Error> {
+            let f = async |tx: &Client| -> Result<(), Error> {
                 tx.execute(sql, &[&id]).await?;
                 Ok(())
-            })
-            .await
+            };
+            // `fenced` is `fenced_as` with the set_config form.
+            pg_fencing::tokio_postgres::fenced_as(c, 5, form, f).await
         }
         _ => {
             let tx = c.transaction().await?;
@@ -110,8 +112,18 @@ async fn main() -> Result<(), Error> {
         .await?;
     let key = |i: usize| (i % 1000 + 1) as i32;
     let mut results = Vec::new();
-    for driver in ["tokio-postgres (fenced)", "sqlx (fenced)"] {
+    let version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
+    for driver in [
+        "tokio-postgres (`fenced`: set_config)",
+        "tokio-postgres (`fenced_as`, `token_form`)",
+        "sqlx (`fenced`)",
+    ] {
         let mut tpc = connect().await?;
+        let form = if driver.contains("token_form") {
+            pg_fencing::tokio_postgres::token_form(&tpc).await?
+        } else {
+            TokenForm::SetConfig
+        };
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .connect(&url(conninfo))
@@ -124,7 +136,7 @@ async fn main() -> Result<(), Error> {
                     let n = (i + k) % 3;
                     let t0 = Instant::now();
                     if driver.starts_with("tokio") {
-                        tp(&mut tpc, n, key(i)).await?;
+                        tp(&mut tpc, form, n, key(i)).await?;
                     } else {
                         sx(&pool, n, key(i)).await?;
                     }
@@ -135,10 +147,16 @@ async fn main() -> Result<(), Error> {
                 per[n].push(median(&lat[n]));
             }
         }
+        let form = if driver.starts_with("sqlx") {
+            TokenForm::for_server(pool.acquire().await?.server_version_num())
+        } else {
+            form
+        };
+        let driver = format!("{driver}, {form:?}");
         results.push((driver, per.map(|p| median(&p))));
     }
     let mut md = format!(
-        "PostgreSQL 15, one connection per driver on loopback (fsync off); {rounds} rounds of {txns} one-row UPDATE transactions of each variant, interleaved transaction by transaction; median latency per transaction.\n\n\
+        "PostgreSQL {version}, one connection per driver on loopback (fsync off); {rounds} rounds of {txns} one-row UPDATE transactions of each variant, interleaved transaction by transaction; median latency per transaction.\n\n\
          | driver | fenced (µs) | floor (µs) | unfenced (µs) | fenced / floor | fenced / unfenced |\n|---|---:|---:|---:|---:|---:|\n"
     );
     for (driver, [f, fl, u]) in &results {

@@ -3,8 +3,10 @@
 //!
 //! What this crate gives a Rust service:
 //! - a **fenced transaction**: BEGIN and the token go to the server in one simple-protocol query,
-//!   `BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '<token>', true)`, so it takes as many round
-//!   trips as the same transaction unfenced, and the token is transaction-scoped: it ends with
+//!   `BEGIN NOT DEFERRABLE; SELECT pg_catalog.set_config('pg_fencing.token', '<token>', true)`
+//!   (`SET LOCAL pg_fencing.token = '<token>'` where the driver shows a server of PostgreSQL 16
+//!   or later, [`TokenForm`]), so it takes as many round trips as the same transaction
+//!   unfenced, and the token is transaction-scoped: it ends with
 //!   the transaction, and the next user of a pooled connection never carries it (also when the
 //!   future is dropped half-way: the transaction is rolled back). For tokio-postgres
 //!   ([`tokio_postgres::fenced`]) and sqlx ([`sqlx::fenced`] on a pool's connection,
@@ -46,37 +48,83 @@ pub fn check_token(token: i64) -> Result<i64, Error> {
     Ok(token)
 }
 
-/// The one query that opens a fenced transaction: BEGIN and the token set with
-/// `set_config(…, true)` (transaction-scoped; not the `SET LOCAL` statement, whose constant
-/// PostgreSQL 15's pg_stat_statements keeps, one entry per token). Only the checked integer is
-/// written into it.
+/// How the token goes with `BEGIN`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenForm {
+    /// `SELECT pg_catalog.set_config('pg_fencing.token', '<token>', true)`: for any server.
+    /// PostgreSQL 15's pg_stat_statements keeps the constant of a `SET` statement (one entry per
+    /// token), not this call's.
+    SetConfig,
+    /// `SET LOCAL pg_fencing.token = '<token>'`: no row to send back, cheaper; for PostgreSQL
+    /// 16 or later, whose pg_stat_statements keeps one entry for it whatever the token, and for
+    /// a server without pg_stat_statements.
+    SetLocal,
+}
+
+impl TokenForm {
+    /// The form for a server of `server_version_num` (`None`: not known).
+    pub fn for_server(server_version_num: Option<u32>) -> TokenForm {
+        match server_version_num {
+            Some(v) if v >= 160000 => TokenForm::SetLocal,
+            _ => TokenForm::SetConfig,
+        }
+    }
+
+    /// The query that asks a connection which form it takes ([`TokenForm::from_answer`] reads
+    /// its one row): [`TokenForm::SetLocal`] on PostgreSQL 16 or later, or where
+    /// pg_stat_statements is not loaded (its settings are defined in every session of a server
+    /// that preloads it; loading it needs a restart, which ends the connection).
+    pub const PROBE_SQL: &'static str = "SELECT pg_catalog.current_setting('server_version_num') OPERATOR(pg_catalog.>=) '160000' OR pg_catalog.current_setting('pg_stat_statements.max', true) IS NULL";
+
+    /// The form [`TokenForm::PROBE_SQL`]'s answer (its one boolean) names.
+    pub fn from_answer(set_local: bool) -> TokenForm {
+        if set_local {
+            TokenForm::SetLocal
+        } else {
+            TokenForm::SetConfig
+        }
+    }
+}
+
+/// The one query that opens a fenced transaction: BEGIN and the transaction-scoped token
+/// (`set_config(…, true)`, [`TokenForm::SetConfig`]). Only the checked integer is written into
+/// it. `BEGIN NOT DEFERRABLE` fails (`25001`) on a connection whose transaction has already run
+/// a query (PostgreSQL sets a transaction's modes only before its first query), and (`25P02`)
+/// on one whose transaction failed, so that the token never reaches a statement before it;
+/// `NOT DEFERRABLE` is the default mode, and it matters only to `SERIALIZABLE READ ONLY`
+/// transactions (PostgreSQL's `SET TRANSACTION`).
 pub fn begin_sql(token: i64) -> Result<String, Error> {
-    let token = check_token(token)?;
-    Ok(format!(
-        "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '{token}', true)"
-    ))
+    begin_sql_as(token, TokenForm::SetConfig)
 }
 
-/// [`begin_sql`] that also refuses a connection already in a transaction: the token's value is
-/// a text that is no token (the extension refuses it, `22P02`, its message containing
-/// [`IN_TRANSACTION`]) unless the transaction began in this very query (its start is this
-/// query's start).
-#[cfg(feature = "sqlx")]
-pub(crate) fn begin_sql_checked(token: i64) -> Result<String, Error> {
+/// [`begin_sql`] with the token in `form`.
+pub fn begin_sql_as(token: i64, form: TokenForm) -> Result<String, Error> {
     let token = check_token(token)?;
-    Ok(format!(
-        "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', CASE WHEN pg_catalog.now() OPERATOR(pg_catalog.=) pg_catalog.statement_timestamp() THEN '{token}' ELSE '{IN_TRANSACTION}' END, true)"
-    ))
+    Ok(match form {
+        TokenForm::SetConfig => format!(
+            "BEGIN NOT DEFERRABLE; SELECT pg_catalog.set_config('pg_fencing.token', '{token}', true)"
+        ),
+        TokenForm::SetLocal => {
+            format!("BEGIN NOT DEFERRABLE; SET LOCAL pg_fencing.token = '{token}'")
+        }
+    })
 }
 
-/// What the refused value of [`begin_sql_checked`] says.
-#[cfg(feature = "sqlx")]
+/// Whether `code`, the SQLSTATE of [`begin_sql`]'s query, says the connection was already in a
+/// transaction: `25001` (it had run a query, or a savepoint was open) or `25P02` (it had failed).
+pub(crate) fn in_transaction_code(code: &str) -> bool {
+    code == "25001" || code == "25P02"
+}
+
+/// What a fenced call says when the connection was already in a transaction.
 pub(crate) const IN_TRANSACTION: &str =
-    "not a token: fenced() starts its own transaction and the connection was already in one";
+    "fenced starts its own transaction: the connection was already in one";
 
-/// The query that ends a fenced transaction: `SELECT 1` fails (`25P02`) if a statement of the
-/// transaction failed and it is aborted; PostgreSQL answers a plain `COMMIT` of an aborted
-/// transaction with `ROLLBACK` and no error, which the drivers report as success.
+/// The query that ends a fenced transaction where the driver does not show `COMMIT`'s command
+/// tag: `SELECT 1` fails (`25P02`) if a statement of the transaction failed and it is aborted;
+/// PostgreSQL answers a plain `COMMIT` of an aborted transaction with `ROLLBACK` and no error,
+/// which the drivers report as success.
+#[cfg(feature = "tokio-postgres")]
 pub(crate) const COMMIT_SQL: &str = "SELECT 1; COMMIT";
 
 #[cfg(test)]
@@ -90,9 +138,18 @@ mod tests {
         assert_eq!(check_token(i64::MAX).unwrap(), i64::MAX);
         assert_eq!(
             begin_sql(42).unwrap(),
-            "BEGIN; SELECT pg_catalog.set_config('pg_fencing.token', '42', true)"
+            "BEGIN NOT DEFERRABLE; SELECT pg_catalog.set_config('pg_fencing.token', '42', true)"
+        );
+        assert_eq!(
+            begin_sql_as(42, TokenForm::SetLocal).unwrap(),
+            "BEGIN NOT DEFERRABLE; SET LOCAL pg_fencing.token = '42'"
         );
         assert!(begin_sql(0).is_err());
+        assert!(begin_sql_as(-1, TokenForm::SetLocal).is_err());
+        assert_eq!(TokenForm::for_server(None), TokenForm::SetConfig);
+        assert_eq!(TokenForm::for_server(Some(150018)), TokenForm::SetConfig);
+        assert_eq!(TokenForm::for_server(Some(160000)), TokenForm::SetLocal);
+        assert_eq!(TokenForm::for_server(Some(180006)), TokenForm::SetLocal);
     }
 }
 

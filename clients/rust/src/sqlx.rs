@@ -17,7 +17,8 @@ use sqlx::postgres::{PgConnection, PgPool, PgQueryResult, PgRow, PgStatement, Pg
 use sqlx::{Connection, Describe, Either, Execute, Executor, Postgres};
 
 use crate::{
-    begin_sql_checked, Error, FencingError, Lease, LeaseConn, LeaseOptions, IN_TRANSACTION,
+    begin_sql_as, in_transaction_code, Error, FencingError, Lease, LeaseConn, LeaseOptions,
+    TokenForm, IN_TRANSACTION,
 };
 
 impl From<sqlx::Error> for Error {
@@ -139,14 +140,16 @@ impl Drop for Armed<'_> {
 /// instead (nobody can use it inside the fenced transaction: with `&mut`, the caller could after
 /// a cancelled `BEGIN`). A statement of `f` that failed while `f` went on anyway:
 /// [`Error::RolledBack`] (with `f`'s own savepoints too: any failed statement rolls the whole
-/// transaction back). A connection already in a transaction (begun by hand): [`Error::Usage`],
-/// and the connection is closed (its transaction with it).
+/// transaction back). A connection already in a transaction (begun by hand) that has run a
+/// statement: [`Error::Usage`], and the connection is closed (its transaction with it); one with
+/// nothing run in it yet becomes `f`'s transaction. The token goes as `SET LOCAL` where the
+/// connection's server is PostgreSQL 16 or later, else by `set_config` ([`TokenForm`]).
 pub async fn fenced<T, E, F>(mut conn: PoolConnection<Postgres>, token: i64, f: F) -> Result<T, E>
 where
     F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
     E: From<Error>,
 {
-    let begin = begin_sql_checked(token)?;
+    let begin = begin_sql_as(token, TokenForm::for_server(conn.server_version_num()))?;
     let mut guard = Armed {
         conn: &mut conn,
         armed: true,
@@ -156,14 +159,14 @@ where
         Err(e) => {
             // Also an earlier query's error still pending on the connection: whether the BEGIN
             // went through is unknown; the guard closes the connection.
-            let e = Error::from(e);
-            if e.to_string().contains(IN_TRANSACTION) {
-                return Err(Error::Usage(
-                    "fenced starts its own transaction: the connection was in one (closed)".into(),
-                )
-                .into());
+            let in_transaction = match &e {
+                sqlx::Error::Database(db) => db.code().is_some_and(|c| in_transaction_code(&c)),
+                _ => false,
+            };
+            if in_transaction {
+                return Err(Error::Usage(format!("{IN_TRANSACTION} (closed)")).into());
             }
-            return Err(e.into());
+            return Err(Error::from(e).into());
         }
     };
     let mut fc = FencedConnection {
@@ -199,7 +202,7 @@ where
     F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
     E: From<Error>,
 {
-    begin_sql_checked(token)?;
+    crate::check_token(token)?;
     let conn = pool.acquire().await.map_err(Error::from)?;
     fenced(conn, token, f).await
 }

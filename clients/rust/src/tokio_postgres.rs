@@ -4,9 +4,12 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::Client;
 
-use crate::{begin_sql, Error, FencingError, Lease, LeaseConn, LeaseOptions, COMMIT_SQL};
+use crate::{
+    begin_sql_as, in_transaction_code, Error, FencingError, Lease, LeaseConn, LeaseOptions,
+    TokenForm, COMMIT_SQL, IN_TRANSACTION,
+};
 
 impl From<tokio_postgres::Error> for Error {
     /// An error with a SQLSTATE of class `FT` becomes [`Error::Fencing`]; any other,
@@ -39,44 +42,61 @@ impl Drop for Open<'_> {
 }
 
 /// Runs `f` in a transaction on `client` fenced by `token`: BEGIN and the token go in one query
-/// (no extra round trip), committed when `f` returns `Ok`, rolled back when it returns `Err` or
-/// the future is dropped. `f` gets `&Client` (it cannot open or end a transaction of its own
-/// through tokio-postgres' `transaction()`). A statement of `f` that failed while `f` went on
-/// anyway: [`Error::RolledBack`]. `client` must not be in a transaction: if it is, that
-/// transaction is rolled back and the call fails with [`Error::Usage`] (the token must not reach
-/// statements that are not `f`'s).
+/// ([`crate::begin_sql`]: no extra round trip), committed when `f` returns `Ok`, rolled back
+/// when it returns `Err` or the future is dropped. `f` gets `&Client` (it cannot open or end a
+/// transaction of its own through tokio-postgres' `transaction()`). A statement of `f` that
+/// failed while `f` went on anyway: [`Error::RolledBack`]. `client` must not be in a
+/// transaction that has run a statement: if it is, that transaction is rolled back and the call
+/// fails with [`Error::Usage`] (the token must not reach statements that are not `f`'s). One
+/// opened by hand with nothing run in it yet (only `BEGIN` or `SET`) becomes `f`'s transaction.
+///
+/// The token goes by `set_config`, the form every server takes (tokio-postgres does not show the
+/// server's version): [`fenced_as`] with the form of [`token_form`] sends the cheaper `SET LOCAL`
+/// where the server allows it.
 pub async fn fenced<T, E, F>(client: &mut Client, token: i64, f: F) -> Result<T, E>
 where
     F: AsyncFnOnce(&Client) -> Result<T, E>,
     E: From<Error>,
 {
-    let begin = begin_sql(token)?;
+    fenced_as(client, token, TokenForm::SetConfig, f).await
+}
+
+/// The [`TokenForm`] `client`'s server takes, asked once (one query, [`TokenForm::PROBE_SQL`]):
+/// keep it with the connection (a pool's `post_create` hook, say) and pass it to [`fenced_as`].
+pub async fn token_form(client: &Client) -> Result<TokenForm, Error> {
+    let row = client.query_one(TokenForm::PROBE_SQL, &[]).await?;
+    Ok(TokenForm::from_answer(row.get(0)))
+}
+
+/// [`fenced`] with the token in `form` (from [`token_form`] on this connection: a
+/// [`TokenForm::SetLocal`] on a PostgreSQL 15 that preloads pg_stat_statements leaves it one entry
+/// per token).
+pub async fn fenced_as<T, E, F>(
+    client: &mut Client,
+    token: i64,
+    form: TokenForm,
+    f: F,
+) -> Result<T, E>
+where
+    F: AsyncFnOnce(&Client) -> Result<T, E>,
+    E: From<Error>,
+{
+    let begin = begin_sql_as(token, form)?;
     let client: &Client = client;
     let mut open = Open {
         client,
         done: false,
     };
-    // The transaction began in this query exactly when its start is this query's start.
-    let answer = client
-        .simple_query(&format!(
-            "{begin}, pg_catalog.now() OPERATOR(pg_catalog.=) pg_catalog.statement_timestamp()"
-        ))
-        .await
-        .map_err(Error::from)?;
-    let fresh = answer.iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(r) => Some(r.get(1) == Some("t")),
-        _ => None,
-    });
-    if fresh != Some(true) {
-        drop(open); // rolls the caller's transaction back
-        return Err(Error::Usage(
-            "fenced starts its own transaction: the connection was in one (rolled back)".into(),
-        )
-        .into());
+    if let Err(e) = client.batch_execute(&begin).await {
+        // `open` rolls the caller's transaction back when it is dropped here.
+        if e.code().is_some_and(|c| in_transaction_code(c.code())) {
+            return Err(Error::Usage(format!("{IN_TRANSACTION} (rolled back)")).into());
+        }
+        return Err(Error::from(e).into());
     }
     match f(client).await {
-        Ok(value) => match client.simple_query(COMMIT_SQL).await {
-            Ok(_) => {
+        Ok(value) => match client.batch_execute(COMMIT_SQL).await {
+            Ok(()) => {
                 open.done = true;
                 Ok(value)
             }

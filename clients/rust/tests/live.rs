@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pg_fencing::{Code, Error, LeaseOptions};
+use pg_fencing::{Code, Error, LeaseOptions, TokenForm};
 use tokio_postgres::{Client, NoTls};
 
 fn dsn() -> String {
@@ -174,10 +174,12 @@ async fn tokio_postgres_fenced() {
     );
 
     // A connection already in a transaction (begun by hand, a read in it): refused, that
-    // transaction rolled back; also one that is aborted (a tokenless write failed in it).
+    // transaction rolled back; also one that is aborted (a tokenless write failed in it), and
+    // one inside a savepoint.
     for opened in [
         "BEGIN; SELECT 1",
         "BEGIN; UPDATE rt_acct SET v = 7 WHERE id = 1",
+        "BEGIN; SAVEPOINT s",
     ] {
         let _ = c.batch_execute(opened).await;
         assert!(opened.contains("UPDATE") || in_transaction(&c).await);
@@ -187,11 +189,10 @@ async fn tokio_postgres_fenced() {
             Ok(())
         })
         .await;
-        match (&r, opened.contains("UPDATE")) {
-            (Err(Error::Usage(_)), false) => {}
-            (Err(e), true) if e.sqlstate().as_deref() == Some("25P02") => {}
-            _ => panic!("fenced inside {opened:?}: {r:?}"),
-        }
+        assert!(
+            matches!(r, Err(Error::Usage(_))),
+            "fenced inside {opened:?}: {r:?}"
+        );
         assert!(!in_transaction(&c).await, "{opened}");
         assert_eq!(token_setting(&c).await, "");
         assert_eq!(
@@ -199,6 +200,29 @@ async fn tokio_postgres_fenced() {
             Some(1)
         );
     }
+    // One begun by hand with nothing run in it: it becomes f's transaction, ended by fenced.
+    c.batch_execute("BEGIN; SET LOCAL application_name = 'rt_by_hand'")
+        .await
+        .unwrap();
+    fenced(&mut c, 10, async |c: &Client| -> Result<(), Error> {
+        c.execute("UPDATE rt_acct SET v = 9 WHERE id = 1", &[])
+            .await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(!in_transaction(&c).await);
+    assert_eq!(token_setting(&c).await, "");
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM rt_acct WHERE id = 1").await,
+        Some(9)
+    );
+    admin
+        .batch_execute(
+            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE rt_acct SET v = 1 WHERE id = 1; COMMIT",
+        )
+        .await
+        .unwrap();
 
     let r = fenced(&mut c, 0, async |_c: &Client| -> Result<(), Error> {
         Ok(())
@@ -242,6 +266,46 @@ async fn round_trips() {
     })
     .await
     .unwrap();
+    // The form the server takes, asked once, and a transaction in it: the same round trips.
+    let preloads: String = admin
+        .query_one("SHOW shared_preload_libraries", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let v16 = value(
+        &admin,
+        "SELECT current_setting('server_version_num')::bigint",
+    )
+    .await
+    .unwrap()
+        >= 160000;
+    let mut g = connect("rt_rt_form").await;
+    let form = pg_fencing::tokio_postgres::token_form(&g).await.unwrap();
+    let want = if v16 || !preloads.contains("pg_stat_statements") {
+        TokenForm::SetLocal
+    } else {
+        TokenForm::SetConfig
+    };
+    assert_eq!(form, want, "token_form on a server preloading {preloads:?}");
+    let upd_g = g
+        .prepare("UPDATE rt_rt SET v = v + 1 WHERE id = $1")
+        .await
+        .unwrap();
+    pg_fencing::tokio_postgres::fenced_as(
+        &mut g,
+        10,
+        form,
+        async |c: &Client| -> Result<(), Error> {
+            c.execute(&upd_g, &[&1i32]).await?;
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        value(&admin, "SELECT fence_token FROM rt_rt WHERE id = 1").await,
+        Some(10)
+    );
     let upd = u
         .prepare("UPDATE rt_plain SET v = v + 1 WHERE id = $1")
         .await
@@ -254,6 +318,18 @@ async fn round_trips() {
     assert!(
         !nf.is_empty() && nf.len() == nu.len(),
         "fenced {nf:#?}\nunfenced {nu:#?}"
+    );
+    // rt_rt_form also sent the probe (and its prepare, as the others did theirs).
+    let sent = match form {
+        TokenForm::SetLocal => "BEGIN NOT DEFERRABLE; SET LOCAL pg_fencing.token = '10'",
+        TokenForm::SetConfig => {
+            "BEGIN NOT DEFERRABLE; SELECT pg_catalog.set_config('pg_fencing.token', '10', true)"
+        }
+    };
+    let ng = statements("rt_rt_form");
+    assert!(
+        ng.len() == nf.len() + 1 && ng.iter().any(|l| l.ends_with(sent)),
+        "fenced_as({form:?}) {ng:#?}"
     );
     println!("statements: fenced {}, unfenced {}", nf.len(), nu.len());
 }
@@ -393,6 +469,28 @@ async fn sqlx_fenced() {
     assert_eq!(
         value(&admin, "SELECT fence_token FROM sx_acct WHERE id = 1").await,
         Some(10)
+    );
+    // The token's form follows the server: SET LOCAL from PostgreSQL 16 on, set_config before.
+    let v16: bool = value(
+        &admin,
+        "SELECT current_setting('server_version_num')::bigint",
+    )
+    .await
+    .unwrap()
+        >= 160000;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let begins: Vec<String> = statements("sx_client")
+        .into_iter()
+        .filter(|l| l.contains("BEGIN"))
+        .collect();
+    let want = if v16 {
+        "BEGIN NOT DEFERRABLE; SET LOCAL pg_fencing.token = '10'"
+    } else {
+        "BEGIN NOT DEFERRABLE; SELECT pg_catalog.set_config('pg_fencing.token', '10', true)"
+    };
+    assert!(
+        begins.len() == 1 && begins[0].ends_with(want),
+        "sqlx's BEGIN on this server: {begins:#?}"
     );
     let err = fenced_pool(
         &pool,
@@ -643,9 +741,12 @@ async fn sqlx_cancelled_and_unclean() {
         (String::new(), Some("FT002".into())),
         "fenced after an abandoned query"
     );
-    // A connection in a transaction begun by hand: refused, the connection closed.
+    // A connection in a transaction begun by hand, a read in it: refused, the connection closed.
     let mut c = pool.acquire().await.unwrap();
-    sqlx::raw_sql("BEGIN").execute(&mut *c).await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT 1")
+        .execute(&mut *c)
+        .await
+        .unwrap();
     let r = fenced(c, 10, write).await;
     assert!(matches!(r, Err(Error::Usage(_))), "{r:?}");
     assert_eq!(
@@ -656,6 +757,18 @@ async fn sqlx_cancelled_and_unclean() {
         value(&admin, "SELECT v::bigint FROM sx_cancel WHERE id = 1").await,
         before,
         "no refused transaction committed"
+    );
+    // One begun by hand with nothing run in it: it becomes f's transaction, ended by fenced.
+    let mut c = pool.acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut *c).await.unwrap();
+    fenced(c, 10, write).await.unwrap();
+    assert_eq!(
+        next_borrower(&pool, "sx_cancel").await,
+        (String::new(), Some("FT002".into()))
+    );
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM sx_cancel WHERE id = 1").await,
+        before.map(|v| v + 1)
     );
 }
 

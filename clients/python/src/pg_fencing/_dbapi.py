@@ -46,10 +46,3 @@ def in_error(dbapi_conn):
         return dbapi_conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
     status = getattr(dbapi_conn, "get_transaction_status", None)
     return status is not None and status() == 3  # psycopg2: TRANSACTION_STATUS_INERROR
-
-
-def rolled_back():
-    from .errors import RolledBack
-
-    return RolledBack("the fenced transaction was rolled back: a statement in it failed (its error "
-                      "was caught inside the block), so nothing was committed")

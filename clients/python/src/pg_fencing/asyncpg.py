@@ -12,7 +12,7 @@ import asyncpg
 
 from ._lease import LeaseBase
 from ._sql import REMAINING, begin_fenced, check_token, exclusive, learn
-from .errors import RolledBack, from_error
+from .errors import from_error, raise_typed, rolled_back
 
 _ACQUIRE = "SELECT fencing_lease_acquire($1, make_interval(secs => $2), make_interval(secs => $3))"
 _RENEW = "SELECT fencing_lease_renew($1, make_interval(secs => $2))"
@@ -53,18 +53,15 @@ async def fenced(conn, token):
             except BaseException as e:
                 if not conn.is_closed() and conn.is_in_transaction():
                     await conn.execute("ROLLBACK")
-                if isinstance(e, asyncpg.PostgresError):
-                    t = from_error(e)
-                    if t is not None:
-                        raise t from e
+                raise_typed(e, asyncpg.PostgresError)
                 raise
             try:
                 status = await conn.execute("COMMIT")
             except asyncpg.PostgresError as e:
-                raise (from_error(e) or e) from e
+                raise_typed(e, asyncpg.PostgresError)
+                raise
             if status == "ROLLBACK":  # PostgreSQL's answer to COMMIT of an aborted transaction
-                raise RolledBack("the fenced transaction was rolled back: a statement in it failed (its "
-                                 "error was caught inside the block), so nothing was committed")
+                raise rolled_back()
         finally:
             if not conn.is_closed() and conn.is_in_transaction():
                 conn.terminate()  # the transaction could not be ended: never lend it on

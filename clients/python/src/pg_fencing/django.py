@@ -17,7 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from . import _dbapi
 from ._sql import check_token
-from .errors import from_error
+from .errors import raise_typed, rolled_back
 
 
 @contextlib.contextmanager
@@ -39,9 +39,7 @@ def fenced(token, using=None):
             yield conn
             # A failed statement's error caught in the block: Django would roll back quietly.
             if conn.needs_rollback or _dbapi.in_error(conn.connection):
-                raise _dbapi.rolled_back()
+                raise rolled_back()
     except DatabaseError as e:
-        t = from_error(e)
-        if t is None:
-            raise
-        raise t from e
+        raise_typed(e, DatabaseError)
+        raise

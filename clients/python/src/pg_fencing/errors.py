@@ -118,3 +118,21 @@ def from_error(exc):
         exc = getattr(exc, "orig", None) or exc.__cause__
         seen += 1
     return None
+
+
+def raise_typed(exc, driver_error):
+    """In an ``except`` block: raises the typed error of ``exc`` (from it) when ``exc`` is a
+    ``driver_error`` (the driver's or ORM's exception class) with an FT SQLSTATE, and returns
+    otherwise, for the block's own ``raise``. The one place the packages turn a refusal into its
+    typed error on the way out of a fenced block."""
+    if isinstance(exc, driver_error):
+        typed = from_error(exc)
+        if typed is not None and typed is not exc:
+            raise typed from exc
+
+
+def rolled_back():
+    """The ``RolledBack`` of a fenced transaction whose failed statement's error was caught inside
+    the block (PostgreSQL had aborted it)."""
+    return RolledBack("the fenced transaction was rolled back: a statement in it failed (its error "
+                      "was caught inside the block), so nothing was committed")

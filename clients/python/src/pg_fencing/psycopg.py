@@ -19,11 +19,7 @@ import psycopg
 
 from ._lease import ThreadLease
 from ._sql import begin_fenced, check_token, exclusive, learn
-from .errors import RolledBack, from_error
-
-
-def _typed(e):
-    return from_error(e) or e
+from .errors import raise_typed, rolled_back
 
 
 def _begin(conn, token):
@@ -42,11 +38,6 @@ def _begin(conn, token):
         raise psycopg.OperationalError(f"could not start the fenced transaction: {why}")
     if probing:
         learn(conn, res.command_status)
-
-
-def _rolled_back():
-    return RolledBack("the fenced transaction was rolled back: a statement in it failed (its error "
-                      "was caught inside the block), so nothing was committed")
 
 
 def _close_if_in_transaction(conn):
@@ -71,18 +62,16 @@ def fenced(conn, token):
             except BaseException as e:
                 if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.rollback()
-                if isinstance(e, psycopg.Error):
-                    t = _typed(e)
-                    if t is not e:
-                        raise t from e
+                raise_typed(e, psycopg.Error)
                 raise
             if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                 conn.rollback()
-                raise _rolled_back()
+                raise rolled_back()
             try:
                 conn.commit()
             except psycopg.Error as e:
-                raise _typed(e) from e
+                raise_typed(e, psycopg.Error)
+                raise
         finally:
             _close_if_in_transaction(conn)
 
@@ -107,18 +96,16 @@ async def afenced(aconn, token):
             except BaseException as e:
                 if not aconn.closed and aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     await aconn.execute("ROLLBACK")
-                if isinstance(e, psycopg.Error):
-                    t = _typed(e)
-                    if t is not e:
-                        raise t from e
+                raise_typed(e, psycopg.Error)
                 raise
             if aconn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                 await aconn.execute("ROLLBACK")
-                raise _rolled_back()
+                raise rolled_back()
             try:
                 await aconn.execute("COMMIT")
             except psycopg.Error as e:
-                raise _typed(e) from e
+                raise_typed(e, psycopg.Error)
+                raise
         finally:
             if not aconn.closed and aconn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 await aconn.close()  # the transaction could not be ended: never lend it on

@@ -8,7 +8,7 @@ import psycopg2.extensions as ext
 
 from ._lease import ThreadLease
 from ._sql import begin_fenced, exclusive, learn
-from .errors import RolledBack, from_error
+from .errors import raise_typed, rolled_back
 
 
 class fenced:
@@ -61,10 +61,7 @@ class fenced:
         except BaseException as e:
             self._end("ROLLBACK")
             self._finish()
-            if isinstance(e, psycopg2.Error):
-                t = from_error(e)
-                if t is not None:
-                    raise t from e
+            raise_typed(e, psycopg2.Error)
             raise
         return cur
 
@@ -73,22 +70,19 @@ class fenced:
         try:
             if exc is not None:
                 self._end("ROLLBACK")
-                if isinstance(exc, psycopg2.Error):
-                    t = from_error(exc)
-                    if t is not None:
-                        raise t from exc
+                raise_typed(exc, psycopg2.Error)
                 return False
             if conn.get_transaction_status() == ext.TRANSACTION_STATUS_INERROR:
                 self._end("ROLLBACK")
-                raise RolledBack("the fenced transaction was rolled back: a statement in it failed "
-                                 "(its error was caught inside the block), so nothing was committed")
+                raise rolled_back()
             if conn.closed:
                 raise psycopg2.InterfaceError("the connection was closed inside the fenced block: "
                                               "nothing of it was committed")
             try:
                 self._end("COMMIT")
             except psycopg2.Error as e:
-                raise (from_error(e) or e) from e
+                raise_typed(e, psycopg2.Error)
+                raise
             return False
         finally:
             self._finish()

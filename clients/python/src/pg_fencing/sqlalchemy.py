@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from . import _dbapi
 from ._sql import check_token
-from .errors import from_error
+from .errors import raise_typed, rolled_back
 
 
 @contextlib.contextmanager
@@ -38,9 +38,7 @@ def fenced(conn, token):
             _dbapi.start(dbapi, token)
             yield conn
             if _dbapi.in_error(dbapi):  # a failed statement's error was caught in the block
-                raise _dbapi.rolled_back()
+                raise rolled_back()
     except sqlalchemy.exc.DBAPIError as e:
-        t = from_error(e)
-        if t is None:
-            raise
-        raise t from e
+        raise_typed(e, sqlalchemy.exc.DBAPIError)
+        raise

@@ -110,9 +110,13 @@ where
                 Err(Error::RolledBack.into())
             }
             Err(e) => {
-                // COMMIT itself failed (PostgreSQL has ended the transaction), or the
-                // connection broke (the guard's ROLLBACK is harmless then).
-                open.done = e.as_db_error().is_some();
+                // COMMIT itself failed (PostgreSQL has ended the transaction), or `SELECT 1`
+                // did (cancelled, say: the transaction is aborted and still open), or the
+                // connection broke. A ROLLBACK ends what may be open (a warning, no error, if
+                // nothing is); if it cannot be sent, the guard queues one.
+                if client.batch_execute("ROLLBACK").await.is_ok() {
+                    open.done = true;
+                }
                 Err(Error::from(e).into())
             }
         },

@@ -229,6 +229,35 @@ async fn tokio_postgres_fenced() {
     })
     .await;
     assert!(matches!(r, Err(Error::BadToken(0))), "{r:?}");
+
+    // The COMMIT query fails (a deferred trigger raises): the error, nothing committed, the
+    // connection out of any transaction and without the token.
+    admin
+        .batch_execute(
+            "CREATE FUNCTION rt_refuse() RETURNS trigger LANGUAGE plpgsql AS
+               $$BEGIN RAISE EXCEPTION 'refused at commit' USING ERRCODE = 'P0001'; END$$;
+             CREATE CONSTRAINT TRIGGER rt_at_commit AFTER UPDATE ON rt_acct
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION rt_refuse();",
+        )
+        .await
+        .unwrap();
+    let r = fenced(&mut c, 10, async |c: &Client| -> Result<(), Error> {
+        c.execute("UPDATE rt_acct SET v = 11 WHERE id = 1", &[])
+            .await?;
+        Ok(())
+    })
+    .await;
+    assert_eq!(
+        r.as_ref().err().and_then(|e| e.sqlstate()).as_deref(),
+        Some("P0001"),
+        "{r:?}"
+    );
+    assert!(!in_transaction(&c).await);
+    assert_eq!(token_setting(&c).await, "");
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM rt_acct WHERE id = 1").await,
+        Some(1)
+    );
 }
 
 fn statements(app: &str) -> Vec<String> {

@@ -74,7 +74,7 @@ impl TokenForm {
     /// its one row): [`TokenForm::SetLocal`] on PostgreSQL 16 or later, or where
     /// pg_stat_statements is not loaded (its settings are defined in every session of a server
     /// that preloads it; loading it needs a restart, which ends the connection).
-    pub const PROBE_SQL: &'static str = "SELECT pg_catalog.current_setting('server_version_num') OPERATOR(pg_catalog.>=) '160000' OR pg_catalog.current_setting('pg_stat_statements.max', true) IS NULL";
+    pub const PROBE_SQL: &'static str = "SELECT pg_catalog.current_setting('server_version_num')::int OPERATOR(pg_catalog.>=) 160000 OR pg_catalog.current_setting('pg_stat_statements.max', true) IS NULL";
 
     /// The form [`TokenForm::PROBE_SQL`]'s answer (its one boolean) names.
     pub fn from_answer(set_local: bool) -> TokenForm {

@@ -88,9 +88,10 @@ impl TokenForm {
 
 /// The one query that opens a fenced transaction: BEGIN and the transaction-scoped token
 /// (`set_config(…, true)`, [`TokenForm::SetConfig`]). Only the checked integer is written into
-/// it. `BEGIN NOT DEFERRABLE` fails (`25001`) on a connection whose transaction has already run
-/// a query (PostgreSQL sets a transaction's modes only before its first query), and (`25P02`)
-/// on one whose transaction failed, so that the token never reaches a statement before it;
+/// it. `BEGIN NOT DEFERRABLE` fails (`25001`) on a connection whose transaction has already read
+/// or written anything (PostgreSQL sets a transaction's modes only before its first snapshot)
+/// or is inside a savepoint, and (`25P02`) on one whose transaction failed, so that the token
+/// never reaches a read or write before it;
 /// `NOT DEFERRABLE` is the default mode, and it matters only to `SERIALIZABLE READ ONLY`
 /// transactions (PostgreSQL's `SET TRANSACTION`).
 pub fn begin_sql(token: i64) -> Result<String, Error> {
@@ -111,7 +112,8 @@ pub fn begin_sql_as(token: i64, form: TokenForm) -> Result<String, Error> {
 }
 
 /// Whether `code`, the SQLSTATE of [`begin_sql`]'s query, says the connection was already in a
-/// transaction: `25001` (it had run a query, or a savepoint was open) or `25P02` (it had failed).
+/// transaction: `25001` (it had taken a snapshot, or a savepoint was open) or `25P02` (it had
+/// failed).
 pub(crate) fn in_transaction_code(code: &str) -> bool {
     code == "25001" || code == "25P02"
 }

@@ -140,9 +140,11 @@ impl Drop for Armed<'_> {
 /// instead (nobody can use it inside the fenced transaction: with `&mut`, the caller could after
 /// a cancelled `BEGIN`). A statement of `f` that failed while `f` went on anyway:
 /// [`Error::RolledBack`] (with `f`'s own savepoints too: any failed statement rolls the whole
-/// transaction back). A connection already in a transaction (begun by hand) that has run a
-/// statement: [`Error::Usage`], and the connection is closed (its transaction with it); one with
-/// nothing run in it yet becomes `f`'s transaction. The token goes as `SET LOCAL` where the
+/// transaction back). A connection already in a transaction (begun by hand) that has read or
+/// written anything: [`Error::Usage`], and the connection is closed (its transaction with it).
+/// One in which only statements that PostgreSQL runs without a snapshot have run (`SET`,
+/// `LOCK`, `NOTIFY`, `LISTEN`, a released `SAVEPOINT` …; no read or write of a table) becomes
+/// `f`'s transaction, and what they did commits with it. The token goes as `SET LOCAL` where the
 /// connection's server is PostgreSQL 16 or later, else by `set_config` ([`TokenForm`]).
 pub async fn fenced<T, E, F>(mut conn: PoolConnection<Postgres>, token: i64, f: F) -> Result<T, E>
 where

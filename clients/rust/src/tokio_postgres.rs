@@ -46,9 +46,11 @@ impl Drop for Open<'_> {
 /// when it returns `Err` or the future is dropped. `f` gets `&Client` (it cannot open or end a
 /// transaction of its own through tokio-postgres' `transaction()`). A statement of `f` that
 /// failed while `f` went on anyway: [`Error::RolledBack`]. `client` must not be in a
-/// transaction that has run a statement: if it is, that transaction is rolled back and the call
-/// fails with [`Error::Usage`] (the token must not reach statements that are not `f`'s). One
-/// opened by hand with nothing run in it yet (only `BEGIN` or `SET`) becomes `f`'s transaction.
+/// transaction that has read or written anything: if it is, that transaction is rolled back and
+/// the call fails with [`Error::Usage`] (the token must not reach statements that are not
+/// `f`'s). One in which only statements that PostgreSQL runs without a snapshot have run (`SET`,
+/// `LOCK`, `NOTIFY`, `LISTEN`, a released `SAVEPOINT` …; no read or write of a table) becomes
+/// `f`'s transaction, and what they did commits with it.
 ///
 /// The token goes by `set_config`, the form every server takes (tokio-postgres does not show the
 /// server's version): [`fenced_as`] with the form of [`token_form`] sends the cheaper `SET LOCAL`

@@ -254,11 +254,18 @@ pub fn inactive(table: &str, why: &str) -> FenceError {
         message: format!("protection of table {table} is not active"),
         detail: Some(format!("{}.", why.trim_end_matches('.'))),
         hint: Some(if unpreloaded {
+            // The call with the protection's own arguments: without its resource, a
+            // resource-mode table would be switched to per-row mode.
+            let call = crate::state::protections::protect_call(table).unwrap_or_else(|| {
+                format!(
+                    "fencing_protect('{}', <its resource or NULL>, <its token column>)",
+                    table.replace('\'', "''")
+                )
+            });
             format!(
                 "Preload the library (shared_preload_libraries = 'pg_fencing', then restart), or \
-                 run SELECT fencing_protect('{}') here to give the table the row-trigger shape, \
-                 which needs no preloading (docs/design.md, \"The set-based shape\").",
-                table.replace('\'', "''")
+                 run SELECT {call} here to give the table the row-trigger shape with the same \
+                 protection, which needs no preloading (docs/design.md, \"The set-based shape\")."
             )
         } else {
             "Writes are refused until the protection can hold: fix what the detail names \

@@ -26,6 +26,25 @@ pub fn inactive_reason(protection: i64) -> Option<String> {
     .filter(|r| !r.is_empty())
 }
 
+/// The `fencing_protect` call that gives `table` (a table's name as `regclass` prints it) its
+/// current protection again, its resource and token column with it (`None`: not protected). A
+/// call without the resource would switch a resource-mode table to per-row mode.
+pub fn protect_call(table: &str) -> Option<String> {
+    exec_internal(
+        "SELECT pg_catalog.format('fencing_protect(%L%s)', p.relid::pg_catalog.regclass::pg_catalog.text, \
+                CASE WHEN p.token_column OPERATOR(pg_catalog.=) 'fence_token' \
+                     THEN COALESCE(', ' OPERATOR(pg_catalog.||) pg_catalog.quote_literal(p.resource), '') \
+                     ELSE pg_catalog.format(', %s, %L', COALESCE(pg_catalog.quote_literal(p.resource), 'NULL'), p.token_column) END) \
+         FROM _pg_fencing.protected_table p \
+         WHERE p.relid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1) AND p.protected",
+        false,
+        &[pg_sys::TEXTOID],
+        &mut [crate::pg::spi::text_datum(table)],
+        true,
+        text_of,
+    )
+}
+
 /// Table, resource and token column of protection `protection` (`None`: no such protection, or
 /// removed), read with a new snapshot (a change of the calling statement's own transaction counts).
 pub fn protection_of(protection: i64) -> Option<(pg_sys::Oid, Option<String>, String)> {

@@ -63,6 +63,10 @@ expect "not preloaded: every path of the per-row table is refused" "FT004 FT004 
 expect "the view says why" "f" "$("${PSQL[@]}" -Atc "SELECT active FROM fencing_protected_tables WHERE relation = 'jobs'::regclass")"
 hint=$("${PSQL[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '11'; INSERT INTO jobs VALUES (200, 1); ROLLBACK;" 2>&1 | sed -n 's/^HINT:  //p' || true)
 expect "the refusal's HINT: preload, or fencing_protect again" 1 "$(echo "$hint" | grep -c "shared_preload_libraries = 'pg_fencing'.*fencing_protect('public.jobs')")"
+# The call in the HINT gives the table its protection again as it is: a resource-mode table's
+# resource with it (without it, the call would switch the table to per-row mode).
+hint=$("${PSQL[@]}" -c "BEGIN; SET LOCAL pg_fencing.token = '11'; INSERT INTO ledger VALUES (200, 1); ROLLBACK;" 2>&1 | sed -n 's/^HINT:  //p' || true)
+expect "the resource-mode table's HINT repeats its resource" 1 "$(echo "$hint" | grep -c "fencing_protect('public.ledger', 'settle')")"
 expect "its reason names preloading" 1 "$("${PSQL[@]}" -Atc "SELECT count(*) FROM fencing_protected_tables WHERE relation = 'jobs'::regclass AND inactive_reason LIKE '%shared_preload_libraries%'")"
 expect "nothing was written by the refused writes" "1 1" "$("${PSQL[@]}" -Atc "SELECT (SELECT count(*) FROM ledger) || ' ' || (SELECT count(*) FROM jobs)")"
 

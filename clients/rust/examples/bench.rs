@@ -1,11 +1,13 @@
 //! A fenced one-row transaction through this crate (tokio-postgres' `fenced`, and `fenced_as`
-//! with the form `token_form` asked for; sqlx's `fenced`)
-//! against the same transaction unfenced through the same driver (`Client::transaction`,
-//! `Connection::begin`), and against its floor (the same `fenced` call and token on an
-//! unprotected table, the token stamped by the statement: no check). One connection per driver,
-//! BENCH_ROUNDS rounds of BENCH_TXNS transactions of each variant interleaved transaction by
-//! transaction (the order rotating), the median latency of a transaction per round, then the
-//! median over rounds. Run by bench/rustclient.sh of the repository:
+//! with the form `token_form` asked for; sqlx's `fenced`, and its `fenced_as` with its
+//! `token_form`) against the same transaction unfenced through the same driver
+//! (`Client::transaction`, `Connection::begin`), against its floor (the same call and token on an
+//! unprotected table, the token stamped by the statement: no check), and against the unfenced
+//! transaction with nothing added but the token in BEGIN's query (what a transaction-scoped token
+//! costs by itself: one more statement). One connection per driver, BENCH_ROUNDS rounds of
+//! BENCH_TXNS transactions of each variant interleaved transaction by transaction (the order
+//! rotating), the median latency of a transaction per round, then the median over rounds. Run by
+//! bench/rustclient.sh of the repository:
 //!     bench <conninfo> <markdown file>
 
 use std::time::Instant;
@@ -49,10 +51,18 @@ async fn tp(c: &mut Client, form: TokenForm, variant: usize, id: i32) -> Result<
             // `fenced` is `fenced_as` with the set_config form.
             pg_fencing::tokio_postgres::fenced_as(c, 5, form, f).await
         }
-        _ => {
+        2 => {
             let tx = c.transaction().await?;
             tx.execute(PLAIN, &[&id]).await?;
             tx.commit().await?;
+            Ok(())
+        }
+        _ => {
+            // The unfenced transaction with the token added to BEGIN's query and nothing else:
+            // what any transaction-scoped token costs (one more statement), no check.
+            c.batch_execute(&pg_fencing::begin_sql_as(5, form)?).await?;
+            c.execute(PLAIN, &[&id]).await?;
+            c.batch_execute("COMMIT").await?;
             Ok(())
         }
     }
@@ -60,14 +70,15 @@ async fn tp(c: &mut Client, form: TokenForm, variant: usize, id: i32) -> Result<
 
 /// sqlx: each transaction on a connection taken from a pool of one (`fenced` takes it and gives
 /// it back; the unfenced variant does the same).
-async fn sx(pool: &PgPool, variant: usize, id: i32) -> Result<(), Error> {
+async fn sx(pool: &PgPool, form: TokenForm, variant: usize, id: i32) -> Result<(), Error> {
     let mut c = pool.acquire().await?;
     match variant {
         0 | 1 => {
             let sql = if variant == 0 { FENCED } else { FLOOR };
-            pg_fencing::sqlx::fenced(
+            pg_fencing::sqlx::fenced_as(
                 c,
                 5,
+                form,
                 async |tx: &mut pg_fencing::sqlx::FencedConnection<'_>| -> Result<(), Error> {
                     sqlx::query(sql).bind(id).execute(&mut *tx).await?;
                     Ok(())
@@ -75,10 +86,18 @@ async fn sx(pool: &PgPool, variant: usize, id: i32) -> Result<(), Error> {
             )
             .await
         }
-        _ => {
+        2 => {
             let mut tx = c.begin().await?;
             sqlx::query(PLAIN).bind(id).execute(&mut *tx).await?;
             tx.commit().await?;
+            Ok(())
+        }
+        _ => {
+            sqlx::raw_sql(&pg_fencing::begin_sql_as(5, form)?)
+                .execute(&mut *c)
+                .await?;
+            sqlx::query(PLAIN).bind(id).execute(&mut *c).await?;
+            sqlx::raw_sql("COMMIT").execute(&mut *c).await?;
             Ok(())
         }
     }
@@ -117,53 +136,57 @@ async fn main() -> Result<(), Error> {
         "tokio-postgres (`fenced`: set_config)",
         "tokio-postgres (`fenced_as`, `token_form`)",
         "sqlx (`fenced`)",
+        "sqlx (`fenced_as`, `token_form`)",
     ] {
         let mut tpc = connect().await?;
-        let form = if driver.contains("token_form") {
-            pg_fencing::tokio_postgres::token_form(&tpc).await?
-        } else {
-            TokenForm::SetConfig
-        };
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .connect(&url(conninfo))
             .await?;
-        let mut per: [Vec<f64>; 3] = Default::default();
+        let form = if driver.contains("token_form") {
+            if driver.starts_with("tokio") {
+                pg_fencing::tokio_postgres::token_form(&tpc).await?
+            } else {
+                pg_fencing::sqlx::token_form(&mut *pool.acquire().await?).await?
+            }
+        } else if driver.starts_with("sqlx") {
+            // What `fenced` chooses: by the server's version alone.
+            TokenForm::for_server(pool.acquire().await?.server_version_num())
+        } else {
+            TokenForm::SetConfig
+        };
+        let mut per: [Vec<f64>; 4] = Default::default();
         for _ in 0..rounds {
-            let mut lat: [Vec<f64>; 3] = Default::default();
+            let mut lat: [Vec<f64>; 4] = Default::default();
             for i in 0..txns {
-                for k in 0..3 {
-                    let n = (i + k) % 3;
+                for k in 0..4 {
+                    let n = (i + k) % 4;
                     let t0 = Instant::now();
                     if driver.starts_with("tokio") {
                         tp(&mut tpc, form, n, key(i)).await?;
                     } else {
-                        sx(&pool, n, key(i)).await?;
+                        sx(&pool, form, n, key(i)).await?;
                     }
                     lat[n].push(t0.elapsed().as_nanos() as f64 / 1000.0);
                 }
             }
-            for n in 0..3 {
+            for n in 0..4 {
                 per[n].push(median(&lat[n]));
             }
         }
-        let form = if driver.starts_with("sqlx") {
-            TokenForm::for_server(pool.acquire().await?.server_version_num())
-        } else {
-            form
-        };
         let driver = format!("{driver}, {form:?}");
         results.push((driver, per.map(|p| median(&p))));
     }
     let mut md = format!(
         "PostgreSQL {version}, one connection per driver on loopback (fsync off); {rounds} rounds of {txns} one-row UPDATE transactions of each variant, interleaved transaction by transaction; median latency per transaction.\n\n\
-         | driver | fenced (µs) | floor (µs) | unfenced (µs) | fenced / floor | fenced / unfenced |\n|---|---:|---:|---:|---:|---:|\n"
+         | driver | fenced (µs) | floor (µs) | unfenced (µs) | unfenced + token only (µs) | fenced / floor | fenced / unfenced | (unfenced + token only) / unfenced |\n|---|---:|---:|---:|---:|---:|---:|---:|\n"
     );
-    for (driver, [f, fl, u]) in &results {
+    for (driver, [f, fl, u, t]) in &results {
         md += &format!(
-            "| {driver} | {f:.0} | {fl:.0} | {u:.0} | {:.3} | {:.3} |\n",
+            "| {driver} | {f:.0} | {fl:.0} | {u:.0} | {t:.0} | {:.3} | {:.3} | {:.3} |\n",
             f / fl,
-            f / u
+            f / u,
+            t / u
         );
     }
     print!("{md}");

@@ -123,11 +123,20 @@ pub(crate) const IN_TRANSACTION: &str =
     "fenced starts its own transaction: the connection was already in one";
 
 /// The query that ends a fenced transaction where the driver does not show `COMMIT`'s command
-/// tag: `SELECT 1` fails (`25P02`) if a statement of the transaction failed and it is aborted;
-/// PostgreSQL answers a plain `COMMIT` of an aborted transaction with `ROLLBACK` and no error,
-/// which the drivers report as success.
-#[cfg(feature = "tokio-postgres")]
-pub(crate) const COMMIT_SQL: &str = "SELECT 1; COMMIT";
+/// tag. PostgreSQL answers a plain `COMMIT` of an aborted transaction with `ROLLBACK`, and one sent
+/// after the transaction was already ended with a warning, both without an error, which the drivers
+/// report as success. The `SAVEPOINT` before it fails instead: `25P02` if a statement of the
+/// transaction failed and it is aborted ([`Error::RolledBack`]), `25P01` if there is no
+/// transaction block any more, because the function ended it itself ([`ENDED_BY_FUNCTION`]).
+/// (A savepoint costs the server less than a `SELECT 1`, which catches only the first case.)
+pub(crate) const COMMIT_SQL: &str = "SAVEPOINT pg_fencing_commit; COMMIT";
+
+/// What a fenced call says when the function ended the fenced transaction itself (`COMMIT` or
+/// `ROLLBACK` sent inside it): whether its writes committed is not known to the call, so it
+/// never reports success.
+#[cfg(any(feature = "tokio-postgres", feature = "sqlx"))]
+pub(crate) const ENDED_BY_FUNCTION: &str = "the function ended the fenced transaction itself \
+     (COMMIT or ROLLBACK inside it); whether its writes committed is unknown";
 
 #[cfg(test)]
 mod tests {

@@ -18,7 +18,7 @@ use sqlx::{Connection, Describe, Either, Execute, Executor, Postgres};
 
 use crate::{
     begin_sql_as, in_transaction_code, Error, FencingError, Lease, LeaseConn, LeaseOptions,
-    TokenForm, IN_TRANSACTION,
+    TokenForm, COMMIT_SQL, ENDED_BY_FUNCTION, IN_TRANSACTION,
 };
 
 impl From<sqlx::Error> for Error {
@@ -134,67 +134,120 @@ impl Drop for Armed<'_> {
 }
 
 /// Runs `f` in a transaction on `conn`, a pool's connection, fenced by `token`: BEGIN and the
-/// token go in one query (sqlx's `begin_with`: no extra round trip), committed when `f` returns
-/// `Ok`, rolled back when it returns `Err`. The connection is taken, and goes back to its pool at
-/// the end; if the future is dropped (cancelled) or the transaction cannot be ended, it is closed
-/// instead (nobody can use it inside the fenced transaction: with `&mut`, the caller could after
-/// a cancelled `BEGIN`). A statement of `f` that failed while `f` went on anyway:
-/// [`Error::RolledBack`] (with `f`'s own savepoints too: any failed statement rolls the whole
-/// transaction back). A connection already in a transaction (begun by hand) that has read or
-/// written anything: [`Error::Usage`], and the connection is closed (its transaction with it).
-/// One in which only statements that PostgreSQL runs without a snapshot have run (`SET`,
-/// `LOCK`, `NOTIFY`, `LISTEN`, a released `SAVEPOINT` …; no read or write of a table) becomes
-/// `f`'s transaction, and what they did commits with it. The token goes as `SET LOCAL` where the
-/// connection's server is PostgreSQL 16 or later, else by `set_config` ([`TokenForm`]).
-pub async fn fenced<T, E, F>(mut conn: PoolConnection<Postgres>, token: i64, f: F) -> Result<T, E>
+/// token go in one query (no extra round trip), committed when `f` returns `Ok`, rolled back when
+/// it returns `Err`. The connection is taken, and goes back to its pool at the end; if the future
+/// is dropped (cancelled) or the transaction cannot be ended, it is closed instead (nobody can use
+/// it inside the fenced transaction: with `&mut`, the caller could after a cancelled `BEGIN`). A
+/// statement of `f` that failed while `f` went on anyway: [`Error::RolledBack`] (with `f`'s own
+/// savepoints too: any failed statement rolls the whole transaction back). `f` sent `COMMIT` or
+/// `ROLLBACK` itself: [`Error::Usage`], never success. A connection already in a transaction
+/// (begun by hand) that has read or written anything: [`Error::Usage`], and the connection is
+/// closed (its transaction with it). One in which only statements that PostgreSQL runs without a
+/// snapshot have run (`SET`, `LOCK`, `NOTIFY`, `LISTEN`, a released `SAVEPOINT` …; no read or
+/// write of a table) becomes `f`'s transaction, and what they did commits with it. The token goes
+/// as `SET LOCAL` where the connection's server is PostgreSQL 16 or later, else by `set_config`
+/// ([`TokenForm`]; [`fenced_as`] with [`token_form`]'s answer sends `SET LOCAL` also to an older
+/// server that does not load pg_stat_statements).
+pub async fn fenced<T, E, F>(conn: PoolConnection<Postgres>, token: i64, f: F) -> Result<T, E>
 where
     F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
     E: From<Error>,
 {
-    let begin = begin_sql_as(token, TokenForm::for_server(conn.server_version_num()))?;
+    let form = TokenForm::for_server(conn.server_version_num());
+    fenced_as(conn, token, form, f).await
+}
+
+/// The [`TokenForm`] `conn`'s server takes, asked once (one query, [`TokenForm::PROBE_SQL`]):
+/// keep it with the pool (the answer is the same for every connection of one server) and pass it
+/// to [`fenced_as`].
+pub async fn token_form(conn: &mut PgConnection) -> Result<TokenForm, Error> {
+    let set_local: bool = sqlx::query_scalar(TokenForm::PROBE_SQL)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(TokenForm::from_answer(set_local))
+}
+
+/// [`fenced`] with the token in `form` (from [`token_form`]: a [`TokenForm::SetLocal`] on a
+/// PostgreSQL 15 that preloads pg_stat_statements leaves it one entry per token).
+pub async fn fenced_as<T, E, F>(
+    mut conn: PoolConnection<Postgres>,
+    token: i64,
+    form: TokenForm,
+    f: F,
+) -> Result<T, E>
+where
+    F: AsyncFnOnce(&mut FencedConnection<'_>) -> Result<T, E>,
+    E: From<Error>,
+{
+    let begin = begin_sql_as(token, form)?;
     let mut guard = Armed {
         conn: &mut conn,
         armed: true,
     };
-    let mut tx = match guard.conn.begin_with(begin).await {
-        Ok(tx) => tx,
-        Err(e) => {
-            // Also an earlier query's error still pending on the connection: whether the BEGIN
-            // went through is unknown; the guard closes the connection.
-            let in_transaction = match &e {
-                sqlx::Error::Database(db) => db.code().is_some_and(|c| in_transaction_code(&c)),
-                _ => false,
-            };
-            if in_transaction {
-                return Err(Error::Usage(format!("{IN_TRANSACTION} (closed)")).into());
-            }
-            return Err(Error::from(e).into());
+    if let Err(e) = sqlx::raw_sql(&begin).execute(&mut **guard.conn).await {
+        // Also an earlier query's error still pending on the connection: whether the BEGIN
+        // went through is unknown; the guard closes the connection.
+        let in_transaction = match &e {
+            sqlx::Error::Database(db) => db.code().is_some_and(|c| in_transaction_code(&c)),
+            _ => false,
+        };
+        if in_transaction {
+            return Err(Error::Usage(format!("{IN_TRANSACTION} (closed)")).into());
         }
-    };
+        return Err(Error::from(e).into());
+    }
     let mut fc = FencedConnection {
-        conn: &mut tx,
+        conn: guard.conn,
         failed: false,
     };
     let out = f(&mut fc).await;
     let failed = fc.failed;
-    match out {
+    let conn: &mut PgConnection = guard.conn;
+    let result = match out {
         Ok(_) if failed => {
-            tx.rollback().await.map_err(Error::from)?;
-            guard.armed = false;
+            sqlx::raw_sql("ROLLBACK")
+                .execute(&mut *conn)
+                .await
+                .map_err(Error::from)?;
             Err(Error::RolledBack.into())
         }
-        Ok(value) => {
-            tx.commit().await.map_err(Error::from)?;
-            guard.armed = false;
-            Ok(value)
-        }
+        Ok(value) => match sqlx::raw_sql(COMMIT_SQL).execute(&mut *conn).await {
+            Ok(_) => Ok(value),
+            Err(e) => {
+                let code = match &e {
+                    sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+                    _ => None,
+                };
+                match code.as_deref() {
+                    // The savepoint outside a transaction block: f sent COMMIT or ROLLBACK.
+                    Some("25P01") => Err(Error::Usage(ENDED_BY_FUNCTION.to_owned()).into()),
+                    _ => {
+                        // Aborted (25P02: a statement f ran outside this connection's notes
+                        // failed), COMMIT itself failed, or the connection broke: end what may
+                        // be open; if that fails too, the guard closes the connection.
+                        sqlx::raw_sql("ROLLBACK")
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(Error::from)?;
+                        if code.as_deref() == Some("25P02") {
+                            Err(Error::RolledBack.into())
+                        } else {
+                            Err(Error::from(e).into())
+                        }
+                    }
+                }
+            }
+        },
         Err(e) => {
-            if tx.rollback().await.is_ok() {
-                guard.armed = false;
+            // f's own error either way; if the ROLLBACK fails, the guard closes the connection.
+            if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
+                return Err(e);
             }
             Err(e)
         }
-    }
+    };
+    guard.armed = false;
+    result
 }
 
 /// [`fenced`] on a connection of `pool`, given back afterwards (closed instead when the

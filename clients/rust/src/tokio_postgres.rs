@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 
 use crate::{
     begin_sql_as, in_transaction_code, Error, FencingError, Lease, LeaseConn, LeaseOptions,
-    TokenForm, COMMIT_SQL, IN_TRANSACTION,
+    TokenForm, COMMIT_SQL, ENDED_BY_FUNCTION, IN_TRANSACTION,
 };
 
 impl From<tokio_postgres::Error> for Error {
@@ -45,7 +45,8 @@ impl Drop for Open<'_> {
 /// ([`crate::begin_sql`]: no extra round trip), committed when `f` returns `Ok`, rolled back
 /// when it returns `Err` or the future is dropped. `f` gets `&Client` (it cannot open or end a
 /// transaction of its own through tokio-postgres' `transaction()`). A statement of `f` that
-/// failed while `f` went on anyway: [`Error::RolledBack`]. `client` must not be in a
+/// failed while `f` went on anyway: [`Error::RolledBack`]. `f` sent `COMMIT` or `ROLLBACK`
+/// itself: [`Error::Usage`], never success. `client` must not be in a
 /// transaction that has read or written anything: if it is, that transaction is rolled back and
 /// the call fails with [`Error::Usage`] (the token must not reach statements that are not
 /// `f`'s). One in which only statements that PostgreSQL runs without a snapshot have run (`SET`,
@@ -103,7 +104,7 @@ where
                 Ok(value)
             }
             Err(e) if e.code().map(|c| c.code()) == Some("25P02") => {
-                // `SELECT 1` in an aborted transaction: a statement of f failed.
+                // The savepoint in an aborted transaction: a statement of f failed.
                 client
                     .batch_execute("ROLLBACK")
                     .await
@@ -111,8 +112,13 @@ where
                 open.done = true;
                 Err(Error::RolledBack.into())
             }
+            Err(e) if e.code().map(|c| c.code()) == Some("25P01") => {
+                // The savepoint outside a transaction block: f sent COMMIT or ROLLBACK.
+                open.done = true;
+                Err(Error::Usage(ENDED_BY_FUNCTION.to_owned()).into())
+            }
             Err(e) => {
-                // COMMIT itself failed (PostgreSQL has ended the transaction), or `SELECT 1`
+                // COMMIT itself failed (PostgreSQL has ended the transaction), or the savepoint
                 // did (cancelled, say: the transaction is aborted and still open), or the
                 // connection broke. A ROLLBACK ends what may be open (a warning, no error, if
                 // nothing is); if it cannot be sent, the guard queues one.

@@ -151,6 +151,29 @@ async fn tokio_postgres_fenced() {
     );
     assert!(!in_transaction(&c).await);
 
+    // The function ended the transaction itself: never reported as a commit.
+    for end in ["ROLLBACK", "COMMIT"] {
+        let r = fenced(&mut c, 10, async |c: &Client| -> Result<(), Error> {
+            c.execute("UPDATE rt_acct SET v = 7 WHERE id = 1", &[])
+                .await?;
+            c.batch_execute(end).await?;
+            Ok(())
+        })
+        .await;
+        assert!(
+            matches!(&r, Err(Error::Usage(m)) if m.contains("ended the fenced transaction")),
+            "{end} inside the function: {r:?}"
+        );
+        assert!(!in_transaction(&c).await);
+        assert_eq!(token_setting(&c).await, "");
+    }
+    admin
+        .batch_execute(
+            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE rt_acct SET v = 1 WHERE id = 1; COMMIT",
+        )
+        .await
+        .unwrap();
+
     // Cancelled half-way (the future dropped): rolled back; the token gone with it.
     let r = tokio::time::timeout(
         Duration::from_millis(300),
@@ -571,6 +594,70 @@ async fn sqlx_fenced() {
         value(&admin, "SELECT v::bigint FROM sx_acct WHERE id = 1").await,
         Some(1)
     );
+
+    // The function ended the transaction itself: never reported as a commit.
+    for end in ["ROLLBACK", "COMMIT"] {
+        let r = fenced_pool(
+            &pool,
+            10,
+            async |c: &mut FencedConnection<'_>| -> Result<(), Error> {
+                sqlx::query("UPDATE sx_acct SET v = 7 WHERE id = 1")
+                    .execute(&mut *c)
+                    .await?;
+                sqlx::raw_sql(end).execute(&mut *c).await?;
+                Ok(())
+            },
+        )
+        .await;
+        assert!(
+            matches!(&r, Err(Error::Usage(m)) if m.contains("ended the fenced transaction")),
+            "{end} inside the function: {r:?}"
+        );
+    }
+    admin
+        .batch_execute(
+            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE sx_acct SET v = 1 WHERE id = 1; COMMIT",
+        )
+        .await
+        .unwrap();
+
+    // The form asked of the server, and a transaction in it.
+    let mut conn = pool.acquire().await.unwrap();
+    let form = pg_fencing::sqlx::token_form(&mut conn).await.unwrap();
+    let preloads: String = sqlx::query_scalar("SHOW shared_preload_libraries")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let v16 = conn.server_version_num().unwrap() >= 160000;
+    let want = if v16 || !preloads.contains("pg_stat_statements") {
+        TokenForm::SetLocal
+    } else {
+        TokenForm::SetConfig
+    };
+    assert_eq!(form, want, "token_form on a server preloading {preloads:?}");
+    pg_fencing::sqlx::fenced_as(
+        conn,
+        10,
+        form,
+        async |c: &mut FencedConnection<'_>| -> Result<(), Error> {
+            sqlx::query("UPDATE sx_acct SET v = 8 WHERE id = 1")
+                .execute(&mut *c)
+                .await?;
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        value(&admin, "SELECT v::bigint FROM sx_acct WHERE id = 1").await,
+        Some(8)
+    );
+    admin
+        .batch_execute(
+            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE sx_acct SET v = 1 WHERE id = 1; COMMIT",
+        )
+        .await
+        .unwrap();
 
     // Cancelled half-way: the next borrower is not in the fenced transaction.
     let r = tokio::time::timeout(

@@ -327,6 +327,44 @@ async function main() {
   }));
   check('… nothing committed, the pool\'s client back', (await one('SELECT v FROM acct WHERE id = 1')).v === before && pool.idleCount === 1);
 
+  console.log('-- fn ends the fenced transaction itself (ROLLBACK or COMMIT): never reported as committed');
+  // The same on a Client whose node-postgres does not tell the transaction status (before 8.11):
+  // getTransactionStatus shadowed on it.
+  const noStatus = new pg.Client(URL_);
+  await noStatus.connect();
+  noStatus.getTransactionStatus = undefined;
+  for (const [kind, target] of [['pool', pool], ['a client without getTransactionStatus', noStatus]]) {
+    for (const end of ['ROLLBACK', 'COMMIT']) {
+      const b = (await one('SELECT v FROM acct WHERE id = 1')).v;
+      const e = await rejects(`${kind}: fn ran ${end}: an Error, not success`, Error, () => pf.fenced(target, 20, async (c) => {
+        await c.query('UPDATE acct SET v = v + 1 WHERE id = 1');
+        await c.query(end);
+        return 'done';
+      }));
+      check("… its message says 'ended the fenced transaction'", e && /ended the fenced transaction/.test(e.message) && !(e instanceof pf.RolledBack), e && e.message);
+      if (end === 'ROLLBACK') check('… nothing committed', (await one('SELECT v FROM acct WHERE id = 1')).v === b);
+    }
+    check(`${kind}: usable afterwards, out of any transaction`, (await (kind === 'pool' ? pool : noStatus).query('SELECT 1 AS x')).rows[0].x === 1
+      && (kind !== 'pool' || pool.idleCount === 1));
+  }
+  const nb = (await one('SELECT v FROM acct WHERE id = 1')).v;
+  await rejects('a client without getTransactionStatus: a failed statement whose error fn caught: RolledBack', pf.RolledBack,
+    () => pf.fenced(noStatus, 20, async (c) => {
+      await c.query('UPDATE acct SET v = v + 1 WHERE id = 1');
+      try {
+        await c.query('SELECT 1/0');
+      } catch (e) { /* swallowed */ }
+    }));
+  check('… nothing committed', (await one('SELECT v FROM acct WHERE id = 1')).v === nb);
+  await pf.fenced(noStatus, 20, (c) => c.query('UPDATE acct SET v = v + 1 WHERE id = 1'));
+  check('a client without getTransactionStatus: a fenced transaction commits', (await one('SELECT v FROM acct WHERE id = 1')).v === nb + 1);
+  await noStatus.query('UPDATE acct SET v = v + 1 WHERE id = 1').then(
+    () => check('… and its client carries no token afterwards', false, 'committed'),
+    (e) => check('… and its client carries no token afterwards (NoToken)', pf.fromError(e) instanceof pf.NoToken, e));
+  await noStatus.end();
+  await rejects('Drizzle: a ROLLBACK inside fencedDb is refused', Error, () =>
+    fencedDb(pool, 20n, (db) => db.execute(sql`ROLLBACK`)));
+
   console.log('-- typed errors: names with quotes, spaces and newlines');
   for (const name of ['quo"te', 'two""quotes', 'x" of table y', 'new\nline']) {
     await admin.query('SELECT fencing_advance($1, 5)', [name]);

@@ -527,6 +527,7 @@ def main():
 
     asyncio.run(async_part())
     outside_check_part(a, admin)
+    ended_inside_part(a, admin)
     orm_part(a, admin)
     print(f"python client: {'FAILED' if FAILS else 'all checks passed'}")
     return 1 if FAILS else 0
@@ -691,6 +692,104 @@ def outside_check_part(a, admin):
            lambda: pf_psycopg.run_with_lease(dsn, "oc-job", 1.0, stalled_job))
     check("… and its write was not committed", v() == 100, v())
 
+# What a fenced block that ends the fenced transaction itself raises (its message contains it).
+ENDED = "ended the fenced transaction"
+
+
+def ended_check(what, fn):
+    """``fn()`` (a block that ran ROLLBACK or COMMIT itself) raises RuntimeError saying so: never
+    reported as committed."""
+    e = raises(f"{what}: RuntimeError, not success", RuntimeError, fn)
+    check(f"… its message says '{ENDED}'", e is not None and ENDED in str(e), e)
+
+
+def ended_inside_part(a, admin):
+    """The block ends the fenced transaction itself (a ROLLBACK or COMMIT statement, or the
+    driver's rollback()/commit() where it sends one): the helper's COMMIT would find no
+    transaction (a warning, no error), so it must not report success."""
+    dsn = a.dsn
+    admin.execute("CREATE TABLE ei (id int PRIMARY KEY, v int)")
+    admin.execute("SELECT fencing_protect('ei', 'ei')")
+    admin.execute("SELECT fencing_advance('ei', 40)")
+    with psycopg.connect(dsn) as c, pf_psycopg.fenced(c, 40):
+        c.execute("INSERT INTO ei VALUES (1, 0)")
+    v = lambda: admin.execute("SELECT v FROM ei WHERE id = 1").fetchone()[0]  # noqa: E731
+
+    print("-- the block ends the fenced transaction itself: never reported as committed")
+    for end in ("ROLLBACK", "COMMIT", "rollback()", "commit()"):
+        before = v()
+        c = psycopg.connect(dsn)
+
+        def p3():
+            with pf_psycopg.fenced(c, 40):
+                c.execute("UPDATE ei SET v = v + 1 WHERE id = 1")
+                if end.endswith("()"):
+                    getattr(c, end[:-2])()
+                else:
+                    c.execute(end)
+        ended_check(f"psycopg 3: the block ran {end}", p3)
+        check("… the connection is left idle", c.closed or c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+        c.close()
+        if end.startswith("ROLLBACK") or end == "rollback()":
+            check("… nothing committed", v() == before, v())
+
+    for end in ("ROLLBACK", "COMMIT"):
+        before = v()
+        c2 = psycopg2.connect(dsn)
+
+        def p2():
+            with pf_psycopg2.fenced(c2, 40) as cur:
+                cur.execute("UPDATE ei SET v = v + 1 WHERE id = 1")
+                cur.execute(end)
+        ended_check(f"psycopg2: the block ran {end}", p2)
+        check("… the connection is left idle, its own mode back", c2.closed or (
+            c2.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE and c2.autocommit is False))
+        c2.close()
+        if end == "ROLLBACK":
+            check("… nothing committed", v() == before, v())
+
+    async def async_ended():
+        for end in ("ROLLBACK", "COMMIT"):
+            before = v()
+            ac = await psycopg.AsyncConnection.connect(dsn)
+
+            async def p3a():
+                async with pf_psycopg.afenced(ac, 40):
+                    await ac.execute("UPDATE ei SET v = v + 1 WHERE id = 1")
+                    await ac.execute(end)
+            try:
+                await p3a()
+                check(f"psycopg 3 async: the block ran {end}: RuntimeError, not success", False, "no error")
+            except RuntimeError as e:
+                check(f"psycopg 3 async: the block ran {end}: RuntimeError saying '{ENDED}'", ENDED in str(e), e)
+            except Exception as e:  # noqa: BLE001
+                check(f"psycopg 3 async: the block ran {end}: RuntimeError", False, f"{type(e).__name__}: {e}")
+            check("… the connection is left idle, its own mode back", ac.closed or (
+                ac.info.transaction_status == psycopg.pq.TransactionStatus.IDLE and ac.autocommit is False))
+            await ac.close()
+            if end == "ROLLBACK":
+                check("… nothing committed", v() == before, v())
+
+            before = v()
+            c5 = await asyncpg.connect(a.url)
+
+            async def apg():
+                async with pf_asyncpg.fenced(c5, 40):
+                    await c5.execute("UPDATE ei SET v = v + 1 WHERE id = 1")
+                    await c5.execute(end)
+            try:
+                await apg()
+                check(f"asyncpg: the block ran {end}: RuntimeError, not success", False, "no error")
+            except RuntimeError as e:
+                check(f"asyncpg: the block ran {end}: RuntimeError saying '{ENDED}'", ENDED in str(e), e)
+            except Exception as e:  # noqa: BLE001
+                check(f"asyncpg: the block ran {end}: RuntimeError", False, f"{type(e).__name__}: {e}")
+            check("… the connection is left idle", c5.is_closed() or not c5.is_in_transaction())
+            await c5.close()
+            if end == "ROLLBACK":
+                check("… nothing committed", v() == before, v())
+    asyncio.run(async_ended())
+
 
 def orm_part(a, admin):
     """SQLAlchemy 2 (psycopg 3 and psycopg2 dialects, Connection and Session) and Django."""
@@ -741,6 +840,16 @@ def orm_part(a, admin):
                 pass
     raises("SQLAlchemy: a failed statement's error caught in the block: RolledBack", pg_fencing.RolledBack, sa_swallow)
     check("… nothing committed", v() == 1, v())
+    for end in ("ROLLBACK", "COMMIT"):
+        before = v()
+
+        def sa_ended():
+            with eng.connect() as c, pf_sa.fenced(c, 30):
+                c.execute(sa.text("UPDATE orm SET v = v + 1 WHERE id = 1"))
+                c.execute(sa.text(end))
+        ended_check(f"SQLAlchemy (psycopg 3): the block ran {end}", sa_ended)
+        if end == "ROLLBACK":
+            check("… nothing committed", v() == before, v())
     with Session(eng) as session:
         with pf_sa.fenced(session, 30):
             session.execute(sa.text("UPDATE orm SET v = 4 WHERE id = 1"))
@@ -786,6 +895,18 @@ def orm_part(a, admin):
             with pf_sa.fenced(c, 1):
                 c.execute(sa.text("UPDATE orm SET v = 8 WHERE id = 1"))
         raises("psycopg2 dialect: StaleToken", StaleToken, stale2, token=1)
+
+        for end in ("ROLLBACK", "COMMIT"):
+            before = v()
+
+            def sa2_ended():
+                with pf_sa.fenced(c, 30):
+                    c.execute(sa.text("UPDATE orm SET v = v + 1 WHERE id = 1"))
+                    c.execute(sa.text(end))
+            ended_check(f"SQLAlchemy (psycopg2): the block ran {end}", sa2_ended)
+            check("… the connection out of its transaction", not c.in_transaction())
+            if end == "ROLLBACK":
+                check("… nothing committed", v() == before, v())
     eng2.dispose()
 
     print("-- Django")
@@ -839,6 +960,19 @@ def orm_part(a, admin):
                     pass
     raises("Django: a failed statement's error caught in the block: RolledBack", pg_fencing.RolledBack, dswallow)
     check("… nothing committed", v() == 10, v())
+
+    for end in ("ROLLBACK", "COMMIT"):
+        before = v()
+
+        def dended():
+            with pf_django.fenced(30):
+                with connection.cursor() as cur:
+                    cur.execute("UPDATE orm SET v = v + 1 WHERE id = 1")
+                    cur.execute(end)
+        ended_check(f"Django: the block ran {end}", dended)
+        check("… autocommit back on, not in atomic()", connection.get_autocommit() and not connection.in_atomic_block)
+        if end == "ROLLBACK":
+            check("… nothing committed", v() == before, v())
     connection.close()
 
 

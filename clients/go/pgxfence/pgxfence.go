@@ -39,7 +39,9 @@ func typed(err error) error {
 // Fenced runs fn on conn in a transaction fenced by token: BEGIN and the token in one query
 // (no extra round trip), committed when fn returns nil, rolled back when it returns an error or
 // panics. An FT SQLSTATE comes back as a *pgfencing.Error (errors.Is with the sentinels); fn's
-// own error unchanged. conn must not be in a transaction.
+// own error unchanged. pgfencing.ErrRolledBack if a statement failed and fn went on; an error
+// ("… ended the fenced transaction …") if fn sent COMMIT or ROLLBACK itself, never nil. conn must
+// not be in a transaction.
 func Fenced(ctx context.Context, conn *pgx.Conn, token int64, fn func(ctx context.Context, conn *pgx.Conn) error) (err error) {
 	begin, err := pgfencing.BeginSQL(token)
 	if err != nil {
@@ -64,6 +66,9 @@ func Fenced(ctx context.Context, conn *pgx.Conn, token int64, fn func(ctx contex
 	if conn.PgConn().TxStatus() == 'E' { // fn went on after a failed statement
 		return pgfencing.ErrRolledBack // (the deferred rollback ends it)
 	}
+	if conn.PgConn().TxStatus() == 'I' { // fn sent COMMIT or ROLLBACK: COMMIT would only warn
+		return errEndedByFn
+	}
 	done = true
 	tag, err := conn.Exec(ctx, "COMMIT")
 	if err != nil {
@@ -75,6 +80,9 @@ func Fenced(ctx context.Context, conn *pgx.Conn, token int64, fn func(ctx contex
 	}
 	return nil
 }
+
+// errEndedByFn: fn ended the fenced transaction itself, which is never reported as success.
+var errEndedByFn = errors.New("pgxfence: fn ended the fenced transaction itself (a COMMIT or ROLLBACK inside it), so whether its writes committed is unknown; end nothing inside fn (return an error to roll back)")
 
 // rollback ends a transaction left open (not under the caller's context, which may be done).
 func rollback(conn *pgx.Conn) {

@@ -392,3 +392,42 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// fn ends the fenced transaction itself (a ROLLBACK or COMMIT statement, or a pgx Tx begun and
+// committed inside it): Fenced's COMMIT would find no transaction (a warning, no error), so it
+// must not report success.
+func TestFnEndsTheTransaction(t *testing.T) {
+	ctx := context.Background()
+	admin := setup(t, "gx_ended", "gx_ended", 10)
+	exec(t, admin, "BEGIN; SET LOCAL pg_fencing.token = '10'; INSERT INTO gx_ended VALUES (1, 0); COMMIT")
+	c := connect(t, "gx_ended")
+	ends := map[string]func(context.Context, *pgx.Conn) error{
+		"ROLLBACK": update("ROLLBACK"),
+		"COMMIT":   update("COMMIT"),
+		"conn.Begin and tx.Commit": func(ctx context.Context, c *pgx.Conn) error {
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		},
+	}
+	for _, name := range []string{"ROLLBACK", "COMMIT", "conn.Begin and tx.Commit"} {
+		before := value(t, admin, "SELECT v FROM gx_ended WHERE id = 1")
+		err := Fenced(ctx, c, 10, func(ctx context.Context, c *pgx.Conn) error {
+			if _, err := c.Exec(ctx, "UPDATE gx_ended SET v = v + 1 WHERE id = 1"); err != nil {
+				return err
+			}
+			return ends[name](ctx, c)
+		})
+		if err == nil || !strings.Contains(err.Error(), "ended the fenced transaction") {
+			t.Errorf("fn ran %s: %v, want an error saying it ended the fenced transaction", name, err)
+		}
+		if v := value(t, admin, "SELECT v FROM gx_ended WHERE id = 1"); name == "ROLLBACK" && v != before {
+			t.Errorf("fn ran ROLLBACK: v = %d, want %d", v, before)
+		}
+		if s := c.PgConn().TxStatus(); s != 'I' {
+			t.Errorf("fn ran %s: the connection is left in status %c", name, s)
+		}
+	}
+}

@@ -40,7 +40,9 @@ func typed(err error) error {
 // Fenced runs fn in a transaction fenced by token on a connection taken from db and given back:
 // committed when fn returns nil, rolled back when it returns an error or panics (a connection
 // whose ROLLBACK failed is discarded, never lent again). An FT SQLSTATE comes back as a
-// *pgfencing.Error; fn's own error unchanged. fn must use conn, not db.
+// *pgfencing.Error; fn's own error unchanged. pgfencing.ErrRolledBack if a statement failed and
+// fn went on; an error ("… ended the fenced transaction …") if fn sent COMMIT or ROLLBACK itself,
+// never nil. fn must use conn, not db.
 func Fenced(ctx context.Context, db *sql.DB, token int64, fn func(ctx context.Context, conn *sql.Conn) error) (err error) {
 	begin, err := pgfencing.BeginSQL(token)
 	if err != nil {
@@ -74,19 +76,27 @@ func Fenced(ctx context.Context, db *sql.DB, token int64, fn func(ctx context.Co
 	}
 	done = true
 	// lib/pq does not tell the transaction's state, and PostgreSQL answers COMMIT of an aborted
-	// transaction with ROLLBACK and no error: the SELECT before it, in the same query, fails
-	// (25P02) when a statement failed and fn went on after its error.
-	if _, err := conn.ExecContext(ctx, "SELECT 1; COMMIT"); err != nil {
+	// transaction with ROLLBACK, and one with no transaction (fn sent COMMIT or ROLLBACK itself)
+	// with a warning, both without an error: the SAVEPOINT before it, in the same simple query,
+	// fails instead: 25P02 when a statement failed and fn went on after its error, 25P01 when
+	// there is no transaction block any more.
+	if _, err := conn.ExecContext(ctx, "SAVEPOINT pg_fencing_commit; COMMIT"); err != nil {
 		var pe *pq.Error
-		aborted := errors.As(err, &pe) && pe.Code == "25P02"
+		isPq := errors.As(err, &pe)
 		broken = !rollback(conn)
-		if aborted {
+		if isPq && pe.Code == "25P02" {
 			return pgfencing.ErrRolledBack
+		}
+		if isPq && pe.Code == "25P01" {
+			return errEndedByFn
 		}
 		return typed(err)
 	}
 	return nil
 }
+
+// errEndedByFn: fn ended the fenced transaction itself, which is never reported as success.
+var errEndedByFn = errors.New("sqlfence: fn ended the fenced transaction itself (a COMMIT or ROLLBACK inside it), so whether its writes committed is unknown; end nothing inside fn (return an error to roll back)")
 
 // rollback ends a transaction left open; false if the connection could not be cleaned.
 func rollback(conn *sql.Conn) bool {

@@ -240,3 +240,41 @@ func TestStalledLease(t *testing.T) {
 		t.Errorf("its write was not committed: %d rows", n)
 	}
 }
+
+// fn ends the fenced transaction itself (a ROLLBACK or COMMIT statement on its *sql.Conn;
+// conn.BeginTx is refused by lib/pq there): Fenced's COMMIT would find no transaction (a
+// warning, no error), so it must not report success.
+func TestFnEndsTheTransaction(t *testing.T) {
+	ctx := context.Background()
+	admin := open(t, "admin", 2)
+	exec(t, admin, "CREATE TABLE sq_ended (id int PRIMARY KEY, v int)")
+	exec(t, admin, "SELECT fencing_protect('sq_ended', 'sq_ended')")
+	exec(t, admin, "SELECT fencing_advance('sq_ended', 10)")
+	db := open(t, "sq_ended", 1)
+	if err := Fenced(ctx, db, 10, update("INSERT INTO sq_ended VALUES (1, 0)")); err != nil {
+		t.Fatal(err)
+	}
+	for _, end := range []string{"ROLLBACK", "COMMIT"} {
+		before := value(t, admin, "SELECT v FROM sq_ended WHERE id = 1")
+		err := Fenced(ctx, db, 10, func(ctx context.Context, c *sql.Conn) error {
+			if _, err := c.ExecContext(ctx, "UPDATE sq_ended SET v = v + 1 WHERE id = 1"); err != nil {
+				return err
+			}
+			_, err := c.ExecContext(ctx, end)
+			return err
+		})
+		if err == nil || !strings.Contains(err.Error(), "ended the fenced transaction") || errors.Is(err, pgfencing.ErrRolledBack) {
+			t.Errorf("fn ran %s: %v, want an error saying it ended the fenced transaction", end, err)
+		}
+		if v := value(t, admin, "SELECT v FROM sq_ended WHERE id = 1"); end == "ROLLBACK" && v != before {
+			t.Errorf("fn ran ROLLBACK: v = %d, want %d", v, before)
+		}
+		_, err = db.Exec("UPDATE sq_ended SET v = 100 WHERE id = 1")
+		if !errors.Is(FromError(err), pgfencing.ErrNoToken) {
+			t.Errorf("fn ran %s: the pool's connection afterwards: idle, no token (FT002): %v", end, err)
+		}
+	}
+	if s := db.Stats(); s.OpenConnections != 1 {
+		t.Errorf("the pool kept its one connection: %d", s.OpenConnections)
+	}
+}

@@ -42,7 +42,9 @@ export declare function checkToken(token: Token): bigint;
  */
 export declare function beginFenced(client: object, token: Token): { sql: string; probing: boolean };
 
-/** Run fn(client) in a transaction fenced by token on a pg.Pool, pg.Client or PoolClient. */
+/** Run fn(client) in a transaction fenced by token on a pg.Pool, pg.Client or PoolClient: RolledBack
+ * if a statement failed and fn caught its error, an Error ("… ended the fenced transaction …") if fn
+ * sent COMMIT or ROLLBACK itself. */
 export declare function fenced<C = any, T = unknown>(poolOrClient: any, token: Token, fn: (client: C) => Promise<T>): Promise<T>;
 
 export interface LeaseOptions {

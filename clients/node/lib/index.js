@@ -83,6 +83,12 @@ function learn(client, results) {
   if (client !== null && typeof client === 'object' && last) setLocal.set(client, last.rowCount === 2);
 }
 
+/** fn ended the fenced transaction itself: never reported as committed. */
+function endedByFn() {
+  return new Error('fenced(): fn ended the fenced transaction itself (a COMMIT or ROLLBACK inside it), so '
+    + 'whether its writes committed is unknown; end nothing inside fn (throw to roll back)');
+}
+
 function isPool(x) {
   // pg.Pool (and pools shaped like it) count their clients; a Client or PoolClient does not.
   return x && typeof x.connect === 'function' && 'totalCount' in x && 'idleCount' in x;
@@ -92,7 +98,9 @@ function isPool(x) {
  * Run `fn(client)` in a transaction fenced by `token` on `poolOrClient` (a pg.Pool: a client is
  * taken for the transaction and given back; a pg.Client or PoolClient not in a transaction).
  * Commits when `fn` resolves (its value is returned), rolls back when it throws (the error is
- * rethrown; an FT SQLSTATE as its typed error, the driver's error as `cause`).
+ * rethrown; an FT SQLSTATE as its typed error, the driver's error as `cause`). RolledBack when a
+ * statement failed and `fn` caught its error; an Error ("… ended the fenced transaction …") when
+ * `fn` sent COMMIT or ROLLBACK itself, never success.
  * @template T
  * @param {*} poolOrClient
  * @param {bigint | number | string} token
@@ -139,7 +147,8 @@ async function fenced(poolOrClient, token, fn) {
       }
       throw fromError(e) || e;
     }
-    if (typeof client.getTransactionStatus === 'function' && client.getTransactionStatus() === 'E') {
+    const knows = typeof client.getTransactionStatus === 'function';
+    if (knows && client.getTransactionStatus() === 'E') {
       // A statement failed and fn caught its error: the transaction can only roll back.
       try {
         await client.query('ROLLBACK');
@@ -148,14 +157,27 @@ async function fenced(poolOrClient, token, fn) {
       }
       throw new RolledBack();
     }
+    // fn sent COMMIT or ROLLBACK itself: a COMMIT now would answer with a warning, no error.
+    if (knows && client.getTransactionStatus() === 'I') throw endedByFn();
     let done;
     try {
-      done = await client.query('COMMIT');
+      // Where node-postgres does not tell the status (before 8.11), the SAVEPOINT in the same
+      // simple query fails instead: 25P02 if the transaction is aborted, 25P01 if fn ended it.
+      done = await client.query(knows ? 'COMMIT' : 'SAVEPOINT pg_fencing_commit; COMMIT');
     } catch (e) {
       if (!e || typeof e.code !== 'string') broken = e; // not the server's answer: connection lost
+      if (!knows && e && (e.code === '25P02' || e.code === '25P01')) {
+        try {
+          await client.query('ROLLBACK');
+        } catch (rollbackError) {
+          broken = rollbackError;
+        }
+        throw e.code === '25P02' ? new RolledBack() : endedByFn();
+      }
       throw fromError(e) || e;
     }
     // PostgreSQL answers COMMIT of an aborted transaction with ROLLBACK (and no error).
+    if (Array.isArray(done)) done = done[done.length - 1];
     if (done && done.command === 'ROLLBACK') throw new RolledBack();
     return result;
   } finally {

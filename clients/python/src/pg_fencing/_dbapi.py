@@ -37,6 +37,18 @@ def start(dbapi_conn, token):
         cur.close()
 
 
+def idle(dbapi_conn):
+    """Is ``dbapi_conn`` out of any transaction on the server (the block ended the fenced one with
+    a ``COMMIT`` or ``ROLLBACK`` statement of its own)? libpq's status, which psycopg 3 and
+    psycopg2 both report; ``False`` where the driver does not tell."""
+    if hasattr(dbapi_conn, "pgconn"):  # psycopg 3
+        import psycopg
+
+        return dbapi_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    status = getattr(dbapi_conn, "get_transaction_status", None)
+    return status is not None and status() == 0  # psycopg2: TRANSACTION_STATUS_IDLE
+
+
 def in_error(dbapi_conn):
     """Has a statement failed in the transaction on ``dbapi_conn`` (so that it can only roll
     back)?"""

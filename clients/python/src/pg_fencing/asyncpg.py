@@ -12,7 +12,7 @@ import asyncpg
 
 from ._lease import LeaseBase
 from ._sql import REMAINING, begin_fenced, check_token, exclusive, learn
-from .errors import from_error, raise_typed, rolled_back
+from .errors import ended_by_block, from_error, raise_typed, rolled_back
 
 _ACQUIRE = "SELECT fencing_lease_acquire($1, make_interval(secs => $2), make_interval(secs => $3))"
 _RENEW = "SELECT fencing_lease_renew($1, make_interval(secs => $2))"
@@ -24,7 +24,8 @@ _REMAINING = REMAINING.replace("%s", "$1")
 async def fenced(conn, token):
     """A transaction on ``conn`` (not in a transaction) fenced by ``token``. ``BEGIN`` and the
     token go in one simple query, instead of asyncpg's own ``BEGIN``. ``RolledBack`` if a
-    statement failed inside (its error caught there) so that nothing could commit."""
+    statement failed inside (its error caught there) so that nothing could commit;
+    ``RuntimeError`` if the block ended the transaction itself (``COMMIT`` or ``ROLLBACK``)."""
     v = conn.get_server_version()
     # A pool's connection comes as a proxy made for each acquire: the answer is the connection's.
     key = conn._con if isinstance(conn, asyncpg.pool.PoolConnectionProxy) else conn
@@ -55,6 +56,8 @@ async def fenced(conn, token):
                     await conn.execute("ROLLBACK")
                 raise_typed(e, asyncpg.PostgresError)
                 raise
+            if not conn.is_in_transaction():  # the block sent COMMIT or ROLLBACK itself
+                raise ended_by_block()
             try:
                 status = await conn.execute("COMMIT")
             except asyncpg.PostgresError as e:

@@ -17,12 +17,14 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from . import _dbapi
 from ._sql import check_token
-from .errors import raise_typed, rolled_back
+from .errors import ended_by_block, raise_typed, rolled_back
 
 
 @contextlib.contextmanager
 def fenced(token, using=None):
-    """``transaction.atomic(using=using)`` fenced by ``token``; yields Django's connection."""
+    """``transaction.atomic(using=using)`` fenced by ``token``; yields Django's connection.
+    ``RolledBack`` if a failed statement's error was caught in the block, ``RuntimeError`` if the
+    block ended the transaction itself (a ``COMMIT`` or ``ROLLBACK`` statement)."""
     check_token(token)
     alias = using or DEFAULT_DB_ALIAS
     conn = connections[alias]
@@ -40,6 +42,8 @@ def fenced(token, using=None):
             # A failed statement's error caught in the block: Django would roll back quietly.
             if conn.needs_rollback or _dbapi.in_error(conn.connection):
                 raise rolled_back()
+            if _dbapi.idle(conn.connection):  # the block sent COMMIT or ROLLBACK itself
+                raise ended_by_block()
     except DatabaseError as e:
         raise_typed(e, DatabaseError)
         raise

@@ -131,6 +131,17 @@ def raise_typed(exc, driver_error):
             raise typed from exc
 
 
+def ended_by_block():
+    """The ``RuntimeError`` (a misuse, like a ``fenced`` on a connection in a transaction) of a
+    fenced block that ended the fenced transaction itself: a ``COMMIT`` or ``ROLLBACK`` statement
+    (or the driver's ``commit()``/``rollback()``) inside it. The helper's own ``COMMIT`` would then
+    find no transaction (PostgreSQL answers with a warning, not an error), so success is never
+    reported: whether the block's writes committed is not known to the helper."""
+    return RuntimeError("fenced(): the block ended the fenced transaction itself (a COMMIT or ROLLBACK "
+                        "inside it), so whether its writes committed is unknown; end nothing inside "
+                        "the block (raise to roll back)")
+
+
 def rolled_back():
     """The ``RolledBack`` of a fenced transaction whose failed statement's error was caught inside
     the block (PostgreSQL had aborted it)."""

@@ -19,7 +19,7 @@ import psycopg
 
 from ._lease import ThreadLease
 from ._sql import begin_fenced, check_token, exclusive, learn
-from .errors import raise_typed, rolled_back
+from .errors import ended_by_block, raise_typed, rolled_back
 
 
 def _begin(conn, token):
@@ -50,7 +50,8 @@ def _close_if_in_transaction(conn):
 def fenced(conn, token):
     """A transaction on ``conn`` (idle, not in a transaction) fenced by ``token``: committed when
     the block ends, rolled back if it raises (``RolledBack`` if a statement failed inside and its
-    error was caught there). The connection's autocommit setting is not touched."""
+    error was caught there; ``RuntimeError`` if the block ended the transaction itself with a
+    ``COMMIT`` or ``ROLLBACK``). The connection's autocommit setting is not touched."""
     check_token(token)
     with exclusive(conn):
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -67,6 +68,8 @@ def fenced(conn, token):
             if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                 conn.rollback()
                 raise rolled_back()
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                raise ended_by_block()  # commit() would do nothing and report success
             try:
                 conn.commit()
             except psycopg.Error as e:
@@ -101,6 +104,8 @@ async def afenced(aconn, token):
             if aconn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                 await aconn.execute("ROLLBACK")
                 raise rolled_back()
+            if aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                raise ended_by_block()  # COMMIT would answer with a warning only
             try:
                 await aconn.execute("COMMIT")
             except psycopg.Error as e:

@@ -8,7 +8,7 @@ import psycopg2.extensions as ext
 
 from ._lease import ThreadLease
 from ._sql import begin_fenced, exclusive, learn
-from .errors import raise_typed, rolled_back
+from .errors import ended_by_block, raise_typed, rolled_back
 
 
 class fenced:
@@ -18,7 +18,8 @@ class fenced:
     in autocommit mode for the block, its own mode given back after), ``COMMIT`` when the block
     ends (on a new cursor if the block closed this one), ``ROLLBACK`` if it raises (an FT
     SQLSTATE as its typed error); ``RolledBack`` if a statement failed inside (its error caught
-    there) so that nothing could commit. A class rather than a generator: a fenced one-row
+    there) so that nothing could commit; ``RuntimeError`` if the block ended the transaction
+    itself (a ``COMMIT`` or ``ROLLBACK`` statement). A class rather than a generator: a fenced one-row
     transaction through psycopg2 is mostly the client's own work (BENCHMARKS.md, "Issue 46")."""
 
     __slots__ = ("_conn", "_sql", "_probing", "_autocommit", "_cur", "_hold")
@@ -78,6 +79,8 @@ class fenced:
             if conn.closed:
                 raise psycopg2.InterfaceError("the connection was closed inside the fenced block: "
                                               "nothing of it was committed")
+            if conn.get_transaction_status() == ext.TRANSACTION_STATUS_IDLE:
+                raise ended_by_block()  # the block sent COMMIT or ROLLBACK itself
             try:
                 self._end("COMMIT")
             except psycopg2.Error as e:

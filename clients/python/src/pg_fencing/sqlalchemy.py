@@ -19,13 +19,15 @@ from sqlalchemy.orm import Session
 
 from . import _dbapi
 from ._sql import check_token
-from .errors import raise_typed, rolled_back
+from .errors import ended_by_block, raise_typed, rolled_back
 
 
 @contextlib.contextmanager
 def fenced(conn, token):
     """A transaction on ``conn`` (a ``Connection`` or ``Session`` not in a transaction) fenced
-    by ``token``; yields ``conn``."""
+    by ``token``; yields ``conn``. ``RolledBack`` if a failed statement's error was caught in the
+    block, ``RuntimeError`` if the block ended the transaction itself (a ``COMMIT`` or
+    ``ROLLBACK`` statement)."""
     check_token(token)
     if not isinstance(conn, (Connection, Session)):
         raise TypeError(f"fenced() takes a SQLAlchemy Connection or Session, not {type(conn).__name__}")
@@ -39,6 +41,8 @@ def fenced(conn, token):
             yield conn
             if _dbapi.in_error(dbapi):  # a failed statement's error was caught in the block
                 raise rolled_back()
+            if _dbapi.idle(dbapi):  # the block sent COMMIT or ROLLBACK itself
+                raise ended_by_block()
     except sqlalchemy.exc.DBAPIError as e:
         raise_typed(e, sqlalchemy.exc.DBAPIError)
         raise

@@ -36,12 +36,12 @@ def main():
     admin = psycopg.connect(a.coordinator, autocommit=True)
     one = lambda sql, *p: admin.execute(sql, p or None).fetchone()[0]  # noqa: E731
 
-    def write(token, sql):
-        """`ok` or the SQLSTATE (`error` without one) of one transaction with the token; and how
-        long it took."""
+    def write(token, sql, dsn=None):
+        """`ok` or the SQLSTATE (`error` without one) of one transaction with the token, sent to
+        the coordinator (or `dsn`); and how long it took."""
         t0 = time.monotonic()
         try:
-            with psycopg.connect(a.coordinator) as c:
+            with psycopg.connect(dsn or a.coordinator) as c:
                 c.execute("SET statement_timeout = '20s'")
                 c.execute("SELECT set_config('pg_fencing.token', %s, true)", (str(token),))
                 c.execute(sql)
@@ -103,6 +103,30 @@ def main():
     check(f"stale 10 writing a row on the cut-off worker fails ({r} after {s:.1f} s)", r != "ok", r)
     check("holder 20 on the reachable worker", write(20, f"UPDATE pt SET v = v + 1 WHERE id = {w1[1]}")[0] == "ok")
     check("stale 10 on the reachable worker: FT001", write(10, f"UPDATE pt SET v = -1 WHERE id = {w1[1]}")[0] == "FT001")
+    # Writes entering at the cut-off worker itself (Citus gave it the metadata: it plans them and
+    # runs them on its own shards), which cannot reach the coordinator that holds the marks.
+    shard = one("SELECT shard_name('pt', get_shard_id_for_distribution_column('pt', %s))", w2[0])
+    for token in (10, 20, 40):
+        r, s = write(token, f"UPDATE pt SET v = -1 WHERE id = {w2[0]}", a.worker2)
+        check(f"token {token}: an UPDATE entering at the cut-off worker, of its own shard: FT004 ({r} after {s:.1f} s)",
+              r == "FT004", r)
+    r, s = write(40, f"INSERT INTO pt VALUES ({1000 + w2[0]}, -1)", a.worker2)
+    check(f"an INSERT entering at the cut-off worker: refused ({r} after {s:.1f} s)", r != "ok", r)
+    r, s = write(40, f"UPDATE {shard} SET v = -1 WHERE id = {w2[0]}", a.worker2)
+    check(f"an UPDATE of the shard {shard} by name on the cut-off worker: FT004 ({r})", r == "FT004", r)
+    r, s = write(40, f"DELETE FROM {shard} WHERE id = {w2[0]}", a.worker2)
+    check(f"a DELETE from the shard by name on the cut-off worker: FT004 ({r})", r == "FT004", r)
+    r, s = write(40, "TRUNCATE pt", a.worker2)
+    check(f"a TRUNCATE entering at the cut-off worker: FT004 ({r})", r == "FT004", r)
+    try:
+        with psycopg.connect(a.worker2) as c:
+            c.execute("SELECT set_config('pg_fencing.token', '40', true)")
+            with c.cursor().copy("COPY pt (id, v) FROM STDIN") as cp:
+                cp.write_row((2000 + w2[0], -1))
+        r = "ok"
+    except psycopg.Error as e:
+        r = e.sqlstate or "error"
+    check(f"a COPY entering at the cut-off worker: refused ({r})", r != "ok", r)
     check("the failed writes raised no mark", one("SELECT fencing_high_water('part')") == 20,
           one("SELECT fencing_high_water('part')"))
 
@@ -128,6 +152,8 @@ def main():
           one("SELECT fencing_high_water('part')"))
     rows = admin.execute("SELECT count(*) FILTER (WHERE v >= 1000 OR v < 0), max(fence_token) FROM pt").fetchone()
     check("no row of the lost COMMIT or of a refused write, no token above the mark", rows == (0, 20), rows)
+    check("no row inserted at the cut-off worker", one("SELECT count(*) FROM pt WHERE id > 1000") == 0)
+    check("all 40 rows still there (no TRUNCATE got through)", one("SELECT count(*) FROM pt") == 40)
     r, _ = write(10, f"UPDATE pt SET v = -1 WHERE id = {w2[1]}")
     check("stale 10 on worker2's shards, which holder 20 never wrote: FT001", r == "FT001", r)
     check("holder 20 writes there", write(20, f"UPDATE pt SET v = v + 1 WHERE id = {w2[1]}")[0] == "ok")

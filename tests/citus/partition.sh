@@ -8,7 +8,8 @@
 # `citus.node_connection_timeout` as docs/citus.md advises: writes that need the cut-off worker
 # fail and never pass unchecked, writes on the reachable worker keep the fence, a distributed
 # transaction whose COMMIT loses the worker half-way raises no mark and leaves no row, Citus's
-# two-phase-commit recovery after the network is back keeps that, and the stale holder is refused
+# two-phase-commit recovery after the network is back keeps that, writes entering at the cut-off
+# worker itself (which has Citus's metadata) are refused (FT004), and the stale holder is refused
 # on the worker's shards (which the newer holder never wrote) once it is reachable again.
 # Needs root (ip netns, ip route) and Citus installed into PostgreSQL 18 (tests/citus/build.sh).
 #

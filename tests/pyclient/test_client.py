@@ -703,6 +703,17 @@ def ended_check(what, fn):
     check(f"… its message says '{ENDED}'", e is not None and ENDED in str(e), e)
 
 
+async def aended_check(what, fn):
+    """``ended_check`` of a coroutine function."""
+    try:
+        await fn()
+        check(f"{what}: RuntimeError, not success", False, "no error")
+    except RuntimeError as e:
+        check(f"{what}: RuntimeError saying '{ENDED}'", ENDED in str(e), e)
+    except Exception as e:  # noqa: BLE001
+        check(f"{what}: RuntimeError", False, f"{type(e).__name__}: {e}")
+
+
 def ended_inside_part(a, admin):
     """The block ends the fenced transaction itself (a ROLLBACK or COMMIT statement, or the
     driver's rollback()/commit() where it sends one): the helper's COMMIT would find no
@@ -757,13 +768,7 @@ def ended_inside_part(a, admin):
                 async with pf_psycopg.afenced(ac, 40):
                     await ac.execute("UPDATE ei SET v = v + 1 WHERE id = 1")
                     await ac.execute(end)
-            try:
-                await p3a()
-                check(f"psycopg 3 async: the block ran {end}: RuntimeError, not success", False, "no error")
-            except RuntimeError as e:
-                check(f"psycopg 3 async: the block ran {end}: RuntimeError saying '{ENDED}'", ENDED in str(e), e)
-            except Exception as e:  # noqa: BLE001
-                check(f"psycopg 3 async: the block ran {end}: RuntimeError", False, f"{type(e).__name__}: {e}")
+            await aended_check(f"psycopg 3 async: the block ran {end}", p3a)
             check("… the connection is left idle, its own mode back", ac.closed or (
                 ac.info.transaction_status == psycopg.pq.TransactionStatus.IDLE and ac.autocommit is False))
             await ac.close()
@@ -777,13 +782,7 @@ def ended_inside_part(a, admin):
                 async with pf_asyncpg.fenced(c5, 40):
                     await c5.execute("UPDATE ei SET v = v + 1 WHERE id = 1")
                     await c5.execute(end)
-            try:
-                await apg()
-                check(f"asyncpg: the block ran {end}: RuntimeError, not success", False, "no error")
-            except RuntimeError as e:
-                check(f"asyncpg: the block ran {end}: RuntimeError saying '{ENDED}'", ENDED in str(e), e)
-            except Exception as e:  # noqa: BLE001
-                check(f"asyncpg: the block ran {end}: RuntimeError", False, f"{type(e).__name__}: {e}")
+            await aended_check(f"asyncpg: the block ran {end}", apg)
             check("… the connection is left idle", c5.is_closed() or not c5.is_in_transaction())
             await c5.close()
             if end == "ROLLBACK":

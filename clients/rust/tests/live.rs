@@ -41,6 +41,38 @@ async fn value(c: &Client, q: &str) -> Option<i64> {
         .map(|r| r.get::<_, i64>(0))
 }
 
+/// The form `token_form` must answer on the server behind `admin`: `SET LOCAL` on PostgreSQL 16
+/// or later, or where pg_stat_statements is not preloaded.
+async fn expected_form(admin: &Client) -> TokenForm {
+    let preloads: String = admin
+        .query_one("SHOW shared_preload_libraries", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let v16 = value(
+        admin,
+        "SELECT current_setting('server_version_num')::bigint",
+    )
+    .await
+    .unwrap()
+        >= 160000;
+    if v16 || !preloads.contains("pg_stat_statements") {
+        TokenForm::SetLocal
+    } else {
+        TokenForm::SetConfig
+    }
+}
+
+/// Row 1 of `table` back to `v = 1`, written by holder 10.
+async fn reset_row(admin: &Client, table: &str) {
+    admin
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE {table} SET v = 1 WHERE id = 1; COMMIT"
+        ))
+        .await
+        .unwrap();
+}
+
 async fn token_setting(c: &Client) -> String {
     c.query_one(
         "SELECT coalesce(current_setting('pg_fencing.token', true), '')",
@@ -167,12 +199,7 @@ async fn tokio_postgres_fenced() {
         assert!(!in_transaction(&c).await);
         assert_eq!(token_setting(&c).await, "");
     }
-    admin
-        .batch_execute(
-            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE rt_acct SET v = 1 WHERE id = 1; COMMIT",
-        )
-        .await
-        .unwrap();
+    reset_row(&admin, "rt_acct").await;
 
     // Cancelled half-way (the future dropped): rolled back; the token gone with it.
     let r = tokio::time::timeout(
@@ -240,12 +267,7 @@ async fn tokio_postgres_fenced() {
         value(&admin, "SELECT v::bigint FROM rt_acct WHERE id = 1").await,
         Some(9)
     );
-    admin
-        .batch_execute(
-            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE rt_acct SET v = 1 WHERE id = 1; COMMIT",
-        )
-        .await
-        .unwrap();
+    reset_row(&admin, "rt_acct").await;
 
     let r = fenced(&mut c, 0, async |_c: &Client| -> Result<(), Error> {
         Ok(())
@@ -319,26 +341,13 @@ async fn round_trips() {
     .await
     .unwrap();
     // The form the server takes, asked once, and a transaction in it: the same round trips.
-    let preloads: String = admin
-        .query_one("SHOW shared_preload_libraries", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let v16 = value(
-        &admin,
-        "SELECT current_setting('server_version_num')::bigint",
-    )
-    .await
-    .unwrap()
-        >= 160000;
     let mut g = connect("rt_rt_form").await;
     let form = pg_fencing::tokio_postgres::token_form(&g).await.unwrap();
-    let want = if v16 || !preloads.contains("pg_stat_statements") {
-        TokenForm::SetLocal
-    } else {
-        TokenForm::SetConfig
-    };
-    assert_eq!(form, want, "token_form on a server preloading {preloads:?}");
+    assert_eq!(
+        form,
+        expected_form(&admin).await,
+        "tokio-postgres' token_form"
+    );
     let upd_g = g
         .prepare("UPDATE rt_rt SET v = v + 1 WHERE id = $1")
         .await
@@ -614,27 +623,12 @@ async fn sqlx_fenced() {
             "{end} inside the function: {r:?}"
         );
     }
-    admin
-        .batch_execute(
-            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE sx_acct SET v = 1 WHERE id = 1; COMMIT",
-        )
-        .await
-        .unwrap();
+    reset_row(&admin, "sx_acct").await;
 
     // The form asked of the server, and a transaction in it.
     let mut conn = pool.acquire().await.unwrap();
     let form = pg_fencing::sqlx::token_form(&mut conn).await.unwrap();
-    let preloads: String = sqlx::query_scalar("SHOW shared_preload_libraries")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-    let v16 = conn.server_version_num().unwrap() >= 160000;
-    let want = if v16 || !preloads.contains("pg_stat_statements") {
-        TokenForm::SetLocal
-    } else {
-        TokenForm::SetConfig
-    };
-    assert_eq!(form, want, "token_form on a server preloading {preloads:?}");
+    assert_eq!(form, expected_form(&admin).await, "sqlx's token_form");
     pg_fencing::sqlx::fenced_as(
         conn,
         10,
@@ -652,12 +646,7 @@ async fn sqlx_fenced() {
         value(&admin, "SELECT v::bigint FROM sx_acct WHERE id = 1").await,
         Some(8)
     );
-    admin
-        .batch_execute(
-            "BEGIN; SET LOCAL pg_fencing.token = '10'; UPDATE sx_acct SET v = 1 WHERE id = 1; COMMIT",
-        )
-        .await
-        .unwrap();
+    reset_row(&admin, "sx_acct").await;
 
     // Cancelled half-way: the next borrower is not in the fenced transaction.
     let r = tokio::time::timeout(

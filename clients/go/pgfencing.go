@@ -94,6 +94,11 @@ var (
 // committed.
 var ErrRolledBack = errors.New("pgfencing: the fenced transaction was rolled back: a statement in it failed (fn went on after its error), so nothing was committed")
 
+// ErrEndedByFn: fn ended the fenced transaction itself (a COMMIT or ROLLBACK statement inside
+// it), so the helper cannot tell whether its writes committed; never reported as success. Send no
+// transaction control inside fn: return an error to roll back.
+var ErrEndedByFn = errors.New("pgfencing: fn ended the fenced transaction itself (a COMMIT or ROLLBACK inside it), so whether its writes committed is unknown; end nothing inside fn (return an error to roll back)")
+
 // NewError builds the *Error for a server error's fields (the drivers' packages call it).
 func NewError(code, message, detail, hint string, cause error) *Error {
 	e := &Error{Code: code, Message: message, Detail: detail, Hint: hint, Err: cause}

@@ -699,19 +699,20 @@ ENDED = "ended the fenced transaction"
 def ended_check(what, fn):
     """``fn()`` (a block that ran ROLLBACK or COMMIT itself) raises RuntimeError saying so: never
     reported as committed."""
-    e = raises(f"{what}: RuntimeError, not success", RuntimeError, fn)
-    check(f"… its message says '{ENDED}'", e is not None and ENDED in str(e), e)
+    e = raises(f"{what}: EndedInBlock, not success", pg_fencing.EndedInBlock, fn)
+    check(f"… a RuntimeError whose message says '{ENDED}'",
+          isinstance(e, RuntimeError) and ENDED in str(e), e)
 
 
 async def aended_check(what, fn):
     """``ended_check`` of a coroutine function."""
     try:
         await fn()
-        check(f"{what}: RuntimeError, not success", False, "no error")
-    except RuntimeError as e:
-        check(f"{what}: RuntimeError saying '{ENDED}'", ENDED in str(e), e)
+        check(f"{what}: EndedInBlock, not success", False, "no error")
+    except pg_fencing.EndedInBlock as e:
+        check(f"{what}: EndedInBlock saying '{ENDED}'", ENDED in str(e), e)
     except Exception as e:  # noqa: BLE001
-        check(f"{what}: RuntimeError", False, f"{type(e).__name__}: {e}")
+        check(f"{what}: EndedInBlock", False, f"{type(e).__name__}: {e}")
 
 
 def ended_inside_part(a, admin):

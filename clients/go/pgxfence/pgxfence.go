@@ -67,7 +67,7 @@ func Fenced(ctx context.Context, conn *pgx.Conn, token int64, fn func(ctx contex
 		return pgfencing.ErrRolledBack // (the deferred rollback ends it)
 	}
 	if conn.PgConn().TxStatus() == 'I' { // fn sent COMMIT or ROLLBACK: COMMIT would only warn
-		return errEndedByFn
+		return pgfencing.ErrEndedByFn
 	}
 	done = true
 	tag, err := conn.Exec(ctx, "COMMIT")
@@ -80,9 +80,6 @@ func Fenced(ctx context.Context, conn *pgx.Conn, token int64, fn func(ctx contex
 	}
 	return nil
 }
-
-// errEndedByFn: fn ended the fenced transaction itself, which is never reported as success.
-var errEndedByFn = errors.New("pgxfence: fn ended the fenced transaction itself (a COMMIT or ROLLBACK inside it), so whether its writes committed is unknown; end nothing inside fn (return an error to roll back)")
 
 // rollback ends a transaction left open (not under the caller's context, which may be done).
 func rollback(conn *pgx.Conn) {

@@ -420,7 +420,7 @@ func TestFnEndsTheTransaction(t *testing.T) {
 			}
 			return ends[name](ctx, c)
 		})
-		if err == nil || !strings.Contains(err.Error(), "ended the fenced transaction") {
+		if !errors.Is(err, pgfencing.ErrEndedByFn) {
 			t.Errorf("fn ran %s: %v, want an error saying it ended the fenced transaction", name, err)
 		}
 		if v := value(t, admin, "SELECT v FROM gx_ended WHERE id = 1"); name == "ROLLBACK" && v != before {

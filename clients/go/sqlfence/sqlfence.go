@@ -88,15 +88,12 @@ func Fenced(ctx context.Context, db *sql.DB, token int64, fn func(ctx context.Co
 			return pgfencing.ErrRolledBack
 		}
 		if isPq && pe.Code == "25P01" {
-			return errEndedByFn
+			return pgfencing.ErrEndedByFn
 		}
 		return typed(err)
 	}
 	return nil
 }
-
-// errEndedByFn: fn ended the fenced transaction itself, which is never reported as success.
-var errEndedByFn = errors.New("sqlfence: fn ended the fenced transaction itself (a COMMIT or ROLLBACK inside it), so whether its writes committed is unknown; end nothing inside fn (return an error to roll back)")
 
 // rollback ends a transaction left open; false if the connection could not be cleaned.
 func rollback(conn *sql.Conn) bool {

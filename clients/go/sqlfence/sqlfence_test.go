@@ -263,7 +263,7 @@ func TestFnEndsTheTransaction(t *testing.T) {
 			_, err := c.ExecContext(ctx, end)
 			return err
 		})
-		if err == nil || !strings.Contains(err.Error(), "ended the fenced transaction") || errors.Is(err, pgfencing.ErrRolledBack) {
+		if !errors.Is(err, pgfencing.ErrEndedByFn) || errors.Is(err, pgfencing.ErrRolledBack) {
 			t.Errorf("fn ran %s: %v, want an error saying it ended the fenced transaction", end, err)
 		}
 		if v := value(t, admin, "SELECT v FROM sq_ended WHERE id = 1"); end == "ROLLBACK" && v != before {

@@ -15,9 +15,11 @@ carries the lock's fencing token; PostgreSQL refuses the write when a newer hold
 * typed errors (``StaleToken`` FT001 … ``NotCurrentHolder`` FT006), raised from the driver's
   errors (also as SQLAlchemy or Django wrapped them), with the resource or row and the numbers
   from the server's message; ``RolledBack`` when the block caught a failed statement's error and
-  the transaction could therefore not commit.
+  the transaction could therefore not commit; ``EndedInBlock`` (a ``RuntimeError``) when the block
+  ended the transaction itself.
 """
 from .errors import (
+    EndedInBlock,
     FencingError,
     LeaseLost,
     LockServiceUnavailable,
@@ -39,6 +41,7 @@ __all__ = [
     "LockServiceUnavailable",
     "NotCurrentHolder",
     "RolledBack",
+    "EndedInBlock",
     "from_error",
     "check_token",
 ]

@@ -82,6 +82,13 @@ class RolledBack(Exception):
     was committed. ``cause`` is the typed error of the failure if the driver kept it."""
 
 
+class EndedInBlock(RuntimeError):
+    """The fenced block ended the fenced transaction itself (a ``COMMIT`` or ``ROLLBACK``
+    statement, or the driver's ``commit()``/``rollback()``, inside it): whether its writes
+    committed is not known to the helper, so it never reports success. A ``RuntimeError``, like
+    the package's other misuses (a ``fenced`` on a connection already in a transaction)."""
+
+
 class NotCurrentHolder(FencingError):
     """FT006: verify mode: the token is not the current holder's."""
 
@@ -132,12 +139,10 @@ def raise_typed(exc, driver_error):
 
 
 def ended_by_block():
-    """The ``RuntimeError`` (a misuse, like a ``fenced`` on a connection in a transaction) of a
-    fenced block that ended the fenced transaction itself: a ``COMMIT`` or ``ROLLBACK`` statement
-    (or the driver's ``commit()``/``rollback()``) inside it. The helper's own ``COMMIT`` would then
-    find no transaction (PostgreSQL answers with a warning, not an error), so success is never
-    reported: whether the block's writes committed is not known to the helper."""
-    return RuntimeError("fenced(): the block ended the fenced transaction itself (a COMMIT or ROLLBACK "
+    """The ``EndedInBlock`` of a fenced block that ended the fenced transaction itself. The
+    helper's own ``COMMIT`` would then find no transaction (PostgreSQL answers with a warning, not
+    an error)."""
+    return EndedInBlock("fenced(): the block ended the fenced transaction itself (a COMMIT or ROLLBACK "
                         "inside it), so whether its writes committed is unknown; end nothing inside "
                         "the block (raise to roll back)")
 
